@@ -1,0 +1,64 @@
+"""Reading FlashInfer autotune cache files (the "v1" JSON file of ``AutoTuner.save_configs``).
+
+The file is FlashInfer's own format and is stored and installed byte for byte; this
+module only reads the two things tunecache needs from it: the ``_metadata`` block
+(the environment it was tuned in) and the number of tuning entries. Loading it into
+FlashInfer is FlashInfer's job (``AutoTuner.get().load_configs(path)``).
+
+Layout (``flashinfer/autotuner/autotuner.py``, ``AutoTuner.save_configs``)::
+
+    {"_metadata": {...}, "_cache_generation": "<sha256>",        # underscore keys: bookkeeping
+     "('bf16_gemm', 'CudnnBf16GemmRunner', ...)": [runner_class, tactic, policy, selection],
+     ...}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tunecache.identity import EnvironmentMetadata
+
+#: Artifact kind under which the service stores one such file.
+ARTIFACT_KIND = "flashinfer_autotune_v1"
+MEDIA_TYPE = "application/json"
+
+
+class NotAnAutotuneFile(ValueError):
+    """The bytes are not a FlashInfer autotune cache file with a ``_metadata`` block."""
+
+
+@dataclass(frozen=True)
+class AutotuneFile:
+    """What tunecache reads from a FlashInfer autotune cache file."""
+
+    environment: EnvironmentMetadata
+    entries: int
+    """Number of tuning entries (keys that do not start with ``_``)."""
+
+
+def parse_autotune_file(data: bytes, source: str = "file") -> AutotuneFile:
+    """Read the environment and entry count of a FlashInfer autotune cache file.
+
+    Args:
+        data: the file's bytes (UTF-8 JSON).
+        source: how to name the file in error messages.
+
+    Raises:
+        NotAnAutotuneFile: not JSON, not an object, or no ``_metadata`` object.
+    """
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotAnAutotuneFile(f"{source} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise NotAnAutotuneFile(f"{source} is not a FlashInfer autotune file (top level is not an object)")
+    metadata = doc.get("_metadata")
+    if not isinstance(metadata, dict):
+        raise NotAnAutotuneFile(
+            f"{source} has no _metadata block: not a FlashInfer (>= 0.6) autotune cache file"
+        )
+    return AutotuneFile(
+        environment=EnvironmentMetadata.from_flashinfer_metadata(metadata),
+        entries=sum(1 for k in doc if not k.startswith("_")),
+    )

@@ -1,0 +1,107 @@
+"""Engine, sessions and schema migrations (Alembic) for SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+
+class SchemaOutOfDate(RuntimeError):
+    """The database is not at the schema revision this tunecache needs."""
+
+
+def normalize_url(url: str) -> str:
+    """Use psycopg 3 for plain ``postgresql://`` URLs."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def create_db_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, foreign keys and a 30 s busy timeout at connect.
+
+    A SQLite file's parent directory is created if missing.
+    """
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection, _record):  # noqa: ANN001
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def migrations_dir() -> Path:
+    """The Alembic script directory: ``tunecache/service/migrations`` in an installed wheel,
+    the repository's ``migrations/`` in a checkout (editable install)."""
+    packaged = Path(__file__).with_name("migrations")
+    if (packaged / "env.py").is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parents[3] / "migrations"
+    if (checkout / "env.py").is_file():
+        return checkout
+    raise FileNotFoundError("tunecache's migrations directory is missing from this installation")
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.attributes["engine"] = engine
+    return config
+
+
+def _script() -> ScriptDirectory:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    return ScriptDirectory.from_config(config)
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply migrations up to ``revision`` (``alembic upgrade``)."""
+    command.upgrade(alembic_config(engine), revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Revert migrations down to ``revision`` (``"base"`` drops every table)."""
+    command.downgrade(alembic_config(engine), revision)
+
+
+def check_schema(engine: Engine) -> str:
+    """Return the current revision if it is the head, else raise.
+
+    Raises:
+        SchemaOutOfDate: with the message telling the operator to run ``tunecache db upgrade``.
+    """
+    current, head = current_revision(engine), _script().get_current_head()
+    if current != head:
+        raise SchemaOutOfDate(
+            f"database schema is at revision {current or 'none (empty database)'}, this tunecache "
+            f"needs {head}: run `tunecache db upgrade --database URL`"
+        )
+    return current

@@ -1,0 +1,151 @@
+"""SQLAlchemy 2.0 ORM models. Rows never leave :mod:`tunecache.service.repository`.
+
+Tables:
+
+* ``environments``: FlashInfer environment metadata, one row per distinct environment
+  (``env_hash`` = :meth:`tunecache.identity.EnvironmentMetadata.environment_hash`).
+* ``tuning_keys``: (GPU name, arch, model, max_num_batched_tokens, dtype, quantization,
+  tensor-parallel size).
+* ``tuning_runs``: every tuning ever recorded (history, append-only except for the
+  status of a run in progress).
+* ``artifact_blobs``: content-addressed bytes (sha256), shared between runs.
+* ``run_artifacts``: which blobs a run produced, under which kind and name.
+* ``current_tunings``: the run that is current for a (key, environment); updated in
+  the same transaction that records a successful run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Environment(Base):
+    __tablename__ = "environments"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    env_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    flashinfer_version: Mapped[str] = mapped_column(String(64))
+    cuda_version: Mapped[str] = mapped_column(String(64))
+    cublas_version: Mapped[str] = mapped_column(String(64))
+    cudnn_version: Mapped[str] = mapped_column(String(64))
+    cudnn_frontend_version: Mapped[str] = mapped_column(String(64))
+    cutlass_dsl_version: Mapped[str] = mapped_column(Text)
+    gpu: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TuningKeyRow(Base):
+    __tablename__ = "tuning_keys"
+    __table_args__ = (
+        UniqueConstraint(
+            "gpu_name",
+            "arch",
+            "model",
+            "max_num_batched_tokens",
+            "dtype",
+            "quantization",
+            "tensor_parallel_size",
+            name="uq_tuning_keys_identity",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    gpu_name: Mapped[str] = mapped_column(String(128))
+    arch: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(512), index=True)
+    max_num_batched_tokens: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(32))
+    quantization: Mapped[str] = mapped_column(String(32))
+    tensor_parallel_size: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TuningRun(Base):
+    __tablename__ = "tuning_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key_id: Mapped[int] = mapped_column(ForeignKey("tuning_keys.id"), index=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    trigger: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    verified: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+    key: Mapped[TuningKeyRow] = relationship(lazy="joined")
+    environment: Mapped[Environment] = relationship(lazy="joined")
+    artifacts: Mapped[list["RunArtifact"]] = relationship(
+        back_populates="run", lazy="selectin", order_by="RunArtifact.id"
+    )
+
+
+class ArtifactBlob(Base):
+    __tablename__ = "artifact_blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RunArtifact(Base):
+    __tablename__ = "run_artifacts"
+    __table_args__ = (UniqueConstraint("run_id", "name", name="uq_run_artifacts_run_name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(255))
+    media_type: Mapped[str] = mapped_column(String(128))
+    sha256: Mapped[str] = mapped_column(ForeignKey("artifact_blobs.sha256"), index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+
+    run: Mapped[TuningRun] = relationship(back_populates="artifacts")
+
+
+class CurrentTuning(Base):
+    __tablename__ = "current_tunings"
+
+    key_id: Mapped[int] = mapped_column(ForeignKey("tuning_keys.id"), primary_key=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"))
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

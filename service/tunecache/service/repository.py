@@ -1,0 +1,317 @@
+"""Storage of tunings: the only module that touches ORM rows.
+
+Every function takes a :class:`~sqlalchemy.orm.Session` whose transaction the caller
+owns (one per request, or one per CLI command); none commits on its own. Results are
+API schemas (:mod:`tunecache.service.schemas`), never rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tunecache.identity import EnvironmentMetadata, TuningKey, differences
+from tunecache.service import dialect
+from tunecache.service.models import (
+    ArtifactBlob,
+    CurrentTuning,
+    Environment,
+    RunArtifact,
+    TuningKeyRow,
+    TuningRun,
+    utcnow,
+)
+from tunecache.service.schemas import (
+    ArtifactRead,
+    ArtifactStored,
+    ClosestTuning,
+    LookupMiss,
+    TuningRunCreate,
+    TuningRunPage,
+    TuningRunRead,
+)
+
+#: How many stored tunings a lookup miss reports.
+CLOSEST_LIMIT = 3
+#: How many current tunings a lookup miss compares against at most.
+_CANDIDATE_LIMIT = 500
+
+
+class ArtifactsMissing(LookupError):
+    """A run refers to artifacts whose bytes were never uploaded."""
+
+    def __init__(self, missing: list[str]):
+        super().__init__(f"artifact bytes not uploaded: {', '.join(missing)}")
+        self.missing = missing
+
+
+class DigestMismatch(ValueError):
+    """Uploaded bytes do not hash to the sha256 they were uploaded under."""
+
+
+class IndeterminateEnvironment(ValueError):
+    """A run's environment has fields FlashInfer could not detect; it could never be loaded."""
+
+
+def _key_filter(key: TuningKey):
+    return [getattr(TuningKeyRow, f) == v for f, v in key.model_dump().items()]
+
+
+def _environment_of(row: Environment) -> EnvironmentMetadata:
+    return EnvironmentMetadata(**{f: getattr(row, f) for f in EnvironmentMetadata.model_fields})
+
+
+def _key_of(row: TuningKeyRow) -> TuningKey:
+    return TuningKey(**{f: getattr(row, f) for f in TuningKey.model_fields})
+
+
+def _get_or_create_environment(session: Session, environment: EnvironmentMetadata) -> Environment:
+    env_hash = environment.environment_hash()
+    dialect.insert_or_ignore(
+        session,
+        Environment.__table__,
+        {"env_hash": env_hash, "created_at": utcnow(), **environment.model_dump()},
+        conflict=["env_hash"],
+    )
+    return session.scalars(select(Environment).where(Environment.env_hash == env_hash)).one()
+
+
+def _get_or_create_key(session: Session, key: TuningKey) -> TuningKeyRow:
+    dialect.insert_or_ignore(
+        session,
+        TuningKeyRow.__table__,
+        {"created_at": utcnow(), **key.model_dump()},
+        conflict=list(TuningKey.model_fields),
+    )
+    return session.scalars(select(TuningKeyRow).where(*_key_filter(key))).one()
+
+
+def store_blob(session: Session, data: bytes, expected_sha256: str) -> ArtifactStored:
+    """Store ``data`` under its sha256 (idempotent; concurrent uploads of the same bytes are safe).
+
+    Raises:
+        DigestMismatch: ``sha256(data) != expected_sha256``; nothing is stored.
+    """
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != expected_sha256:
+        raise DigestMismatch(f"body hashes to sha256 {digest}, not {expected_sha256}")
+    existed = session.get(ArtifactBlob, digest) is not None
+    if not existed:
+        dialect.insert_or_ignore(
+            session,
+            ArtifactBlob.__table__,
+            {"sha256": digest, "size_bytes": len(data), "content": data, "created_at": utcnow()},
+            conflict=["sha256"],
+        )
+    return ArtifactStored(sha256=digest, size_bytes=len(data), created=not existed)
+
+
+def blob_size(session: Session, sha256: str) -> int | None:
+    """Size in bytes of a stored blob, or ``None`` if it is not stored."""
+    return session.scalar(select(ArtifactBlob.size_bytes).where(ArtifactBlob.sha256 == sha256))
+
+
+def read_blob(session: Session, sha256: str) -> bytes | None:
+    """The bytes stored under ``sha256``, or ``None``."""
+    return session.scalar(select(ArtifactBlob.content).where(ArtifactBlob.sha256 == sha256))
+
+
+def _current_run_ids(session: Session, run_ids: list[int]) -> set[int]:
+    if not run_ids:
+        return set()
+    return set(session.scalars(select(CurrentTuning.run_id).where(CurrentTuning.run_id.in_(run_ids))))
+
+
+def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
+    return TuningRunRead(
+        id=run.id,
+        key=_key_of(run.key),
+        environment=_environment_of(run.environment),
+        environment_hash=run.environment.env_hash,
+        status=run.status,
+        trigger=run.trigger,
+        node=run.node,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        duration_s=run.duration_s,
+        error=run.error,
+        summary=run.summary or {},
+        verified=run.verified,
+        is_current=is_current,
+        created_at=run.created_at,
+        artifacts=[
+            ArtifactRead(
+                kind=a.kind,
+                name=a.name,
+                media_type=a.media_type,
+                sha256=a.sha256,
+                size_bytes=a.size_bytes,
+                download_path=f"/v1/artifacts/{a.sha256}",
+            )
+            for a in run.artifacts
+        ],
+    )
+
+
+def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
+    """Record a finished run; a succeeded, verified run becomes current for its key and environment.
+
+    Earlier runs are kept (history); only the ``current_tunings`` pointer moves, in the
+    same transaction. A failed run never moves it, so the previous tuning stays current.
+    Runs with trigger ``pod`` are recorded unverified and do not become current.
+
+    Raises:
+        ArtifactsMissing: an artifact's sha256 has no uploaded bytes.
+        IndeterminateEnvironment: a succeeded run whose environment has ``"unknown"``
+            fields (FlashInfer's ``load_configs`` would reject its file everywhere).
+    """
+    unknown = run.environment.indeterminate_fields()
+    if run.status == "succeeded" and unknown:
+        raise IndeterminateEnvironment(
+            "environment fields FlashInfer could not detect: "
+            + ", ".join(unknown)
+            + " (a tuning recorded so could never be loaded by AutoTuner.load_configs)"
+        )
+    shas = sorted({a.sha256 for a in run.artifacts})
+    sizes: dict[str, int] = dict(
+        session.execute(
+            select(ArtifactBlob.sha256, ArtifactBlob.size_bytes).where(ArtifactBlob.sha256.in_(shas))
+        ).all()
+    )
+    if missing := [s for s in shas if s not in sizes]:
+        raise ArtifactsMissing(missing)
+
+    key_row = _get_or_create_key(session, run.key)
+    env_row = _get_or_create_environment(session, run.environment)
+    duration = (
+        (run.finished_at - run.started_at).total_seconds()
+        if run.started_at is not None and run.finished_at is not None
+        else None
+    )
+    verified = run.trigger != "pod"
+    row = TuningRun(
+        key=key_row,
+        environment=env_row,
+        status=run.status,
+        trigger=run.trigger,
+        node=run.node,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        duration_s=duration,
+        error=run.error,
+        summary=run.summary,
+        verified=verified,
+        created_at=utcnow(),
+        artifacts=[
+            RunArtifact(kind=a.kind, name=a.name, media_type=a.media_type, sha256=a.sha256, size_bytes=sizes[a.sha256])
+            for a in run.artifacts
+        ],
+    )
+    session.add(row)
+    session.flush()
+    becomes_current = run.status == "succeeded" and verified
+    if becomes_current:
+        dialect.upsert(
+            session,
+            CurrentTuning.__table__,
+            {"key_id": key_row.id, "environment_id": env_row.id, "run_id": row.id, "updated_at": utcnow()},
+            conflict=["key_id", "environment_id"],
+        )
+    return _to_read(row, is_current=becomes_current)
+
+
+def get_run(session: Session, run_id: int) -> TuningRunRead | None:
+    """One run by id, or ``None``."""
+    run = session.get(TuningRun, run_id)
+    if run is None:
+        return None
+    return _to_read(run, is_current=bool(_current_run_ids(session, [run.id])))
+
+
+def list_runs(
+    session: Session,
+    *,
+    model: str | None = None,
+    gpu_name: str | None = None,
+    max_num_batched_tokens: int | None = None,
+    status: str | None = None,
+    current_only: bool = False,
+    limit: int = 50,
+    offset: int = 0,
+) -> TuningRunPage:
+    """Runs, newest first, filtered by the given key fields and status (tuning history)."""
+    query = select(TuningRun).join(TuningRun.key)
+    if model is not None:
+        query = query.where(TuningKeyRow.model == model)
+    if gpu_name is not None:
+        query = query.where(TuningKeyRow.gpu_name == gpu_name)
+    if max_num_batched_tokens is not None:
+        query = query.where(TuningKeyRow.max_num_batched_tokens == max_num_batched_tokens)
+    if status is not None:
+        query = query.where(TuningRun.status == status)
+    if current_only:
+        query = query.where(TuningRun.id.in_(select(CurrentTuning.run_id)))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    runs = list(session.scalars(query.order_by(TuningRun.id.desc()).limit(limit).offset(offset)).unique())
+    current = _current_run_ids(session, [r.id for r in runs])
+    return TuningRunPage(items=[_to_read(r, r.id in current) for r in runs], total=total, limit=limit, offset=offset)
+
+
+def lookup(session: Session, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead | LookupMiss:
+    """The current tuning for exactly this key and environment, or why there is none.
+
+    On a miss, the current tunings of the same model (of any model when that has none)
+    are ranked by how many key and environment fields differ, and the closest
+    :data:`CLOSEST_LIMIT` are returned with each differing field.
+    """
+    hit = session.scalars(
+        select(TuningRun)
+        .join(CurrentTuning, CurrentTuning.run_id == TuningRun.id)
+        .join(TuningKeyRow, TuningKeyRow.id == CurrentTuning.key_id)
+        .join(Environment, Environment.id == CurrentTuning.environment_id)
+        .where(*_key_filter(key), Environment.env_hash == environment.environment_hash())
+    ).first()
+    if hit is not None:
+        return _to_read(hit, is_current=True)
+
+    def current_runs(*where):
+        return list(
+            session.scalars(
+                select(TuningRun)
+                .join(CurrentTuning, CurrentTuning.run_id == TuningRun.id)
+                .join(TuningKeyRow, TuningKeyRow.id == CurrentTuning.key_id)
+                .where(*where)
+                .order_by(TuningRun.id.desc())
+                .limit(_CANDIDATE_LIMIT)
+            ).unique()
+        )
+
+    candidates = current_runs(TuningKeyRow.model == key.model) or current_runs()
+    ranked = sorted(
+        (
+            ClosestTuning(
+                run_id=r.id,
+                key=_key_of(r.key),
+                environment_hash=r.environment.env_hash,
+                differences=differences(_key_of(r.key), _environment_of(r.environment), key, environment),
+            )
+            for r in candidates
+        ),
+        key=lambda c: (len(c.differences), -c.run_id),
+    )[:CLOSEST_LIMIT]
+    if not ranked:
+        detail = "no tuning is stored yet"
+    else:
+        best = ranked[0]
+        detail = (
+            f"no tuning for model {key.model!r} matches your GPU and environment; "
+            f"closest is run {best.run_id}, differing in "
+            + "; ".join(str(d) for d in best.differences)
+        )
+    unknown = environment.indeterminate_fields()
+    if unknown:
+        detail += f" (your environment has undetected fields: {', '.join(unknown)})"
+    return LookupMiss(detail=detail, closest=ranked)

@@ -1,0 +1,93 @@
+"""``/v1/tunings``: record runs, look up the current tuning for a pod, list history."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import JSONResponse
+
+from tunecache.service import repository
+from tunecache.service.deps import SessionDep
+from tunecache.service.schemas import (
+    LookupMiss,
+    LookupRequest,
+    RunStatus,
+    TuningRunCreate,
+    TuningRunPage,
+    TuningRunRead,
+)
+
+router = APIRouter(prefix="/tunings", tags=["tunings"])
+
+
+@router.post("", response_model=TuningRunRead, status_code=201)
+def record_tuning(body: TuningRunCreate, session: SessionDep) -> TuningRunRead:
+    """Record one tuning run with its artifacts (uploaded before with ``PUT /v1/artifacts/{sha256}``).
+
+    A succeeded run becomes the current tuning of its key and environment; earlier runs
+    stay in the history. Errors: 422 for an invalid body (pydantic names the field), for
+    artifacts whose bytes were never uploaded (``missing`` lists their sha256), and for a
+    succeeded run whose environment has fields FlashInfer reported as ``"unknown"``.
+    """
+    try:
+        run = repository.record_run(session, body)
+    except repository.ArtifactsMissing as exc:
+        raise HTTPException(422, detail={"message": str(exc), "missing": exc.missing}) from None
+    except repository.IndeterminateEnvironment as exc:
+        raise HTTPException(422, detail=str(exc)) from None
+    session.commit()
+    return run
+
+
+@router.post(
+    "/lookup",
+    response_model=TuningRunRead,
+    responses={404: {"model": LookupMiss, "description": "No usable tuning; the closest ones and how they differ"}},
+)
+def lookup_tuning(body: LookupRequest, session: SessionDep):
+    """The current tuning for a pod's key and FlashInfer environment.
+
+    Matching is exact on every key field and every field of FlashInfer's ``_metadata``
+    (``flashinfer.autotuner._collect_metadata``), because ``AutoTuner.load_configs``
+    rejects a file on any mismatch. 404 body: ``{"detail": "...", "closest": [{"run_id",
+    "key", "environment_hash", "differences": [{"field", "stored", "yours"}]}]}``.
+    """
+    result = repository.lookup(session, body.key, body.environment)
+    if isinstance(result, LookupMiss):
+        return JSONResponse(status_code=404, content=result.model_dump(mode="json"))
+    return result
+
+
+@router.get("", response_model=TuningRunPage)
+def list_tunings(
+    session: SessionDep,
+    model: str | None = None,
+    gpu_name: str | None = None,
+    max_num_batched_tokens: Annotated[int | None, Query(gt=0)] = None,
+    status: RunStatus | None = None,
+    current_only: bool = False,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> TuningRunPage:
+    """Tuning history, newest first, filtered by key fields and status; ``current_only``
+    keeps the runs that are current for their key and environment."""
+    return repository.list_runs(
+        session,
+        model=model,
+        gpu_name=gpu_name,
+        max_num_batched_tokens=max_num_batched_tokens,
+        status=status,
+        current_only=current_only,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get("/{run_id}", response_model=TuningRunRead)
+def get_tuning(run_id: int, session: SessionDep) -> TuningRunRead:
+    """One run by id. 404 if there is none."""
+    run = repository.get_run(session, run_id)
+    if run is None:
+        raise HTTPException(404, detail=f"no tuning run {run_id}")
+    return run

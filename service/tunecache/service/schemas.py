@@ -1,0 +1,118 @@
+"""API schemas (pydantic). Write schemas forbid unknown fields; read schemas are built
+from repository results, never returned as ORM rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tunecache.identity import EnvironmentMetadata, FieldDifference, TuningKey
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+RunStatus = Literal["succeeded", "failed"]
+#: Who recorded a run: ``upload`` (``tunecache push`` of a file), ``cli`` (``tunecache tune``
+#: on a GPU node), ``http`` (a tuning job), ``pod`` (a pod's own local tuning).
+RunTrigger = Literal["upload", "cli", "http", "pod"]
+
+
+class ArtifactCreate(BaseModel):
+    """An artifact of a run, referring to bytes already uploaded with ``PUT /v1/artifacts/{sha256}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_.-]+$")
+    name: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.@+-][A-Za-z0-9_.@+/-]*$")
+    media_type: str = Field(default="application/octet-stream", min_length=1, max_length=128)
+    sha256: str = Field(pattern=SHA256_PATTERN)
+
+
+class ArtifactRead(BaseModel):
+    kind: str
+    name: str
+    media_type: str
+    sha256: str
+    size_bytes: int
+    download_path: str
+    """Relative URL that streams the bytes: ``/v1/artifacts/{sha256}``."""
+
+
+class TuningRunCreate(BaseModel):
+    """Body of ``POST /v1/tunings``: one finished tuning run of a key in an environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: TuningKey
+    environment: EnvironmentMetadata
+    status: RunStatus = "succeeded"
+    trigger: RunTrigger = "upload"
+    node: str | None = Field(default=None, max_length=255)
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    error: str | None = Field(default=None, max_length=65536)
+    summary: dict[str, Any] = Field(default_factory=dict)
+    artifacts: list[ArtifactCreate] = Field(default_factory=list, max_length=10000)
+
+
+class TuningRunRead(BaseModel):
+    id: int
+    key: TuningKey
+    environment: EnvironmentMetadata
+    environment_hash: str
+    status: str
+    trigger: str
+    node: str | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    duration_s: float | None
+    error: str | None
+    summary: dict[str, Any]
+    verified: bool
+    is_current: bool
+    created_at: dt.datetime
+    artifacts: list[ArtifactRead]
+
+
+class TuningRunPage(BaseModel):
+    items: list[TuningRunRead]
+    total: int
+    limit: int
+    offset: int
+
+
+class LookupRequest(BaseModel):
+    """Body of ``POST /v1/tunings/lookup``: the pod's key and its FlashInfer environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: TuningKey
+    environment: EnvironmentMetadata
+
+
+class ClosestTuning(BaseModel):
+    run_id: int
+    key: TuningKey
+    environment_hash: str
+    differences: list[FieldDifference]
+
+
+class LookupMiss(BaseModel):
+    """Body of the 404 of a lookup: why nothing matched and what came closest."""
+
+    detail: str
+    closest: list[ClosestTuning]
+
+
+class ArtifactStored(BaseModel):
+    sha256: str
+    size_bytes: int
+    created: bool
+    """False when the same bytes were already stored (uploads are idempotent)."""
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    database: str
+    schema_revision: str | None

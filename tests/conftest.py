@@ -1,0 +1,103 @@
+"""Shared fixtures: a migrated database on SQLite and on the real PostgreSQL, and the app.
+
+PostgreSQL: ``TUNECACHE_TEST_POSTGRES_URL`` (default
+``postgresql+psycopg://postgres@127.0.0.1:5432/test``). Each test gets its own schema,
+dropped afterwards. Where the server cannot be reached the PostgreSQL variants are
+skipped with the reason, unless ``TUNECACHE_REQUIRE_POSTGRES=1`` (set by ``.ci/run``),
+which turns that skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from tunecache.service import db
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H200_FILES = FIXTURES / "flashinfer-0.7.4-h200"
+CUDNN_FILE = H200_FILES / "mm_bf16-cudnn.json"
+CUBLASLT_FILE = H200_FILES / "mm_bf16-cublaslt.json"
+LLAMA_CONFIG = FIXTURES / "models" / "llama-3.1-8b" / "config.json"
+
+POSTGRES_URL = os.environ.get(
+    "TUNECACHE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+def _postgres_unavailable() -> str | None:
+    try:
+        engine = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 3})
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        engine.dispose()
+        return None
+    except Exception as exc:  # any failure to connect is a reason to skip
+        return f"PostgreSQL not reachable at {POSTGRES_URL}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
+def require_postgres() -> None:
+    reason = _postgres_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("TUNECACHE_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"TUNECACHE_REQUIRE_POSTGRES=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def postgres_schema_url() -> Iterator[str]:
+    """URL of a fresh, empty PostgreSQL schema (search_path set through the URL)."""
+    require_postgres()
+    schema = f"tunecache_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_URL)
+    with admin.begin() as connection:
+        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in POSTGRES_URL else "?"
+    try:
+        yield f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request, tmp_path) -> str:
+    """An empty database of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'tunecache.db'}"
+    return request.getfixturevalue("postgres_schema_url")
+
+
+@pytest.fixture
+def engine(database_url) -> Iterator[Engine]:
+    """A database migrated to the head revision."""
+    engine = db.create_db_engine(database_url)
+    db.upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def app_client(engine):
+    from fastapi.testclient import TestClient
+
+    from tunecache.service.app import create_app
+    from tunecache.service.settings import Settings
+
+    settings = Settings(database_url=str(engine.url), max_upload_bytes=1_000_000)
+    with TestClient(create_app(settings, engine=engine)) as client:
+        yield client
+
+
+def tunecache_executable() -> str:
+    exe = shutil.which("tunecache")
+    assert exe, "the tunecache console script is not installed (pip install -e .)"
+    return exe

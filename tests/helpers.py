@@ -1,0 +1,45 @@
+"""Builders for test payloads from the real H200 FlashInfer files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, parse_autotune_file
+from tunecache.identity import EnvironmentMetadata, TuningKey
+
+
+def h200_key(**overrides) -> TuningKey:
+    fields = dict(gpu_name="NVIDIA H200", arch="sm90", model="meta-llama/Llama-3.1-8B", max_num_batched_tokens=8192)
+    fields.update(overrides)
+    return TuningKey(**fields)
+
+
+def file_environment(path: Path) -> EnvironmentMetadata:
+    return parse_autotune_file(path.read_bytes()).environment
+
+
+def run_payload(path: Path, key: TuningKey | None = None, **overrides) -> dict:
+    """JSON body of POST /v1/tunings for one FlashInfer file (its bytes must be uploaded)."""
+    data = path.read_bytes()
+    parsed = parse_autotune_file(data)
+    body = {
+        "key": (key or h200_key()).model_dump(),
+        "environment": parsed.environment.model_dump(),
+        "trigger": "upload",
+        "summary": {"entries": parsed.entries},
+        "artifacts": [
+            {"kind": ARTIFACT_KIND, "name": "autotune.json", "media_type": MEDIA_TYPE,
+             "sha256": hashlib.sha256(data).hexdigest()}
+        ],
+    }
+    body.update(overrides)
+    return body
+
+
+def store_file(session, path: Path) -> str:
+    """Store a file's bytes through the repository; returns its sha256."""
+    from tunecache.service import repository
+
+    data = path.read_bytes()
+    return repository.store_blob(session, data, hashlib.sha256(data).hexdigest()).sha256

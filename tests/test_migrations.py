@@ -1,0 +1,44 @@
+"""Alembic migrations on SQLite and PostgreSQL: from empty, single head, down to base and back."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
+
+from helpers import run_payload, store_file
+from conftest import CUDNN_FILE
+from tunecache.service import db, repository
+from tunecache.service.schemas import TuningRunCreate
+
+TABLES = {"environments", "tuning_keys", "tuning_runs", "artifact_blobs", "run_artifacts", "current_tunings"}
+
+
+def test_single_head():
+    config = Config()
+    config.set_main_option("script_location", str(db.migrations_dir()))
+    assert len(ScriptDirectory.from_config(config).get_heads()) == 1
+
+
+def test_empty_database_is_refused_until_upgraded(database_url):
+    engine = db.create_db_engine(database_url)
+    with pytest.raises(db.SchemaOutOfDate, match="run `tunecache db upgrade"):
+        db.check_schema(engine)
+    db.upgrade(engine)
+    assert db.check_schema(engine) == "0001"
+    assert TABLES <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+def test_downgrade_to_base_and_back_with_data(engine):
+    with db.session_factory(engine)() as session:
+        store_file(session, CUDNN_FILE)
+        repository.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
+        session.commit()
+    db.downgrade(engine, "base")
+    assert not TABLES & set(inspect(engine).get_table_names())
+    db.upgrade(engine)
+    assert TABLES <= set(inspect(engine).get_table_names())
+    with db.session_factory(engine)() as session:
+        assert repository.list_runs(session).total == 0

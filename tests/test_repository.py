@@ -1,0 +1,140 @@
+"""The storage layer on SQLite and on the real PostgreSQL, with the real H200 FlashInfer files."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from conftest import CUBLASLT_FILE, CUDNN_FILE
+from helpers import file_environment, h200_key, run_payload, store_file
+from tunecache.service import db, repository
+from tunecache.service.schemas import LookupMiss, TuningRunCreate, TuningRunRead
+
+
+@pytest.fixture
+def session(engine):
+    with db.session_factory(engine)() as session:
+        yield session
+
+
+def record(session, path=CUDNN_FILE, **overrides) -> TuningRunRead:
+    store_file(session, path)
+    run = repository.record_run(session, TuningRunCreate.model_validate(run_payload(path, **overrides)))
+    session.commit()
+    return run
+
+
+def test_recorded_run_is_current_and_found_by_lookup(session):
+    started = dt.datetime(2026, 11, 30, 2, 0, tzinfo=dt.timezone.utc)
+    run = record(session, started_at=started.isoformat(), finished_at=(started + dt.timedelta(seconds=137)).isoformat(),
+                 node="gpu-node-1", summary={"entries": 43, "tuning_seconds": 137.0})
+    assert run.is_current and run.verified and run.status == "succeeded"
+    assert run.duration_s == pytest.approx(137.0)
+    assert [a.kind for a in run.artifacts] == ["flashinfer_autotune_v1"]
+    assert run.artifacts[0].size_bytes == len(CUDNN_FILE.read_bytes())
+
+    hit = repository.lookup(session, h200_key(), file_environment(CUDNN_FILE))
+    assert isinstance(hit, TuningRunRead)
+    assert hit.id == run.id and hit.summary["entries"] == 43
+    assert repository.read_blob(session, run.artifacts[0].sha256) == CUDNN_FILE.read_bytes()
+
+
+def test_history_keeps_every_run_and_current_moves(session):
+    first = record(session)
+    second = record(session)
+    assert first.id != second.id
+    page = repository.list_runs(session, model="meta-llama/Llama-3.1-8B")
+    assert page.total == 2
+    assert [r.id for r in page.items] == [second.id, first.id]
+    assert [r.is_current for r in page.items] == [True, False]
+    hit = repository.lookup(session, h200_key(), file_environment(CUDNN_FILE))
+    assert hit.id == second.id
+
+
+def test_failed_run_keeps_previous_tuning_current(session):
+    good = record(session)
+    failed = repository.record_run(
+        session,
+        TuningRunCreate.model_validate(run_payload(CUDNN_FILE, status="failed", error="CUDA error: illegal address", artifacts=[])),
+    )
+    session.commit()
+    assert not failed.is_current
+    assert repository.lookup(session, h200_key(), file_environment(CUDNN_FILE)).id == good.id
+    assert repository.list_runs(session, status="failed").items[0].error == "CUDA error: illegal address"
+
+
+def test_lookup_miss_names_each_differing_field(session):
+    run = record(session)
+    yours = file_environment(CUDNN_FILE).model_copy(update={"cudnn_version": "91700"})
+    miss = repository.lookup(session, h200_key(), yours)
+    assert isinstance(miss, LookupMiss)
+    assert miss.closest[0].run_id == run.id
+    assert [str(d) for d in miss.closest[0].differences] == ["cudnn_version: stored 91900, yours 91700"]
+    assert "cudnn_version: stored 91900, yours 91700" in miss.detail
+
+
+def test_lookup_miss_ranks_closest_and_reports_key_fields(session):
+    near = record(session, key=h200_key(max_num_batched_tokens=4096))
+    far = record(session, key=h200_key(max_num_batched_tokens=2048, tensor_parallel_size=2))
+    other_gpu = file_environment(CUDNN_FILE).model_copy(update={"gpu": "NVIDIA H100 80GB HBM3"})
+    miss = repository.lookup(session, h200_key(gpu_name="NVIDIA H100 80GB HBM3"), other_gpu)
+    assert [c.run_id for c in miss.closest] == [near.id, far.id]
+    assert [str(d) for d in miss.closest[0].differences] == [
+        "gpu_name: stored NVIDIA H200, yours NVIDIA H100 80GB HBM3",
+        "max_num_batched_tokens: stored 4096, yours 8192",
+        "gpu: stored NVIDIA H200, yours NVIDIA H100 80GB HBM3",
+    ]
+
+
+def test_lookup_on_empty_store_says_so(session):
+    miss = repository.lookup(session, h200_key(), file_environment(CUDNN_FILE))
+    assert miss.closest == [] and miss.detail == "no tuning is stored yet"
+
+
+def test_environments_are_distinct_per_file_metadata(session):
+    # both real files share one environment: one row, two keys, both current
+    a = record(session, CUDNN_FILE, key=h200_key(model="a"))
+    b = record(session, CUBLASLT_FILE, key=h200_key(model="b"))
+    assert a.environment_hash == b.environment_hash
+    assert repository.list_runs(session, current_only=True).total == 2
+
+
+def test_indeterminate_environment_is_refused_and_nothing_stored(session):
+    store_file(session, CUDNN_FILE)
+    payload = run_payload(CUDNN_FILE)
+    payload["environment"]["cudnn_version"] = "unknown"
+    with pytest.raises(repository.IndeterminateEnvironment, match="cudnn_version"):
+        repository.record_run(session, TuningRunCreate.model_validate(payload))
+    session.rollback()
+    assert repository.list_runs(session).total == 0
+
+
+def test_run_with_unuploaded_artifact_is_refused(session):
+    payload = run_payload(CUDNN_FILE)
+    with pytest.raises(repository.ArtifactsMissing) as info:
+        repository.record_run(session, TuningRunCreate.model_validate(payload))
+    assert info.value.missing == [payload["artifacts"][0]["sha256"]]
+    session.rollback()
+    assert repository.list_runs(session).total == 0
+
+
+def test_blobs_are_content_addressed_and_checked(session):
+    data = CUBLASLT_FILE.read_bytes()
+    import hashlib
+
+    digest = hashlib.sha256(data).hexdigest()
+    assert repository.store_blob(session, data, digest).created
+    session.commit()
+    assert not repository.store_blob(session, data, digest).created
+    with pytest.raises(repository.DigestMismatch):
+        repository.store_blob(session, data + b" ", digest)
+    assert repository.blob_size(session, digest) == len(data)
+    assert repository.read_blob(session, "0" * 64) is None
+
+
+def test_pod_pushed_run_is_unverified_and_not_current(session):
+    good = record(session)
+    pod = record(session, trigger="pod", node="pod-7")
+    assert not pod.verified and not pod.is_current
+    assert repository.lookup(session, h200_key(), file_environment(CUDNN_FILE)).id == good.id
