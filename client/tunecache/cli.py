@@ -1,0 +1,358 @@
+"""``tunecache`` command line (typer).
+
+Pod-side commands (``pull``, ``push``) import only the client; server commands
+(``serve``, ``db``, ``tune``) import the service lazily.
+
+Exit codes (also in the README):
+
+====  =====================================================================
+0     success (``pull``: tuning installed)
+1     unexpected error
+2     usage error (bad or missing option)
+3     no compatible tuning on the server (``pull``); the closest ones are printed
+4     server unreachable (connection refused, DNS, timeout)
+5     the server answered with an error (4xx/5xx other than a lookup miss)
+6     downloaded artifact corrupt (sha256 mismatch); nothing was installed
+7     bad input file (not a FlashInfer autotune file, unreadable environment file,
+      bad model config)
+8     tuning failed (``tune``): the tuner process reported an error, died, or timed out
+9     database not usable (schema out of date: run ``tunecache db upgrade``; or unreachable)
+====  =====================================================================
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+
+from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, NotAnAutotuneFile, parse_autotune_file
+from tunecache.client.environment import EnvironmentUnavailable, detect_arch, detect_environment, environment_from_file
+from tunecache.client.http import (
+    ArtifactCorrupt,
+    NoCompatibleTuning,
+    ServerError,
+    ServerUnreachable,
+    TunecacheClient,
+)
+from tunecache.client.install import pull_autotune_file
+from tunecache.identity import TuningKey
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    UNEXPECTED = 1
+    USAGE = 2
+    NO_COMPATIBLE_TUNING = 3
+    SERVER_UNREACHABLE = 4
+    SERVER_ERROR = 5
+    ARTIFACT_CORRUPT = 6
+    BAD_INPUT = 7
+    TUNING_FAILED = 8
+    DATABASE = 9
+
+
+app = typer.Typer(
+    name="tunecache",
+    help="Persistent autotune cache for LLM inference fleets: tune once per GPU node, install on every pod.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+db_app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+def fail(code: ExitCode, message: str) -> NoReturn:
+    """Print ``tunecache: error: <message>`` to stderr and exit with ``code``."""
+    typer.echo(f"tunecache: error: {message}", err=True)
+    raise typer.Exit(int(code))
+
+
+ServerOpt = Annotated[str, typer.Option("--server", envvar="TUNECACHE_URL", help="tunecache server URL")]
+ModelOpt = Annotated[str, typer.Option("--model", help="model name as given to vLLM (--model)")]
+MnbtOpt = Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="vLLM's max_num_batched_tokens")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="vLLM's --dtype ('auto': as the checkpoint says)")]
+QuantOpt = Annotated[str, typer.Option("--quantization", help="vLLM's --quantization ('auto': as the checkpoint says)")]
+TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1, help="tensor-parallel size")]
+GpuNameOpt = Annotated[Optional[str], typer.Option("--gpu-name", help="GPU name (default: the environment's 'gpu')")]
+ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="GPU arch such as sm90 (default: detected)")]
+DatabaseOpt = Annotated[Optional[str], typer.Option("--database", envvar="TUNECACHE_DATABASE_URL", help="SQLAlchemy database URL")]
+
+
+def _key(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: str, quantization: str, tp: int) -> TuningKey:
+    try:
+        return TuningKey(
+            gpu_name=gpu_name,
+            arch=arch or detect_arch(gpu_name),
+            model=model,
+            max_num_batched_tokens=mnbt,
+            dtype=dtype,
+            quantization=quantization,
+            tensor_parallel_size=tp,
+        )
+    except EnvironmentUnavailable as exc:
+        fail(ExitCode.USAGE, str(exc))
+    except ValueError as exc:  # pydantic ValidationError
+        fail(ExitCode.USAGE, f"invalid key: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")  # type: ignore[attr-defined]
+
+
+def _client_errors(exc: Exception) -> NoReturn:
+    if isinstance(exc, ServerUnreachable):
+        fail(ExitCode.SERVER_UNREACHABLE, str(exc))
+    if isinstance(exc, ServerError):
+        fail(ExitCode.SERVER_ERROR, str(exc))
+    if isinstance(exc, ArtifactCorrupt):
+        fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; nothing was installed")
+    raise exc
+
+
+@app.command()
+def push(
+    file: Annotated[Path, typer.Argument(help="FlashInfer autotune cache file (AutoTuner.save_configs output)")],
+    server: ServerOpt,
+    model: ModelOpt,
+    max_num_batched_tokens: MnbtOpt,
+    gpu_name: GpuNameOpt = None,
+    arch: ArchOpt = None,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = "auto",
+    tensor_parallel_size: TpOpt = 1,
+    trigger: Annotated[str, typer.Option(help="'upload', or 'pod' for a pod's own tuning (stored unverified)")] = "upload",
+) -> None:
+    """Upload a FlashInfer autotune cache file; its environment is read from its _metadata."""
+    try:
+        data = file.read_bytes()
+        parsed = parse_autotune_file(data, source=str(file))
+    except OSError as exc:
+        fail(ExitCode.BAD_INPUT, f"cannot read {file}: {exc.strerror}")
+    except NotAnAutotuneFile as exc:
+        fail(ExitCode.BAD_INPUT, str(exc))
+    if trigger not in ("upload", "pod"):
+        fail(ExitCode.USAGE, "--trigger must be 'upload' or 'pod'")
+    key = _key(model, max_num_batched_tokens, gpu_name or parsed.environment.gpu, arch, dtype, quantization, tensor_parallel_size)
+    with TunecacheClient(server) as client:
+        try:
+            sha256 = client.upload_artifact(data)
+            run = client.record_run(
+                {
+                    "key": key.model_dump(),
+                    "environment": parsed.environment.model_dump(),
+                    "trigger": trigger,
+                    "node": socket.gethostname(),
+                    "summary": {"entries": parsed.entries},
+                    "artifacts": [{"kind": ARTIFACT_KIND, "name": "autotune.json", "media_type": MEDIA_TYPE, "sha256": sha256}],
+                }
+            )
+        except Exception as exc:
+            _client_errors(exc)
+    state = "current" if run["is_current"] else "recorded, not current"
+    typer.echo(f"stored run {run['id']} ({parsed.entries} entries, {state}) for {key.model} on {key.gpu_name}")
+
+
+@app.command()
+def pull(
+    server: ServerOpt,
+    model: ModelOpt,
+    max_num_batched_tokens: MnbtOpt,
+    dest: Annotated[Path, typer.Option("--dest", help="directory to install the FlashInfer cache file into")],
+    environment: Annotated[
+        Optional[Path],
+        typer.Option(help="FlashInfer cache file or JSON of its _metadata fields (default: detect with FlashInfer)"),
+    ] = None,
+    gpu_name: GpuNameOpt = None,
+    arch: ArchOpt = None,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = "auto",
+    tensor_parallel_size: TpOpt = 1,
+    file_name: Annotated[Optional[str], typer.Option(help="installed file's name (default: from the key)")] = None,
+) -> None:
+    """Fetch the tuning matching this GPU and environment; install it as a FlashInfer cache file.
+
+    Prints the installed path. Use it with flashinfer.autotune(False, cache=PATH).
+    """
+    try:
+        env = environment_from_file(environment) if environment else detect_environment()
+    except EnvironmentUnavailable as exc:
+        fail(ExitCode.BAD_INPUT if environment else ExitCode.USAGE, str(exc))
+    if environment is None and env.indeterminate_fields():
+        fail(
+            ExitCode.USAGE,
+            f"FlashInfer could not detect {', '.join(env.indeterminate_fields())} here (no GPU?); "
+            "pass --environment FILE",
+        )
+    key = _key(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization, tensor_parallel_size)
+    with TunecacheClient(server) as client:
+        try:
+            installed = pull_autotune_file(client, key, env, dest, file_name)
+        except NoCompatibleTuning as exc:
+            fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
+        except OSError as exc:
+            fail(ExitCode.BAD_INPUT, f"cannot write into {dest}: {exc.strerror}")
+        except Exception as exc:
+            _client_errors(exc)
+    typer.echo(str(installed.path))
+
+
+@app.command()
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="listen address (TUNECACHE_HOST, default 127.0.0.1)")] = None,
+    port: Annotated[Optional[int], typer.Option(help="listen port (TUNECACHE_PORT, default 8321)")] = None,
+    database: DatabaseOpt = None,
+) -> None:
+    """Run the HTTP service. On SQLite (the default) the schema is migrated first; on
+    PostgreSQL it must already be current (tunecache db upgrade)."""
+    import uvicorn
+
+    from tunecache.service import db
+    from tunecache.service.app import create_app
+    from tunecache.service.settings import Settings
+
+    overrides = {k: v for k, v in {"host": host, "port": port, "database_url": database}.items() if v is not None}
+    settings = Settings(**overrides)
+    url = settings.resolved_database_url()
+    engine = db.create_db_engine(url)
+    try:
+        if engine.dialect.name == "sqlite":
+            db.upgrade(engine)
+        db.check_schema(engine)
+    except db.SchemaOutOfDate as exc:
+        fail(ExitCode.DATABASE, str(exc))
+    except Exception as exc:  # connection failures (OperationalError)
+        fail(ExitCode.DATABASE, f"database {engine.url.render_as_string(hide_password=True)} not usable: {str(exc).splitlines()[0]}")
+    typer.echo(f"tunecache serving on http://{settings.host}:{settings.port} (database {engine.url.render_as_string(hide_password=True)})", err=True)
+    uvicorn.run(create_app(settings, engine=engine), host=settings.host, port=settings.port, log_level="info")
+
+
+@db_app.command("upgrade")
+def db_upgrade(database: DatabaseOpt = None) -> None:
+    """Apply the schema migrations (Alembic) to the database."""
+    from tunecache.service import db
+    from tunecache.service.settings import Settings
+
+    url = database or Settings().resolved_database_url()
+    engine = db.create_db_engine(url)
+    try:
+        db.upgrade(engine)
+        revision = db.check_schema(engine)
+    except Exception as exc:
+        fail(ExitCode.DATABASE, f"cannot upgrade {engine.url.render_as_string(hide_password=True)}: {str(exc).splitlines()[0]}")
+    typer.echo(f"database at revision {revision}")
+
+
+@app.command()
+def tune(
+    model: ModelOpt,
+    max_num_batched_tokens: MnbtOpt,
+    config: Annotated[
+        Optional[str],
+        typer.Option(help="HF config: a directory with config.json, a JSON file, or a model type (default: --model)"),
+    ] = None,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = "auto",
+    tensor_parallel_size: TpOpt = 1,
+    server: Annotated[Optional[str], typer.Option("--server", help="store the run on this tunecache server")] = None,
+    database: Annotated[Optional[str], typer.Option("--database", help="store the run in this database directly")] = None,
+    gemm_backends: Annotated[Optional[str], typer.Option(help="comma-separated FlashInfer GEMM backends (default: per arch)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds before the tuner process is killed")] = 3600.0,
+    work_dir: Annotated[Optional[Path], typer.Option(help="keep the tuner's files here (default: a temporary directory)")] = None,
+) -> None:
+    """On a GPU node: run FlashInfer's autotuner for a model in a child process and store the run."""
+    from tunecache.service.tuner.model_config import ModelConfigError, load_hf_config
+    from tunecache.service.tuner.progress import ProgressDisplay
+    from tunecache.service.tuner.runner import TunerFailed, run_tuner
+    from tunecache.service.tuner.stages import TuneSpec
+
+    if (server is None) == (database is None):
+        fail(ExitCode.USAGE, "give exactly one of --server URL or --database URL")
+    try:
+        hf_config = load_hf_config(config or model)
+    except ModelConfigError as exc:
+        fail(ExitCode.BAD_INPUT, str(exc))
+    spec = TuneSpec(
+        model=model,
+        hf_config=hf_config,
+        max_num_batched_tokens=max_num_batched_tokens,
+        tensor_parallel_size=tensor_parallel_size,
+        dtype=dtype,
+        quantization=quantization,
+        gemm_backends=[b.strip() for b in gemm_backends.split(",") if b.strip()] if gemm_backends else None,
+    )
+    node = socket.gethostname()
+    with tempfile.TemporaryDirectory(prefix="tunecache-tune-") as tmp:
+        directory = work_dir or Path(tmp)
+        try:
+            with ProgressDisplay() as progress:
+                result = run_tuner(spec, directory, timeout, on_event=progress.update)
+        except TunerFailed as failure:
+            _store_failure(spec, failure, server, database, node)
+            fail(ExitCode.TUNING_FAILED, f"{failure.message}\n{failure.log_tail}".rstrip())
+        run = _store_result(spec, result, server, database, node)
+    typer.echo(
+        f"stored run {run['id']}: {result.summary['entries']} entries in {result.summary['tuning_seconds']:.1f} s "
+        f"for {model} on {result.gpu_name} ({result.arch})"
+    )
+
+
+def _store_result(spec, result, server: str | None, database: str | None, node: str) -> dict:
+    from tunecache.service.tuner import recording
+
+    if server is not None:
+        with TunecacheClient(server) as client:
+            try:
+                return recording.record_over_http(client, spec, result, "cli", node)
+            except Exception as exc:
+                _client_errors(exc)
+    with _database_session(database) as session:
+        return recording.record_in_database(session, spec, result, "cli", node).model_dump(mode="json")
+
+
+def _store_failure(spec, failure, server: str | None, database: str | None, node: str) -> None:
+    """Record a failed run in the history when the tuner got far enough to know its GPU."""
+    from tunecache.service.tuner.recording import failed_run_record
+
+    record = failed_run_record(spec, failure, "cli", node)
+    if record is None:
+        return
+    if server is not None:
+        with TunecacheClient(server) as client:
+            try:
+                client.record_run(record.model_dump(mode="json"))
+            except Exception as exc:
+                _client_errors(exc)
+        return
+    from tunecache.service import repository
+
+    with _database_session(database) as session:
+        repository.record_run(session, record)
+        session.commit()
+
+
+def _database_session(url: str | None):
+    from tunecache.service import db
+
+    engine = db.create_db_engine(url)  # type: ignore[arg-type]
+    try:
+        if engine.dialect.name == "sqlite":
+            db.upgrade(engine)
+        db.check_schema(engine)
+    except db.SchemaOutOfDate as exc:
+        fail(ExitCode.DATABASE, str(exc))
+    return db.session_factory(engine)()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

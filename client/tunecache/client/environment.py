@@ -1,0 +1,88 @@
+"""The pod's side of a tuning's identity: its FlashInfer environment and its GPU.
+
+On a GPU with FlashInfer importable, the environment is exactly what FlashInfer itself
+will compare when it loads a cache file (``flashinfer.autotuner._collect_metadata``).
+Elsewhere (a laptop, a CPU-only CI) it is read from a file: a FlashInfer cache file's
+``_metadata`` block, or a JSON object of those fields.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from tunecache.client.autotune_file import NotAnAutotuneFile, parse_autotune_file
+from tunecache.identity import ENVIRONMENT_FIELDS, EnvironmentMetadata, arch_for_gpu_name, arch_from_capability
+
+
+class EnvironmentUnavailable(RuntimeError):
+    """The environment (or GPU) cannot be determined here; the message says what to pass instead."""
+
+
+def detect_environment() -> EnvironmentMetadata:
+    """This process's FlashInfer environment metadata.
+
+    Source: ``flashinfer.autotuner._collect_metadata()`` (FlashInfer 0.7.4), the function
+    ``AutoTuner.load_configs`` compares cache files against.
+
+    Raises:
+        EnvironmentUnavailable: flashinfer is not importable.
+    """
+    try:
+        from flashinfer.autotuner import _collect_metadata
+    except Exception as exc:  # ImportError, or a broken CUDA stack under it
+        raise EnvironmentUnavailable(
+            f"cannot detect the FlashInfer environment ({type(exc).__name__}: {exc}); "
+            "pass --environment FILE (a FlashInfer cache file or a JSON object of its _metadata fields)"
+        ) from None
+    return EnvironmentMetadata.from_flashinfer_metadata(_collect_metadata())
+
+
+def environment_from_file(path: Path) -> EnvironmentMetadata:
+    """Environment metadata from a FlashInfer cache file or a JSON object of the fields.
+
+    Raises:
+        EnvironmentUnavailable: unreadable, not JSON, or fields missing (named).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EnvironmentUnavailable(f"cannot read environment file {path}: {exc.strerror}") from None
+    try:
+        return parse_autotune_file(data, source=str(path)).environment
+    except NotAnAutotuneFile:
+        pass
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EnvironmentUnavailable(f"environment file {path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise EnvironmentUnavailable(f"environment file {path} is not a JSON object")
+    missing = [f for f in ENVIRONMENT_FIELDS if f not in doc]
+    if missing:
+        raise EnvironmentUnavailable(f"environment file {path} lacks fields: {', '.join(missing)}")
+    try:
+        return EnvironmentMetadata.model_validate({f: str(doc[f]) for f in ENVIRONMENT_FIELDS})
+    except ValidationError as exc:
+        raise EnvironmentUnavailable(f"environment file {path}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+
+
+def detect_arch(gpu_name: str) -> str:
+    """The arch (``"sm90"``) of the local CUDA device 0, else of a known ``gpu_name``.
+
+    Raises:
+        EnvironmentUnavailable: no CUDA device and an unknown GPU name.
+    """
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return arch_from_capability(*torch.cuda.get_device_capability(0))
+    except ImportError:
+        pass
+    arch = arch_for_gpu_name(gpu_name)
+    if arch is None:
+        raise EnvironmentUnavailable(f"cannot tell the arch of GPU {gpu_name!r} without CUDA here; pass --arch (e.g. sm90)")
+    return arch

@@ -1,0 +1,64 @@
+"""Fetch the tuning that matches a pod and install it as a FlashInfer autotune cache file."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunecache.client.autotune_file import ARTIFACT_KIND
+from tunecache.client.http import TunecacheClient, TunecacheError
+from tunecache.identity import EnvironmentMetadata, TuningKey
+
+
+@dataclass(frozen=True)
+class InstalledTuning:
+    path: Path
+    run_id: int
+    sha256: str
+    entries: int | None
+
+
+def default_file_name(key: TuningKey) -> str:
+    """``<model>_<gpu>_mnbt<N>_tp<T>.json`` with every unsafe character replaced by ``-``."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{key.model}_{key.gpu_name}").strip("-")
+    return f"{slug}_mnbt{key.max_num_batched_tokens}_tp{key.tensor_parallel_size}.json"
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it into place, so a
+    reader sees the old file or the whole new one, never a partial one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the pod's vLLM user must read it
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def pull_autotune_file(
+    client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, dest_dir: Path, file_name: str | None = None
+) -> InstalledTuning:
+    """Look up the current tuning, download its FlashInfer file (sha256-verified) and
+    install it in ``dest_dir`` for ``flashinfer.autotune(False, cache=PATH)``.
+
+    Raises:
+        NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
+        (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file.
+    """
+    run = client.lookup(key, environment)
+    artifact = next((a for a in run["artifacts"] if a["kind"] == ARTIFACT_KIND), None)
+    if artifact is None:
+        raise TunecacheError(f"tuning run {run['id']} has no {ARTIFACT_KIND} artifact")
+    data = client.download_artifact(artifact["sha256"])
+    path = Path(dest_dir) / (file_name or default_file_name(key))
+    write_atomically(path, data)
+    return InstalledTuning(path=path, run_id=run["id"], sha256=artifact["sha256"], entries=run["summary"].get("entries"))

@@ -1,0 +1,110 @@
+"""The tuner's child process: ``python -m tunecache.service.tuner.child SPEC_JSON OUT_DIR``.
+
+Runs every applicable stage inside one ``flashinfer.autotune(True, cache=OUT_DIR/autotune.json)``
+context; FlashInfer writes that file on exit (``AutoTuner.save_configs``). Progress goes
+to the original stdout as JSON lines (library output is redirected to stderr):
+
+    {"event": "started", "gpu_name": "NVIDIA H200", "arch": "sm90", "environment": {...}}
+    {"event": "stage", "stage": "gemm", "status": "running"|"skipped"|"done", ...}
+    {"event": "progress", "stage": "gemm", "step": 3, "total": 8, "detail": "..."}
+    {"event": "result", "summary": {...}}
+    {"event": "error", "message": "..."}
+
+Exit status 0 on success, 1 on a failure it could report. A CUDA fault that kills the
+process leaves the parent to report the signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+from tunecache.service.tuner.stages import STAGES, TuneSpec
+
+AUTOTUNE_FILE = "autotune.json"
+RESULT_FILE = "result.json"
+
+
+def _events_stream() -> TextIO:
+    """Keep fd 1 for events; point fd 1 (and sys.stdout) at stderr for everything else."""
+    events = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return events
+
+
+def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
+    import torch
+
+    import flashinfer
+    from flashinfer.autotuner import _collect_metadata
+
+    from tunecache.client.autotune_file import parse_autotune_file
+    from tunecache.identity import arch_from_capability
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device: this node cannot tune (it can still serve lookups)")
+    gpu_name = torch.cuda.get_device_name(0)
+    arch = arch_from_capability(*torch.cuda.get_device_capability(0))
+    emit({"event": "started", "gpu_name": gpu_name, "arch": arch, "environment": _collect_metadata()})
+
+    cache = out_dir / AUTOTUNE_FILE
+    stages: dict[str, Any] = {}
+    started = time.perf_counter()
+    with flashinfer.autotune(True, cache=str(cache)):
+        for stage in STAGES:
+            reason = stage.skip_reason(spec, arch)
+            if reason is not None:
+                stages[stage.name] = {"status": "skipped", "reason": reason}
+                emit({"event": "stage", "stage": stage.name, "status": "skipped", "reason": reason})
+                continue
+            emit({"event": "stage", "stage": stage.name, "status": "running"})
+            stage_started = time.perf_counter()
+
+            def report(step: int, total: int, detail: str, _name: str = stage.name) -> None:
+                emit({"event": "progress", "stage": _name, "step": step, "total": total, "detail": detail})
+
+            details = stage.run(spec, arch, report)
+            seconds = round(time.perf_counter() - stage_started, 3)
+            stages[stage.name] = {"status": "done", "seconds": seconds, **details}
+            emit({"event": "stage", "stage": stage.name, "status": "done", "seconds": seconds})
+    tuning_seconds = round(time.perf_counter() - started, 3)
+    if not cache.is_file():
+        raise RuntimeError("FlashInfer wrote no autotune cache file: no stage ran a tunable op")
+    parsed = parse_autotune_file(cache.read_bytes(), source=str(cache))
+    return {
+        "gpu_name": gpu_name,
+        "arch": arch,
+        "environment": parsed.environment.model_dump(),
+        "entries": parsed.entries,
+        "tuning_seconds": tuning_seconds,
+        "stages": stages,
+    }
+
+
+def main(argv: list[str]) -> int:
+    events = _events_stream()
+
+    def emit(event: dict[str, Any]) -> None:
+        events.write(json.dumps(event) + "\n")
+
+    spec_path, out_dir = Path(argv[0]), Path(argv[1])
+    try:
+        spec = TuneSpec.model_validate_json(spec_path.read_text())
+        summary = run(spec, out_dir, emit)
+    except BaseException as exc:  # report anything, then fail
+        traceback.print_exc()
+        emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
+        return 1
+    (out_dir / RESULT_FILE).write_text(json.dumps(summary, indent=2))
+    emit({"event": "result", "summary": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

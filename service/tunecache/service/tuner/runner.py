@@ -1,0 +1,196 @@
+"""Parent side of the tuner: run the child process, stream its progress, enforce a timeout.
+
+The child (:mod:`tunecache.service.tuner.child`) imports torch and FlashInfer and owns the
+GPU; a CUDA fault or a hang there kills only the child, never the service.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE
+from tunecache.identity import EnvironmentMetadata, TuningKey
+from tunecache.service.schemas import ArtifactCreate, TuningRunCreate
+from tunecache.service.tuner.child import AUTOTUNE_FILE
+from tunecache.service.tuner.stages import TuneSpec
+
+#: Lines of the child's stderr kept for error reports.
+LOG_TAIL_LINES = 40
+
+Event = dict[str, Any]
+
+
+@dataclass
+class TunerFailed(RuntimeError):
+    """The child failed, crashed or timed out. ``started`` holds its "started" event if it got that far."""
+
+    message: str
+    log_tail: str = ""
+    started: Event | None = None
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class TunerResult:
+    """A finished tuning: FlashInfer's cache file plus what the child measured."""
+
+    gpu_name: str
+    arch: str
+    environment: EnvironmentMetadata
+    summary: dict[str, Any]
+    artifacts: list[tuple[ArtifactCreate, Path]] = field(default_factory=list)
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+
+    def key(self, spec: TuneSpec) -> TuningKey:
+        return TuningKey(
+            gpu_name=self.gpu_name,
+            arch=self.arch,
+            model=spec.model,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            dtype=spec.dtype,
+            quantization=spec.quantization,
+            tensor_parallel_size=spec.tensor_parallel_size,
+        )
+
+    def run_record(self, spec: TuneSpec, trigger: str, node: str | None) -> TuningRunCreate:
+        """The ``POST /v1/tunings`` body of this result (artifacts must be stored first)."""
+        return TuningRunCreate(
+            key=self.key(spec),
+            environment=self.environment,
+            status="succeeded",
+            trigger=trigger,
+            node=node,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            summary=self.summary,
+            artifacts=[a for a, _ in self.artifacts],
+        )
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_tuner(
+    spec: TuneSpec,
+    work_dir: Path,
+    timeout_s: float,
+    on_event: Callable[[Event], None] | None = None,
+) -> TunerResult:
+    """Tune ``spec`` in a child process whose files go to ``work_dir``.
+
+    Args:
+        spec: what to tune.
+        work_dir: an empty directory; receives ``spec.json``, ``tuner.log`` (the child's
+            stderr), ``autotune.json`` (FlashInfer's file) and ``result.json``.
+        timeout_s: wall-clock limit in seconds; the child's process group is killed after it.
+        on_event: called with every JSON event the child emits (progress bars, job status).
+
+    Raises:
+        TunerFailed: the child reported an error, died (e.g. a CUDA fault), or timed out.
+    """
+    work_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = work_dir / "spec.json"
+    spec_path.write_text(spec.model_dump_json())
+    log_path = work_dir / "tuner.log"
+    started_at = dt.datetime.now(dt.timezone.utc)
+    events: queue.Queue[Event | None] = queue.Queue()
+    with open(log_path, "wb") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tunecache.service.tuner.child", str(spec_path), str(work_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def read_events() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            try:
+                events.put(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        events.put(None)
+
+    reader = threading.Thread(target=read_events, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    first: Event | None = None
+    result: Event | None = None
+    error: str | None = None
+    timed_out = False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            os.killpg(child.pid, signal.SIGKILL)
+            break
+        try:
+            event = events.get(timeout=min(remaining, 1.0))
+        except queue.Empty:
+            continue
+        if event is None:
+            break
+        kind = event.get("event")
+        if kind == "started":
+            first = event
+        elif kind == "result":
+            result = event
+        elif kind == "error":
+            error = event.get("message")
+        if on_event is not None:
+            on_event(event)
+    returncode = child.wait()
+    reader.join(timeout=5)
+    finished_at = dt.datetime.now(dt.timezone.utc)
+
+    def failed(message: str) -> TunerFailed:
+        return TunerFailed(message, _tail(log_path), first, started_at, finished_at)
+
+    if timed_out:
+        raise failed(f"tuning timed out after {timeout_s:g} s")
+    if returncode != 0 or result is None:
+        if error:
+            raise failed(error)
+        how = f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
+        raise failed(f"tuner process died with {how}")
+    summary = result["summary"]
+    autotune = work_dir / AUTOTUNE_FILE
+    return TunerResult(
+        gpu_name=summary["gpu_name"],
+        arch=summary["arch"],
+        environment=EnvironmentMetadata.model_validate(summary["environment"]),
+        summary={k: summary[k] for k in ("entries", "tuning_seconds", "stages")},
+        artifacts=[(ArtifactCreate(kind=ARTIFACT_KIND, name="autotune.json", media_type=MEDIA_TYPE,
+                                   sha256=_sha256(autotune)), autotune)],
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
