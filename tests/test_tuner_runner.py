@@ -1,0 +1,64 @@
+"""The tuner's child process on a CPU machine: the real child, real FlashInfer import,
+real failure paths (no CUDA device, timeout) and the `tune` command's exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import LLAMA_CONFIG, tunecache_executable
+from tunecache.service.tuner.runner import TunerFailed, run_tuner
+from tunecache.service.tuner.stages import DenseGemmStage, TuneSpec
+
+pytest.importorskip("torch", reason="torch is not installed")
+
+
+def spec(**overrides) -> TuneSpec:
+    fields = dict(model="meta-llama/Llama-3.1-8B", hf_config=json.loads(LLAMA_CONFIG.read_text()), max_num_batched_tokens=8192)
+    fields.update(overrides)
+    return TuneSpec(**fields)
+
+
+@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks the no-GPU path")
+def test_child_without_gpu_fails_with_a_clear_error(tmp_path):
+    events = []
+    with pytest.raises(TunerFailed) as info:
+        run_tuner(spec(), tmp_path, timeout_s=300, on_event=events.append)
+    assert "no CUDA device" in info.value.message
+    assert events[-1]["event"] == "error"
+    assert "Traceback" in info.value.log_tail  # the child's stderr is kept
+    assert info.value.started is None
+
+
+def test_child_is_killed_at_the_timeout(tmp_path):
+    with pytest.raises(TunerFailed, match="timed out after 0.2 s"):
+        run_tuner(spec(), tmp_path, timeout_s=0.2)
+
+
+def test_gemm_stage_skips_what_it_cannot_tune():
+    stage = DenseGemmStage()
+    assert stage.skip_reason(spec(), "sm90") is None
+    assert "no FlashInfer GEMM backends chosen for sm75" in stage.skip_reason(spec(), "sm75")
+    assert stage.skip_reason(spec(gemm_backends=["cublaslt"]), "sm75") is None
+    assert "awq" in stage.skip_reason(spec(quantization="awq"), "sm90")
+
+
+@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks the no-GPU path")
+def test_tune_command_exits_8_without_gpu(tmp_path):
+    result = subprocess.run(
+        [tunecache_executable(), "tune", "--model", "meta-llama/Llama-3.1-8B", "--config", str(LLAMA_CONFIG),
+         "--max-num-batched-tokens", "8192", "--database", f"sqlite:///{tmp_path / 'db.sqlite'}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 8, result.stderr
+    assert "no CUDA device" in result.stderr
+
+
+def test_tune_command_needs_one_destination(tmp_path):
+    result = subprocess.run(
+        [tunecache_executable(), "tune", "--model", "m", "--config", str(LLAMA_CONFIG), "--max-num-batched-tokens", "8"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2 and "exactly one of --server URL or --database URL" in result.stderr
