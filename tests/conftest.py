@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
@@ -92,7 +96,7 @@ def app_client(engine):
     from tunecache.service.app import create_app
     from tunecache.service.settings import Settings
 
-    settings = Settings(database_url=str(engine.url), max_upload_bytes=1_000_000)
+    settings = Settings(database_url=str(engine.url), max_upload_bytes=1_000_000, worker="off")
     with TestClient(create_app(settings, engine=engine)) as client:
         yield client
 
@@ -121,3 +125,47 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tunecache(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    result = subprocess.run([tunecache_executable(), *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.fixture
+def server(database_url, tmp_path):
+    """A real `tunecache serve` process on a free port; PostgreSQL is upgraded with `tunecache db upgrade` first."""
+    if database_url.startswith("postgresql"):
+        upgraded = tunecache("db", "upgrade", "--database", database_url, check=True)
+        assert f"database at revision {db.head_revision()}" in upgraded.stdout
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w")
+    process = subprocess.Popen(
+        [tunecache_executable(), "serve", "--port", str(port), "--database", database_url],
+        stdout=log, stderr=log, env={**os.environ, "TUNECACHE_WORKER": "off"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()
+            time.sleep(0.1)
+        else:
+            pytest.fail("tunecache serve did not become healthy: " + (tmp_path / "serve.log").read_text())
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()

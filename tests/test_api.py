@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE
+from tunecache.service import db
 from helpers import h200_key, run_payload
 
 
@@ -25,7 +26,7 @@ def record(client, path=CUDNN_FILE, **overrides):
 
 def test_health_and_openapi(app_client):
     health = app_client.get("/v1/health").json()
-    assert health["status"] == "ok" and health["schema_revision"] == "0001"
+    assert health["status"] == "ok" and health["schema_revision"] == db.head_revision()
     assert health["database"] in ("sqlite", "postgresql")
     paths = app_client.get("/openapi.json").json()["paths"]
     assert {"/v1/tunings", "/v1/tunings/lookup", "/v1/artifacts/{sha256}", "/v1/health"} <= set(paths)

@@ -3,60 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import httpx
-import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE, tunecache_executable
+from conftest import CUBLASLT_FILE, CUDNN_FILE, free_port, tunecache
 
 MODEL = "meta-llama/Llama-3.1-8B"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tunecache(*args: str, check: bool = False) -> subprocess.CompletedProcess:
-    result = subprocess.run([tunecache_executable(), *args], capture_output=True, text=True, timeout=120)
-    if check:
-        assert result.returncode == 0, result.stderr
-    return result
-
-
-@pytest.fixture
-def server(database_url, tmp_path):
-    """A real `tunecache serve` process on a free port; PostgreSQL is upgraded with `tunecache db upgrade` first."""
-    if database_url.startswith("postgresql"):
-        upgraded = tunecache("db", "upgrade", "--database", database_url, check=True)
-        assert "database at revision 0001" in upgraded.stdout
-    port = free_port()
-    log = open(tmp_path / "serve.log", "w")
-    process = subprocess.Popen(
-        [tunecache_executable(), "serve", "--port", str(port), "--database", database_url], stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()
-            time.sleep(0.1)
-        else:
-            pytest.fail("tunecache serve did not become healthy: " + (tmp_path / "serve.log").read_text())
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-        log.close()
 
 
 def push(server, path=CUDNN_FILE, *extra):

@@ -12,7 +12,9 @@ from conftest import CUDNN_FILE
 from tunecache.service import db, repository
 from tunecache.service.schemas import TuningRunCreate
 
-TABLES = {"environments", "tuning_keys", "tuning_runs", "artifact_blobs", "run_artifacts", "current_tunings"}
+TABLES = {
+    "environments", "tuning_keys", "tuning_runs", "artifact_blobs", "run_artifacts", "current_tunings", "tuning_jobs",
+}
 
 
 def test_single_head():
@@ -26,7 +28,7 @@ def test_empty_database_is_refused_until_upgraded(database_url):
     with pytest.raises(db.SchemaOutOfDate, match="run `tunecache db upgrade"):
         db.check_schema(engine)
     db.upgrade(engine)
-    assert db.check_schema(engine) == "0001"
+    assert db.check_schema(engine) == db.head_revision()
     assert TABLES <= set(inspect(engine).get_table_names())
     engine.dispose()
 

@@ -17,15 +17,18 @@ Exit codes (also in the README):
       bad model config)
 8     tuning failed (``tune``): the tuner process reported an error, died, or timed out
 9     database not usable (schema out of date: run ``tunecache db upgrade``; or unreachable)
+10    ``retune --wait``: the job did not finish within ``--wait-timeout`` (it goes on)
 ====  =====================================================================
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
@@ -55,6 +58,7 @@ class ExitCode(enum.IntEnum):
     BAD_INPUT = 7
     TUNING_FAILED = 8
     DATABASE = 9
+    WAIT_TIMEOUT = 10
 
 
 app = typer.Typer(
@@ -264,7 +268,7 @@ def tune(
 ) -> None:
     """On a GPU node: run FlashInfer's autotuner for a model in a child process and store the run."""
     from tunecache.service.tuner.model_config import ModelConfigError, load_hf_config
-    from tunecache.service.tuner.progress import ProgressDisplay
+    from tunecache.progress import ProgressDisplay
     from tunecache.service.tuner.runner import TunerFailed, run_tuner
     from tunecache.service.tuner.stages import TuneSpec
 
@@ -297,6 +301,55 @@ def tune(
         f"stored run {run['id']}: {result.summary['entries']} entries in {result.summary['tuning_seconds']:.1f} s "
         f"for {model} on {result.gpu_name} ({result.arch})"
     )
+
+
+@app.command()
+def retune(
+    server: ServerOpt,
+    model: ModelOpt,
+    max_num_batched_tokens: MnbtOpt,
+    gpu_name: Annotated[str, typer.Option("--gpu-name", help="GPU to tune for, e.g. 'NVIDIA H200'")],
+    arch: ArchOpt = None,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = "auto",
+    tensor_parallel_size: TpOpt = 1,
+    config: Annotated[
+        Optional[Path], typer.Option(help="HF config.json (or its directory) to send with the job")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="follow the job to its end with a progress bar")] = False,
+    wait_timeout: Annotated[float, typer.Option(help="seconds to wait with --wait")] = 7200.0,
+    poll: Annotated[float, typer.Option(help="seconds between polls with --wait")] = 2.0,
+) -> None:
+    """Ask the service to (re-)tune a key on a GPU node; one job per key however many ask."""
+    key = _key(model, max_num_batched_tokens, gpu_name, arch, dtype, quantization, tensor_parallel_size)
+    hf_config = None
+    if config is not None:
+        path = config / "config.json" if config.is_dir() else config
+        try:
+            hf_config = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            fail(ExitCode.BAD_INPUT, f"cannot read model config {path}: {exc}")
+    with TunecacheClient(server) as client:
+        try:
+            job = client.create_job(key, hf_config)
+            typer.echo(f"job {job['id']}: {job['status']} ({key.model}, {key.gpu_name}, max_num_batched_tokens {key.max_num_batched_tokens})")
+            if not wait:
+                return
+            deadline = time.monotonic() + wait_timeout
+            from tunecache.progress import ProgressDisplay
+
+            with ProgressDisplay() as progress:
+                while job["status"] in ("queued", "running"):
+                    if time.monotonic() > deadline:
+                        fail(ExitCode.WAIT_TIMEOUT, f"job {job['id']} still {job['status']} after {wait_timeout:g} s")
+                    time.sleep(poll)
+                    job = client.get_job(job["id"])
+                    progress.update_from_job(job)
+        except Exception as exc:
+            _client_errors(exc)
+    if job["status"] == "failed":
+        fail(ExitCode.TUNING_FAILED, f"job {job['id']} failed: {job['error']}")
+    typer.echo(f"job {job['id']}: succeeded in {job['duration_s']:.1f} s; run {job['run_id']} is current")
 
 
 def _store_result(spec, result, server: str | None, database: str | None, node: str) -> dict:

@@ -127,3 +127,14 @@ class TunecacheClient:
     def record_run(self, run: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/tunings`` with a run (see the service's ``TuningRunCreate``); returns the stored run."""
         return self._checked(self._request("POST", "/v1/tunings", json=run)).json()
+
+    def create_job(self, key: TuningKey, hf_config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``POST /v1/tuning-jobs``: queue a tuning of ``key`` (or get the one already queued/running)."""
+        body: dict[str, Any] = {"key": key.model_dump()}
+        if hf_config is not None:
+            body["hf_config"] = hf_config
+        return self._checked(self._request("POST", "/v1/tuning-jobs", json=body)).json()
+
+    def get_job(self, job_id: int) -> dict[str, Any]:
+        """``GET /v1/tuning-jobs/{id}``: status, stage, step/total, log tail, timings."""
+        return self._checked(self._request("GET", f"/v1/tuning-jobs/{job_id}")).json()

@@ -71,10 +71,11 @@ def alembic_config(engine: Engine) -> Config:
     return config
 
 
-def _script() -> ScriptDirectory:
+def head_revision() -> str:
+    """The newest migration revision of this tunecache (what ``db upgrade`` brings a database to)."""
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
-    return ScriptDirectory.from_config(config)
+    return ScriptDirectory.from_config(config).get_current_head()
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -98,7 +99,7 @@ def check_schema(engine: Engine) -> str:
     Raises:
         SchemaOutOfDate: with the message telling the operator to run ``tunecache db upgrade``.
     """
-    current, head = current_revision(engine), _script().get_current_head()
+    current, head = current_revision(engine), head_revision()
     if current != head:
         raise SchemaOutOfDate(
             f"database schema is at revision {current or 'none (empty database)'}, this tunecache "

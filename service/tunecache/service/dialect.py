@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Table
+from sqlalchemy import Select, Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -28,3 +28,15 @@ def upsert(session: Session, table: Table, values: dict[str, Any], conflict: lis
     stmt = _insert(session, table).values(**values)
     update = {k: stmt.excluded[k] for k in values if k not in conflict}
     session.execute(stmt.on_conflict_do_update(index_elements=conflict, set_=update))
+
+
+def lock_for_claim(session: Session, query: Select) -> Select:
+    """Make a claim query safe for concurrent workers.
+
+    PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` (each worker skips rows another is
+    claiming). SQLite: unchanged; SQLite has one writer at a time and the claim's
+    conditional ``UPDATE ... WHERE status = 'queued'`` (checked by row count) settles a race.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        return query.with_for_update(skip_locked=True, of=query.selected_columns[0].table)
+    return query

@@ -12,6 +12,9 @@ Tables:
 * ``run_artifacts``: which blobs a run produced, under which kind and name.
 * ``current_tunings``: the run that is current for a (key, environment); updated in
   the same transaction that records a successful run.
+* ``tuning_jobs``: the queue of requested tunings (HTTP-triggered re-tuning). At most one
+  job per key is queued or running (a partial unique index: single-flight); a running
+  job holds a lease that its worker renews.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
     String,
     Text,
     UniqueConstraint,
-    func,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -149,3 +153,37 @@ class CurrentTuning(Base):
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"))
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+#: Job states in which a job occupies its key (see the partial unique index below).
+ACTIVE_JOB_STATES = ("queued", "running")
+_ACTIVE = text("status IN ('queued', 'running')")
+
+
+class TuningJob(Base):
+    __tablename__ = "tuning_jobs"
+    __table_args__ = (
+        Index("uq_tuning_jobs_active_key", "key_id", unique=True, postgresql_where=_ACTIVE, sqlite_where=_ACTIVE),
+        Index("ix_tuning_jobs_status_created", "status", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key_id: Mapped[int] = mapped_column(ForeignKey("tuning_keys.id"))
+    status: Mapped[str] = mapped_column(String(16))
+    hf_config: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    gemm_backends: Mapped[list[str] | None] = mapped_column(JSON)
+    requested_by: Mapped[str | None] = mapped_column(String(255))
+    stage: Mapped[str | None] = mapped_column(String(64))
+    step: Mapped[int | None] = mapped_column(Integer)
+    total: Mapped[int | None] = mapped_column(Integer)
+    log_tail: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("tuning_runs.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+    key: Mapped[TuningKeyRow] = relationship(lazy="joined")

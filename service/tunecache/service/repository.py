@@ -64,7 +64,7 @@ def _environment_of(row: Environment) -> EnvironmentMetadata:
     return EnvironmentMetadata(**{f: getattr(row, f) for f in EnvironmentMetadata.model_fields})
 
 
-def _key_of(row: TuningKeyRow) -> TuningKey:
+def key_of(row: TuningKeyRow) -> TuningKey:
     return TuningKey(**{f: getattr(row, f) for f in TuningKey.model_fields})
 
 
@@ -79,7 +79,7 @@ def _get_or_create_environment(session: Session, environment: EnvironmentMetadat
     return session.scalars(select(Environment).where(Environment.env_hash == env_hash)).one()
 
 
-def _get_or_create_key(session: Session, key: TuningKey) -> TuningKeyRow:
+def get_or_create_key(session: Session, key: TuningKey) -> TuningKeyRow:
     dialect.insert_or_ignore(
         session,
         TuningKeyRow.__table__,
@@ -128,7 +128,7 @@ def _current_run_ids(session: Session, run_ids: list[int]) -> set[int]:
 def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
     return TuningRunRead(
         id=run.id,
-        key=_key_of(run.key),
+        key=key_of(run.key),
         environment=_environment_of(run.environment),
         environment_hash=run.environment.env_hash,
         status=run.status,
@@ -184,7 +184,7 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
     if missing := [s for s in shas if s not in sizes]:
         raise ArtifactsMissing(missing)
 
-    key_row = _get_or_create_key(session, run.key)
+    key_row = get_or_create_key(session, run.key)
     env_row = _get_or_create_environment(session, run.environment)
     duration = (
         (run.finished_at - run.started_at).total_seconds()
@@ -294,9 +294,9 @@ def lookup(session: Session, key: TuningKey, environment: EnvironmentMetadata) -
         (
             ClosestTuning(
                 run_id=r.id,
-                key=_key_of(r.key),
+                key=key_of(r.key),
                 environment_hash=r.environment.env_hash,
-                differences=differences(_key_of(r.key), _environment_of(r.environment), key, environment),
+                differences=differences(key_of(r.key), _environment_of(r.environment), key, environment),
             )
             for r in candidates
         ),

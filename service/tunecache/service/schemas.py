@@ -112,7 +112,61 @@ class ArtifactStored(BaseModel):
     """False when the same bytes were already stored (uploads are idempotent)."""
 
 
+class WorkerStatus(BaseModel):
+    """Whether this node runs tuning jobs, for which GPU, or why not."""
+
+    enabled: bool
+    gpu_name: str | None = None
+    arch: str | None = None
+    name: str | None = None
+    reason: str | None = None
+
+
 class Health(BaseModel):
     status: Literal["ok"]
     database: str
     schema_revision: str | None
+    worker: WorkerStatus
+
+
+JobStatus = Literal["queued", "running", "succeeded", "failed"]
+
+
+class TuningJobCreate(BaseModel):
+    """Body of ``POST /v1/tuning-jobs``: tune this key on a GPU node that has its GPU.
+
+    ``hf_config`` is the model's Hugging Face ``config.json`` (an object); without it the
+    worker reads the config from ``key.model`` on its node (a local path or a model type).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: TuningKey
+    hf_config: dict[str, Any] | None = None
+    gemm_backends: list[str] | None = Field(default=None, max_length=8)
+
+
+class TuningJobRead(BaseModel):
+    id: int
+    key: TuningKey
+    status: str
+    stage: str | None
+    step: int | None
+    total: int | None
+    log_tail: str | None
+    worker: str | None
+    attempts: int
+    error: str | None
+    run_id: int | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    lease_expires_at: dt.datetime | None
+    duration_s: float | None
+
+
+class TuningJobPage(BaseModel):
+    items: list[TuningJobRead]
+    total: int
+    limit: int
+    offset: int

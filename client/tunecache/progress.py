@@ -1,5 +1,6 @@
-"""Terminal progress for the tuner's events: a rich progress bar (stage, step/total,
-elapsed) on a terminal, one plain line per event otherwise (logs, CI, GPU machines)."""
+"""Terminal progress of a tuning (the tuner's events, or a polled job's state): a rich
+progress bar (stage, step/total, elapsed) on a terminal, one plain line per change
+otherwise (logs, CI, GPU machines)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class ProgressDisplay:
             disable=not self.live,
         )
         self.tasks: dict[str, Any] = {}
+        self._last_step: dict[str, tuple[int, int | None]] = {}
 
     def __enter__(self) -> "ProgressDisplay":
         self.progress.__enter__()
@@ -58,3 +60,14 @@ class ProgressDisplay:
             self._line(f"stage {stage}: {event['step']}/{event['total']} {event['detail']}")
         elif kind == "error":
             self._line(f"error: {event['message']}")
+
+    def update_from_job(self, job: dict[str, Any]) -> None:
+        """Show a polled ``GET /v1/tuning-jobs/{id}`` body as the tuner events it implies."""
+        stage = job.get("stage")
+        if stage and stage not in self.tasks:
+            self.update({"event": "stage", "stage": stage, "status": "running"})
+        step, total = job.get("step"), job.get("total")
+        if stage and step is not None and (step, total) != self._last_step.get(stage):
+            self._last_step[stage] = (step, total)
+            detail = (job.get("log_tail") or "").splitlines()[-1:] or [""]
+            self.update({"event": "progress", "stage": stage, "step": step, "total": total, "detail": detail[0]})

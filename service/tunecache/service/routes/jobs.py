@@ -1,0 +1,46 @@
+"""``/v1/tuning-jobs``: HTTP-triggered (re-)tuning, single-flight per key."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request
+
+from tunecache.service import jobs
+from tunecache.service.deps import SessionDep
+from tunecache.service.schemas import JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead
+
+router = APIRouter(prefix="/tuning-jobs", tags=["tuning-jobs"])
+
+
+@router.post("", response_model=TuningJobRead, status_code=202)
+def create_job(body: TuningJobCreate, session: SessionDep, request: Request) -> TuningJobRead:
+    """Queue a tuning of ``key`` (its ``gpu_name``/``arch`` choose which GPU nodes may take it).
+
+    Single-flight: when a job for the same key is already queued or running, that job is
+    returned (202 either way; compare ids). Poll ``GET /v1/tuning-jobs/{id}``. A
+    succeeded job's ``run_id`` is the new current tuning; a failed job leaves the previous
+    tuning current.
+    """
+    job, _created = jobs.enqueue(session, body, requested_by=request.client.host if request.client else None)
+    return job
+
+
+@router.get("/{job_id}", response_model=TuningJobRead)
+def get_job(job_id: int, session: SessionDep) -> TuningJobRead:
+    """Status, stage, step/total, log tail and timings of a job. 404 if there is none."""
+    job = jobs.get_job(session, job_id)
+    if job is None:
+        raise HTTPException(404, detail=f"no tuning job {job_id}")
+    return job
+
+
+@router.get("", response_model=TuningJobPage)
+def list_jobs(
+    session: SessionDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> TuningJobPage:
+    """Jobs, newest first."""
+    return jobs.list_jobs(session, status=status, limit=limit, offset=offset)

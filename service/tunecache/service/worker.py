@@ -1,0 +1,212 @@
+"""The GPU worker: claims tuning jobs for this node's GPU and runs them, one at a time.
+
+It runs as a thread of the service process on a GPU node. The tuning itself runs in a
+child process (:func:`tunecache.service.tuner.runner.run_tuner`) with a timeout, so the
+API keeps serving whatever the tuner does. While it runs, a heartbeat renews the job's
+lease and stores its progress; if the lease is lost the result is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from tunecache.service import jobs, repository
+from tunecache.service.tuner.model_config import ModelConfigError, load_hf_config
+from tunecache.service.tuner.recording import failed_run_record, record_in_database
+from tunecache.service.tuner.runner import TunerFailed, TunerResult, run_tuner
+from tunecache.service.tuner.stages import TuneSpec
+
+log = logging.getLogger("tunecache.worker")
+
+#: Seconds within which a running job's progress is written to the database.
+PROGRESS_FLUSH_S = 1.0
+
+#: run_tuner's signature: (spec, work_dir, timeout_s, on_event) -> TunerResult.
+Tuner = Callable[..., TunerResult]
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """This node's GPU as torch names it: ``("NVIDIA H200", "sm90")``."""
+
+    gpu_name: str
+    arch: str
+
+
+def detect_gpu() -> tuple[GpuIdentity | None, str]:
+    """The GPU of device 0, asked in a child process so the service never holds a CUDA context.
+
+    Returns ``(identity, "")`` or ``(None, reason)`` (no torch, no CUDA device, ...).
+    """
+    code = (
+        "import torch\n"
+        "if not torch.cuda.is_available(): raise SystemExit('no CUDA device')\n"
+        "major, minor = torch.cuda.get_device_capability(0)\n"
+        "print(torch.cuda.get_device_name(0)); print(f'sm{major}{minor}')\n"
+    )
+    try:
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return None, "GPU detection timed out"
+    if result.returncode != 0:
+        reason = (result.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return None, reason
+    name, arch = result.stdout.strip().splitlines()[-2:]
+    return GpuIdentity(name, arch), ""
+
+
+class JobWorker:
+    """Claims and runs tuning jobs for one GPU.
+
+    Args:
+        sessions: session factory of the service's database.
+        gpu: the GPU this worker serves (jobs for other GPUs are left to other nodes).
+        name: worker name recorded on claimed jobs (host name and pid by default).
+        lease_s: lease length in seconds; renewed every ``lease_s / 3``.
+        job_timeout_s: the tuner child is killed after this many seconds.
+        max_attempts: claims of one job before it is failed (its workers kept dying).
+        poll_s: seconds between claim attempts when the queue is empty.
+        work_root: where the tuner's per-job directories are made.
+        tuner: the function that tunes (the real child-process runner by default).
+    """
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        gpu: GpuIdentity,
+        name: str,
+        *,
+        lease_s: float = 60.0,
+        job_timeout_s: float = 3600.0,
+        max_attempts: int = 3,
+        poll_s: float = 2.0,
+        work_root: Path | None = None,
+        tuner: Tuner = run_tuner,
+    ):
+        self.sessions = sessions
+        self.gpu = gpu
+        self.name = name
+        self.lease_s = lease_s
+        self.job_timeout_s = job_timeout_s
+        self.max_attempts = max_attempts
+        self.poll_s = poll_s
+        self.work_root = work_root
+        self.tuner = tuner
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run_forever, name=f"tunecache-worker-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                worked = self.run_once()
+            except Exception:  # a database hiccup must not kill the worker thread
+                log.exception("worker %s: claim or run failed", self.name)
+                worked = False
+            if not worked:
+                self._stop.wait(self.poll_s)
+
+    def run_once(self) -> bool:
+        """Claim one job and run it to the end. Returns False when there was nothing to claim."""
+        with self.sessions() as session:
+            job = jobs.claim(session, self.name, self.gpu.gpu_name, self.gpu.arch, self.lease_s, self.max_attempts)
+            if job is None:
+                return False
+            key, hf_config, gemm_backends = jobs.job_spec_inputs(session, job.id)
+        log.info("worker %s: running job %d for %s", self.name, job.id, key.model)
+        try:
+            config = hf_config if hf_config is not None else load_hf_config(key.model)
+        except ModelConfigError as exc:
+            with self.sessions() as session:
+                jobs.finish(session, job.id, self.name, error=f"model config: {exc}")
+            return True
+        spec = TuneSpec(
+            model=key.model,
+            hf_config=config,
+            max_num_batched_tokens=key.max_num_batched_tokens,
+            tensor_parallel_size=key.tensor_parallel_size,
+            dtype=key.dtype,
+            quantization=key.quantization,
+            gemm_backends=gemm_backends,
+        )
+        self._run_job(job.id, spec)
+        return True
+
+    def _run_job(self, job_id: int, spec: TuneSpec) -> None:
+        progress: dict[str, Any] = {}
+        lines: list[str] = []
+        lease_lost = threading.Event()
+        done = threading.Event()
+
+        def on_event(event: dict[str, Any]) -> None:
+            kind = event.get("event")
+            if kind == "stage":
+                progress.update(stage=event["stage"], step=None, total=None)
+                lines.append(f"stage {event['stage']}: {event['status']}" + (f" ({event['reason']})" if "reason" in event else ""))
+            elif kind == "progress":
+                progress.update(stage=event["stage"], step=event["step"], total=event["total"])
+                lines.append(f"{event['stage']} {event['step']}/{event['total']} {event['detail']}")
+            elif kind == "error":
+                lines.append(f"error: {event['message']}")
+            progress["log_tail"] = "\n".join(lines[-50:])
+
+        def heartbeat() -> None:
+            # Progress reaches the database within PROGRESS_FLUSH_S; the lease is renewed
+            # at least every third of its length.
+            written: dict[str, Any] = {}
+            renewed = time.monotonic()
+            while not done.wait(min(self.lease_s / 3, PROGRESS_FLUSH_S)):
+                snapshot = dict(progress)
+                if snapshot == written and time.monotonic() - renewed < self.lease_s / 3:
+                    continue
+                with self.sessions() as session:
+                    if not jobs.heartbeat(session, job_id, self.name, self.lease_s, snapshot):
+                        lease_lost.set()
+                        return
+                written, renewed = snapshot, time.monotonic()
+
+        beat = threading.Thread(target=heartbeat, daemon=True)
+        beat.start()
+        with tempfile.TemporaryDirectory(prefix=f"tunecache-job-{job_id}-", dir=self.work_root) as work:
+            try:
+                result = self.tuner(spec, Path(work), self.job_timeout_s, on_event)
+                failure = None
+            except TunerFailed as exc:
+                result, failure = None, exc
+            finally:
+                done.set()
+                beat.join()
+            if lease_lost.is_set():
+                log.warning("worker %s: lease of job %d was lost; its result is dropped", self.name, job_id)
+                return
+            with self.sessions() as session:
+                if failure is not None:
+                    record = failed_run_record(spec, failure, "http", self.name)
+                    run_id = None
+                    if record is not None:
+                        run_id = repository.record_run(session, record).id
+                        session.commit()
+                    tail = "\n".join([progress.get("log_tail") or "", failure.log_tail]).strip()
+                    jobs.finish(session, job_id, self.name, run_id=run_id, error=failure.message, log_tail=tail)
+                else:
+                    run = record_in_database(session, spec, result, "http", self.name)
+                    jobs.finish(session, job_id, self.name, run_id=run.id, log_tail=progress.get("log_tail"))

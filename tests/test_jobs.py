@@ -1,0 +1,242 @@
+"""The tuning-job queue and the GPU worker, on SQLite and the real PostgreSQL.
+
+The worker's tuner is the GPU edge: most tests give it a stand-in that returns the real
+H200 FlashInfer file as its result; the failing-job test uses the real child process,
+which fails on this CPU-only machine ("no CUDA device").
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from conftest import CUDNN_FILE, LLAMA_CONFIG, tunecache
+from helpers import file_environment, h200_key, run_payload, store_file
+from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE
+from tunecache.service import db, jobs, repository
+from tunecache.service.schemas import ArtifactCreate, TuningJobCreate, TuningRunCreate
+from tunecache.service.tuner.runner import TunerFailed, TunerResult
+from tunecache.service.worker import GpuIdentity, JobWorker
+
+H200 = GpuIdentity("NVIDIA H200", "sm90")
+
+
+@pytest.fixture
+def sessions(engine):
+    return db.session_factory(engine)
+
+
+def enqueue(sessions, **key_fields):
+    with sessions() as session:
+        return jobs.enqueue(session, TuningJobCreate(key=h200_key(**key_fields), hf_config={"hidden_size": 1}))
+
+
+def stand_in_tuner(delay_s: float = 0.0):
+    """Returns the real H200 file as the tuning result, with progress events like the child's."""
+
+    def tune(spec, work_dir, timeout_s, on_event):
+        on_event({"event": "stage", "stage": "gemm", "status": "running"})
+        for step in (1, 2):
+            time.sleep(delay_s / 2)
+            on_event({"event": "progress", "stage": "gemm", "step": step, "total": 2, "detail": f"shape {step}"})
+        path = work_dir / "autotune.json"
+        shutil.copy(CUDNN_FILE, path)
+        import hashlib
+
+        artifact = ArtifactCreate(kind=ARTIFACT_KIND, name="autotune.json", media_type=MEDIA_TYPE,
+                                  sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+        return TunerResult(gpu_name=H200.gpu_name, arch=H200.arch, environment=file_environment(CUDNN_FILE),
+                           summary={"entries": 42, "tuning_seconds": delay_s, "stages": {}}, artifacts=[(artifact, path)])
+
+    return tune
+
+
+def test_enqueue_is_single_flight_per_key(sessions):
+    first, created = enqueue(sessions)
+    again, created_again = enqueue(sessions)
+    other, created_other = enqueue(sessions, max_num_batched_tokens=4096)
+    assert created and not created_again and created_other
+    assert again.id == first.id and other.id != first.id
+    assert first.status == "queued" and first.attempts == 0
+
+
+def test_two_workers_race_and_each_job_runs_once(sessions):
+    queued = [enqueue(sessions, model=f"model-{i}")[0].id for i in range(12)]
+    workers = [JobWorker(sessions, H200, f"worker-{n}", tuner=stand_in_tuner(0.05), lease_s=30) for n in "ab"]
+
+    def drain(worker):
+        done = []
+        while True:
+            with sessions() as session:
+                before = {j.id for j in jobs.list_jobs(session, status="succeeded", limit=500).items}
+            if not worker.run_once():
+                return done
+            with sessions() as session:
+                after = {j.id for j in jobs.list_jobs(session, status="succeeded", limit=500).items}
+            done.extend(after - before)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(drain, workers))
+    with sessions() as session:
+        finished = [jobs.get_job(session, job_id) for job_id in queued]
+        runs = repository.list_runs(session, limit=500)
+    assert [j.status for j in finished] == ["succeeded"] * 12
+    assert all(j.attempts == 1 for j in finished)  # nobody claimed a job twice
+    assert len({j.run_id for j in finished}) == 12 and runs.total == 12
+    assert set(Counter(j.worker for j in finished)) <= {"worker-a", "worker-b"}
+
+
+def test_concurrent_claims_never_hand_out_a_job_twice(sessions):
+    for i in range(20):
+        enqueue(sessions, model=f"m{i}")
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def claimer(name):
+        while True:
+            with sessions() as session:
+                try:
+                    job = jobs.claim(session, name, H200.gpu_name, H200.arch, lease_s=60)
+                except Exception:  # SQLite may report "database is locked" under contention: retry
+                    continue
+            if job is None:
+                with sessions() as session:
+                    if jobs.list_jobs(session, status="queued").total == 0:
+                        return
+                continue
+            with lock:
+                claimed.append(job.id)
+
+    threads = [threading.Thread(target=claimer, args=(f"w{n}",)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(claimed) == sorted(set(claimed)) and len(claimed) == 20
+
+
+def test_worker_takes_only_jobs_its_gpu_can_serve(sessions):
+    enqueue(sessions, gpu_name="NVIDIA H100 80GB HBM3")
+    worker = JobWorker(sessions, H200, "h200-worker", tuner=stand_in_tuner())
+    assert worker.run_once() is False
+    h100 = JobWorker(sessions, GpuIdentity("NVIDIA H100 80GB HBM3", "sm90"), "h100-worker", tuner=stand_in_tuner())
+    assert h100.run_once() is True
+
+
+def test_expired_lease_requeues_and_the_dead_worker_loses_the_job(sessions):
+    job, _ = enqueue(sessions)
+    with sessions() as session:
+        first = jobs.claim(session, "dies", H200.gpu_name, H200.arch, lease_s=0.2)
+        assert first.id == job.id and first.attempts == 1
+        assert jobs.claim(session, "other", H200.gpu_name, H200.arch, lease_s=60) is None  # lease still held
+    time.sleep(0.4)
+    with sessions() as session:
+        second = jobs.claim(session, "other", H200.gpu_name, H200.arch, lease_s=60)
+        assert second.id == job.id and second.worker == "other" and second.attempts == 2
+        assert jobs.heartbeat(session, job.id, "dies", 60) is False
+        assert jobs.finish(session, job.id, "dies", run_id=None) is False
+        assert jobs.heartbeat(session, job.id, "other", 60, {"stage": "gemm", "step": 1, "total": 8}) is True
+        assert jobs.get_job(session, job.id).step == 1
+
+
+def test_job_whose_workers_keep_dying_fails_after_max_attempts(sessions):
+    job, _ = enqueue(sessions)
+    for attempt in (1, 2):
+        with sessions() as session:
+            assert jobs.claim(session, f"w{attempt}", H200.gpu_name, H200.arch, lease_s=0.05, max_attempts=2).attempts == attempt
+        time.sleep(0.1)
+    with sessions() as session:
+        assert jobs.claim(session, "w3", H200.gpu_name, H200.arch, lease_s=60, max_attempts=2) is None
+        failed = jobs.get_job(session, job.id)
+    assert failed.status == "failed" and "lost the job 2 times" in failed.error
+    again, created = enqueue(sessions)  # a failed job frees the key
+    assert created and again.id != job.id
+
+
+def test_succeeded_job_makes_its_run_current_with_progress_recorded(sessions):
+    job, _ = enqueue(sessions)
+    assert JobWorker(sessions, H200, "w", tuner=stand_in_tuner()).run_once()
+    with sessions() as session:
+        done = jobs.get_job(session, job.id)
+        current = repository.lookup(session, h200_key(), file_environment(CUDNN_FILE))
+    assert done.status == "succeeded" and done.run_id == current.id
+    assert current.trigger == "http" and current.node == "w"
+    assert "gemm 2/2 shape 2" in done.log_tail
+    assert done.duration_s is not None and done.finished_at >= done.started_at
+
+
+@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="relies on the child failing without a GPU")
+def test_failing_job_keeps_the_previous_tuning_current(sessions):
+    with sessions() as session:
+        store_file(session, CUDNN_FILE)
+        good = repository.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
+        session.commit()
+    job, _ = enqueue(sessions)
+    worker = JobWorker(sessions, H200, "w")  # the real tuner child: fails, no CUDA device here
+    assert worker.run_once()
+    with sessions() as session:
+        failed = jobs.get_job(session, job.id)
+        current = repository.lookup(session, h200_key(), file_environment(CUDNN_FILE))
+    assert failed.status == "failed" and "no CUDA device" in failed.error
+    assert current.id == good.id
+
+
+def test_failure_after_the_child_started_is_kept_in_history(sessions):
+    def crashing(spec, work_dir, timeout_s, on_event):
+        started = {"event": "started", "gpu_name": H200.gpu_name, "arch": H200.arch,
+                   "environment": file_environment(CUDNN_FILE).model_dump()}
+        on_event(started)
+        raise TunerFailed("tuner process died with signal SIGSEGV", "Segmentation fault", started)
+
+    job, _ = enqueue(sessions)
+    JobWorker(sessions, H200, "w", tuner=crashing).run_once()
+    with sessions() as session:
+        failed = jobs.get_job(session, job.id)
+        run = repository.get_run(session, failed.run_id)
+    assert failed.status == "failed" and failed.error == "tuner process died with signal SIGSEGV"
+    assert run.status == "failed" and not run.is_current and "Segmentation fault" in run.error
+
+
+def test_fifty_concurrent_posts_make_one_job(server):
+    body = {"key": h200_key().model_dump(), "hf_config": {"hidden_size": 4096}}
+
+    def post(_):
+        return httpx.post(f"{server}/v1/tuning-jobs", json=body, timeout=60)
+
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(post, range(50)))
+    assert {r.status_code for r in responses} == {202}
+    assert len({r.json()["id"] for r in responses}) == 1
+    listed = httpx.get(f"{server}/v1/tuning-jobs").json()
+    assert listed["total"] == 1 and listed["items"][0]["status"] == "queued"
+    assert httpx.get(f"{server}/v1/tuning-jobs/999999").status_code == 404
+    bad = httpx.post(f"{server}/v1/tuning-jobs", json={"key": {"model": "m"}})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "key"]
+
+
+def test_retune_wait_follows_the_job_to_its_end(server, database_url):
+    engine = db.create_db_engine(database_url)
+    worker = JobWorker(db.session_factory(engine), H200, "test-worker", tuner=stand_in_tuner(1.0), poll_s=0.2)
+    worker.start()
+    try:
+        result = tunecache("retune", "--server", server, "--model", "meta-llama/Llama-3.1-8B",
+                           "--max-num-batched-tokens", "8192", "--gpu-name", "NVIDIA H200",
+                           "--config", str(LLAMA_CONFIG), "--wait", "--poll", "0.2")
+    finally:
+        worker.stop()
+        engine.dispose()
+    assert result.returncode == 0, result.stderr
+    assert "job 1: queued" in result.stdout and "succeeded" in result.stdout and "run 1 is current" in result.stdout
+    assert "stage gemm" in result.stderr  # the progress lines (plain, no terminal here)
+
+
+def test_retune_wait_timeout_exits_10(server):
+    result = tunecache("retune", "--server", server, "--model", "m", "--max-num-batched-tokens", "8",
+                       "--gpu-name", "NVIDIA H200", "--wait", "--wait-timeout", "0.5", "--poll", "0.2")
+    assert result.returncode == 10 and "still queued" in result.stderr
