@@ -39,7 +39,8 @@ def run_payload(path: Path, key: TuningKey | None = None, **overrides) -> dict:
 
 def store_file(session, path: Path) -> str:
     """Store a file's bytes through the repository; returns its sha256."""
-    from tunecache.service import repository
+    from tunecache.service import blobs
 
     data = path.read_bytes()
-    return repository.store_blob(session, data, hashlib.sha256(data).hexdigest()).sha256
+    with path.open("rb") as stream:
+        return blobs.store_blob(session, stream, hashlib.sha256(data).hexdigest()).sha256

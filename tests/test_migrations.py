@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
+
 import pytest
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from helpers import run_payload, store_file
 from conftest import CUDNN_FILE
-from tunecache.service import db, repository
+from tunecache.service import blobs, db, repository
 from tunecache.service.schemas import TuningRunCreate
 
 TABLES = {
-    "environments", "tuning_keys", "tuning_runs", "artifact_blobs", "run_artifacts", "current_tunings", "tuning_jobs",
+    "environments", "tuning_keys", "tuning_runs", "artifact_blobs", "artifact_chunks", "run_artifacts",
+    "current_tunings", "tuning_jobs",
 }
 
 
@@ -44,3 +48,23 @@ def test_downgrade_to_base_and_back_with_data(engine):
     assert TABLES <= set(inspect(engine).get_table_names())
     with db.session_factory(engine)() as session:
         assert repository.list_runs(session).total == 0
+
+
+def test_artifact_bytes_survive_the_chunk_migration_both_ways(database_url):
+    """0002 stored bytes in artifact_blobs.content; 0003 moves them into chunks and back."""
+    engine = db.create_db_engine(database_url)
+    db.upgrade(engine, "0002")
+    data = CUDNN_FILE.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    with engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO artifact_blobs (sha256, size_bytes, content, created_at) VALUES (:s, :n, :c, :t)"),
+            {"s": digest, "n": len(data), "c": data, "t": dt.datetime.now(dt.timezone.utc)},
+        )
+    db.upgrade(engine)
+    with db.session_factory(engine)() as session:
+        assert blobs.read_blob(session, digest) == data
+    db.downgrade(engine, "0002")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT content FROM artifact_blobs")).scalar_one() == data
+    engine.dispose()

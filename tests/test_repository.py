@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import io
 
 import pytest
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE
 from helpers import file_environment, h200_key, run_payload, store_file
-from tunecache.service import db, repository
+from tunecache.service import blobs, db, repository
 from tunecache.service.schemas import LookupMiss, TuningRunCreate, TuningRunRead
 
 
@@ -37,7 +39,7 @@ def test_recorded_run_is_current_and_found_by_lookup(session):
     hit = repository.lookup(session, h200_key(), file_environment(CUDNN_FILE))
     assert isinstance(hit, TuningRunRead)
     assert hit.id == run.id and hit.summary["entries"] == 43
-    assert repository.read_blob(session, run.artifacts[0].sha256) == CUDNN_FILE.read_bytes()
+    assert blobs.read_blob(session, run.artifacts[0].sha256) == CUDNN_FILE.read_bytes()
 
 
 def test_history_keeps_every_run_and_current_moves(session):
@@ -119,18 +121,23 @@ def test_run_with_unuploaded_artifact_is_refused(session):
     assert repository.list_runs(session).total == 0
 
 
-def test_blobs_are_content_addressed_and_checked(session):
+def test_blobs_are_content_addressed_chunked_and_checked(session, monkeypatch):
+    monkeypatch.setattr(blobs, "CHUNK_BYTES", 4096)  # several chunks from a 19 kB file
     data = CUBLASLT_FILE.read_bytes()
-    import hashlib
-
     digest = hashlib.sha256(data).hexdigest()
-    assert repository.store_blob(session, data, digest).created
+    assert blobs.store_blob(session, io.BytesIO(data), digest).created
     session.commit()
-    assert not repository.store_blob(session, data, digest).created
-    with pytest.raises(repository.DigestMismatch):
-        repository.store_blob(session, data + b" ", digest)
-    assert repository.blob_size(session, digest) == len(data)
-    assert repository.read_blob(session, "0" * 64) is None
+    assert len(list(blobs.iter_blob(session, digest))) == -(-len(data) // 4096)
+    assert blobs.read_blob(session, digest) == data
+    assert not blobs.store_blob(session, io.BytesIO(data), digest).created
+    other = data + b" "
+    wrong = hashlib.sha256(b"something else").hexdigest()
+    with pytest.raises(blobs.DigestMismatch):
+        blobs.store_blob(session, io.BytesIO(other), wrong)
+    session.rollback()
+    assert blobs.blob_size(session, wrong) is None and blobs.read_blob(session, wrong) is None
+    assert blobs.blob_size(session, digest) == len(data)
+    assert blobs.read_blob(session, "0" * 64) is None
 
 
 def test_pod_pushed_run_is_unverified_and_not_current(session):

@@ -8,7 +8,8 @@ Tables:
   tensor-parallel size).
 * ``tuning_runs``: every tuning ever recorded (history, append-only except for the
   status of a run in progress).
-* ``artifact_blobs``: content-addressed bytes (sha256), shared between runs.
+* ``artifact_blobs`` / ``artifact_chunks``: content-addressed bytes (sha256), shared
+  between runs, stored in chunks so large JIT modules stream in and out.
 * ``run_artifacts``: which blobs a run produced, under which kind and name.
 * ``current_tunings``: the run that is current for a (key, environment); updated in
   the same transaction that records a successful run.
@@ -127,8 +128,19 @@ class ArtifactBlob(Base):
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
-    content: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ArtifactChunk(Base):
+    """Part ``seq`` (0-based) of a blob's bytes; a blob is its chunks concatenated in order."""
+
+    __tablename__ = "artifact_chunks"
+
+    sha256: Mapped[str] = mapped_column(
+        ForeignKey("artifact_blobs.sha256", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class RunArtifact(Base):

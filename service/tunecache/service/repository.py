@@ -7,9 +7,6 @@ API schemas (:mod:`tunecache.service.schemas`), never rows.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
-
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -26,7 +23,6 @@ from tunecache.service.models import (
 )
 from tunecache.service.schemas import (
     ArtifactRead,
-    ArtifactStored,
     ClosestTuning,
     LookupMiss,
     TuningRunCreate,
@@ -46,10 +42,6 @@ class ArtifactsMissing(LookupError):
     def __init__(self, missing: list[str]):
         super().__init__(f"artifact bytes not uploaded: {', '.join(missing)}")
         self.missing = missing
-
-
-class DigestMismatch(ValueError):
-    """Uploaded bytes do not hash to the sha256 they were uploaded under."""
 
 
 class IndeterminateEnvironment(ValueError):
@@ -87,36 +79,6 @@ def get_or_create_key(session: Session, key: TuningKey) -> TuningKeyRow:
         conflict=list(TuningKey.model_fields),
     )
     return session.scalars(select(TuningKeyRow).where(*_key_filter(key))).one()
-
-
-def store_blob(session: Session, data: bytes, expected_sha256: str) -> ArtifactStored:
-    """Store ``data`` under its sha256 (idempotent; concurrent uploads of the same bytes are safe).
-
-    Raises:
-        DigestMismatch: ``sha256(data) != expected_sha256``; nothing is stored.
-    """
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != expected_sha256:
-        raise DigestMismatch(f"body hashes to sha256 {digest}, not {expected_sha256}")
-    existed = session.get(ArtifactBlob, digest) is not None
-    if not existed:
-        dialect.insert_or_ignore(
-            session,
-            ArtifactBlob.__table__,
-            {"sha256": digest, "size_bytes": len(data), "content": data, "created_at": utcnow()},
-            conflict=["sha256"],
-        )
-    return ArtifactStored(sha256=digest, size_bytes=len(data), created=not existed)
-
-
-def blob_size(session: Session, sha256: str) -> int | None:
-    """Size in bytes of a stored blob, or ``None`` if it is not stored."""
-    return session.scalar(select(ArtifactBlob.size_bytes).where(ArtifactBlob.sha256 == sha256))
-
-
-def read_blob(session: Session, sha256: str) -> bytes | None:
-    """The bytes stored under ``sha256``, or ``None``."""
-    return session.scalar(select(ArtifactBlob.content).where(ArtifactBlob.sha256 == sha256))
 
 
 def _current_run_ids(session: Session, run_ids: list[int]) -> set[int]:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
-from tunecache.service import repository
+from tunecache.service import blobs
 from tunecache.service.deps import SessionDep
 from tunecache.service.schemas import SHA256_PATTERN, ArtifactStored
 
@@ -14,30 +18,56 @@ router = APIRouter(prefix="/artifacts", tags=["artifacts"])
 
 Sha256 = Annotated[str, Path(pattern=SHA256_PATTERN, description="lowercase hex sha256 of the bytes")]
 
+#: Upload bodies up to this size are spooled in memory, larger ones on disk.
+_SPOOL_MEMORY_BYTES = 8 * 1024 * 1024
+
 
 @router.put("/{sha256}", response_model=ArtifactStored, status_code=201)
 async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep, response: Response) -> ArtifactStored:
-    """Store the raw request body under its sha256.
+    """Store the raw request body under its sha256, streamed (never whole in memory).
 
     Idempotent: 201 when stored now, 200 when the same bytes were already there.
     Errors: 422 when the body does not hash to ``sha256`` (nothing is stored); 413 when
     it exceeds ``TUNECACHE_MAX_UPLOAD_BYTES``.
     """
-    data = await request.body()
-    try:
-        stored = repository.store_blob(session, data, sha256)
-    except repository.DigestMismatch as exc:
-        raise HTTPException(422, detail=str(exc)) from None
-    session.commit()
+    with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY_BYTES) as spool:
+        async for part in request.stream():
+            spool.write(part)
+        spool.seek(0)
+
+        def store() -> ArtifactStored:
+            try:
+                stored = blobs.store_blob(session, spool, sha256)
+            except blobs.DigestMismatch:
+                session.rollback()
+                raise
+            session.commit()
+            return stored
+
+        try:
+            stored = await run_in_threadpool(store)
+        except blobs.DigestMismatch as exc:
+            raise HTTPException(422, detail=str(exc)) from None
     if not stored.created:
         response.status_code = 200
     return stored
 
 
-@router.get("/{sha256}", response_class=Response, responses={200: {"content": {"application/octet-stream": {}}}})
-def download_artifact(sha256: Sha256, session: SessionDep) -> Response:
-    """The bytes stored under ``sha256`` (``ETag`` is the sha256). 404 if none are stored."""
-    data = repository.read_blob(session, sha256)
-    if data is None:
+@router.get("/{sha256}", response_class=StreamingResponse, responses={200: {"content": {"application/octet-stream": {}}}})
+def download_artifact(sha256: Sha256, session: SessionDep, request: Request) -> StreamingResponse:
+    """The bytes stored under ``sha256``, streamed chunk by chunk (``ETag`` is the sha256,
+    ``Content-Length`` the size). 404 if none are stored."""
+    size = blobs.blob_size(session, sha256)
+    if size is None:
         raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
-    return Response(content=data, media_type="application/octet-stream", headers={"ETag": f'"{sha256}"'})
+    sessions = request.app.state.sessions
+
+    def chunks() -> Iterator[bytes]:
+        with sessions() as stream_session:  # the request's session may be closed while streaming
+            yield from blobs.iter_blob(stream_session, sha256)
+
+    return StreamingResponse(
+        chunks(),
+        media_type="application/octet-stream",
+        headers={"ETag": f'"{sha256}"', "Content-Length": str(size)},
+    )

@@ -6,7 +6,7 @@ from sqlalchemy.orm import Session
 
 from tunecache.client.http import TunecacheClient
 from tunecache.identity import EnvironmentMetadata, TuningKey
-from tunecache.service import repository
+from tunecache.service import blobs, repository
 from tunecache.service.schemas import TuningRunCreate, TuningRunRead
 from tunecache.service.tuner.runner import TunerFailed, TunerResult
 from tunecache.service.tuner.stages import TuneSpec
@@ -42,7 +42,8 @@ def failed_run_record(spec: TuneSpec, failure: TunerFailed, trigger: str, node: 
 def record_in_database(session: Session, spec: TuneSpec, result: TunerResult, trigger: str, node: str | None) -> TuningRunRead:
     """Store the result's artifact bytes and its run in one transaction (committed here)."""
     for artifact, path in result.artifacts:
-        repository.store_blob(session, path.read_bytes(), artifact.sha256)
+        with path.open("rb") as stream:
+            blobs.store_blob(session, stream, artifact.sha256)
     run = repository.record_run(session, result.run_record(spec, trigger, node))
     session.commit()
     return run
