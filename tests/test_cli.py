@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
+import socket
+import subprocess
+import threading
 from pathlib import Path
 
 import httpx
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE, free_port, tunecache
+from conftest import CUBLASLT_FILE, CUDNN_FILE, free_port, tunecache, tunecache_executable
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
@@ -84,3 +89,66 @@ def test_serve_refuses_a_postgres_database_without_schema(postgres_schema_url):
     result = tunecache("serve", "--port", str(free_port()), "--database", postgres_schema_url)
     assert result.returncode == 9
     assert "run `tunecache db upgrade" in result.stderr
+
+
+class _NotTunecache(http.server.BaseHTTPRequestHandler):
+    """Some other web server: HTML 404 for everything."""
+
+    def do_POST(self):  # noqa: N802
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>nope</html>")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_that_is_not_tunecache_exits_5(tmp_path):
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), _NotTunecache)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        pulled = pull(f"http://127.0.0.1:{httpd.server_port}", tmp_path / "dest")
+    finally:
+        httpd.shutdown()
+    assert pulled.returncode == 5 and "server answered 404" in pulled.stderr
+    assert "Traceback" not in pulled.stderr
+
+
+def test_wrong_server_path_is_not_mistaken_for_a_miss(server, tmp_path):
+    pulled = pull(f"{server}/v1", tmp_path / "dest")
+    assert pulled.returncode == 5 and "Traceback" not in pulled.stderr
+
+
+def test_client_usage_errors_exit_2(server, tmp_path):
+    no_scheme = pull(server.removeprefix("http://"), tmp_path / "dest")
+    assert no_scheme.returncode == 2 and "must look like http://host:port" in no_scheme.stderr
+    escaping = pull(server, tmp_path / "dest", CUDNN_FILE, "--file-name", "../escaped.json")
+    assert escaping.returncode == 2 and not (tmp_path / "escaped.json").exists()
+
+
+def test_bad_metadata_values_exit_7(server, tmp_path):
+    for metadata in ({"gpu": ""}, {"gpu": "x" * 200}, {"gpu": None}):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({"_metadata": json.loads(CUDNN_FILE.read_text())["_metadata"] | metadata}))
+        pushed = push(server, bad)
+        assert pushed.returncode == 7 and "_metadata.gpu" in pushed.stderr and "Traceback" not in pushed.stderr
+        pulled = pull(server, tmp_path / "dest", bad)
+        assert pulled.returncode == 7 and "_metadata.gpu" in pulled.stderr
+
+
+def test_serve_configuration_errors(tmp_path):
+    env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path), "TUNECACHE_WORKER": "off"}
+    bad_port = subprocess.run([tunecache_executable(), "serve"], env=env | {"TUNECACHE_PORT": "abc"},
+                              capture_output=True, text=True, timeout=60)
+    assert bad_port.returncode == 2 and "TUNECACHE_PORT" in bad_port.stderr
+    bad_url = tunecache("serve", "--database", "notaurl")
+    assert bad_url.returncode == 9 and "not usable" in bad_url.stderr and "Traceback" not in bad_url.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = subprocess.run(
+            [tunecache_executable(), "serve", "--port", str(busy.getsockname()[1]), "--database", f"sqlite:///{tmp_path}/x.db"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )
+    assert taken.returncode == 11 and "could not serve" in taken.stderr

@@ -145,3 +145,23 @@ def test_pod_pushed_run_is_unverified_and_not_current(session):
     pod = record(session, trigger="pod", node="pod-7")
     assert not pod.verified and not pod.is_current
     assert repository.lookup(session, h200_key(), file_environment(CUDNN_FILE)).id == good.id
+
+
+def test_current_pointer_only_moves_to_newer_runs(session):
+    """Concurrent recordings may commit out of order; the newest run must stay current."""
+    from tunecache.service import dialect
+    from tunecache.service.models import CurrentTuning
+
+    a, b, c = record(session), record(session), record(session)
+    row = session.get(CurrentTuning, (1, 1))
+    assert row.run_id == c.id
+
+    def point(run_id):
+        dialect.upsert_if_newer(session, CurrentTuning.__table__,
+                                {"key_id": 1, "environment_id": 1, "run_id": run_id, "updated_at": c.created_at},
+                                ["key_id", "environment_id"], newer="run_id")
+        session.commit()
+        return session.get(CurrentTuning, (1, 1), populate_existing=True).run_id
+
+    assert point(a.id) == c.id  # an older run committing late does not take over
+    assert point(b.id) == c.id

@@ -16,8 +16,10 @@ Exit codes (also in the README):
 7     bad input file (not a FlashInfer autotune file, unreadable environment file,
       bad model config)
 8     tuning failed (``tune``): the tuner process reported an error, died, or timed out
-9     database not usable (schema out of date: run ``tunecache db upgrade``; or unreachable)
+9     database not usable (schema out of date: run ``tunecache db upgrade``; unreachable;
+      bad URL)
 10    ``retune --wait``: the job did not finish within ``--wait-timeout`` (it goes on)
+11    ``serve`` could not start listening (address in use, bad host)
 ====  =====================================================================
 """
 
@@ -42,8 +44,9 @@ from tunecache.client.http import (
     ServerError,
     ServerUnreachable,
     TunecacheClient,
+    TunecacheError,
 )
-from tunecache.client.install import pull_autotune_file
+from tunecache.client.install import check_file_name, pull_autotune_file
 from tunecache.identity import TuningKey
 
 
@@ -59,6 +62,7 @@ class ExitCode(enum.IntEnum):
     TUNING_FAILED = 8
     DATABASE = 9
     WAIT_TIMEOUT = 10
+    SERVE_FAILED = 11
 
 
 app = typer.Typer(
@@ -109,11 +113,28 @@ def _key(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: str, qua
 def _client_errors(exc: Exception) -> NoReturn:
     if isinstance(exc, ServerUnreachable):
         fail(ExitCode.SERVER_UNREACHABLE, str(exc))
-    if isinstance(exc, ServerError):
-        fail(ExitCode.SERVER_ERROR, str(exc))
     if isinstance(exc, ArtifactCorrupt):
         fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; nothing was installed")
+    if isinstance(exc, TunecacheError):  # ServerError, or an answer that makes no sense
+        fail(ExitCode.SERVER_ERROR, str(exc))
     raise exc
+
+
+def _client(server: str) -> TunecacheClient:
+    try:
+        return TunecacheClient(server)
+    except ValueError as exc:
+        fail(ExitCode.USAGE, str(exc))
+
+
+def _engine(url: str):
+    """An engine for ``url``, or exit 9 naming what is wrong with it."""
+    from tunecache.service import db
+
+    try:
+        return db.create_db_engine(url)
+    except Exception as exc:  # bad URL, missing driver, unwritable SQLite directory
+        fail(ExitCode.DATABASE, f"database URL {url!r} not usable: {type(exc).__name__}: {str(exc).splitlines()[0]}")
 
 
 @app.command()
@@ -140,7 +161,7 @@ def push(
     if trigger not in ("upload", "pod"):
         fail(ExitCode.USAGE, "--trigger must be 'upload' or 'pod'")
     key = _key(model, max_num_batched_tokens, gpu_name or parsed.environment.gpu, arch, dtype, quantization, tensor_parallel_size)
-    with TunecacheClient(server) as client:
+    with _client(server) as client:
         try:
             sha256 = client.upload_artifact(data)
             run = client.record_run(
@@ -180,6 +201,11 @@ def pull(
 
     Prints the installed path. Use it with flashinfer.autotune(False, cache=PATH).
     """
+    if file_name is not None:
+        try:
+            check_file_name(file_name)
+        except ValueError as exc:
+            fail(ExitCode.USAGE, str(exc))
     try:
         env = environment_from_file(environment) if environment else detect_environment()
     except EnvironmentUnavailable as exc:
@@ -191,7 +217,7 @@ def pull(
             "pass --environment FILE",
         )
     key = _key(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization, tensor_parallel_size)
-    with TunecacheClient(server) as client:
+    with _client(server) as client:
         try:
             installed = pull_autotune_file(client, key, env, dest, file_name)
         except NoCompatibleTuning as exc:
@@ -217,10 +243,16 @@ def serve(
     from tunecache.service.app import create_app
     from tunecache.service.settings import Settings
 
+    from pydantic import ValidationError
+
     overrides = {k: v for k, v in {"host": host, "port": port, "database_url": database}.items() if v is not None}
-    settings = Settings(**overrides)
-    url = settings.resolved_database_url()
-    engine = db.create_db_engine(url)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        fail(ExitCode.USAGE, f"invalid setting {error['loc'][0]} (TUNECACHE_{str(error['loc'][0]).upper()}): {error['msg']}")
+    engine = _engine(settings.resolved_database_url())
+    shown = engine.url.render_as_string(hide_password=True)
     try:
         if engine.dialect.name == "sqlite":
             db.upgrade(engine)
@@ -228,9 +260,13 @@ def serve(
     except db.SchemaOutOfDate as exc:
         fail(ExitCode.DATABASE, str(exc))
     except Exception as exc:  # connection failures (OperationalError)
-        fail(ExitCode.DATABASE, f"database {engine.url.render_as_string(hide_password=True)} not usable: {str(exc).splitlines()[0]}")
-    typer.echo(f"tunecache serving on http://{settings.host}:{settings.port} (database {engine.url.render_as_string(hide_password=True)})", err=True)
-    uvicorn.run(create_app(settings, engine=engine), host=settings.host, port=settings.port, log_level="info")
+        fail(ExitCode.DATABASE, f"database {shown} not usable: {str(exc).splitlines()[0]}")
+    typer.echo(f"tunecache starting on http://{settings.host}:{settings.port} (database {shown})", err=True)
+    try:
+        uvicorn.run(create_app(settings, engine=engine), host=settings.host, port=settings.port, log_level="info")
+    except SystemExit as exc:  # uvicorn exits 3 when it cannot bind or start
+        if exc.code not in (0, None):
+            fail(ExitCode.SERVE_FAILED, f"could not serve on {settings.host}:{settings.port} (see the log above)")
 
 
 @db_app.command("upgrade")
@@ -240,7 +276,7 @@ def db_upgrade(database: DatabaseOpt = None) -> None:
     from tunecache.service.settings import Settings
 
     url = database or Settings().resolved_database_url()
-    engine = db.create_db_engine(url)
+    engine = _engine(url)
     try:
         db.upgrade(engine)
         revision = db.check_schema(engine)
@@ -261,9 +297,12 @@ def tune(
     quantization: QuantOpt = "auto",
     tensor_parallel_size: TpOpt = 1,
     server: Annotated[Optional[str], typer.Option("--server", help="store the run on this tunecache server")] = None,
-    database: Annotated[Optional[str], typer.Option("--database", help="store the run in this database directly")] = None,
+    database: Annotated[
+        Optional[str],
+        typer.Option("--database", envvar="TUNECACHE_DATABASE_URL", help="store the run in this database directly"),
+    ] = None,
     gemm_backends: Annotated[Optional[str], typer.Option(help="comma-separated FlashInfer GEMM backends (default: per arch)")] = None,
-    timeout: Annotated[float, typer.Option(help="seconds before the tuner process is killed")] = 3600.0,
+    timeout: Annotated[float, typer.Option(min=1, help="seconds before the tuner process is killed")] = 3600.0,
     work_dir: Annotated[Optional[Path], typer.Option(help="keep the tuner's files here (default: a temporary directory)")] = None,
 ) -> None:
     """On a GPU node: run FlashInfer's autotuner for a model in a child process and store the run."""
@@ -272,8 +311,10 @@ def tune(
     from tunecache.service.tuner.runner import TunerFailed, run_tuner
     from tunecache.service.tuner.stages import TuneSpec
 
-    if (server is None) == (database is None):
-        fail(ExitCode.USAGE, "give exactly one of --server URL or --database URL")
+    if server is not None:
+        database = None  # --server wins over TUNECACHE_DATABASE_URL
+    elif database is None:
+        fail(ExitCode.USAGE, "give --server URL or --database URL (or set TUNECACHE_DATABASE_URL)")
     try:
         hf_config = load_hf_config(config or model)
     except ModelConfigError as exc:
@@ -317,8 +358,8 @@ def retune(
         Optional[Path], typer.Option(help="HF config.json (or its directory) to send with the job")
     ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="follow the job to its end with a progress bar")] = False,
-    wait_timeout: Annotated[float, typer.Option(help="seconds to wait with --wait")] = 7200.0,
-    poll: Annotated[float, typer.Option(help="seconds between polls with --wait")] = 2.0,
+    wait_timeout: Annotated[float, typer.Option(min=0, help="seconds to wait with --wait")] = 7200.0,
+    poll: Annotated[float, typer.Option(min=0.05, help="seconds between polls with --wait")] = 2.0,
 ) -> None:
     """Ask the service to (re-)tune a key on a GPU node; one job per key however many ask."""
     key = _key(model, max_num_batched_tokens, gpu_name, arch, dtype, quantization, tensor_parallel_size)
@@ -329,7 +370,7 @@ def retune(
             hf_config = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             fail(ExitCode.BAD_INPUT, f"cannot read model config {path}: {exc}")
-    with TunecacheClient(server) as client:
+    with _client(server) as client:
         try:
             job = client.create_job(key, hf_config)
             typer.echo(f"job {job['id']}: {job['status']} ({key.model}, {key.gpu_name}, max_num_batched_tokens {key.max_num_batched_tokens})")
@@ -356,7 +397,7 @@ def _store_result(spec, result, server: str | None, database: str | None, node: 
     from tunecache.service.tuner import recording
 
     if server is not None:
-        with TunecacheClient(server) as client:
+        with _client(server) as client:
             try:
                 return recording.record_over_http(client, spec, result, "cli", node)
             except Exception as exc:
@@ -373,7 +414,7 @@ def _store_failure(spec, failure, server: str | None, database: str | None, node
     if record is None:
         return
     if server is not None:
-        with TunecacheClient(server) as client:
+        with _client(server) as client:
             try:
                 client.record_run(record.model_dump(mode="json"))
             except Exception as exc:
@@ -389,7 +430,7 @@ def _store_failure(spec, failure, server: str | None, database: str | None, node
 def _database_session(url: str | None):
     from tunecache.service import db
 
-    engine = db.create_db_engine(url)  # type: ignore[arg-type]
+    engine = _engine(url)  # type: ignore[arg-type]
     try:
         if engine.dialect.name == "sqlite":
             db.upgrade(engine)

@@ -20,7 +20,9 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 #: The fields of FlashInfer 0.7's ``_metadata`` block, in the order
 #: ``flashinfer.autotuner._collect_metadata`` writes them.
@@ -68,6 +70,16 @@ _KNOWN_GPU_ARCHES: dict[str, str] = {
 }
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+#: A string without NUL characters (PostgreSQL text cannot hold them).
+Text = Annotated[str, AfterValidator(_no_nul)]
+
+
 class EnvironmentMetadata(BaseModel):
     """FlashInfer's environment metadata: the fields ``AutoTuner.load_configs`` checks.
 
@@ -78,13 +90,13 @@ class EnvironmentMetadata(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    flashinfer_version: str = Field(min_length=1, max_length=64)
-    cuda_version: str = Field(min_length=1, max_length=64)
-    cublas_version: str = Field(min_length=1, max_length=64)
-    cudnn_version: str = Field(min_length=1, max_length=64)
-    cudnn_frontend_version: str = Field(min_length=1, max_length=64)
-    cutlass_dsl_version: str = Field(min_length=1, max_length=4096)
-    gpu: str = Field(min_length=1, max_length=128)
+    flashinfer_version: Text = Field(min_length=1, max_length=64)
+    cuda_version: Text = Field(min_length=1, max_length=64)
+    cublas_version: Text = Field(min_length=1, max_length=64)
+    cudnn_version: Text = Field(min_length=1, max_length=64)
+    cudnn_frontend_version: Text = Field(min_length=1, max_length=64)
+    cutlass_dsl_version: Text = Field(min_length=1, max_length=4096)
+    gpu: Text = Field(min_length=1, max_length=128)
 
     @classmethod
     def from_flashinfer_metadata(cls, metadata: dict[str, Any]) -> "EnvironmentMetadata":
@@ -94,11 +106,22 @@ class EnvironmentMetadata(BaseModel):
         ``"unknown"``, which FlashInfer itself treats as indeterminate.
 
         Raises:
-            ValueError: ``metadata`` is not a JSON object.
+            ValueError: ``metadata`` is not a JSON object, or a field is not a string or
+                number, empty, too long or holds NUL (the message names the field).
         """
         if not isinstance(metadata, dict):
             raise ValueError("FlashInfer _metadata must be a JSON object")
-        return cls(**{f: str(metadata.get(f, "unknown")) for f in ENVIRONMENT_FIELDS})
+        values = {}
+        for field in ENVIRONMENT_FIELDS:
+            value = metadata.get(field, "unknown")
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ValueError(f"_metadata.{field} must be a string, not {type(value).__name__}")
+            values[field] = str(value)
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            raise ValueError(f"_metadata.{error['loc'][0]}: {error['msg']}") from None
 
     def environment_hash(self) -> str:
         """sha256 (64 hex chars) of the canonical JSON of the fields; stable across runs."""
@@ -126,13 +149,13 @@ class TuningKey(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu_name: str = Field(min_length=1, max_length=128)
+    gpu_name: Text = Field(min_length=1, max_length=128)
     arch: str = Field(pattern=r"^sm[0-9]{2,3}[a-z]?$", max_length=16)
-    model: str = Field(min_length=1, max_length=512)
-    max_num_batched_tokens: int = Field(gt=0, le=1 << 24)
-    dtype: str = Field(default="auto", min_length=1, max_length=32)
-    quantization: str = Field(default="auto", min_length=1, max_length=32)
-    tensor_parallel_size: int = Field(default=1, gt=0, le=1024)
+    model: Text = Field(min_length=1, max_length=512)
+    max_num_batched_tokens: int = Field(gt=0, le=1 << 24, strict=True)
+    dtype: Text = Field(default="auto", min_length=1, max_length=32)
+    quantization: Text = Field(default="auto", min_length=1, max_length=32)
+    tensor_parallel_size: int = Field(default=1, gt=0, le=1024, strict=True)
 
 
 class FieldDifference(BaseModel):

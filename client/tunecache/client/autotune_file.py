@@ -7,7 +7,7 @@ FlashInfer is FlashInfer's job (``AutoTuner.get().load_configs(path)``).
 
 Layout (``flashinfer/autotuner/autotuner.py``, ``AutoTuner.save_configs``)::
 
-    {"_metadata": {...}, "_cache_generation": "<sha256>",        # underscore keys: bookkeeping
+    {"_metadata": {...}, "_generation": "<sha256>",              # underscore keys: bookkeeping
      "('bf16_gemm', 'CudnnBf16GemmRunner', ...)": [runner_class, tactic, policy, selection],
      ...}
 """
@@ -45,7 +45,8 @@ def parse_autotune_file(data: bytes, source: str = "file") -> AutotuneFile:
         source: how to name the file in error messages.
 
     Raises:
-        NotAnAutotuneFile: not JSON, not an object, or no ``_metadata`` object.
+        NotAnAutotuneFile: not JSON, not an object, no ``_metadata`` object, or a
+            ``_metadata`` field that is not a usable string (named).
     """
     try:
         doc = json.loads(data)
@@ -58,7 +59,11 @@ def parse_autotune_file(data: bytes, source: str = "file") -> AutotuneFile:
         raise NotAnAutotuneFile(
             f"{source} has no _metadata block: not a FlashInfer (>= 0.6) autotune cache file"
         )
+    try:
+        environment = EnvironmentMetadata.from_flashinfer_metadata(metadata)
+    except ValueError as exc:
+        raise NotAnAutotuneFile(f"{source}: {exc}") from None
     return AutotuneFile(
-        environment=EnvironmentMetadata.from_flashinfer_metadata(metadata),
+        environment=environment,
         entries=sum(1 for k in doc if not k.startswith("_")),
     )

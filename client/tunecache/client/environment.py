@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from tunecache.client.autotune_file import NotAnAutotuneFile, parse_autotune_file
 from tunecache.identity import ENVIRONMENT_FIELDS, EnvironmentMetadata, arch_for_gpu_name, arch_from_capability
 
@@ -51,22 +49,23 @@ def environment_from_file(path: Path) -> EnvironmentMetadata:
     except OSError as exc:
         raise EnvironmentUnavailable(f"cannot read environment file {path}: {exc.strerror}") from None
     try:
-        return parse_autotune_file(data, source=str(path)).environment
-    except NotAnAutotuneFile:
-        pass
-    try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EnvironmentUnavailable(f"environment file {path} is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise EnvironmentUnavailable(f"environment file {path} is not a JSON object")
+    if "_metadata" in doc:  # a FlashInfer cache file
+        try:
+            return parse_autotune_file(data, source=str(path)).environment
+        except NotAnAutotuneFile as exc:
+            raise EnvironmentUnavailable(str(exc)) from None
     missing = [f for f in ENVIRONMENT_FIELDS if f not in doc]
     if missing:
         raise EnvironmentUnavailable(f"environment file {path} lacks fields: {', '.join(missing)}")
     try:
-        return EnvironmentMetadata.model_validate({f: str(doc[f]) for f in ENVIRONMENT_FIELDS})
-    except ValidationError as exc:
-        raise EnvironmentUnavailable(f"environment file {path}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+        return EnvironmentMetadata.from_flashinfer_metadata(doc)
+    except ValueError as exc:
+        raise EnvironmentUnavailable(f"environment file {path}: {exc}") from None
 
 
 def detect_arch(gpu_name: str) -> str:

@@ -50,11 +50,20 @@ class ArtifactCorrupt(TunecacheError):
     """Downloaded bytes do not hash to the sha256 the server announced."""
 
 
-def _detail(response: httpx.Response) -> Any:
+def _json_object(response: httpx.Response) -> dict[str, Any] | None:
+    """The body as a JSON object, or ``None`` (not JSON, or not an object)."""
     try:
-        return response.json().get("detail", response.text)
+        body = response.json()
     except ValueError:
-        return response.text
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _detail(response: httpx.Response) -> Any:
+    body = _json_object(response)
+    if body is not None and "detail" in body:
+        return body["detail"]
+    return response.text[:200] or response.reason_phrase
 
 
 class TunecacheClient:
@@ -67,6 +76,10 @@ class TunecacheClient:
     """
 
     def __init__(self, base_url: str, timeout: httpx.Timeout = DEFAULT_TIMEOUT, transport: httpx.BaseTransport | None = None):
+        """Raises ValueError when ``base_url`` is not an http(s) URL with a host."""
+        url = httpx.URL(base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"server URL {base_url!r} must look like http://host:port")
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
@@ -100,10 +113,13 @@ class TunecacheClient:
         response = self._request(
             "POST", "/v1/tunings/lookup", json={"key": key.model_dump(), "environment": environment.model_dump()}
         )
-        if response.status_code == 404:
-            body = response.json()
-            raise NoCompatibleTuning(body.get("detail", "no compatible tuning"), body.get("closest", []))
-        return self._checked(response).json()
+        body = _json_object(response)
+        if response.status_code == 404 and body is not None and isinstance(body.get("closest"), list):
+            raise NoCompatibleTuning(str(body.get("detail", "no compatible tuning")), body["closest"])
+        self._checked(response)
+        if body is None:
+            raise ServerError(response.status_code, f"not a tunecache answer: {response.text[:200]!r}")
+        return body
 
     def download_artifact(self, sha256: str) -> bytes:
         """``GET /v1/artifacts/{sha256}``, verified against ``sha256``.

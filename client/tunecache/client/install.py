@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -22,9 +23,22 @@ class InstalledTuning:
 
 
 def default_file_name(key: TuningKey) -> str:
-    """``<model>_<gpu>_mnbt<N>_tp<T>.json`` with every unsafe character replaced by ``-``."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{key.model}_{key.gpu_name}").strip("-")
-    return f"{slug}_mnbt{key.max_num_batched_tokens}_tp{key.tensor_parallel_size}.json"
+    """``<model>_<gpu>_mnbt<N>_tp<T>_<hash>.json``: readable parts with unsafe characters
+    replaced by ``-``, plus 8 hex digits of the whole key so distinct keys never share a name."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{key.model}_{key.gpu_name}").strip("-.")
+    digest = hashlib.sha256(key.model_dump_json().encode()).hexdigest()[:8]
+    return f"{slug}_mnbt{key.max_num_batched_tokens}_tp{key.tensor_parallel_size}_{digest}.json"
+
+
+def check_file_name(name: str) -> str:
+    """A plain file name (no directory parts, not hidden).
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    if not name or "/" in name or "\\" in name or name.startswith(".") or name != Path(name).name:
+        raise ValueError(f"file name {name!r} must be a plain name without directories, not starting with '.'")
+    return name
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -52,13 +66,14 @@ def pull_autotune_file(
 
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
-        (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file.
+        (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file;
+        ValueError for a ``file_name`` with directory parts.
     """
     run = client.lookup(key, environment)
     artifact = next((a for a in run["artifacts"] if a["kind"] == ARTIFACT_KIND), None)
     if artifact is None:
         raise TunecacheError(f"tuning run {run['id']} has no {ARTIFACT_KIND} artifact")
     data = client.download_artifact(artifact["sha256"])
-    path = Path(dest_dir) / (file_name or default_file_name(key))
+    path = Path(dest_dir) / (check_file_name(file_name) if file_name else default_file_name(key))
     write_atomically(path, data)
     return InstalledTuning(path=path, run_id=run["id"], sha256=artifact["sha256"], entries=run["summary"].get("entries"))

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from tunecache.service import db
+from tunecache.service.errors import install_error_handlers
 from tunecache.service.limits import BodySizeLimit
 from tunecache.service.routes import artifacts, health, jobs, tunings
 from tunecache.service.schemas import WorkerStatus
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         lifespan=lifespan,
     )
     app.state.settings = settings
+    install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_bytes)
     for router in (health.router, tunings.router, artifacts.router, jobs.router):
         app.include_router(router, prefix="/v1")

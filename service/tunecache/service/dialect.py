@@ -23,11 +23,17 @@ def insert_or_ignore(session: Session, table: Table, values: dict[str, Any], con
     session.execute(_insert(session, table).values(**values).on_conflict_do_nothing(index_elements=conflict))
 
 
-def upsert(session: Session, table: Table, values: dict[str, Any], conflict: list[str]) -> None:
-    """``INSERT ... ON CONFLICT (conflict) DO UPDATE`` every non-conflict column."""
+def upsert_if_newer(session: Session, table: Table, values: dict[str, Any], conflict: list[str], newer: str) -> None:
+    """``INSERT ... ON CONFLICT (conflict) DO UPDATE ... WHERE table.newer < excluded.newer``.
+
+    Writers racing on one row leave the largest ``newer`` value, whatever order they
+    commit in (PostgreSQL re-checks the condition against the committed row).
+    """
     stmt = _insert(session, table).values(**values)
     update = {k: stmt.excluded[k] for k in values if k not in conflict}
-    session.execute(stmt.on_conflict_do_update(index_elements=conflict, set_=update))
+    session.execute(
+        stmt.on_conflict_do_update(index_elements=conflict, set_=update, where=table.c[newer] < stmt.excluded[newer])
+    )
 
 
 def lock_for_claim(session: Session, query: Select) -> Select:

@@ -40,25 +40,33 @@ class BodySizeLimit:
             await self._reject(send, f"of {int(declared)} bytes")
             return
         seen = 0
-        started = False
+        too_large = False
+        answered = False
 
         async def counting_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, too_large
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    too_large = True
                     raise _BodyTooLarge
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+        async def guarded_send(message: Message) -> None:
+            # Whatever the app makes of a body cut short (FastAPI answers 400 "error
+            # parsing the body"), the client gets the 413.
+            nonlocal answered
+            if too_large:
+                if not answered:
+                    answered = True
+                    await self._reject(send, "streamed")
+                return
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, tracking_send)
+            await self.app(scope, counting_receive, guarded_send)
         except _BodyTooLarge:
-            if started:
-                raise
-            await self._reject(send, "streamed")
+            if not answered:
+                answered = True
+                await self._reject(send, "streamed")

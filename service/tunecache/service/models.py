@@ -40,6 +40,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -54,8 +55,32 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware datetime stored as UTC on every database.
+
+    PostgreSQL keeps offsets itself; SQLite keeps none, so values are converted to UTC
+    on the way in and marked UTC on the way out. Naive values are refused.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: tunecache stores timezone-aware times only")
+        return value.astimezone(dt.timezone.utc)
+
+    def process_result_value(self, value: dt.datetime | None, dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dt.datetime: UTCDateTime}
 
 
 class Environment(Base):
@@ -70,7 +95,7 @@ class Environment(Base):
     cudnn_frontend_version: Mapped[str] = mapped_column(String(64))
     cutlass_dsl_version: Mapped[str] = mapped_column(Text)
     gpu: Mapped[str] = mapped_column(String(128))
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class TuningKeyRow(Base):
@@ -96,7 +121,7 @@ class TuningKeyRow(Base):
     dtype: Mapped[str] = mapped_column(String(32))
     quantization: Mapped[str] = mapped_column(String(32))
     tensor_parallel_size: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class TuningRun(Base):
@@ -108,13 +133,13 @@ class TuningRun(Base):
     status: Mapped[str] = mapped_column(String(16))
     trigger: Mapped[str] = mapped_column(String(16))
     node: Mapped[str | None] = mapped_column(String(255))
-    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[dt.datetime | None] = mapped_column()
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
     duration_s: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     verified: Mapped[bool] = mapped_column(Boolean, default=True)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")
     environment: Mapped[Environment] = relationship(lazy="joined")
@@ -128,7 +153,7 @@ class ArtifactBlob(Base):
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class ArtifactChunk(Base):
@@ -164,7 +189,7 @@ class CurrentTuning(Base):
     key_id: Mapped[int] = mapped_column(ForeignKey("tuning_keys.id"), primary_key=True)
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"))
-    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 #: Job states in which a job occupies its key (see the partial unique index below).
@@ -190,12 +215,12 @@ class TuningJob(Base):
     total: Mapped[int | None] = mapped_column(Integer)
     log_tail: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(255))
-    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column()
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("tuning_runs.id"))
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column()
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")

@@ -122,7 +122,9 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
     """Record a finished run; a succeeded, verified run becomes current for its key and environment.
 
     Earlier runs are kept (history); only the ``current_tunings`` pointer moves, in the
-    same transaction. A failed run never moves it, so the previous tuning stays current.
+    same transaction, and only forward (to a higher run id), so concurrent recordings
+    leave the newest run current. A failed run never moves it, so the previous tuning
+    stays current.
     Runs with trigger ``pod`` are recorded unverified and do not become current.
 
     Raises:
@@ -174,15 +176,16 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
     )
     session.add(row)
     session.flush()
-    becomes_current = run.status == "succeeded" and verified
-    if becomes_current:
-        dialect.upsert(
+    if run.status == "succeeded" and verified:
+        # The newest run (highest id) stays current when several are recorded at once.
+        dialect.upsert_if_newer(
             session,
             CurrentTuning.__table__,
             {"key_id": key_row.id, "environment_id": env_row.id, "run_id": row.id, "updated_at": utcnow()},
             conflict=["key_id", "environment_id"],
+            newer="run_id",
         )
-    return _to_read(row, is_current=becomes_current)
+    return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
 
 
 def get_run(session: Session, run_id: int) -> TuningRunRead | None:

@@ -6,11 +6,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import json
+import math
 
-from tunecache.identity import EnvironmentMetadata, FieldDifference, TuningKey
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tunecache.client.autotune_file import ARTIFACT_KIND
+from tunecache.identity import EnvironmentMetadata, FieldDifference, Text, TuningKey
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+#: Largest id and offset accepted (PostgreSQL's integer).
+MAX_ID = 2**31 - 1
+#: Query strings must not hold NUL (PostgreSQL text cannot).
+NO_NUL = r"^[^\x00]*$"
 
 RunStatus = Literal["succeeded", "failed"]
 #: Who recorded a run: ``upload`` (``tunecache push`` of a file), ``cli`` (``tunecache tune``
@@ -24,7 +32,12 @@ class ArtifactCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9_.-]+$")
-    name: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.@+-][A-Za-z0-9_.@+/-]*$")
+    name: str = Field(
+        min_length=1,
+        max_length=255,
+        pattern=r"^[A-Za-z0-9_@+-][A-Za-z0-9_.@+-]*(/[A-Za-z0-9_@+-][A-Za-z0-9_.@+-]*)*$",
+        description="relative path of '/'-separated parts, none starting with '.'",
+    )
     media_type: str = Field(default="application/octet-stream", min_length=1, max_length=128)
     sha256: str = Field(pattern=SHA256_PATTERN)
 
@@ -48,12 +61,34 @@ class TuningRunCreate(BaseModel):
     environment: EnvironmentMetadata
     status: RunStatus = "succeeded"
     trigger: RunTrigger = "upload"
-    node: str | None = Field(default=None, max_length=255)
-    started_at: dt.datetime | None = None
-    finished_at: dt.datetime | None = None
-    error: str | None = Field(default=None, max_length=65536)
+    node: Text | None = Field(default=None, max_length=255)
+    started_at: AwareDatetime | None = None
+    finished_at: AwareDatetime | None = None
+    error: Text | None = Field(default=None, max_length=65536)
     summary: dict[str, Any] = Field(default_factory=dict)
     artifacts: list[ArtifactCreate] = Field(default_factory=list, max_length=10000)
+
+    @field_validator("summary")
+    @classmethod
+    def _summary_is_storable_json(cls, summary: dict[str, Any]) -> dict[str, Any]:
+        try:
+            encoded = json.dumps(summary, allow_nan=False)
+        except ValueError:
+            raise ValueError("must not contain NaN or Infinity") from None
+        if "\\u0000" in encoded:
+            raise ValueError("must not contain NUL characters")
+        return summary
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TuningRunCreate":
+        if self.started_at and self.finished_at and self.finished_at < self.started_at:
+            raise ValueError("finished_at is earlier than started_at")
+        names = [a.name for a in self.artifacts]
+        if len(names) != len(set(names)):
+            raise ValueError("artifact names must be unique within a run")
+        if self.status == "succeeded" and not any(a.kind == ARTIFACT_KIND for a in self.artifacts):
+            raise ValueError(f"a succeeded run needs a {ARTIFACT_KIND} artifact (FlashInfer's cache file)")
+        return self
 
 
 class TuningRunRead(BaseModel):

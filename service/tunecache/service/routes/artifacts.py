@@ -71,3 +71,12 @@ def download_artifact(sha256: Sha256, session: SessionDep, request: Request) -> 
         media_type="application/octet-stream",
         headers={"ETag": f'"{sha256}"', "Content-Length": str(size)},
     )
+
+
+@router.head("/{sha256}")
+def artifact_exists(sha256: Sha256, session: SessionDep) -> Response:
+    """200 with ``Content-Length`` when the bytes are stored (uploaders skip them), else 404."""
+    size = blobs.blob_size(session, sha256)
+    if size is None:
+        return Response(status_code=404)
+    return Response(status_code=200, headers={"ETag": f'"{sha256}"', "Content-Length": str(size)})

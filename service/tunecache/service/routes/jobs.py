@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 
 from tunecache.service import jobs
 from tunecache.service.deps import SessionDep
-from tunecache.service.schemas import JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead
+from tunecache.service.schemas import MAX_ID, JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead
 
 router = APIRouter(prefix="/tuning-jobs", tags=["tuning-jobs"])
 
@@ -27,7 +27,7 @@ def create_job(body: TuningJobCreate, session: SessionDep, request: Request) -> 
 
 
 @router.get("/{job_id}", response_model=TuningJobRead)
-def get_job(job_id: int, session: SessionDep) -> TuningJobRead:
+def get_job(job_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep) -> TuningJobRead:
     """Status, stage, step/total, log tail and timings of a job. 404 if there is none."""
     job = jobs.get_job(session, job_id)
     if job is None:
@@ -40,7 +40,7 @@ def list_jobs(
     session: SessionDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> TuningJobPage:
     """Jobs, newest first."""
     return jobs.list_jobs(session, status=status, limit=limit, offset=offset)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import JSONResponse
 
 from tunecache.service import repository
 from tunecache.service.deps import SessionDep
 from tunecache.service.schemas import (
+    MAX_ID,
+    NO_NUL,
     LookupMiss,
     LookupRequest,
     RunStatus,
@@ -62,13 +64,13 @@ def lookup_tuning(body: LookupRequest, session: SessionDep):
 @router.get("", response_model=TuningRunPage)
 def list_tunings(
     session: SessionDep,
-    model: str | None = None,
-    gpu_name: str | None = None,
-    max_num_batched_tokens: Annotated[int | None, Query(gt=0)] = None,
+    model: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
+    gpu_name: Annotated[str | None, Query(max_length=128, pattern=NO_NUL)] = None,
+    max_num_batched_tokens: Annotated[int | None, Query(gt=0, le=1 << 24)] = None,
     status: RunStatus | None = None,
     current_only: bool = False,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> TuningRunPage:
     """Tuning history, newest first, filtered by key fields and status; ``current_only``
     keeps the runs that are current for their key and environment."""
@@ -85,7 +87,7 @@ def list_tunings(
 
 
 @router.get("/{run_id}", response_model=TuningRunRead)
-def get_tuning(run_id: int, session: SessionDep) -> TuningRunRead:
+def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep) -> TuningRunRead:
     """One run by id. 404 if there is none."""
     run = repository.get_run(session, run_id)
     if run is None:
