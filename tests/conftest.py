@@ -29,6 +29,7 @@ H200_FILES = FIXTURES / "flashinfer-0.7.4-h200"
 CUDNN_FILE = H200_FILES / "mm_bf16-cudnn.json"
 CUBLASLT_FILE = H200_FILES / "mm_bf16-cublaslt.json"
 LLAMA_CONFIG = FIXTURES / "models" / "llama-3.1-8b" / "config.json"
+QWEN3_CONFIG = FIXTURES / "models" / "qwen3-30b-a3b" / "config.json"
 
 POSTGRES_URL = os.environ.get(
     "TUNECACHE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -6,22 +6,21 @@ import json
 
 import pytest
 
-from conftest import LLAMA_CONFIG
+from conftest import LLAMA_CONFIG, QWEN3_CONFIG
 from tunecache.service.tuner.model_config import (
+    AttentionShape,
     GemmShape,
     ModelConfigError,
+    MoeShape,
     checkpoint_quantization,
     dense_gemm_shapes,
+    attention_shape,
     is_moe,
     load_hf_config,
+    moe_shape,
 )
 
-# Qwen3-30B-A3B's published config (the fields the shapes use).
-QWEN3_MOE = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
-    "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "torch_dtype": "bfloat16",
-}
+QWEN3_MOE = json.loads(QWEN3_CONFIG.read_text())
 
 
 def test_llama_3_1_8b_shapes():
@@ -67,3 +66,15 @@ def test_bad_configs_are_named(tmp_path):
         load_hf_config(tmp_path)
     with pytest.raises(ModelConfigError, match="neither a directory with config.json"):
         load_hf_config(tmp_path / "nowhere")
+
+
+def test_qwen3_moe_expert_and_attention_shapes():
+    assert moe_shape(QWEN3_MOE) == MoeShape(experts=128, local_experts=128, top_k=8, hidden=2048, intermediate=768,
+                                            tp_size=1, ep_size=1)
+    assert moe_shape(QWEN3_MOE, tensor_parallel_size=2).intermediate == 384
+    expert_parallel = moe_shape(QWEN3_MOE, tensor_parallel_size=2, expert_parallel_size=2)
+    assert (expert_parallel.local_experts, expert_parallel.intermediate) == (64, 768)
+    assert attention_shape(QWEN3_MOE) == AttentionShape(num_qo_heads=32, num_kv_heads=4, head_dim=128)
+    assert attention_shape(QWEN3_MOE, 8) == AttentionShape(num_qo_heads=4, num_kv_heads=1, head_dim=128)
+    with pytest.raises(ModelConfigError, match="no experts"):
+        moe_shape(json.loads(LLAMA_CONFIG.read_text()))

@@ -41,12 +41,12 @@ from tunecache.client.environment import EnvironmentUnavailable, detect_arch, de
 from tunecache.client.http import (
     ArtifactCorrupt,
     NoCompatibleTuning,
-    ServerError,
     ServerUnreachable,
     TunecacheClient,
     TunecacheError,
 )
 from tunecache.client.install import check_file_name, pull_autotune_file
+from tunecache.client.jit_install import BadJitArtifact
 from tunecache.identity import TuningKey
 
 
@@ -90,7 +90,17 @@ QuantOpt = Annotated[str, typer.Option("--quantization", help="vLLM's --quantiza
 TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1, help="tensor-parallel size")]
 GpuNameOpt = Annotated[Optional[str], typer.Option("--gpu-name", help="GPU name (default: the environment's 'gpu')")]
 ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="GPU arch such as sm90 (default: detected)")]
+GemmBackendsOpt = Annotated[
+    Optional[str], typer.Option("--gemm-backends", help="comma-separated FlashInfer GEMM backends (default: per arch)")
+]
+StagesOpt = Annotated[
+    Optional[str], typer.Option("--stages", help="comma-separated tuner stages: deep_gemm,gemm,moe,attention (default: all that apply)")
+]
 DatabaseOpt = Annotated[Optional[str], typer.Option("--database", envvar="TUNECACHE_DATABASE_URL", help="SQLAlchemy database URL")]
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return [part.strip() for part in value.split(",") if part.strip()] if value else None
 
 
 def _key(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: str, quantization: str, tp: int) -> TuningKey:
@@ -196,6 +206,10 @@ def pull(
     quantization: QuantOpt = "auto",
     tensor_parallel_size: TpOpt = 1,
     file_name: Annotated[Optional[str], typer.Option(help="installed file's name (default: from the key)")] = None,
+    jit: Annotated[bool, typer.Option("--jit", help="also install the tuning's FlashInfer JIT modules into this pod's FlashInfer workspace")] = False,
+    jit_workspace: Annotated[
+        Optional[Path], typer.Option(help="install the JIT modules into this FlashInfer workspace directory instead")
+    ] = None,
 ) -> None:
     """Fetch the tuning matching this GPU and environment; install it as a FlashInfer cache file.
 
@@ -219,13 +233,17 @@ def pull(
     key = _key(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization, tensor_parallel_size)
     with _client(server) as client:
         try:
-            installed = pull_autotune_file(client, key, env, dest, file_name)
+            installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit)
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
         except OSError as exc:
-            fail(ExitCode.BAD_INPUT, f"cannot write into {dest}: {exc.strerror}")
+            fail(ExitCode.BAD_INPUT, f"cannot write: {exc}")
+        except BadJitArtifact as exc:
+            fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; the tuning file was not installed")
         except Exception as exc:
             _client_errors(exc)
+    if installed.jit_modules:
+        typer.echo(f"installed {len(installed.jit_modules)} FlashInfer JIT modules into {installed.jit_workspace}", err=True)
     typer.echo(str(installed.path))
 
 
@@ -301,7 +319,8 @@ def tune(
         Optional[str],
         typer.Option("--database", envvar="TUNECACHE_DATABASE_URL", help="store the run in this database directly"),
     ] = None,
-    gemm_backends: Annotated[Optional[str], typer.Option(help="comma-separated FlashInfer GEMM backends (default: per arch)")] = None,
+    gemm_backends: GemmBackendsOpt = None,
+    stages: StagesOpt = None,
     timeout: Annotated[float, typer.Option(min=1, help="seconds before the tuner process is killed")] = 3600.0,
     work_dir: Annotated[Optional[Path], typer.Option(help="keep the tuner's files here (default: a temporary directory)")] = None,
 ) -> None:
@@ -326,7 +345,8 @@ def tune(
         tensor_parallel_size=tensor_parallel_size,
         dtype=dtype,
         quantization=quantization,
-        gemm_backends=[b.strip() for b in gemm_backends.split(",") if b.strip()] if gemm_backends else None,
+        gemm_backends=_csv(gemm_backends),
+        stages=_csv(stages),
     )
     node = socket.gethostname()
     with tempfile.TemporaryDirectory(prefix="tunecache-tune-") as tmp:
@@ -357,6 +377,8 @@ def retune(
     config: Annotated[
         Optional[Path], typer.Option(help="HF config.json (or its directory) to send with the job")
     ] = None,
+    gemm_backends: GemmBackendsOpt = None,
+    stages: StagesOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="follow the job to its end with a progress bar")] = False,
     wait_timeout: Annotated[float, typer.Option(min=0, help="seconds to wait with --wait")] = 7200.0,
     poll: Annotated[float, typer.Option(min=0.05, help="seconds between polls with --wait")] = 2.0,
@@ -372,7 +394,7 @@ def retune(
             fail(ExitCode.BAD_INPUT, f"cannot read model config {path}: {exc}")
     with _client(server) as client:
         try:
-            job = client.create_job(key, hf_config)
+            job = client.create_job(key, hf_config, _csv(gemm_backends), _csv(stages))
             typer.echo(f"job {job['id']}: {job['status']} ({key.model}, {key.gpu_name}, max_num_batched_tokens {key.max_num_batched_tokens})")
             if not wait:
                 return

@@ -20,7 +20,7 @@ def upgrade() -> None:
     sa.Column('key_id', sa.Integer(), nullable=False),
     sa.Column('status', sa.String(length=16), nullable=False),
     sa.Column('hf_config', sa.JSON(), nullable=True),
-    sa.Column('gemm_backends', sa.JSON(), nullable=True),
+    sa.Column('options', sa.JSON(), nullable=True),
     sa.Column('requested_by', sa.String(length=255), nullable=True),
     sa.Column('stage', sa.String(length=64), nullable=True),
     sa.Column('step', sa.Integer(), nullable=True),

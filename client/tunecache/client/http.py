@@ -144,11 +144,18 @@ class TunecacheClient:
         """``POST /v1/tunings`` with a run (see the service's ``TuningRunCreate``); returns the stored run."""
         return self._checked(self._request("POST", "/v1/tunings", json=run)).json()
 
-    def create_job(self, key: TuningKey, hf_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    def create_job(
+        self,
+        key: TuningKey,
+        hf_config: dict[str, Any] | None = None,
+        gemm_backends: list[str] | None = None,
+        stages: list[str] | None = None,
+    ) -> dict[str, Any]:
         """``POST /v1/tuning-jobs``: queue a tuning of ``key`` (or get the one already queued/running)."""
         body: dict[str, Any] = {"key": key.model_dump()}
-        if hf_config is not None:
-            body["hf_config"] = hf_config
+        for name, value in (("hf_config", hf_config), ("gemm_backends", gemm_backends), ("stages", stages)):
+            if value is not None:
+                body[name] = value
         return self._checked(self._request("POST", "/v1/tuning-jobs", json=body)).json()
 
     def get_job(self, job_id: int) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tunecache.client.autotune_file import ARTIFACT_KIND
 from tunecache.client.http import TunecacheClient, TunecacheError
+from tunecache.client.jit_install import JIT_MODULE_KIND, flashinfer_workspace_dir, install_jit_module
 from tunecache.identity import EnvironmentMetadata, TuningKey
 
 
@@ -20,6 +21,8 @@ class InstalledTuning:
     run_id: int
     sha256: str
     entries: int | None
+    jit_modules: tuple[str, ...] = ()
+    jit_workspace: Path | None = None
 
 
 def default_file_name(key: TuningKey) -> str:
@@ -59,21 +62,43 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def pull_autotune_file(
-    client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, dest_dir: Path, file_name: str | None = None
+    client: TunecacheClient,
+    key: TuningKey,
+    environment: EnvironmentMetadata,
+    dest_dir: Path,
+    file_name: str | None = None,
+    jit_workspace: Path | bool | None = None,
 ) -> InstalledTuning:
     """Look up the current tuning, download its FlashInfer file (sha256-verified) and
     install it in ``dest_dir`` for ``flashinfer.autotune(False, cache=PATH)``.
 
+    ``jit_workspace``: also install the run's FlashInfer JIT modules, into this
+    FlashInfer workspace directory, or (``True``) into this pod's
+    (:func:`tunecache.client.jit_install.flashinfer_workspace_dir`). Every artifact is
+    downloaded and verified before anything is written.
+
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
         (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file;
-        ValueError for a ``file_name`` with directory parts.
+        ValueError for a ``file_name`` with directory parts; BadJitArtifact.
     """
     run = client.lookup(key, environment)
     artifact = next((a for a in run["artifacts"] if a["kind"] == ARTIFACT_KIND), None)
     if artifact is None:
         raise TunecacheError(f"tuning run {run['id']} has no {ARTIFACT_KIND} artifact")
     data = client.download_artifact(artifact["sha256"])
+    jit = []
+    if jit_workspace:
+        jit = [client.download_artifact(a["sha256"]) for a in run["artifacts"] if a["kind"] == JIT_MODULE_KIND]
     path = Path(dest_dir) / (check_file_name(file_name) if file_name else default_file_name(key))
+    modules: list[str] = []
+    workspace = None
+    if jit:
+        recorded = (run["summary"].get("flashinfer_jit") or {}).get("workspace_subdir", "")
+        workspace = flashinfer_workspace_dir(recorded) if jit_workspace is True else Path(jit_workspace)
+        modules = [install_jit_module(blob, workspace) for blob in jit]
     write_atomically(path, data)
-    return InstalledTuning(path=path, run_id=run["id"], sha256=artifact["sha256"], entries=run["summary"].get("entries"))
+    return InstalledTuning(
+        path=path, run_id=run["id"], sha256=artifact["sha256"], entries=run["summary"].get("entries"),
+        jit_modules=tuple(modules), jit_workspace=workspace,
+    )

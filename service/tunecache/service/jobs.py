@@ -74,7 +74,7 @@ def enqueue(session: Session, request: TuningJobCreate, requested_by: str | None
         key_id=key_row.id,
         status="queued",
         hf_config=request.hf_config,
-        gemm_backends=request.gemm_backends,
+        options={"gemm_backends": request.gemm_backends, "stages": request.stages},
         requested_by=requested_by,
         attempts=0,
         created_at=utcnow(),
@@ -199,12 +199,12 @@ def get_job(session: Session, job_id: int) -> TuningJobRead | None:
     return None if job is None else _to_read(job)
 
 
-def job_spec_inputs(session: Session, job_id: int) -> tuple[TuningKey, dict[str, Any] | None, list[str] | None]:
-    """What a worker needs to build the tuner spec of a job: key, HF config, GEMM backends."""
+def job_spec_inputs(session: Session, job_id: int) -> tuple[TuningKey, dict[str, Any] | None, dict[str, Any]]:
+    """What a worker needs to build the tuner spec of a job: key, HF config, tuner options."""
     job = session.get(TuningJob, job_id)
     if job is None:
         raise LookupError(f"no tuning job {job_id}")
-    return repository.key_of(job.key), job.hf_config, job.gemm_backends
+    return repository.key_of(job.key), job.hf_config, job.options or {}
 
 
 def list_jobs(session: Session, *, status: str | None = None, limit: int = 50, offset: int = 0) -> TuningJobPage:

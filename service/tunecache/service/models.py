@@ -208,7 +208,8 @@ class TuningJob(Base):
     key_id: Mapped[int] = mapped_column(ForeignKey("tuning_keys.id"))
     status: Mapped[str] = mapped_column(String(16))
     hf_config: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    gemm_backends: Mapped[list[str] | None] = mapped_column(JSON)
+    options: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """Tuner options of the request: ``gemm_backends``, ``stages`` (see ``TuningJobCreate``)."""
     requested_by: Mapped[str | None] = mapped_column(String(255))
     stage: Mapped[str | None] = mapped_column(String(64))
     step: Mapped[int | None] = mapped_column(Integer)

@@ -4,10 +4,9 @@ from repository results, never returned as ORM rows."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import json
-import math
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -178,7 +177,10 @@ class TuningJobCreate(BaseModel):
 
     key: TuningKey
     hf_config: dict[str, Any] | None = None
-    gemm_backends: list[str] | None = Field(default=None, max_length=8)
+    gemm_backends: list[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]] | None = Field(default=None, max_length=8)
+    """FlashInfer GEMM backends to tune (default: the tuner's per-arch choice)."""
+    stages: list[Literal["deep_gemm", "gemm", "moe", "attention"]] | None = Field(default=None, max_length=8)
+    """Run only these tuner stages (default: every stage that applies to the model)."""
 
 
 class TuningJobRead(BaseModel):

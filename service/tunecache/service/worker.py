@@ -131,7 +131,7 @@ class JobWorker:
             job = jobs.claim(session, self.name, self.gpu.gpu_name, self.gpu.arch, self.lease_s, self.max_attempts)
             if job is None:
                 return False
-            key, hf_config, gemm_backends = jobs.job_spec_inputs(session, job.id)
+            key, hf_config, options = jobs.job_spec_inputs(session, job.id)
         log.info("worker %s: running job %d for %s", self.name, job.id, key.model)
         try:
             config = hf_config if hf_config is not None else load_hf_config(key.model)
@@ -146,7 +146,8 @@ class JobWorker:
             tensor_parallel_size=key.tensor_parallel_size,
             dtype=key.dtype,
             quantization=key.quantization,
-            gemm_backends=gemm_backends,
+            gemm_backends=options.get("gemm_backends"),
+            stages=options.get("stages"),
         )
         self._run_job(job.id, spec)
         return True

@@ -1,7 +1,10 @@
 """The tuner's child process: ``python -m tunecache.service.tuner.child SPEC_JSON OUT_DIR``.
 
-Runs every applicable stage inside one ``flashinfer.autotune(True, cache=OUT_DIR/autotune.json)``
-context; FlashInfer writes that file on exit (``AutoTuner.save_configs``). Progress goes
+Runs every applicable stage inside one ``flashinfer.autotune(True, cache=OUT_DIR/autotune.json,
+tuning_buckets=get_hybrid_num_tokens_buckets(max_num_batched_tokens), round_up=True)``
+context, the context vLLM 0.33's kernel_warmup tunes in; FlashInfer writes the file on
+exit (``AutoTuner.save_configs``). Then the JIT modules the stages used are harvested
+(:mod:`tunecache.service.tuner.jit_artifacts`). Progress goes
 to the original stdout as JSON lines (library output is redirected to stderr):
 
     {"event": "started", "gpu_name": "NVIDIA H200", "arch": "sm90", "environment": {...}}
@@ -43,9 +46,11 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
 
     import flashinfer
     from flashinfer.autotuner import _collect_metadata
+    from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
 
-    from tunecache.client.autotune_file import parse_autotune_file
+    from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, parse_autotune_file
     from tunecache.identity import arch_from_capability
+    from tunecache.service.tuner.jit_artifacts import harvest_flashinfer_jit, workspace_layout
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: this node cannot tune (it can still serve lookups)")
@@ -56,9 +61,14 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
     cache = out_dir / AUTOTUNE_FILE
     stages: dict[str, Any] = {}
     started = time.perf_counter()
-    with flashinfer.autotune(True, cache=str(cache)):
+    # As vLLM's kernel_warmup (_run_flashinfer_autotune_dummy_runs): FlashInfer's hybrid
+    # buckets up to max_num_batched_tokens for every op, runtime sizes rounded up.
+    buckets = get_hybrid_num_tokens_buckets(spec.max_num_batched_tokens)
+    with flashinfer.autotune(True, cache=str(cache), tuning_buckets=buckets, round_up=True):
         for stage in STAGES:
             reason = stage.skip_reason(spec, arch)
+            if reason is None and spec.stages is not None and stage.name not in spec.stages:
+                reason = "not requested"
             if reason is not None:
                 stages[stage.name] = {"status": "skipped", "reason": reason}
                 emit({"event": "stage", "stage": stage.name, "status": "skipped", "reason": reason})
@@ -77,6 +87,8 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
     if not cache.is_file():
         raise RuntimeError("FlashInfer wrote no autotune cache file: no stage ran a tunable op")
     parsed = parse_autotune_file(cache.read_bytes(), source=str(cache))
+    jit = harvest_flashinfer_jit(out_dir)
+    emit({"event": "stage", "stage": "harvest", "status": "done", "seconds": 0.0, "modules": [a["module"] for a in jit]})
     return {
         "gpu_name": gpu_name,
         "arch": arch,
@@ -84,6 +96,12 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
         "entries": parsed.entries,
         "tuning_seconds": tuning_seconds,
         "stages": stages,
+        "jit_modules": [a["module"] for a in jit],
+        "flashinfer_jit": workspace_layout(),
+        "artifacts": [
+            {"kind": ARTIFACT_KIND, "name": AUTOTUNE_FILE, "media_type": MEDIA_TYPE, "path": AUTOTUNE_FILE},
+            *({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in jit),
+        ],
     }
 
 

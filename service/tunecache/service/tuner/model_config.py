@@ -116,14 +116,11 @@ def dense_gemm_shapes(config: dict[str, Any], tensor_parallel_size: int = 1) -> 
         raise ModelConfigError("tensor_parallel_size must be >= 1")
     text = _text_config(config)
     hidden = _require(text, "hidden_size")
-    heads = _require(text, "num_attention_heads")
-    kv_heads = text.get("num_key_value_heads") or heads
-    head_dim = text.get("head_dim") or _divide(hidden, heads, "hidden_size / num_attention_heads")
-    heads_per_rank = _divide(heads, tensor_parallel_size, "num_attention_heads")
-    kv_per_rank = max(1, kv_heads // tensor_parallel_size)
+    attention = attention_shape(config, tensor_parallel_size)
+    qo, kv, head_dim = attention.num_qo_heads, attention.num_kv_heads, attention.head_dim
     shapes = [
-        GemmShape("qkv", (heads_per_rank + 2 * kv_per_rank) * head_dim, hidden),
-        GemmShape("o", hidden, heads_per_rank * head_dim),
+        GemmShape("qkv", (qo + 2 * kv) * head_dim, hidden),
+        GemmShape("o", hidden, qo * head_dim),
     ]
     if not is_moe(config):
         intermediate = _divide(_require(text, "intermediate_size"), tensor_parallel_size, "intermediate_size")
@@ -132,3 +129,70 @@ def dense_gemm_shapes(config: dict[str, Any], tensor_parallel_size: int = 1) -> 
     for shape in shapes:
         unique.setdefault((shape.n, shape.k), shape)
     return list(unique.values())
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """One rank's fused-MoE problem (vLLM's ``FusedMoE`` sharding).
+
+    ``experts`` in the model; ``local_experts`` on this rank (experts / ep); ``top_k``
+    experts per token; ``hidden``; ``intermediate`` per rank (moe_intermediate / tp).
+    The fused GEMM1 weight is ``[local_experts, 2 * intermediate, hidden]`` (gate and
+    up), GEMM2 ``[local_experts, hidden, intermediate]``.
+    """
+
+    experts: int
+    local_experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    tp_size: int
+    ep_size: int
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One rank's attention heads (vLLM shards query heads by tp, replicates KV heads past it)."""
+
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def moe_shape(config: dict[str, Any], tensor_parallel_size: int = 1, expert_parallel_size: int = 1) -> MoeShape:
+    """The per-rank fused-MoE shape of a MoE config.
+
+    With expert parallelism (``expert_parallel_size > 1``) vLLM splits the experts and
+    keeps each expert's intermediate whole; otherwise it splits the intermediate by tp.
+
+    Raises:
+        ModelConfigError: not a MoE config, a field is missing, or the split does not divide.
+    """
+    if not is_moe(config):
+        raise ModelConfigError("model config has no experts (num_experts / num_local_experts / n_routed_experts)")
+    text = _text_config(config)
+    experts = _require(text, "num_experts", "num_local_experts", "n_routed_experts")
+    top_k = _require(text, "num_experts_per_tok", "moe_top_k")
+    hidden = _require(text, "hidden_size")
+    intermediate = _require(text, "moe_intermediate_size", "intermediate_size")
+    if expert_parallel_size > 1:
+        local = _divide(experts, expert_parallel_size, "number of experts")
+        per_rank_intermediate = intermediate
+    else:
+        local = experts
+        per_rank_intermediate = _divide(intermediate, tensor_parallel_size, "moe_intermediate_size")
+    return MoeShape(experts, local, top_k, hidden, per_rank_intermediate, tensor_parallel_size, expert_parallel_size)
+
+
+def attention_shape(config: dict[str, Any], tensor_parallel_size: int = 1) -> AttentionShape:
+    """Per-rank query heads, KV heads and head_dim (see :func:`dense_gemm_shapes` for the rules)."""
+    text = _text_config(config)
+    hidden = _require(text, "hidden_size")
+    heads = _require(text, "num_attention_heads")
+    kv_heads = text.get("num_key_value_heads") or heads
+    head_dim = text.get("head_dim") or _divide(hidden, heads, "hidden_size / num_attention_heads")
+    return AttentionShape(
+        num_qo_heads=_divide(heads, tensor_parallel_size, "num_attention_heads"),
+        num_kv_heads=max(1, kv_heads // tensor_parallel_size),
+        head_dim=head_dim,
+    )

@@ -7,6 +7,7 @@ GPU; a CUDA fault or a hang there kills only the child, never the service.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import queue
@@ -20,10 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE
 from tunecache.identity import EnvironmentMetadata, TuningKey
 from tunecache.service.schemas import ArtifactCreate, TuningRunCreate
-from tunecache.service.tuner.child import AUTOTUNE_FILE
 from tunecache.service.tuner.stages import TuneSpec
 
 #: Lines of the child's stderr kept for error reports.
@@ -177,20 +176,25 @@ def run_tuner(
         how = f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
         raise failed(f"tuner process died with {how}")
     summary = result["summary"]
-    autotune = work_dir / AUTOTUNE_FILE
+    artifacts = [
+        (ArtifactCreate(kind=a["kind"], name=a["name"], media_type=a["media_type"], sha256=_sha256(work_dir / a["path"])),
+         work_dir / a["path"])
+        for a in summary["artifacts"]
+    ]
     return TunerResult(
         gpu_name=summary["gpu_name"],
         arch=summary["arch"],
         environment=EnvironmentMetadata.model_validate(summary["environment"]),
-        summary={k: summary[k] for k in ("entries", "tuning_seconds", "stages")},
-        artifacts=[(ArtifactCreate(kind=ARTIFACT_KIND, name="autotune.json", media_type=MEDIA_TYPE,
-                                   sha256=_sha256(autotune)), autotune)],
+        summary={k: summary[k] for k in ("entries", "tuning_seconds", "stages", "jit_modules", "flashinfer_jit")},
+        artifacts=artifacts,
         started_at=started_at,
         finished_at=finished_at,
     )
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

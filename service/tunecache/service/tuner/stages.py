@@ -15,7 +15,14 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tunecache.service.tuner.model_config import GemmShape, checkpoint_quantization, dense_gemm_shapes
+from tunecache.service.tuner.model_config import (
+    GemmShape,
+    attention_shape,
+    checkpoint_quantization,
+    dense_gemm_shapes,
+    is_moe,
+    moe_shape,
+)
 
 #: report(step, total, detail): progress inside a stage (1-based step).
 Report = Callable[[int, int, str], None]
@@ -39,6 +46,11 @@ class TuneSpec(BaseModel):
     quantization: str = "auto"
     gemm_backends: list[str] | None = None
     """Override the per-arch backends (e.g. ``["cublaslt"]`` for a fast run)."""
+    expert_parallel_size: int = Field(default=1, gt=0)
+    page_size: int = Field(default=16, gt=0)
+    """KV-cache page (block) size of the attention warmup; vLLM's default ``block_size``."""
+    stages: list[str] | None = None
+    """Run only these stages (names from :data:`STAGES`); ``None``: every applicable one."""
 
     def resolved_quantization(self) -> str | None:
         """``quantization``, or the checkpoint's when ``"auto"``."""
@@ -114,4 +126,135 @@ class DenseGemmStage:
         return {"op": op, "max_m": m, "calls": calls}
 
 
-STAGES: tuple[Stage, ...] = (DenseGemmStage(),)
+class FusedMoeStage:
+    """FlashInfer's fused MoE (``flashinfer.fused_moe.cutlass_fused_moe``, the cutlass
+    backend vLLM uses on sm90) for the model's experts, bf16.
+
+    Called once with M = ``max_num_batched_tokens`` and ``tune_max_num_tokens =
+    max_num_batched_tokens``: FlashInfer's ``MoERunner.refine_tuning_config`` then
+    profiles the token buckets ``flashinfer.fused_moe.utils.get_hybrid_num_tokens_buckets
+    (max_num_batched_tokens)`` (powers of 2 up to 256, steps of 256 up to 2048, of 512 up
+    to 4096, then powers of 2), the same buckets vLLM's kernel_warmup tunes, because vLLM
+    also passes its ``max_num_batched_tokens`` as ``tune_max_num_tokens``; a runtime token
+    count maps to its bucket with ``make_hybrid_bucket_mapper``. The first call builds
+    the JIT module ``fused_moe_90`` (cutlass, long: see the README).
+    """
+
+    name = "moe"
+
+    def skip_reason(self, spec: TuneSpec, arch: str) -> str | None:
+        if not is_moe(spec.hf_config):
+            return "dense model (no experts)"
+        if arch != "sm90":
+            return f"the fused-MoE stage covers sm90 only, not {arch}"
+        quant = spec.resolved_quantization()
+        if quant is not None:
+            return f"fused-MoE tuning for {quant} checkpoints is not implemented (bf16 only)"
+        return None
+
+    def run(self, spec: TuneSpec, arch: str, report: Report) -> dict[str, Any]:
+        import torch
+
+        from flashinfer.fused_moe import cutlass_fused_moe
+
+        shape = moe_shape(spec.hf_config, spec.tensor_parallel_size, spec.expert_parallel_size)
+        m = spec.max_num_batched_tokens
+        x = torch.randn(m, shape.hidden, device="cuda", dtype=torch.bfloat16)
+        # ranks route to experts anywhere; scales normalized like a softmax top-k
+        experts = torch.stack(
+            [torch.randperm(shape.experts, device="cuda")[: shape.top_k] for _ in range(min(m, 64))]
+        ).repeat((m + 63) // 64, 1)[:m].to(torch.int32)
+        scales = torch.softmax(torch.randn(m, shape.top_k, device="cuda"), dim=-1)
+        w1 = torch.randn(shape.local_experts, 2 * shape.intermediate, shape.hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+        w2 = torch.randn(shape.local_experts, shape.hidden, shape.intermediate, device="cuda", dtype=torch.bfloat16) * 0.02
+        started = time.perf_counter()
+        cutlass_fused_moe(
+            x, experts, scales, w1, w2, torch.bfloat16, quant_scales=[],
+            tp_size=shape.tp_size, tp_rank=0, ep_size=shape.ep_size, ep_rank=0,
+            tune_max_num_tokens=m,
+        )
+        torch.cuda.synchronize()
+        report(1, 1, f"cutlass_fused_moe E={shape.experts} top_k={shape.top_k} H={shape.hidden} I={shape.intermediate}")
+        return {"op": "cutlass_fused_moe", "max_m": m, "seconds": round(time.perf_counter() - started, 3),
+                "experts": shape.experts, "local_experts": shape.local_experts, "top_k": shape.top_k,
+                "hidden": shape.hidden, "intermediate": shape.intermediate}
+
+
+class AttentionWarmupStage:
+    """FlashInfer's paged-KV prefill and decode wrappers planned and run once for the
+    model's per-rank heads, KV heads, head_dim, page size and dtype (bf16), so the JIT
+    modules they need are built (as vLLM's FlashInfer attention warmup does). Nothing here
+    is autotuned; what it leaves behind is compiled code (harvested as JIT artifacts).
+
+    Decode uses tensor cores when the GQA group exceeds 4 query heads per KV head,
+    the rule of vLLM's FlashInfer backend (``use_tensor_cores``).
+    """
+
+    name = "attention"
+
+    def skip_reason(self, spec: TuneSpec, arch: str) -> str | None:
+        return None
+
+    def run(self, spec: TuneSpec, arch: str, report: Report) -> dict[str, Any]:
+        import torch
+
+        import flashinfer
+
+        shape = attention_shape(spec.hf_config, spec.tensor_parallel_size)
+        page, dtype = spec.page_size, torch.bfloat16
+        workspace = torch.zeros(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+        batch, kv_len = 4, 1024
+        pages_per_seq = (kv_len + page - 1) // page
+        kv_cache = torch.randn(batch * pages_per_seq, 2, page, shape.num_kv_heads, shape.head_dim, device="cuda", dtype=dtype)
+        kv_indptr = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * pages_per_seq
+        kv_indices = torch.arange(batch * pages_per_seq, device="cuda", dtype=torch.int32)
+        last_page_len = torch.full((batch,), (kv_len - 1) % page + 1, device="cuda", dtype=torch.int32)
+
+        started = time.perf_counter()
+        prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        qo_len = 256
+        qo_indptr = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * qo_len
+        prefill.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, shape.num_qo_heads, shape.num_kv_heads,
+                     shape.head_dim, page, causal=True, q_data_type=dtype, kv_data_type=dtype)
+        prefill.run(torch.randn(batch * qo_len, shape.num_qo_heads, shape.head_dim, device="cuda", dtype=dtype), kv_cache)
+        torch.cuda.synchronize()
+        report(1, 2, f"prefill qo_heads={shape.num_qo_heads} kv_heads={shape.num_kv_heads} head_dim={shape.head_dim}")
+
+        tensor_cores = shape.num_qo_heads // shape.num_kv_heads > 4
+        decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
+        decode.plan(kv_indptr, kv_indices, last_page_len, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim,
+                    page, q_data_type=dtype, kv_data_type=dtype)
+        decode.run(torch.randn(batch, shape.num_qo_heads, shape.head_dim, device="cuda", dtype=dtype), kv_cache)
+        torch.cuda.synchronize()
+        report(2, 2, f"decode use_tensor_cores={tensor_cores}")
+        return {"page_size": page, "num_qo_heads": shape.num_qo_heads, "num_kv_heads": shape.num_kv_heads,
+                "head_dim": shape.head_dim, "decode_tensor_cores": tensor_cores,
+                "seconds": round(time.perf_counter() - started, 3)}
+
+
+class DeepGemmStage:
+    """DeepGEMM's JIT warmup for fp8 block-scaled checkpoints, where ``deep_gemm`` imports.
+
+    Not available on this project's H200 machine: the published ``deep_gemm`` build
+    (sgl-deep-gemm 0.2.5) fails to load against torch 2.11, so the stage reports itself
+    skipped with that import error. Its JIT cache (``DG_JIT_CACHE_DIR``) would be
+    harvested like FlashInfer's.
+    """
+
+    name = "deep_gemm"
+
+    def skip_reason(self, spec: TuneSpec, arch: str) -> str | None:
+        if spec.resolved_quantization() != "fp8":
+            return "DeepGEMM warmup applies to fp8 (block-scaled) checkpoints only"
+        try:
+            import deep_gemm  # noqa: F401
+        except Exception as exc:  # ImportError, or an ABI mismatch raising OSError/RuntimeError
+            return f"deep_gemm is not importable: {type(exc).__name__}: {exc}"
+        return "DeepGEMM warmup is not implemented yet (deep_gemm could not be run on the test hardware)"
+
+    def run(self, spec: TuneSpec, arch: str, report: Report) -> dict[str, Any]:
+        raise AssertionError("skip_reason() never lets this stage run")
+
+
+#: In vLLM's kernel_warmup order: DeepGEMM, FlashInfer autotune (GEMM, MoE), attention.
+STAGES: tuple[Stage, ...] = (DeepGemmStage(), DenseGemmStage(), FusedMoeStage(), AttentionWarmupStage())

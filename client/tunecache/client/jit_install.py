@@ -1,0 +1,90 @@
+"""Install FlashInfer JIT modules fetched from tunecache into the pod's FlashInfer workspace.
+
+Each artifact is one module's tarball (see ``tunecache.service.tuner.jit_artifacts``):
+``cached_ops/<module>/...`` and ``generated/<module>/...`` relative to the workspace
+``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/<archs>``. FlashInfer then
+finds the built ``.so`` and ninja finds nothing to rebuild, provided the pod's
+workspace, FlashInfer and CUDA paths equal the tuning node's (same image).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import uuid
+from pathlib import Path, PurePosixPath
+
+
+#: Artifact kind of one FlashInfer JIT module tarball (written by the tuner's harvest).
+JIT_MODULE_KIND = "flashinfer_jit_module"
+
+
+class BadJitArtifact(ValueError):
+    """A JIT tarball with paths outside one module's directories, links, or special files."""
+
+
+def flashinfer_workspace_dir(recorded_subdir: str) -> Path:
+    """This pod's FlashInfer JIT workspace.
+
+    With FlashInfer importable: ``flashinfer.jit.env.FLASHINFER_WORKSPACE_DIR`` (exact).
+    Without: ``$FLASHINFER_WORKSPACE_BASE`` (default ``$HOME``) ``/.cache/flashinfer/`` +
+    the tuning node's ``<version>/<archs>`` (``recorded_subdir``), as
+    ``flashinfer/jit/env.py`` composes it.
+    """
+    try:
+        from flashinfer.jit import env as jit_env
+
+        return Path(jit_env.FLASHINFER_WORKSPACE_DIR)
+    except ImportError:
+        base = os.environ.get("FLASHINFER_WORKSPACE_BASE", str(Path.home()))
+        return Path(base) / ".cache" / "flashinfer" / recorded_subdir
+
+
+def _module_of(tar: tarfile.TarFile) -> str:
+    modules = set()
+    for member in tar.getmembers():
+        path = PurePosixPath(member.name)
+        if path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
+            raise BadJitArtifact(f"unsafe path in JIT artifact: {member.name!r}")
+        if path.parts[0] not in ("cached_ops", "generated"):
+            raise BadJitArtifact(f"unexpected top-level directory in JIT artifact: {member.name!r}")
+        if not (member.isfile() or member.isdir()):
+            raise BadJitArtifact(f"JIT artifact holds a link or special file: {member.name!r}")
+        modules.add(path.parts[1])
+    if len(modules) != 1:
+        raise BadJitArtifact(f"a JIT artifact must hold exactly one module, found {sorted(modules)}")
+    return modules.pop()
+
+
+def install_jit_module(data: bytes, workspace: Path) -> str:
+    """Unpack one module's tarball into ``workspace``; returns the module name.
+
+    The module's directories are unpacked beside their targets and renamed into place,
+    so FlashInfer never sees half a module; files keep their modification times.
+
+    Raises:
+        BadJitArtifact: the tarball is not one module's files.
+    """
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        module = _module_of(tar)
+        workspace.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=workspace))
+        try:
+            tar.extractall(staging, filter="data")
+            for top in ("cached_ops", "generated"):
+                unpacked = staging / top / module
+                if not unpacked.is_dir():
+                    continue
+                target = workspace / top / module
+                target.parent.mkdir(parents=True, exist_ok=True)
+                old = target.with_name(f".{module}.old-{uuid.uuid4().hex[:8]}")
+                if target.exists():
+                    target.rename(old)
+                unpacked.rename(target)
+                shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return module

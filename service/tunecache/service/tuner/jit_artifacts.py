@@ -1,0 +1,109 @@
+"""Harvest FlashInfer's JIT-built modules as artifacts, one deterministic tarball each.
+
+FlashInfer builds a module with nvcc/ninja into its workspace
+(``flashinfer.jit.env.FLASHINFER_WORKSPACE_DIR`` =
+``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/<archs>``): the sources it
+generates under ``generated/<module>/`` and the objects, ``build.ninja``, ninja's logs
+and ``<module>.so`` under ``cached_ops/<module>/``. On every later use FlashInfer runs
+ninja on that directory (``JitSpecNvcc.build``), which does nothing when every output
+is newer than its inputs and the commands are unchanged. So a module is shipped whole,
+with its files' modification times, and is valid for pods whose FlashInfer workspace
+path, FlashInfer install path and CUDA toolkit path equal the tuning node's (the same
+container image and ``FLASHINFER_WORKSPACE_BASE``).
+
+Which modules: those this process compiled or loaded (``flashinfer.jit.core.jit_spec_registry``),
+so a node's cache of other models' modules is not shipped with this key.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+
+from tunecache.client.jit_install import JIT_MODULE_KIND
+
+JIT_MEDIA_TYPE = "application/gzip"
+
+
+def _add_tree(tar: tarfile.TarFile, root: Path, relative: str) -> None:
+    base = root / relative
+    for path in sorted([base, *base.rglob("*")]):
+        if path.is_symlink() or path.suffix == ".lock":
+            continue
+        info = tar.gettarinfo(str(path), arcname=str(path.relative_to(root)))
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        if path.is_file():
+            with path.open("rb") as f:
+                tar.addfile(info, f)
+        elif path.is_dir():
+            tar.addfile(info)
+
+
+def module_tarball(workspace: Path, module: str) -> bytes:
+    """``cached_ops/<module>/`` and ``generated/<module>/`` (when present) of a FlashInfer
+    workspace as gzip'd tar bytes; paths are relative to the workspace, modification times
+    kept (ninja decides freshness by them), owners cleared, entries sorted, gzip header
+    time 0, so the same files give the same bytes (and sha256)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add_tree(tar, workspace, f"cached_ops/{module}")
+        if (workspace / "generated" / module).is_dir():
+            _add_tree(tar, workspace, f"generated/{module}")
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
+
+
+def used_jit_modules(workspace: Path) -> list[str]:
+    """Names of the nvcc JIT modules this process registered whose ``.so`` exists in
+    ``workspace/cached_ops`` (AOT modules shipped inside FlashInfer's wheel are skipped)."""
+    from flashinfer.jit.core import jit_spec_registry
+
+    names = []
+    for status in jit_spec_registry.get_all_statuses():
+        library = workspace / "cached_ops" / status.name / f"{status.name}.so"
+        if library.is_file():
+            names.append(status.name)
+    return sorted(names)
+
+
+def harvest_flashinfer_jit(out_dir: Path) -> list[dict[str, Any]]:
+    """Write one tarball per used JIT module under ``out_dir/jit/``.
+
+    Returns artifact descriptions ``{"kind", "name", "media_type", "path", "module"}``
+    (``path`` relative to ``out_dir``).
+    """
+    from flashinfer.jit import env as jit_env
+
+    workspace = Path(jit_env.FLASHINFER_WORKSPACE_DIR)
+    target = out_dir / "jit"
+    target.mkdir(parents=True, exist_ok=True)
+    artifacts = []
+    for module in used_jit_modules(workspace):
+        (target / f"{module}.tar.gz").write_bytes(module_tarball(workspace, module))
+        artifacts.append({
+            "kind": JIT_MODULE_KIND,
+            "name": f"flashinfer-jit/{module}.tar.gz",
+            "media_type": JIT_MEDIA_TYPE,
+            "path": f"jit/{module}.tar.gz",
+            "module": module,
+        })
+    return artifacts
+
+
+def workspace_layout() -> dict[str, str]:
+    """Where this process's FlashInfer keeps JIT modules: the workspace base
+    (``FLASHINFER_WORKSPACE_BASE``, default ``$HOME``) and the directory under
+    ``<base>/.cache/flashinfer/`` (``<version>/<archs>``, e.g. ``0.7.4/90a``)."""
+    from flashinfer.jit import env as jit_env
+
+    return {
+        "workspace_base": str(jit_env.FLASHINFER_BASE_DIR),
+        "workspace_subdir": str(Path(jit_env.FLASHINFER_WORKSPACE_DIR).relative_to(jit_env.FLASHINFER_CACHE_DIR)),
+    }
