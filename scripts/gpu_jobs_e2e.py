@@ -118,11 +118,17 @@ def phase_warm(args, work: Path, out: Path, env: dict[str, str]) -> None:
         pull_s, pulled = run_logged(
             cli("pull", "--server", server.url, "--model", args.model, "--max-num-batched-tokens",
                 str(args.max_num_batched_tokens), "--dest", str(work / "pod"), "--jit"), out / "warm.log", env)
-    installed = pulled.stdout.strip().splitlines()[-1]
-    _, verified = run_logged(verify_command(args) + ["--cache", installed], out / "warm.log", env)
-    result = json.loads(verified.stdout.strip().splitlines()[-1]) | {"pull_install_s": round(pull_s, 2)}
-    (out / "warm.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=1))
+        installed = pulled.stdout.strip().splitlines()[-1]
+        _, verified = run_logged(verify_command(args) + ["--cache", installed], out / "warm.log", env)
+        result = json.loads(verified.stdout.strip().splitlines()[-1]) | {"pull_install_s": round(pull_s, 2)}
+        (out / "warm.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=1))
+        shutil.rmtree(work / "fi", ignore_errors=True)  # again empty, for the Python API pod
+        _, verified = run_logged(verify_command(args) + ["--api", server.url, "--model", args.model, "--work", str(work)],
+                                 out / "api.log", env)
+    api = json.loads(verified.stdout.strip().splitlines()[-1])
+    (out / "api.json").write_text(json.dumps(api, indent=2))
+    print(json.dumps(api, indent=1))
 
 
 def phase_cold(args, work: Path, out: Path, env: dict[str, str]) -> None:
@@ -177,7 +183,18 @@ def verify(args) -> None:
 
     timings = {}
     t = time.perf_counter()
-    if args.cold:  # what a pod without tunecache does: tune (vLLM's context) then run
+    if args.api:  # only the client's Python API: install + AutoTuner.load_configs, no autotune context
+        from tunecache.client.api import install_tuning
+
+        loaded = install_tuning(args.api, args.model, args.max_num_batched_tokens, args.work + "/pod-api", jit=True)
+        timings["api_install_s"] = round(time.perf_counter() - t, 3)
+        timings["api_loaded"] = loaded.loaded
+        timings["api_jit_modules"] = len(loaded.installed.jit_modules)
+        before = snapshot(cached_ops)  # after the install: count only what this process rebuilds
+        t = time.perf_counter()
+        gemms(VERIFY_TOKENS)
+        timings["tune_s"] = 0.0
+    elif args.cold:  # what a pod without tunecache does: tune (vLLM's context) then run
         buckets = get_hybrid_num_tokens_buckets(args.max_num_batched_tokens)
         with flashinfer.autotune(True, tuning_buckets=buckets, round_up=True):
             gemms([args.max_num_batched_tokens])
@@ -193,16 +210,16 @@ def verify(args) -> None:
     AttentionWarmupStage().run(spec, "sm90", lambda *a: None)  # builds (cold) or loads (warm) the JIT modules
     timings["attention_first_call_s"] = round(time.perf_counter() - t, 3)
     after = snapshot(cached_ops)
-    rebuilt = sorted({Path(p).relative_to(cached_ops).parts[0] for p, m in after.items() if before.get(p) != m})
+    rebuilt = sorted({Path(p).relative_to(cached_ops).parts[0] for p, m in after.items() if before.get(p) != m} - {"tmp"})
     print(json.dumps({
-        "mode": "cold" if args.cold else "warm",
+        "mode": "api" if args.api else "cold" if args.cold else "warm",
         "gpu": torch.cuda.get_device_name(0),
         "import_s": round(import_s, 3),
         **timings,
         "first_forward_total_s": round(time.perf_counter() - started_process, 3),
         "cache_misses": AutoTuner.get().stats.cache_misses,
         "jit_modules_built_here": rebuilt,
-        "jit_modules_present": sorted(p.name for p in cached_ops.iterdir()) if cached_ops.is_dir() else [],
+        "jit_modules_present": sorted(p.name for p in cached_ops.iterdir() if p.name != "tmp") if cached_ops.is_dir() else [],
     }))
 
 
@@ -240,6 +257,7 @@ def main() -> None:
     parser.add_argument("--out", default="results")
     parser.add_argument("--cache", default=None, help="verify: installed FlashInfer file")
     parser.add_argument("--cold", action="store_true", help="verify: tune and compile here")
+    parser.add_argument("--api", default=None, metavar="URL", help="verify: install with tunecache.client.api from URL")
     args = parser.parse_args()
     if args.phase == "verify":
         verify(args)

@@ -25,8 +25,12 @@ def fake_workspace(root, module="batch_prefill_bf16_h128"):
     gen.mkdir(parents=True)
     (gen / "prefill.cu").write_text("// generated source\n")
     for path in [*ops.iterdir(), *gen.iterdir()]:
-        os.utime(path, (1_700_000_000, 1_700_000_000))
+        os.utime(path, ns=(MTIME_NS, MTIME_NS))
     return root
+
+
+#: A time a float cannot hold to the nanosecond (ninja compares nanoseconds).
+MTIME_NS = 1_700_000_000_123_456_789
 
 
 def test_tarball_is_deterministic_and_install_keeps_mtimes(tmp_path):
@@ -37,7 +41,7 @@ def test_tarball_is_deterministic_and_install_keeps_mtimes(tmp_path):
     assert install_jit_module(data, pod) == "batch_prefill_bf16_h128"
     so = pod / "cached_ops" / "batch_prefill_bf16_h128" / "batch_prefill_bf16_h128.so"
     assert so.read_bytes() == b"\x7fELF fake module"
-    assert so.stat().st_mtime == 1_700_000_000  # ninja compares these
+    assert so.stat().st_mtime_ns == MTIME_NS  # exact: ninja rebuilds on any difference
     assert (pod / "generated" / "batch_prefill_bf16_h128" / "prefill.cu").is_file()
     assert not (pod / "cached_ops" / "batch_prefill_bf16_h128" / "batch_prefill_bf16_h128.lock").exists()
     assert [p.name for p in pod.iterdir() if p.name.startswith(".")] == []  # no staging left behind

@@ -20,6 +20,8 @@ from pathlib import Path, PurePosixPath
 
 #: Artifact kind of one FlashInfer JIT module tarball (written by the tuner's harvest).
 JIT_MODULE_KIND = "flashinfer_jit_module"
+#: pax header holding an entry's exact modification time in nanoseconds.
+MTIME_NS_HEADER = "TUNECACHE.mtime_ns"
 
 
 class BadJitArtifact(ValueError):
@@ -63,7 +65,8 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
     """Unpack one module's tarball into ``workspace``; returns the module name.
 
     The module's directories are unpacked beside their targets and renamed into place,
-    so FlashInfer never sees half a module; files keep their modification times.
+    so FlashInfer never sees half a module; files keep their modification times to the
+    nanosecond, as ninja compares them (a rounded time makes ninja rebuild the module).
 
     Raises:
         BadJitArtifact: the tarball is not one module's files.
@@ -74,6 +77,11 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
         staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=workspace))
         try:
             tar.extractall(staging, filter="data")
+            # Exact times, deepest entries first so a directory's own time is set last.
+            for member in sorted(tar.getmembers(), key=lambda m: m.name, reverse=True):
+                if MTIME_NS_HEADER in member.pax_headers:
+                    ns = int(member.pax_headers[MTIME_NS_HEADER])
+                    os.utime(staging / member.name, ns=(ns, ns))
             for top in ("cached_ops", "generated"):
                 unpacked = staging / top / module
                 if not unpacked.is_dir():

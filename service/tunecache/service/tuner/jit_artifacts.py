@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 
-from tunecache.client.jit_install import JIT_MODULE_KIND
+from tunecache.client.jit_install import JIT_MODULE_KIND, MTIME_NS_HEADER
 
 JIT_MEDIA_TYPE = "application/gzip"
 
@@ -37,6 +37,8 @@ def _add_tree(tar: tarfile.TarFile, root: Path, relative: str) -> None:
         info = tar.gettarinfo(str(path), arcname=str(path.relative_to(root)))
         info.uid = info.gid = 0
         info.uname = info.gname = ""
+        # ninja compares nanosecond times; tar's own mtime is a float that loses them
+        info.pax_headers = {MTIME_NS_HEADER: str(path.stat().st_mtime_ns)}
         if path.is_file():
             with path.open("rb") as f:
                 tar.addfile(info, f)
@@ -47,7 +49,8 @@ def _add_tree(tar: tarfile.TarFile, root: Path, relative: str) -> None:
 def module_tarball(workspace: Path, module: str) -> bytes:
     """``cached_ops/<module>/`` and ``generated/<module>/`` (when present) of a FlashInfer
     workspace as gzip'd tar bytes; paths are relative to the workspace, modification times
-    kept (ninja decides freshness by them), owners cleared, entries sorted, gzip header
+    kept to the nanosecond (ninja decides freshness by them; a pax header per entry, since
+    tar's own field is a float), owners cleared, entries sorted, gzip header
     time 0, so the same files give the same bytes (and sha256)."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:

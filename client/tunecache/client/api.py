@@ -1,0 +1,70 @@
+"""Python API for pods: fetch the matching tuning, install it, and load it into FlashInfer.
+
+    from tunecache.client.api import install_tuning
+    installed = install_tuning("http://tunecache:8321", "Qwen/Qwen3-30B-A3B", 8192, "/var/cache/tunecache")
+    # FlashInfer now has the tactics (AutoTuner.load_configs) and, with jit=True, the JIT modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunecache.client.environment import detect_arch, detect_environment
+from tunecache.client.http import TunecacheClient
+from tunecache.client.install import InstalledTuning, pull_autotune_file
+from tunecache.identity import TuningKey
+
+
+@dataclass(frozen=True)
+class LoadedTuning:
+    installed: InstalledTuning
+    loaded: bool
+    """What ``AutoTuner.get().load_configs`` returned: False means FlashInfer rejected the
+    file's environment (it then tunes or uses its heuristics as without tunecache)."""
+
+
+def install_tuning(
+    server: str,
+    model: str,
+    max_num_batched_tokens: int,
+    dest_dir: str | Path,
+    *,
+    tensor_parallel_size: int = 1,
+    dtype: str = "auto",
+    quantization: str = "auto",
+    jit: bool = True,
+    load: bool = True,
+) -> LoadedTuning:
+    """Install the tuning for this process's GPU and FlashInfer environment, then load it.
+
+    The environment comes from ``flashinfer.autotuner._collect_metadata`` and the GPU from
+    torch (``detect_arch``), so FlashInfer and a CUDA device must be present. The
+    FlashInfer cache file goes into ``dest_dir``; with ``jit`` the run's JIT modules go
+    into this process's FlashInfer workspace; with ``load`` the file is loaded with
+    ``flashinfer.autotuner.AutoTuner.get().load_configs(path)`` (FlashInfer 0.7), so calls
+    made afterwards in this process find their tactics without an ``autotune`` context.
+
+    Raises:
+        EnvironmentUnavailable (``tunecache.client.environment``): FlashInfer not importable.
+        NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
+        (``tunecache.client.http``), BadJitArtifact (``tunecache.client.jit_install``).
+    """
+    environment = detect_environment()
+    key = TuningKey(
+        gpu_name=environment.gpu,
+        arch=detect_arch(environment.gpu),
+        model=model,
+        max_num_batched_tokens=max_num_batched_tokens,
+        dtype=dtype,
+        quantization=quantization,
+        tensor_parallel_size=tensor_parallel_size,
+    )
+    with TunecacheClient(server) as client:
+        installed = pull_autotune_file(client, key, environment, Path(dest_dir), jit_workspace=True if jit else None)
+    loaded = False
+    if load:
+        from flashinfer.autotuner import AutoTuner
+
+        loaded = AutoTuner.get().load_configs(str(installed.path))
+    return LoadedTuning(installed=installed, loaded=loaded)
