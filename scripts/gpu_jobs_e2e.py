@@ -224,7 +224,7 @@ def verify(args) -> None:
 
 
 def report(out: Path) -> None:
-    tune, warm, cold = (json.loads((out / f"{n}.json").read_text()) for n in ("tune", "warm", "cold"))
+    tune, warm, cold, api = (json.loads((out / f"{n}.json").read_text()) for n in ("tune", "warm", "cold", "api"))
     stages = tune["run"]["summary"]["stages"]
     rows = [
         ("GPU", warm["gpu"]),
@@ -233,7 +233,9 @@ def report(out: Path) -> None:
         ("  entries / JIT modules stored", f"{tune['run']['summary']['entries']} / {len(tune['run']['summary']['jit_modules'])}"),
         ("pull + install (tactics + JIT modules), fresh process", f"{warm['pull_install_s']:.2f} s"),
         ("compile: JIT modules built in the pod, cold / warm",
-         f"{len(cold['jit_modules_built_here'])} / {len(warm['jit_modules_built_here'])}"),
+         "{} / {}".format(*(len(set(r["jit_modules_built_here"]) - {"tmp"}) for r in (cold, warm)))),
+        ("Python API pod (install_tuning): loaded / JIT modules / rebuilt / misses",
+         f"{api['api_loaded']} / {api['api_jit_modules']} / {len(api['jit_modules_built_here'])} / {api['cache_misses']}"),
         ("compile: first attention call, cold / warm", f"{cold['attention_first_call_s']:.2f} s / {warm['attention_first_call_s']:.2f} s"),
         ("tune: GEMM autotuning in the pod, cold / warm", f"{cold['tune_s']:.2f} s / {warm['tune_s']:.2f} s"),
         ("first GEMM pass, cold (after tuning) / warm", f"{cold['gemm_first_pass_s']:.2f} s / {warm['gemm_first_pass_s']:.2f} s"),
