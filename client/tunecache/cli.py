@@ -321,6 +321,7 @@ def tune(
     ] = None,
     gemm_backends: GemmBackendsOpt = None,
     stages: StagesOpt = None,
+    runner: Annotated[str, typer.Option(help="'native' (tunecache's stages) or 'vllm' (vLLM's own kernel_warmup; needs vllm and tp > 1)")] = "native",
     timeout: Annotated[float, typer.Option(min=1, help="seconds before the tuner process is killed")] = 3600.0,
     work_dir: Annotated[Optional[Path], typer.Option(help="keep the tuner's files here (default: a temporary directory)")] = None,
 ) -> None:
@@ -330,6 +331,8 @@ def tune(
     from tunecache.service.tuner.runner import TunerFailed, run_tuner
     from tunecache.service.tuner.stages import TuneSpec
 
+    if runner not in ("native", "vllm"):
+        fail(ExitCode.USAGE, "--runner must be 'native' or 'vllm'")
     if server is not None:
         database = None  # --server wins over TUNECACHE_DATABASE_URL
     elif database is None:
@@ -347,6 +350,7 @@ def tune(
         quantization=quantization,
         gemm_backends=_csv(gemm_backends),
         stages=_csv(stages),
+        runner=runner,
     )
     node = socket.gethostname()
     with tempfile.TemporaryDirectory(prefix="tunecache-tune-") as tmp:

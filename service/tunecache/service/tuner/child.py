@@ -58,6 +58,8 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
     arch = arch_from_capability(*torch.cuda.get_device_capability(0))
     emit({"event": "started", "gpu_name": gpu_name, "arch": arch, "environment": _collect_metadata()})
 
+    if spec.runner == "vllm":
+        return run_vllm(spec, out_dir, emit, gpu_name, arch)
     cache = out_dir / AUTOTUNE_FILE
     stages: dict[str, Any] = {}
     started = time.perf_counter()
@@ -101,6 +103,35 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
         "artifacts": [
             {"kind": ARTIFACT_KIND, "name": AUTOTUNE_FILE, "media_type": MEDIA_TYPE, "path": AUTOTUNE_FILE},
             *({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in jit),
+        ],
+    }
+
+
+def run_vllm(spec: TuneSpec, out_dir: Path, emit, gpu_name: str, arch: str) -> dict[str, Any]:
+    """The ``vllm`` runner: vLLM's kernel_warmup in its own process, then its caches harvested."""
+    from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, parse_autotune_file
+    from tunecache.service.tuner.vllm_runner import run_vllm_warmup
+
+    emit({"event": "stage", "stage": "vllm", "status": "running"})
+    started = time.perf_counter()
+    harvested = run_vllm_warmup(spec, out_dir / "vllm-scratch", out_dir)
+    seconds = round(time.perf_counter() - started, 3)
+    emit({"event": "stage", "stage": "vllm", "status": "done", "seconds": seconds})
+    cache = out_dir / AUTOTUNE_FILE
+    cache.write_bytes(harvested["autotune_file"].read_bytes())
+    parsed = parse_autotune_file(cache.read_bytes(), source=str(cache))
+    return {
+        "gpu_name": gpu_name,
+        "arch": arch,
+        "environment": parsed.environment.model_dump(),
+        "entries": parsed.entries,
+        "tuning_seconds": seconds,
+        "stages": {"vllm": {"status": "done", "seconds": seconds, "ranks": harvested["ranks"]}},
+        "jit_modules": [],
+        "flashinfer_jit": {},
+        "artifacts": [
+            {"kind": ARTIFACT_KIND, "name": AUTOTUNE_FILE, "media_type": MEDIA_TYPE, "path": AUTOTUNE_FILE},
+            *harvested["artifacts"],
         ],
     }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,6 +51,9 @@ class TuneSpec(BaseModel):
     """KV-cache page (block) size of the attention warmup; vLLM's default ``block_size``."""
     stages: list[str] | None = None
     """Run only these stages (names from :data:`STAGES`); ``None``: every applicable one."""
+    runner: Literal["native", "vllm"] = "native"
+    """``native``: tunecache's stages; ``vllm``: vLLM's own kernel_warmup
+    (:mod:`tunecache.service.tuner.vllm_runner`), where vllm is installed."""
 
     def resolved_quantization(self) -> str | None:
         """``quantization``, or the checkpoint's when ``"auto"``."""

@@ -1,0 +1,157 @@
+"""The reference sequence: vLLM itself warms up the model, tunecache harvests what it wrote.
+
+When vllm is installed on the node, the child starts vLLM for the model with
+``load_format="dummy"`` (shapes from the config, random weights), the key's
+``max_num_batched_tokens`` and parallel sizes, and every cache vLLM writes pointed into
+a scratch directory. vLLM's own ``kernel_warmup`` (``vllm/model_executor/warmup/
+kernel_warmup.py``: DeepGEMM warmup, FlashInfer autotune, FlashInfer attention warmup)
+then runs and saves:
+
+* per-rank FlashInfer v1 files ``<VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR>/<hash>/
+  autotune_configs_dp{dp}_rank{rank}.json`` (``flashinfer_autotune_cache.py``:
+  ``flashinfer_autotune_root``, ``flashinfer_autotune_filename``; with the override set,
+  vLLM puts ``<hash>`` directly under it), for multi-rank runs;
+* FlashInfer's v2 store ``<VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR>/v2/<env_hash>/`` for
+  single-rank runs (``use_flashinfer_autotune_v2``);
+* DeepGEMM's JIT cache in ``DG_JIT_CACHE_DIR`` (vLLM sets it to
+  ``$VLLM_CACHE_ROOT/deep_gemm`` only when unset: ``vllm/utils/deep_gemm.py::_lazy_init``).
+
+The native stages (:mod:`tunecache.service.tuner.stages`) are what runs on nodes without vLLM.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from tunecache.service.tuner.stages import TuneSpec
+
+#: Artifact kinds the vLLM runner adds beside ``flashinfer_autotune_v1``.
+VLLM_RANK_FILE_KIND = "vllm_flashinfer_autotune_v1"
+V2_STORE_KIND = "flashinfer_autotune_v2_store"
+DEEP_GEMM_KIND = "deep_gemm_jit_cache"
+
+_RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
+
+#: What the vLLM process runs: build the engine (its kernel_warmup runs inside), then exit.
+_SCRIPT = """
+import json, sys
+from vllm import LLM
+args = json.loads(sys.argv[1])
+LLM(**args)
+print("tunecache: vLLM engine built, kernel_warmup done", flush=True)
+"""
+
+
+def vllm_unavailable_reason() -> str | None:
+    """``None`` when vllm imports here, else why not."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # ImportError, or a torch mismatch raising something else
+        return f"vllm is not importable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment additions that run vLLM's warmup for ``spec``.
+
+    ``scratch`` receives ``model/config.json`` (the spec's HF config, so no hub access),
+    ``vllm-cache/`` (``VLLM_CACHE_ROOT``), ``flashinfer-autotune/``
+    (``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``) and ``deep_gemm/`` (``DG_JIT_CACHE_DIR``).
+    The model is loaded with ``load_format="dummy"`` and ``skip_tokenizer_init=True``.
+    """
+    model_dir = scratch / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(spec.hf_config))
+    llm_args: dict[str, Any] = {
+        "model": str(model_dir),
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "max_num_batched_tokens": spec.max_num_batched_tokens,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "enable_expert_parallel": spec.expert_parallel_size > 1,
+        "dtype": spec.dtype,
+    }
+    if spec.quantization != "auto":
+        llm_args["quantization"] = spec.quantization
+    env = {
+        "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
+        "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(scratch / "flashinfer-autotune"),
+        "DG_JIT_CACHE_DIR": str(scratch / "deep_gemm"),
+    }
+    return [python, "-c", _SCRIPT, json.dumps(llm_args)], env
+
+
+def _tar_directory(directory: Path) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file():
+                tar.add(str(path), arcname=str(path.relative_to(directory)))
+    return raw.getvalue()
+
+
+def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
+    """Collect what vLLM wrote under ``scratch`` (see :func:`vllm_command`) into ``out_dir``.
+
+    Returns ``{"autotune_file": path or None, "artifacts": [...], "ranks": [(dp, rank), ...]}``:
+    every per-rank v1 file as a ``vllm_flashinfer_autotune_v1`` artifact named
+    ``vllm/<hash>/<file>``, the lowest rank's file also as the run's FlashInfer file,
+    the v2 store and the DeepGEMM cache as tarballs. Artifact ``path`` values are
+    relative to ``out_dir``.
+    """
+    artifacts: list[dict[str, Any]] = []
+    rank_files: list[tuple[int, int, Path]] = []
+    root = scratch / "flashinfer-autotune"
+    for path in sorted(root.glob("*/autotune_configs_dp*_rank*.json")):
+        match = _RANK_FILE.match(path.name)
+        if not match:
+            continue
+        dp, rank = int(match[1]), int(match[2])
+        target = out_dir / "vllm" / path.parent.name / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+        rank_files.append((dp, rank, target))
+        artifacts.append({"kind": VLLM_RANK_FILE_KIND, "name": f"vllm/{path.parent.name}/{path.name}",
+                          "media_type": "application/json", "path": str(target.relative_to(out_dir))})
+    for kind, directory, name in ((V2_STORE_KIND, root / "v2", "flashinfer-autotune-v2.tar.gz"),
+                                  (DEEP_GEMM_KIND, scratch / "deep_gemm", "deep-gemm-jit-cache.tar.gz")):
+        if directory.is_dir() and any(p.is_file() for p in directory.rglob("*")):
+            (out_dir / name).write_bytes(_tar_directory(directory))
+            artifacts.append({"kind": kind, "name": name, "media_type": "application/gzip", "path": name})
+    rank_files.sort()
+    return {
+        "autotune_file": rank_files[0][2] if rank_files else None,
+        "artifacts": artifacts,
+        "ranks": [(dp, rank) for dp, rank, _ in rank_files],
+    }
+
+
+def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = sys.executable) -> dict[str, Any]:
+    """Run vLLM's warmup for ``spec`` (:func:`vllm_command`) and harvest it (:func:`harvest_vllm_cache`).
+
+    vLLM's output goes to this process's stderr (the tuner log).
+
+    Raises:
+        RuntimeError: vLLM exited non-zero, or wrote no per-rank FlashInfer file (a
+            single-rank vLLM keeps FlashInfer's v2 store only; tunecache's runs need the
+            v1 file, so use the native stages or tensor_parallel_size > 1).
+    """
+    command, env = vllm_command(spec, scratch, python)
+    result = subprocess.run(command, env={**os.environ, **env}, stdout=sys.stderr, stderr=sys.stderr)
+    if result.returncode != 0:
+        raise RuntimeError(f"vLLM exited with status {result.returncode} (see the tuner log)")
+    harvested = harvest_vllm_cache(scratch, out_dir)
+    if harvested["autotune_file"] is None:
+        raise RuntimeError(
+            "vLLM wrote no per-rank FlashInfer autotune file (single-rank vLLM uses FlashInfer's v2 store); "
+            "use the native stages for tensor_parallel_size 1"
+        )
+    return harvested

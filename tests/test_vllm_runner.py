@@ -1,0 +1,130 @@
+"""The vLLM runner: its command line and environment, and harvesting a vLLM-layout cache
+directory built from the real H200 FlashInfer files (and FlashInfer's own v2 store code)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+
+from conftest import CUBLASLT_FILE, CUDNN_FILE, QWEN3_CONFIG
+from tunecache.service.tuner.stages import TuneSpec
+from tunecache.service.tuner.vllm_runner import (
+    DEEP_GEMM_KIND,
+    V2_STORE_KIND,
+    VLLM_RANK_FILE_KIND,
+    harvest_vllm_cache,
+    run_vllm_warmup,
+    vllm_command,
+)
+
+CONFIG_HASH = "3f" * 32  # vLLM's sha256(VllmConfig.compute_hash()) directory name
+
+
+def spec(**overrides):
+    fields = dict(model="Qwen/Qwen3-30B-A3B", hf_config=json.loads(QWEN3_CONFIG.read_text()), max_num_batched_tokens=8192,
+                  tensor_parallel_size=2)
+    return TuneSpec(**(fields | overrides))
+
+
+def test_command_line_and_environment(tmp_path):
+    command, env = vllm_command(spec(expert_parallel_size=2), tmp_path, python="/usr/bin/python3")
+    assert command[:2] == ["/usr/bin/python3", "-c"] and "LLM(**args)" in command[2]
+    args = json.loads(command[3])
+    assert args == {
+        "model": str(tmp_path / "model"), "load_format": "dummy", "skip_tokenizer_init": True,
+        "max_num_batched_tokens": 8192, "tensor_parallel_size": 2, "enable_expert_parallel": True, "dtype": "auto",
+    }
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["num_experts"] == 128
+    assert env == {
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+        "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "flashinfer-autotune"),
+        "DG_JIT_CACHE_DIR": str(tmp_path / "deep_gemm"),
+    }
+    fp8_command, _ = vllm_command(spec(quantization="fp8"), tmp_path / "b")
+    assert json.loads(fp8_command[3])["quantization"] == "fp8"
+
+
+STAND_IN_VLLM = """
+import json, os, shutil
+class LLM:
+    # vLLM's edge: records its arguments and writes per-rank files where vLLM 0.33 would
+    def __init__(self, **kw):
+        open(os.environ["RECORD"], "w").write(json.dumps(kw))
+        rank_dir = os.path.join(os.environ["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"], "%s")
+        os.makedirs(rank_dir)
+        for rank, source in enumerate(os.environ["RANK_SOURCES"].split(":")):
+            shutil.copy(source, os.path.join(rank_dir, "autotune_configs_dp0_rank%%d.json" %% rank))
+""" % CONFIG_HASH
+
+
+def test_run_vllm_warmup_runs_the_script_and_harvests(tmp_path, monkeypatch):
+    """The real script and harvest, with a stand-in `vllm` package at the vLLM edge."""
+    fake = tmp_path / "fakevllm" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(STAND_IN_VLLM)
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    monkeypatch.setenv("RECORD", str(record))
+    monkeypatch.setenv("RANK_SOURCES", f"{CUDNN_FILE}:{CUBLASLT_FILE}")
+    out = tmp_path / "out"
+    out.mkdir()
+    harvested = run_vllm_warmup(spec(), tmp_path / "scratch", out)
+    assert json.loads(record.read_text())["load_format"] == "dummy"
+    assert harvested["ranks"] == [(0, 0), (0, 1)]
+    assert harvested["autotune_file"].read_bytes() == CUDNN_FILE.read_bytes()
+
+
+def test_single_rank_vllm_without_v1_file_is_a_clear_error(tmp_path, monkeypatch):
+    fake = tmp_path / "fakevllm" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("class LLM:\n    def __init__(self, **kw):\n        pass\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    with pytest.raises(RuntimeError, match="no per-rank FlashInfer autotune file"):
+        run_vllm_warmup(spec(tensor_parallel_size=1), tmp_path / "scratch", tmp_path)
+
+
+def test_harvest_per_rank_files_v2_store_and_deep_gemm(tmp_path):
+    scratch, out = tmp_path / "scratch", tmp_path / "out"
+    rank_dir = scratch / "flashinfer-autotune" / CONFIG_HASH
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "autotune_configs_dp0_rank1.json").write_bytes(CUBLASLT_FILE.read_bytes())
+    (rank_dir / "autotune_configs_dp0_rank0.json").write_bytes(CUDNN_FILE.read_bytes())
+    (rank_dir / "unrelated.json").write_text("{}")
+    deep_gemm = scratch / "deep_gemm" / "cache" / "kernel.abc"
+    deep_gemm.mkdir(parents=True)
+    (deep_gemm / "kernel.cubin").write_bytes(b"cubin")
+    out.mkdir()
+
+    harvested = harvest_vllm_cache(scratch, out)
+    assert harvested["ranks"] == [(0, 0), (0, 1)]
+    assert harvested["autotune_file"].read_bytes() == CUDNN_FILE.read_bytes()  # rank 0 is the run's file
+    kinds = {a["name"]: a["kind"] for a in harvested["artifacts"]}
+    assert kinds == {
+        f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank0.json": VLLM_RANK_FILE_KIND,
+        f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank1.json": VLLM_RANK_FILE_KIND,
+        "deep-gemm-jit-cache.tar.gz": DEEP_GEMM_KIND,
+    }
+    for artifact in harvested["artifacts"]:
+        assert (out / artifact["path"]).is_file()
+    with tarfile.open(out / "deep-gemm-jit-cache.tar.gz") as tar:
+        assert tar.getnames() == ["cache/kernel.abc/kernel.cubin"]
+
+
+def test_harvest_a_v2_store_written_by_flashinfer(tmp_path):
+    autotune_cache = pytest.importorskip("flashinfer.autotune_cache", reason="flashinfer-python is not installed")
+    doc = json.loads(CUBLASLT_FILE.read_text())
+    store = autotune_cache.ManagedAutotuneCache(doc["_metadata"], root=tmp_path / "scratch" / "flashinfer-autotune")
+    for key, (runner, tactic, policy, *_rest) in ((k, v) for k, v in doc.items() if not k.startswith("_")):
+        store.publish(key, runner, tactic, profiling_policy=tuple(policy))
+    out = tmp_path / "out"
+    out.mkdir()
+    harvested = harvest_vllm_cache(tmp_path / "scratch", out)
+    assert harvested["autotune_file"] is None and harvested["ranks"] == []
+    [v2] = harvested["artifacts"]
+    assert v2["kind"] == V2_STORE_KIND
+    with tarfile.open(out / v2["path"]) as tar:
+        names = tar.getnames()
+    assert f"{store.env_hash}/manifest.json" in names
+    assert sum(n.startswith(f"{store.env_hash}/entries/") for n in names) == 42
