@@ -20,6 +20,8 @@ Exit codes (also in the README):
       bad URL)
 10    ``retune --wait``: the job did not finish within ``--wait-timeout`` (it goes on)
 11    ``serve`` could not start listening (address in use, bad host)
+12    ``pull``: the install could not be written (disk full, permissions); nothing was
+      left half-written
 ====  =====================================================================
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import socket
 import sys
 import tempfile
@@ -39,6 +42,9 @@ import typer
 from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, NotAnAutotuneFile, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_arch, detect_environment, environment_from_file
 from tunecache.client.http import (
+    DEFAULT_ATTEMPTS,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_READ_TIMEOUT_S,
     ArtifactCorrupt,
     NoCompatibleTuning,
     ServerUnreachable,
@@ -63,6 +69,7 @@ class ExitCode(enum.IntEnum):
     DATABASE = 9
     WAIT_TIMEOUT = 10
     SERVE_FAILED = 11
+    INSTALL_FAILED = 12
 
 
 app = typer.Typer(
@@ -131,8 +138,15 @@ def _client_errors(exc: Exception) -> NoReturn:
 
 
 def _client(server: str) -> TunecacheClient:
+    """A client with timeouts and retries from ``TUNECACHE_CONNECT_TIMEOUT`` (s),
+    ``TUNECACHE_READ_TIMEOUT`` (s) and ``TUNECACHE_ATTEMPTS``."""
     try:
-        return TunecacheClient(server)
+        return TunecacheClient(
+            server,
+            connect_timeout_s=float(os.environ.get("TUNECACHE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)),
+            read_timeout_s=float(os.environ.get("TUNECACHE_READ_TIMEOUT", DEFAULT_READ_TIMEOUT_S)),
+            attempts=int(os.environ.get("TUNECACHE_ATTEMPTS", DEFAULT_ATTEMPTS)),
+        )
     except ValueError as exc:
         fail(ExitCode.USAGE, str(exc))
 
@@ -237,7 +251,7 @@ def pull(
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
         except OSError as exc:
-            fail(ExitCode.BAD_INPUT, f"cannot write: {exc}")
+            fail(ExitCode.INSTALL_FAILED, f"cannot write the install: {exc}; nothing was left half-written")
         except BadJitArtifact as exc:
             fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; the tuning file was not installed")
         except Exception as exc:

@@ -1,4 +1,10 @@
-"""HTTP client of the tunecache service (httpx). Raises typed errors a CLI maps to exit codes."""
+"""HTTP client of the tunecache service (httpx). Raises typed errors a CLI maps to exit codes.
+
+A pod must never hang or crash at boot because of tunecache, so every request has a
+connect and a read timeout, and transient failures (connection refused or reset, timeouts,
+truncated bodies, 502/503/504) are retried with exponential backoff (tenacity) a bounded
+number of times before the typed error is raised.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,16 @@ import hashlib
 from typing import Any
 
 import httpx
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from tunecache.identity import EnvironmentMetadata, TuningKey
 
-DEFAULT_TIMEOUT = httpx.Timeout(10.0, read=120.0)
+#: Seconds to connect, and to wait for each read, by default.
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_READ_TIMEOUT_S = 30.0
+#: Attempts per request (1 = no retry) and the backoff between them (0.5 s, 1 s, 2 s, ... at most 4 s).
+DEFAULT_ATTEMPTS = 3
+_RETRY_STATUSES = frozenset({502, 503, 504})
 
 
 class TunecacheError(RuntimeError):
@@ -50,6 +62,18 @@ class ArtifactCorrupt(TunecacheError):
     """Downloaded bytes do not hash to the sha256 the server announced."""
 
 
+class DownloadTruncated(ArtifactCorrupt):
+    """The connection closed before the whole body arrived."""
+
+
+class _Transient(Exception):
+    """A failure worth another attempt; carries the error to raise when attempts run out."""
+
+    def __init__(self, error: TunecacheError):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _json_object(response: httpx.Response) -> dict[str, Any] | None:
     """The body as a JSON object, or ``None`` (not JSON, or not an object)."""
     try:
@@ -71,16 +95,30 @@ class TunecacheClient:
 
     Args:
         base_url: e.g. ``http://tunecache:8321``.
-        timeout: httpx timeout (default: 10 s to connect, 120 s to read).
-        transport: an httpx transport (tests, retries).
+        connect_timeout_s / read_timeout_s: httpx timeouts in seconds (5 s / 30 s).
+        attempts: tries per request for transient failures (3).
+        transport: an httpx transport (tests).
+
+    Raises:
+        ValueError: ``base_url`` is not an http(s) URL with a host.
     """
 
-    def __init__(self, base_url: str, timeout: httpx.Timeout = DEFAULT_TIMEOUT, transport: httpx.BaseTransport | None = None):
-        """Raises ValueError when ``base_url`` is not an http(s) URL with a host."""
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        attempts: int = DEFAULT_ATTEMPTS,
+        transport: httpx.BaseTransport | None = None,
+    ):
         url = httpx.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"server URL {base_url!r} must look like http://host:port")
         self.base_url = base_url.rstrip("/")
+        self.attempts = max(1, attempts)
+        self.read_timeout_s = read_timeout_s
+        timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -92,11 +130,47 @@ class TunecacheClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _classify(self, exc: httpx.HTTPError) -> TunecacheError:
+        """Name the failure a pod hit, in words an operator can act on."""
+        where = f"tunecache server {self.base_url}"
+        if isinstance(exc, httpx.ConnectTimeout):
+            return ServerUnreachable(f"{where} unreachable: no connection within the connect timeout")
+        if isinstance(exc, httpx.ConnectError):
+            return ServerUnreachable(f"{where} unreachable: {exc}")
+        if isinstance(exc, httpx.ReadTimeout):
+            return ServerUnreachable(f"{where} accepted the connection but sent no answer within {self.read_timeout_s:g} s")
+        if isinstance(exc, httpx.RemoteProtocolError):
+            return DownloadTruncated(f"{where} closed the connection before the whole answer arrived: {exc}")
+        return ServerUnreachable(f"{where} unreachable: {type(exc).__name__}: {exc}")
+
+    def _retrying(self, attempt_once):
+        """Run ``attempt_once`` with retries for :class:`_Transient`; raise its error at the end."""
         try:
-            return self._http.request(method, path, **kwargs)
-        except (httpx.TransportError, httpx.TimeoutException) as exc:
-            raise ServerUnreachable(f"tunecache server {self.base_url} unreachable: {type(exc).__name__}: {exc}") from None
+            for attempt in Retrying(
+                stop=stop_after_attempt(self.attempts),
+                wait=wait_exponential(multiplier=0.5, max=4),
+                retry=retry_if_exception_type(_Transient),
+                reraise=True,
+            ):
+                with attempt:
+                    return attempt_once()
+        except _Transient as transient:
+            error = transient.error
+            if self.attempts > 1:
+                error.args = (f"{error} (after {self.attempts} attempts)",)
+            raise error from None
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        def once() -> httpx.Response:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise _Transient(self._classify(exc)) from None
+            if response.status_code in _RETRY_STATUSES:
+                raise _Transient(ServerError(response.status_code, _detail(response)))
+            return response
+
+        return self._retrying(once)
 
     def _checked(self, response: httpx.Response) -> httpx.Response:
         if response.is_error:
@@ -122,17 +196,38 @@ class TunecacheClient:
         return body
 
     def download_artifact(self, sha256: str) -> bytes:
-        """``GET /v1/artifacts/{sha256}``, verified against ``sha256``.
+        """``GET /v1/artifacts/{sha256}``, streamed and verified against ``sha256``.
 
         Raises:
+            DownloadTruncated: the body stopped short (after retries).
             ArtifactCorrupt: the bytes hash to something else (nothing is returned).
             ServerUnreachable, ServerError.
         """
-        data = self._checked(self._request("GET", f"/v1/artifacts/{sha256}")).content
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != sha256:
-            raise ArtifactCorrupt(f"artifact {sha256} arrived as {len(data)} bytes hashing to {actual}")
-        return data
+
+        def once() -> bytes:
+            digest, parts, received = hashlib.sha256(), [], 0
+            try:
+                with self._http.stream("GET", f"/v1/artifacts/{sha256}") as response:
+                    if response.status_code in _RETRY_STATUSES:
+                        response.read()
+                        raise _Transient(ServerError(response.status_code, _detail(response)))
+                    if response.is_error:
+                        response.read()
+                        raise ServerError(response.status_code, _detail(response))
+                    expected = response.headers.get("content-length")
+                    for part in response.iter_bytes():
+                        digest.update(part)
+                        parts.append(part)
+                        received += len(part)
+            except httpx.HTTPError as exc:
+                raise _Transient(self._classify(exc)) from None
+            if expected is not None and received != int(expected):
+                raise _Transient(DownloadTruncated(f"artifact {sha256}: received {received} of {expected} bytes"))
+            if digest.hexdigest() != sha256:
+                raise ArtifactCorrupt(f"artifact {sha256} arrived as {received} bytes hashing to {digest.hexdigest()}")
+            return b"".join(parts)
+
+        return self._retrying(once)
 
     def upload_artifact(self, data: bytes) -> str:
         """``PUT /v1/artifacts/{sha256}``; returns the sha256. Idempotent."""

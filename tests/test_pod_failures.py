@@ -1,0 +1,203 @@
+"""What a pod sees when tunecache fails: each case ends in the documented exit code and
+message, in bounded time, and leaves nothing half-installed.
+
+Every failure is real: a server process killed mid-download, a proxy answering 503, a
+body cut short, a socket that accepts and never answers, a file-size limit on writes.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from conftest import CUDNN_FILE, free_port, tunecache_executable
+
+MODEL = "meta-llama/Llama-3.1-8B"
+FAST = {"TUNECACHE_CONNECT_TIMEOUT": "2", "TUNECACHE_READ_TIMEOUT": "2", "TUNECACHE_ATTEMPTS": "2"}
+
+
+def pull(server, dest, extra_env=None, preexec=None):
+    started = time.monotonic()
+    result = subprocess.run(
+        [tunecache_executable(), "pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+         "--dest", str(dest), "--environment", str(CUDNN_FILE)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **FAST, **(extra_env or {})}, preexec_fn=preexec,
+    )
+    return result, time.monotonic() - started
+
+
+#: A stand-in tunecache server, run as its own process: answers the lookup with a run whose
+#: artifact is the real H200 file, and serves that artifact the way MODE says.
+FAKE_SERVER = textwrap.dedent('''
+    import hashlib, http.server, json, os, signal, sys
+    port, mode, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    data = open(path, "rb").read()
+    sha = hashlib.sha256(data).hexdigest()
+    run = {"id": 1, "summary": {"entries": 42}, "artifacts": [
+        {"kind": "flashinfer_autotune_v1", "name": "autotune.json", "media_type": "application/json",
+         "sha256": sha, "size_bytes": len(data), "download_path": "/v1/artifacts/" + sha}]}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def log_message(self, *a): pass
+        def answer(self, status, body, length=None):
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body) if length is None else length))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if mode == "503":
+                return self.answer(503, b'{"detail": "database unavailable"}')
+            self.answer(200, json.dumps(run).encode())
+        def do_GET(self):
+            if mode == "truncated":
+                self.answer(200, data[: len(data) // 2], length=len(data))
+                self.close_connection = True
+            elif mode == "killed":
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[:4096])
+                self.wfile.flush()
+                os.kill(os.getpid(), signal.SIGKILL)  # the server process dies mid-download
+            elif mode == "corrupt":
+                self.answer(200, data.replace(b"Cudnn", b"Cuxnn", 1))
+            else:
+                self.answer(200, data)
+
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+''')
+
+
+@pytest.fixture
+def fake_server(tmp_path):
+    processes = []
+
+    def start(mode):
+        port = free_port()
+        script = tmp_path / "fake_server.py"
+        script.write_text(FAKE_SERVER)
+        process = subprocess.Popen([sys.executable, str(script), str(port), mode, str(CUDNN_FILE)])
+        processes.append(process)
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return f"http://127.0.0.1:{port}", process
+            time.sleep(0.05)
+        pytest.fail("fake server did not start")
+
+    yield start
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def test_server_killed_mid_download(fake_server, tmp_path):
+    url, process = fake_server("killed")
+    result, _ = pull(url, tmp_path / "dest")
+    assert process.wait(timeout=10) == -signal.SIGKILL
+    # the first attempt is cut off when the process dies; the retry finds nobody listening
+    assert result.returncode in (4, 6), result.stderr
+    assert result.stderr.startswith("tunecache: error:") and "Traceback" not in result.stderr
+    assert not (tmp_path / "dest").exists() or not any((tmp_path / "dest").iterdir())
+
+
+def test_truncated_body_is_retried_then_reported(fake_server, tmp_path):
+    url, _ = fake_server("truncated")
+    result, _ = pull(url, tmp_path / "dest")
+    assert result.returncode == 6
+    assert "closed the connection before the whole answer arrived" in result.stderr or "received" in result.stderr
+    assert "after 2 attempts" in result.stderr and "nothing was installed" in result.stderr
+    assert not (tmp_path / "dest").exists()
+
+
+def test_corrupt_artifact_is_refused(fake_server, tmp_path):
+    url, _ = fake_server("corrupt")
+    result, _ = pull(url, tmp_path / "dest")
+    assert result.returncode == 6 and "hashing to" in result.stderr
+    assert not (tmp_path / "dest").exists()
+
+
+def test_proxy_answering_503_is_retried_then_reported(fake_server, tmp_path):
+    url, _ = fake_server("503")
+    result, seconds = pull(url, tmp_path / "dest")
+    assert result.returncode == 5
+    assert "server answered 503: database unavailable (after 2 attempts)" in result.stderr
+    assert seconds < 30
+
+
+def test_socket_that_accepts_and_never_answers(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted = []
+    stop = threading.Event()
+
+    def accept_forever():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])  # never read, never write
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept_forever, daemon=True)
+    thread.start()
+    try:
+        result, seconds = pull(f"http://127.0.0.1:{listener.getsockname()[1]}", tmp_path / "dest")
+    finally:
+        stop.set()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+        listener.close()
+    assert result.returncode == 4
+    assert "accepted the connection but sent no answer within 2 s (after 2 attempts)" in result.stderr
+    assert seconds < 30 and len(accepted) == 2
+
+
+def test_nobody_listening(tmp_path):
+    result, seconds = pull(f"http://127.0.0.1:{free_port()}", tmp_path / "dest")
+    assert result.returncode == 4 and "unreachable" in result.stderr and "(after 2 attempts)" in result.stderr
+
+
+def test_disk_full_leaves_nothing_half_written(fake_server, tmp_path):
+    url, _ = fake_server("ok")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    previous = dest / "autotune.json"
+
+    def small_disk():  # writes past 4 kB fail with EFBIG, as a full disk fails with ENOSPC
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    started = time.monotonic()
+    result = subprocess.run(
+        [tunecache_executable(), "pull", "--server", url, "--model", MODEL, "--max-num-batched-tokens", "8192",
+         "--dest", str(dest), "--environment", str(CUDNN_FILE), "--file-name", "autotune.json"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **FAST}, preexec_fn=small_disk,
+    )
+    assert time.monotonic() - started < 60
+    assert result.returncode == 12, result.stderr
+    assert "cannot write the install" in result.stderr and "File too large" in result.stderr
+    assert list(dest.iterdir()) == [] and not previous.exists()
+
+
+def test_healthy_fake_server_installs(fake_server, tmp_path):
+    """The stand-in itself is sound: the same pull succeeds when nothing fails."""
+    url, _ = fake_server("ok")
+    result, _ = pull(url, tmp_path / "dest")
+    assert result.returncode == 0, result.stderr
+    assert open(result.stdout.strip(), "rb").read() == CUDNN_FILE.read_bytes()
