@@ -1,0 +1,154 @@
+"""Where vLLM 0.33 and FlashInfer 0.7 read autotune results, and installing into them.
+
+* vLLM's per-rank v1 files (multi-rank deployments):
+  ``<root>/<hash>/autotune_configs_dp{dp}_rank{rank}.json`` where ``<root>`` is
+  ``vllm/model_executor/warmup/flashinfer_autotune_cache.py::flashinfer_autotune_root()``
+  (``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` if set, else
+  ``$VLLM_CACHE_ROOT/flashinfer_autotune_cache/<flashinfer version>/<arch dir>``) and
+  ``<hash>`` is ``flashinfer_autotune_cache_hash(runner)``: sha256 of
+  ``VllmConfig.compute_hash(include_version=False)``. vLLM loads them only when every rank
+  has a file with the same ``_metadata`` and entry count, so all ranks get the same bytes.
+* FlashInfer's v2 store (single-rank vLLM): ``<root>/v2/<env_hash>/manifest.json`` and
+  ``entries/``, written here with FlashInfer's own ``ManagedAutotuneCache.publish``;
+  ``<root>`` is ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` if set (vLLM's
+  ``resolve_flashinfer_autotune_v2_root``), else FlashInfer's ``get_default_cache_root()``.
+
+With vllm importable, vLLM's own functions give the root and the hash; without it the
+root is composed as above (mirrored from vLLM 0.33.0) and the hash must be given (the
+plugin computes it inside vLLM; an init container gets it with ``--vllm-config-hash``).
+Every install is all-or-nothing: written into a temporary directory beside the target
+and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+
+def vllm_rank_file_name(dp_rank: int, rank: int) -> str:
+    """``autotune_configs_dp{dp}_rank{rank}.json`` (vLLM 0.33 ``flashinfer_autotune_filename``)."""
+    return f"autotune_configs_dp{dp_rank}_rank{rank}.json"
+
+
+def vllm_autotune_root(workspace_subdir: str | None = None) -> Path:
+    """vLLM's per-rank autotune root for this process.
+
+    Args:
+        workspace_subdir: FlashInfer's ``<version>/<arch dir>`` (e.g. ``0.7.4/90a``), used
+            only when neither vllm nor flashinfer is importable (recorded by the tuner).
+
+    Raises:
+        ValueError: nothing tells the FlashInfer version and arch directory.
+    """
+    try:
+        from vllm.model_executor.warmup.flashinfer_autotune_cache import flashinfer_autotune_root
+
+        return Path(flashinfer_autotune_root())
+    except ImportError:
+        pass
+    override = os.environ.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    cache_root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm"
+    )
+    try:
+        from flashinfer.jit import env as jit_env
+
+        workspace = Path(jit_env.FLASHINFER_WORKSPACE_DIR)
+        subdir = Path(workspace.parent.name) / workspace.name
+    except ImportError:
+        if not workspace_subdir:
+            raise ValueError("cannot tell FlashInfer's version/arch directory here; set VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR") from None
+        subdir = Path(workspace_subdir)
+    return Path(cache_root).expanduser() / "flashinfer_autotune_cache" / subdir
+
+
+def _swap_into_place(staged: Path, target: Path) -> None:
+    """Rename ``staged`` to ``target``, replacing an existing ``target`` directory."""
+    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    if target.exists():
+        target.rename(old)
+    staged.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, ranks: list[tuple[int, int]]) -> list[Path]:
+    """Write ``data`` as every rank's file under ``root/config_hash/``, all at once.
+
+    Args:
+        data: a FlashInfer v1 autotune file.
+        ranks: ``(dp_rank, rank)`` of every process of the pod.
+
+    Returns the paths written. Raises OSError (disk full, permissions); then nothing changed.
+    """
+    if not ranks:
+        raise ValueError("no ranks to install for")
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=root))
+    try:
+        for dp_rank, rank in ranks:
+            path = staging / vllm_rank_file_name(dp_rank, rank)
+            path.write_bytes(data)
+            path.chmod(0o644)
+        staging.chmod(0o755)
+        _swap_into_place(staging, root / config_hash)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [root / config_hash / vllm_rank_file_name(dp, rank) for dp, rank in ranks]
+
+
+def flashinfer_v2_root() -> Path:
+    """Where FlashInfer's v2 store is read: ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` (as vLLM
+    passes it to ``autotune_v2(cache_root=...)``) or FlashInfer's default root.
+
+    Raises:
+        ImportError: flashinfer is not importable and the variable is unset.
+    """
+    override = os.environ.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    from flashinfer.autotune_cache import get_default_cache_root
+
+    return Path(get_default_cache_root())
+
+
+def install_v2_store(data: bytes, root: Path) -> Path:
+    """Publish every entry of a v1 file into FlashInfer's v2 store under ``root``.
+
+    Uses FlashInfer's own ``flashinfer.autotune_cache.ManagedAutotuneCache`` (manifest =
+    the file's ``_metadata``, as ``autotune_v2`` builds it from ``_collect_metadata()``),
+    in a staging root, then renames ``v2/<env_hash>`` into place. Returns that directory.
+
+    Raises:
+        ImportError: flashinfer is not importable (the v2 format is FlashInfer's to write).
+    """
+    from flashinfer.autotune_cache import ManagedAutotuneCache
+
+    doc = json.loads(data)
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=root))
+    try:
+        store = ManagedAutotuneCache(doc["_metadata"], root=staging)
+        for key, value in doc.items():
+            if key.startswith("_"):
+                continue
+            runner, tactic = value[0], value[1]
+            policy = tuple(value[2]) if len(value) > 2 and value[2] is not None else None
+            store.publish(key, runner, tactic, profiling_policy=policy)
+        written = len(list(store.entries_dir.glob("*.json")))
+        expected = sum(1 for key in doc if not key.startswith("_"))
+        if written != expected:  # publish() logs and carries on when a write fails
+            raise OSError(f"FlashInfer v2 store: {written} of {expected} entries could be written under {root}")
+        target = root / "v2" / store.env_hash
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _swap_into_place(store.env_dir, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
