@@ -152,3 +152,31 @@ def test_serve_configuration_errors(tmp_path):
             env=env, capture_output=True, text=True, timeout=120,
         )
     assert taken.returncode == 11 and "could not serve" in taken.stderr
+
+
+def test_init_container_installs_every_rank_for_vllm(server, tmp_path):
+    push(server, CUDNN_FILE, "--tensor-parallel-size", "2")
+    config_hash = "cd" * 32
+    pulled = tunecache(
+        "pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192", "--tensor-parallel-size", "2",
+        "--environment", str(CUDNN_FILE), "--layout", "vllm", "--vllm-config-hash", config_hash,
+        "--data-parallel-size", "2", "--dest", str(tmp_path / "vllm-root"),
+    )
+    assert pulled.returncode == 0, pulled.stderr
+    files = sorted((tmp_path / "vllm-root" / config_hash).iterdir())
+    assert [f.name for f in files] == [f"autotune_configs_dp{d}_rank{r}.json" for d in (0, 1) for r in (0, 1)]
+    assert pulled.stdout.split() == [str(f) for f in files]
+    assert all(f.read_bytes() == CUDNN_FILE.read_bytes() for f in files)
+    missing_hash = tunecache("pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                             "--environment", str(CUDNN_FILE), "--layout", "vllm")
+    assert missing_hash.returncode == 2 and "--vllm-config-hash" in missing_hash.stderr
+
+
+def test_pull_into_flashinfer_v2_store(server, tmp_path):
+    push(server, CUBLASLT_FILE)
+    pulled = tunecache("pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                       "--environment", str(CUBLASLT_FILE), "--layout", "flashinfer-v2", "--dest", str(tmp_path / "v2"))
+    assert pulled.returncode == 0, pulled.stderr
+    store = Path(pulled.stdout.strip())
+    assert store.parent == tmp_path / "v2" / "v2" and (store / "manifest.json").is_file()
+    assert len(list((store / "entries").glob("*.json"))) == 42

@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -51,7 +52,8 @@ from tunecache.client.http import (
     TunecacheClient,
     TunecacheError,
 )
-from tunecache.client.install import check_file_name, pull_autotune_file
+from tunecache.client.install import check_file_name, fetch_tuning, install_jit_modules, pull_autotune_file
+from tunecache.client.layouts import flashinfer_v2_root, install_v2_store, install_vllm_rank_files, vllm_autotune_root
 from tunecache.client.jit_install import BadJitArtifact
 from tunecache.identity import TuningKey
 
@@ -204,12 +206,21 @@ def push(
     typer.echo(f"stored run {run['id']} ({parsed.entries} entries, {state}) for {key.model} on {key.gpu_name}")
 
 
+class Layout(str, enum.Enum):
+    file = "file"
+    vllm = "vllm"
+    flashinfer_v2 = "flashinfer-v2"
+
+
 @app.command()
 def pull(
     server: ServerOpt,
     model: ModelOpt,
     max_num_batched_tokens: MnbtOpt,
-    dest: Annotated[Path, typer.Option("--dest", help="directory to install the FlashInfer cache file into")],
+    dest: Annotated[
+        Optional[Path],
+        typer.Option("--dest", help="file layout: directory for the cache file; vllm / flashinfer-v2: root (default: where vLLM reads)"),
+    ] = None,
     environment: Annotated[
         Optional[Path],
         typer.Option(help="FlashInfer cache file or JSON of its _metadata fields (default: detect with FlashInfer)"),
@@ -219,21 +230,33 @@ def pull(
     dtype: DtypeOpt = "auto",
     quantization: QuantOpt = "auto",
     tensor_parallel_size: TpOpt = 1,
-    file_name: Annotated[Optional[str], typer.Option(help="installed file's name (default: from the key)")] = None,
+    layout: Annotated[
+        Layout,
+        typer.Option(help="file: a FlashInfer cache file; vllm: vLLM's per-rank files for every rank; flashinfer-v2: FlashInfer's v2 store"),
+    ] = Layout.file,
+    vllm_config_hash: Annotated[
+        Optional[str], typer.Option(help="vllm layout: the <hash> directory (sha256 of VllmConfig.compute_hash) of the deployment")
+    ] = None,
+    data_parallel_size: Annotated[int, typer.Option(min=1, help="vllm layout: data-parallel size (ranks = dp x tp)")] = 1,
+    file_name: Annotated[Optional[str], typer.Option(help="file layout: the file's name (default: from the key)")] = None,
     jit: Annotated[bool, typer.Option("--jit", help="also install the tuning's FlashInfer JIT modules into this pod's FlashInfer workspace")] = False,
     jit_workspace: Annotated[
         Optional[Path], typer.Option(help="install the JIT modules into this FlashInfer workspace directory instead")
     ] = None,
 ) -> None:
-    """Fetch the tuning matching this GPU and environment; install it as a FlashInfer cache file.
+    """Fetch the tuning matching this GPU and environment and install it where FlashInfer or vLLM read it.
 
-    Prints the installed path. Use it with flashinfer.autotune(False, cache=PATH).
+    Prints the installed path(s). Layout 'file': use with flashinfer.autotune(False, cache=PATH).
     """
     if file_name is not None:
         try:
             check_file_name(file_name)
         except ValueError as exc:
             fail(ExitCode.USAGE, str(exc))
+    if layout is Layout.file and dest is None:
+        fail(ExitCode.USAGE, "--dest DIR is needed for --layout file")
+    if layout is Layout.vllm and not (vllm_config_hash and re.fullmatch(r"[0-9a-f]{64}", vllm_config_hash)):
+        fail(ExitCode.USAGE, "--layout vllm needs --vllm-config-hash (64 hex digits; the tunecache vLLM plugin computes it itself)")
     try:
         env = environment_from_file(environment) if environment else detect_environment()
     except EnvironmentUnavailable as exc:
@@ -247,18 +270,34 @@ def pull(
     key = _key(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization, tensor_parallel_size)
     with _client(server) as client:
         try:
-            installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit)
+            if layout is Layout.file:
+                installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit)
+                paths, modules, workspace = [installed.path], installed.jit_modules, installed.jit_workspace
+            else:
+                fetched = fetch_tuning(client, key, env, jit=bool(jit_workspace or jit))
+                modules, workspace = install_jit_modules(fetched, jit_workspace or True) if (jit or jit_workspace) else ([], None)
+                if layout is Layout.vllm:
+                    root = dest or vllm_autotune_root(fetched.workspace_subdir)
+                    ranks = [(dp, rank) for dp in range(data_parallel_size) for rank in range(tensor_parallel_size)]
+                    paths = install_vllm_rank_files(fetched.autotune, root, vllm_config_hash, ranks)
+                else:
+                    paths = [install_v2_store(fetched.autotune, dest or flashinfer_v2_root())]
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
+        except ImportError as exc:
+            fail(ExitCode.USAGE, f"--layout {layout.value} needs FlashInfer here ({exc}), or pass --dest")
+        except ValueError as exc:
+            fail(ExitCode.USAGE, str(exc))
         except OSError as exc:
             fail(ExitCode.INSTALL_FAILED, f"cannot write the install: {exc}; nothing was left half-written")
         except BadJitArtifact as exc:
-            fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; the tuning file was not installed")
+            fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; the tuning was not installed")
         except Exception as exc:
             _client_errors(exc)
-    if installed.jit_modules:
-        typer.echo(f"installed {len(installed.jit_modules)} FlashInfer JIT modules into {installed.jit_workspace}", err=True)
-    typer.echo(str(installed.path))
+    if modules:
+        typer.echo(f"installed {len(modules)} FlashInfer JIT modules into {workspace}", err=True)
+    for path in paths:
+        typer.echo(str(path))
 
 
 @app.command()

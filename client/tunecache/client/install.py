@@ -61,6 +61,45 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+@dataclass(frozen=True)
+class FetchedTuning:
+    """A tuning downloaded and verified, not yet installed anywhere."""
+
+    run: dict
+    autotune: bytes
+    jit_modules: tuple[bytes, ...] = ()
+
+    @property
+    def workspace_subdir(self) -> str:
+        """FlashInfer's ``<version>/<arch dir>`` on the tuning node (``""`` if not recorded)."""
+        return (self.run["summary"].get("flashinfer_jit") or {}).get("workspace_subdir", "")
+
+
+def fetch_tuning(client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False) -> FetchedTuning:
+    """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
+    JIT modules), each verified against its sha256.
+
+    Raises:
+        NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
+        (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file.
+    """
+    run = client.lookup(key, environment)
+    artifact = next((a for a in run["artifacts"] if a["kind"] == ARTIFACT_KIND), None)
+    if artifact is None:
+        raise TunecacheError(f"tuning run {run['id']} has no {ARTIFACT_KIND} artifact")
+    data = client.download_artifact(artifact["sha256"])
+    modules = tuple(client.download_artifact(a["sha256"]) for a in run["artifacts"] if jit and a["kind"] == JIT_MODULE_KIND)
+    return FetchedTuning(run=run, autotune=data, jit_modules=modules)
+
+
+def install_jit_modules(fetched: FetchedTuning, workspace: Path | bool) -> tuple[list[str], Path | None]:
+    """Unpack the fetched JIT modules into ``workspace`` (``True``: this pod's FlashInfer workspace)."""
+    if not fetched.jit_modules:
+        return [], None
+    target = flashinfer_workspace_dir(fetched.workspace_subdir) if workspace is True else Path(workspace)
+    return [install_jit_module(blob, target) for blob in fetched.jit_modules], target
+
+
 def pull_autotune_file(
     client: TunecacheClient,
     key: TuningKey,
@@ -69,8 +108,8 @@ def pull_autotune_file(
     file_name: str | None = None,
     jit_workspace: Path | bool | None = None,
 ) -> InstalledTuning:
-    """Look up the current tuning, download its FlashInfer file (sha256-verified) and
-    install it in ``dest_dir`` for ``flashinfer.autotune(False, cache=PATH)``.
+    """Fetch the current tuning and install it as a plain FlashInfer cache file in
+    ``dest_dir``, for ``flashinfer.autotune(False, cache=PATH)``.
 
     ``jit_workspace``: also install the run's FlashInfer JIT modules, into this
     FlashInfer workspace directory, or (``True``) into this pod's
@@ -78,27 +117,15 @@ def pull_autotune_file(
     downloaded and verified before anything is written.
 
     Raises:
-        NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
-        (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file;
-        ValueError for a ``file_name`` with directory parts; BadJitArtifact.
+        as :func:`fetch_tuning`; ValueError for a ``file_name`` with directory parts;
+        BadJitArtifact; OSError when writing fails (nothing half-written is left).
     """
-    run = client.lookup(key, environment)
-    artifact = next((a for a in run["artifacts"] if a["kind"] == ARTIFACT_KIND), None)
-    if artifact is None:
-        raise TunecacheError(f"tuning run {run['id']} has no {ARTIFACT_KIND} artifact")
-    data = client.download_artifact(artifact["sha256"])
-    jit = []
-    if jit_workspace:
-        jit = [client.download_artifact(a["sha256"]) for a in run["artifacts"] if a["kind"] == JIT_MODULE_KIND]
     path = Path(dest_dir) / (check_file_name(file_name) if file_name else default_file_name(key))
-    modules: list[str] = []
-    workspace = None
-    if jit:
-        recorded = (run["summary"].get("flashinfer_jit") or {}).get("workspace_subdir", "")
-        workspace = flashinfer_workspace_dir(recorded) if jit_workspace is True else Path(jit_workspace)
-        modules = [install_jit_module(blob, workspace) for blob in jit]
-    write_atomically(path, data)
+    fetched = fetch_tuning(client, key, environment, jit=bool(jit_workspace))
+    modules, workspace = install_jit_modules(fetched, jit_workspace) if jit_workspace else ([], None)
+    write_atomically(path, fetched.autotune)
+    artifact = next(a for a in fetched.run["artifacts"] if a["kind"] == ARTIFACT_KIND)
     return InstalledTuning(
-        path=path, run_id=run["id"], sha256=artifact["sha256"], entries=run["summary"].get("entries"),
+        path=path, run_id=fetched.run["id"], sha256=artifact["sha256"], entries=fetched.run["summary"].get("entries"),
         jit_modules=tuple(modules), jit_workspace=workspace,
     )
