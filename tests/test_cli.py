@@ -180,3 +180,18 @@ def test_pull_into_flashinfer_v2_store(server, tmp_path):
     store = Path(pulled.stdout.strip())
     assert store.parent == tmp_path / "v2" / "v2" and (store / "manifest.json").is_file()
     assert len(list((store / "entries").glob("*.json"))) == 42
+
+
+def test_doctor_shows_environment_key_and_what_differs(server, tmp_path):
+    push(server)
+    matching = tunecache("doctor", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                         "--environment", str(CUDNN_FILE))
+    assert matching.returncode == 0, matching.stderr
+    assert "cudnn_version: 91900" in matching.stdout and "max_num_batched_tokens: 8192" in matching.stdout
+    assert "run 1 matches (42 entries" in matching.stdout
+    other = tmp_path / "env.json"
+    other.write_text(json.dumps(json.loads(CUDNN_FILE.read_text())["_metadata"] | {"cudnn_version": "91700"}))
+    missing = tunecache("doctor", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                        "--environment", str(other))
+    assert missing.returncode == 3
+    assert "run 1 (meta-llama/Llama-3.1-8B, NVIDIA H200): cudnn_version: stored 91900, yours 91700" in missing.stdout

@@ -301,6 +301,55 @@ def pull(
 
 
 @app.command()
+def doctor(
+    server: ServerOpt,
+    model: ModelOpt,
+    max_num_batched_tokens: MnbtOpt,
+    environment: Annotated[
+        Optional[Path], typer.Option(help="FlashInfer cache file or JSON of its _metadata fields (default: detect)")
+    ] = None,
+    gpu_name: GpuNameOpt = None,
+    arch: ArchOpt = None,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = "auto",
+    tensor_parallel_size: TpOpt = 1,
+) -> None:
+    """Show this machine's FlashInfer environment, the key it would ask for, and what the
+    server has for it: the matching run, or the closest ones and each field that differs.
+
+    Exit 0 when the server has a matching tuning, 3 when not (as pull), 4/5 for server trouble.
+    """
+    try:
+        env = environment_from_file(environment) if environment else detect_environment()
+    except EnvironmentUnavailable as exc:
+        fail(ExitCode.BAD_INPUT if environment else ExitCode.USAGE, str(exc))
+    typer.echo("environment (FlashInfer _metadata" + (f", from {environment})" if environment else ", detected)"))
+    for field, value in env.model_dump().items():
+        typer.echo(f"  {field}: {value}")
+    typer.echo(f"  environment hash: {env.environment_hash()}")
+    if env.indeterminate_fields():
+        typer.echo(f"  undetected: {', '.join(env.indeterminate_fields())} (no tuning can match these)")
+    key = _key(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization, tensor_parallel_size)
+    typer.echo("key")
+    for field, value in key.model_dump().items():
+        typer.echo(f"  {field}: {value}")
+    with _client(server) as client:
+        try:
+            run = client.lookup(key, env)
+        except NoCompatibleTuning as exc:
+            typer.echo(f"server {server}: no matching tuning")
+            typer.echo(exc.explain())
+            raise typer.Exit(int(ExitCode.NO_COMPATIBLE_TUNING)) from None
+        except Exception as exc:
+            _client_errors(exc)
+    kinds = sorted({a["kind"] for a in run["artifacts"]})
+    typer.echo(
+        f"server {server}: run {run['id']} matches ({run['summary'].get('entries')} entries, "
+        f"finished {run['finished_at'] or run['created_at']}, artifacts: {', '.join(kinds)})"
+    )
+
+
+@app.command()
 def serve(
     host: Annotated[Optional[str], typer.Option(help="listen address (TUNECACHE_HOST, default 127.0.0.1)")] = None,
     port: Annotated[Optional[int], typer.Option(help="listen port (TUNECACHE_PORT, default 8321)")] = None,
