@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from conftest import LLAMA_CONFIG, tunecache_executable
+from conftest import LLAMA_CONFIG, QWEN3_CONFIG, tunecache_executable
 from tunecache.service.tuner.runner import TunerFailed, run_tuner
-from tunecache.service.tuner.stages import DenseGemmStage, TuneSpec
+from tunecache.service.tuner.stages import AttentionWarmupStage, DenseGemmStage, FusedMoeStage, TuneSpec, deep_gemm_skip_reason
 
 pytest.importorskip("torch", reason="torch is not installed")
 
@@ -62,3 +62,14 @@ def test_tune_command_needs_one_destination(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and "give --server URL or --database URL" in result.stderr
+
+
+def test_stage_choice_follows_the_model():
+    qwen = json.loads(QWEN3_CONFIG.read_text())
+    assert FusedMoeStage().skip_reason(spec(), "sm90") == "dense model (no experts)"
+    assert FusedMoeStage().skip_reason(spec(hf_config=qwen), "sm90") is None
+    assert "sm90 only" in FusedMoeStage().skip_reason(spec(hf_config=qwen), "sm100")
+    assert "bf16 only" in FusedMoeStage().skip_reason(spec(hf_config=qwen, quantization="fp8"), "sm90")
+    assert AttentionWarmupStage().skip_reason(spec(), "sm90") is None
+    assert deep_gemm_skip_reason(spec()) == "DeepGEMM warmup applies to fp8 (block-scaled) checkpoints only"
+    assert deep_gemm_skip_reason(spec(quantization="fp8")).startswith("deep_gemm is not importable")

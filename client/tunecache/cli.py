@@ -103,7 +103,7 @@ GemmBackendsOpt = Annotated[
     Optional[str], typer.Option("--gemm-backends", help="comma-separated FlashInfer GEMM backends (default: per arch)")
 ]
 StagesOpt = Annotated[
-    Optional[str], typer.Option("--stages", help="comma-separated tuner stages: deep_gemm,gemm,moe,attention (default: all that apply)")
+    Optional[str], typer.Option("--stages", help="comma-separated tuner stages: gemm,moe,attention (default: all that apply)")
 ]
 DatabaseOpt = Annotated[Optional[str], typer.Option("--database", envvar="TUNECACHE_DATABASE_URL", help="SQLAlchemy database URL")]
 

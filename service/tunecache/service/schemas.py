@@ -179,7 +179,7 @@ class TuningJobCreate(BaseModel):
     hf_config: dict[str, Any] | None = None
     gemm_backends: list[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]] | None = Field(default=None, max_length=8)
     """FlashInfer GEMM backends to tune (default: the tuner's per-arch choice)."""
-    stages: list[Literal["deep_gemm", "gemm", "moe", "attention"]] | None = Field(default=None, max_length=8)
+    stages: list[Literal["gemm", "moe", "attention"]] | None = Field(default=None, max_length=8)
     """Run only these tuner stages (default: every stage that applies to the model)."""
 
 

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from tunecache.service.tuner.stages import STAGES, TuneSpec
+from tunecache.service.tuner.stages import STAGES, TuneSpec, deep_gemm_skip_reason
 
 AUTOTUNE_FILE = "autotune.json"
 RESULT_FILE = "result.json"
@@ -61,7 +61,8 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
     if spec.runner == "vllm":
         return run_vllm(spec, out_dir, emit, gpu_name, arch)
     cache = out_dir / AUTOTUNE_FILE
-    stages: dict[str, Any] = {}
+    stages: dict[str, Any] = {"deep_gemm": {"status": "skipped", "reason": deep_gemm_skip_reason(spec)}}
+    emit({"event": "stage", "stage": "deep_gemm", "status": "skipped", "reason": stages["deep_gemm"]["reason"]})
     started = time.perf_counter()
     # As vLLM's kernel_warmup (_run_flashinfer_autotune_dummy_runs): FlashInfer's hybrid
     # buckets up to max_num_batched_tokens for every op, runtime sizes rounded up.

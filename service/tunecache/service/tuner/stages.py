@@ -3,8 +3,8 @@ context, so every tunable FlashInfer op it calls is profiled and its winning tac
 lands in the one cache file FlashInfer writes on exit.
 
 A stage is a unit with a ``name``, ``skip_reason(spec)`` (``None`` when it applies) and
-``run(spec, report)``; the child runs :data:`STAGES` in order. MoE, attention, DeepGEMM
-and the vLLM runner slot in as further stages.
+``run(spec, report)``; the child runs :data:`STAGES` in order. DeepGEMM's warmup is not a
+stage yet: every run records it as skipped with :func:`deep_gemm_skip_reason`.
 """
 
 from __future__ import annotations
@@ -235,29 +235,21 @@ class AttentionWarmupStage:
                 "seconds": round(time.perf_counter() - started, 3)}
 
 
-class DeepGemmStage:
-    """DeepGEMM's JIT warmup for fp8 block-scaled checkpoints, where ``deep_gemm`` imports.
+def deep_gemm_skip_reason(spec: TuneSpec) -> str:
+    """Why the DeepGEMM warmup (vLLM's ``deep_gemm_warmup``) did not run for ``spec``.
 
-    Not available on this project's H200 machine: the published ``deep_gemm`` build
-    (sgl-deep-gemm 0.2.5) fails to load against torch 2.11, so the stage reports itself
-    skipped with that import error. Its JIT cache (``DG_JIT_CACHE_DIR``) would be
-    harvested like FlashInfer's.
+    It is not implemented: the published ``deep_gemm`` build (sgl-deep-gemm 0.2.5) does not
+    load against the project GPU machine's torch 2.11, so no warmup could be written and
+    checked on hardware. Every run records this stage as skipped with the reason.
     """
-
-    name = "deep_gemm"
-
-    def skip_reason(self, spec: TuneSpec, arch: str) -> str | None:
-        if spec.resolved_quantization() != "fp8":
-            return "DeepGEMM warmup applies to fp8 (block-scaled) checkpoints only"
-        try:
-            import deep_gemm  # noqa: F401
-        except Exception as exc:  # ImportError, or an ABI mismatch raising OSError/RuntimeError
-            return f"deep_gemm is not importable: {type(exc).__name__}: {exc}"
-        return "DeepGEMM warmup is not implemented yet (deep_gemm could not be run on the test hardware)"
-
-    def run(self, spec: TuneSpec, arch: str, report: Report) -> dict[str, Any]:
-        raise AssertionError("skip_reason() never lets this stage run")
+    if spec.resolved_quantization() != "fp8":
+        return "DeepGEMM warmup applies to fp8 (block-scaled) checkpoints only"
+    try:
+        import deep_gemm  # noqa: F401
+    except Exception as exc:  # ImportError, or an ABI mismatch raising OSError/RuntimeError
+        return f"deep_gemm is not importable: {type(exc).__name__}: {exc}"
+    return "DeepGEMM warmup is not implemented in this tunecache (it could not be run on the test hardware)"
 
 
-#: In vLLM's kernel_warmup order: DeepGEMM, FlashInfer autotune (GEMM, MoE), attention.
-STAGES: tuple[Stage, ...] = (DeepGemmStage(), DenseGemmStage(), FusedMoeStage(), AttentionWarmupStage())
+#: In vLLM's kernel_warmup order (after its DeepGEMM warmup): FlashInfer autotune (GEMM, MoE), attention.
+STAGES: tuple[Stage, ...] = (DenseGemmStage(), FusedMoeStage(), AttentionWarmupStage())
