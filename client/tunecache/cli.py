@@ -139,6 +139,15 @@ def _client_errors(exc: Exception) -> NoReturn:
     raise exc
 
 
+def _environment(path: Path | None):
+    """The environment from ``--environment FILE`` (exit 7 if unusable), else detected with
+    FlashInfer (exit 2 if FlashInfer is missing: the user must pass the file)."""
+    try:
+        return environment_from_file(path) if path else detect_environment()
+    except EnvironmentUnavailable as exc:
+        fail(ExitCode.BAD_INPUT if path else ExitCode.USAGE, str(exc))
+
+
 def _client(server: str) -> TunecacheClient:
     """A client with timeouts and retries from ``TUNECACHE_CONNECT_TIMEOUT`` (s),
     ``TUNECACHE_READ_TIMEOUT`` (s) and ``TUNECACHE_ATTEMPTS``."""
@@ -257,10 +266,7 @@ def pull(
         fail(ExitCode.USAGE, "--dest DIR is needed for --layout file")
     if layout is Layout.vllm and not (vllm_config_hash and re.fullmatch(r"[0-9a-f]{64}", vllm_config_hash)):
         fail(ExitCode.USAGE, "--layout vllm needs --vllm-config-hash (64 hex digits; the tunecache vLLM plugin computes it itself)")
-    try:
-        env = environment_from_file(environment) if environment else detect_environment()
-    except EnvironmentUnavailable as exc:
-        fail(ExitCode.BAD_INPUT if environment else ExitCode.USAGE, str(exc))
+    env = _environment(environment)
     if environment is None and env.indeterminate_fields():
         fail(
             ExitCode.USAGE,
@@ -319,10 +325,7 @@ def doctor(
 
     Exit 0 when the server has a matching tuning, 3 when not (as pull), 4/5 for server trouble.
     """
-    try:
-        env = environment_from_file(environment) if environment else detect_environment()
-    except EnvironmentUnavailable as exc:
-        fail(ExitCode.BAD_INPUT if environment else ExitCode.USAGE, str(exc))
+    env = _environment(environment)
     typer.echo("environment (FlashInfer _metadata" + (f", from {environment})" if environment else ", detected)"))
     for field, value in env.model_dump().items():
         typer.echo(f"  {field}: {value}")
