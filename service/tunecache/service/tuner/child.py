@@ -90,8 +90,10 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
     if not cache.is_file():
         raise RuntimeError("FlashInfer wrote no autotune cache file: no stage ran a tunable op")
     parsed = parse_autotune_file(cache.read_bytes(), source=str(cache))
+    harvest_started = time.perf_counter()
     jit = harvest_flashinfer_jit(out_dir)
-    emit({"event": "stage", "stage": "harvest", "status": "done", "seconds": 0.0, "modules": [a["module"] for a in jit]})
+    emit({"event": "stage", "stage": "harvest", "status": "done",
+          "seconds": round(time.perf_counter() - harvest_started, 3), "modules": [a["module"] for a in jit]})
     return {
         "gpu_name": gpu_name,
         "arch": arch,
