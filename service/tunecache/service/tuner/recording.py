@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from tunecache.client.http import TunecacheClient
-from tunecache.identity import EnvironmentMetadata, TuningKey
+from tunecache.identity import EnvironmentMetadata
 from tunecache.service import blobs, repository
 from tunecache.service.schemas import TuningRunCreate, TuningRunRead
 from tunecache.service.tuner.runner import TunerFailed, TunerResult
@@ -18,17 +18,8 @@ def failed_run_record(spec: TuneSpec, failure: TunerFailed, trigger: str, node: 
     started = failure.started
     if started is None:
         return None
-    key = TuningKey(
-        gpu_name=started["gpu_name"],
-        arch=started["arch"],
-        model=spec.model,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        dtype=spec.dtype,
-        quantization=spec.quantization,
-        tensor_parallel_size=spec.tensor_parallel_size,
-    )
     return TuningRunCreate(
-        key=key,
+        key=spec.key(started["gpu_name"], started["arch"]),
         environment=EnvironmentMetadata.from_flashinfer_metadata(started["environment"]),
         status="failed",
         trigger=trigger,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunecache.identity import EnvironmentMetadata, TuningKey
+from tunecache.identity import EnvironmentMetadata
 from tunecache.service.schemas import ArtifactCreate, TuningRunCreate
 from tunecache.service.tuner.stages import TuneSpec
 
@@ -57,21 +57,10 @@ class TunerResult:
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
 
-    def key(self, spec: TuneSpec) -> TuningKey:
-        return TuningKey(
-            gpu_name=self.gpu_name,
-            arch=self.arch,
-            model=spec.model,
-            max_num_batched_tokens=spec.max_num_batched_tokens,
-            dtype=spec.dtype,
-            quantization=spec.quantization,
-            tensor_parallel_size=spec.tensor_parallel_size,
-        )
-
     def run_record(self, spec: TuneSpec, trigger: str, node: str | None) -> TuningRunCreate:
         """The ``POST /v1/tunings`` body of this result (artifacts must be stored first)."""
         return TuningRunCreate(
-            key=self.key(spec),
+            key=spec.key(self.gpu_name, self.arch),
             environment=self.environment,
             status="succeeded",
             trigger=trigger,

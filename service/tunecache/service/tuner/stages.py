@@ -15,6 +15,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tunecache.identity import TuningKey
+
 from tunecache.service.tuner.model_config import (
     GemmShape,
     attention_shape,
@@ -54,6 +56,18 @@ class TuneSpec(BaseModel):
     runner: Literal["native", "vllm"] = "native"
     """``native``: tunecache's stages; ``vllm``: vLLM's own kernel_warmup
     (:mod:`tunecache.service.tuner.vllm_runner`), where vllm is installed."""
+
+    def key(self, gpu_name: str, arch: str) -> TuningKey:
+        """The key this spec tunes on a GPU named ``gpu_name`` of ``arch``."""
+        return TuningKey(
+            gpu_name=gpu_name,
+            arch=arch,
+            model=self.model,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            dtype=self.dtype,
+            quantization=self.quantization,
+            tensor_parallel_size=self.tensor_parallel_size,
+        )
 
     def resolved_quantization(self) -> str | None:
         """``quantization``, or the checkpoint's when ``"auto"``."""
