@@ -9,6 +9,7 @@ number of times before the typed error is raised.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -228,6 +229,34 @@ class TunecacheClient:
             return b"".join(parts)
 
         return self._retrying(once)
+
+    def upload_file(self, path: Path) -> str:
+        """Upload a file's bytes streamed from disk (never whole in memory), unless the
+        server already has them (``HEAD``); returns the sha256.
+
+        Raises:
+            ServerUnreachable, ServerError.
+        """
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        sha256 = digest.hexdigest()
+        if self._request("HEAD", f"/v1/artifacts/{sha256}").status_code == 200:
+            return sha256
+
+        def once() -> httpx.Response:
+            try:
+                with path.open("rb") as f:
+                    response = self._http.put(f"/v1/artifacts/{sha256}", content=f)
+            except httpx.HTTPError as exc:
+                raise _Transient(self._classify(exc)) from None
+            if response.status_code in _RETRY_STATUSES:
+                raise _Transient(ServerError(response.status_code, _detail(response)))
+            return response
+
+        self._checked(self._retrying(once))
+        return sha256
 
     def upload_artifact(self, data: bytes) -> str:
         """``PUT /v1/artifacts/{sha256}``; returns the sha256. Idempotent."""

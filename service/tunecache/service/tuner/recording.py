@@ -41,7 +41,8 @@ def record_in_database(session: Session, spec: TuneSpec, result: TunerResult, tr
 
 
 def record_over_http(client: TunecacheClient, spec: TuneSpec, result: TunerResult, trigger: str, node: str | None) -> dict:
-    """Upload the result's artifacts, then its run; returns the stored run (JSON)."""
+    """Upload the result's artifacts (streamed; skipped when the server has them), then its
+    run; returns the stored run (JSON)."""
     for _artifact, path in result.artifacts:
-        client.upload_artifact(path.read_bytes())
+        client.upload_file(path)
     return client.record_run(result.run_record(spec, trigger, node).model_dump(mode="json"))
