@@ -77,3 +77,32 @@ def test_v2_store_is_readable_by_flashinfer(tmp_path):
         assert hit is not None and (hit.runner, hit.tactic, hit.profiling_policy) == (runner, tactic, tuple(policy))
     assert len(list(store.entries_dir.glob("*.json"))) == len(entries) == 42
     assert json.loads((store.env_dir / "manifest.json").read_text())["cache_schema"] == "v2"
+
+
+def deep_gemm_tarball(members):
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return raw.getvalue()
+
+
+def test_deep_gemm_cache_is_a_read_only_root_after_the_writable_one(tmp_path, monkeypatch):
+    from tunecache.client.layouts import deep_gemm_cache_dirs, install_deep_gemm_cache
+
+    data = deep_gemm_tarball([("cache/kernel.abc/kernel.cubin", b"cubin")])  # the vLLM runner's harvest layout
+    installed = install_deep_gemm_cache(data, tmp_path / "dg" / "run-1")
+    assert (installed / "cache" / "kernel.abc" / "kernel.cubin").read_bytes() == b"cubin"
+    monkeypatch.delenv("DG_JIT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    assert deep_gemm_cache_dirs(installed) == f"{tmp_path / 'vllm' / 'deep_gemm'}:{installed}"  # vLLM's default first
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", f"/w:{installed}")
+    assert deep_gemm_cache_dirs(installed) == f"/w:{installed}"  # not added twice
+    with pytest.raises(ValueError, match="unsafe entry"):
+        install_deep_gemm_cache(deep_gemm_tarball([("../escape", b"x")]), tmp_path / "dg" / "run-2")
+    assert not (tmp_path / "dg" / "run-2").exists()

@@ -49,7 +49,10 @@ STAND_IN = {
             return False
         def flashinfer_autotune(runner):
             path = c.flashinfer_autotune_root() / c.flashinfer_autotune_cache_hash(runner) / c.flashinfer_autotune_filename(0, 0)
-            print(json.dumps({"file_present_at_warmup": path.is_file()}))
+            out = {"file_present_at_warmup": path.is_file()}
+            if os.environ.get("DG_JIT_CACHE_DIR"):
+                out["DG_JIT_CACHE_DIR"] = os.environ["DG_JIT_CACHE_DIR"]
+            print(json.dumps(out))
     '''),
 }
 
@@ -121,3 +124,27 @@ def test_push_back_uploads_a_pod_tuning_unverified(server, tmp_path):
 def test_without_tunecache_url_the_plugin_does_nothing(tmp_path):
     seen, log = run_worker(tmp_path)
     assert seen == {"file_present_at_warmup": False} and "tunecache" not in log
+
+
+def test_deep_gemm_cache_of_a_vllm_runner_run_becomes_a_read_only_root(server, tmp_path):
+    """A run recorded by the vLLM runner carries vLLM's DeepGEMM cache; the plugin unpacks it
+    and puts it after DeepGEMM's writable directory before vLLM's warmup reads it."""
+    import hashlib
+
+    import httpx
+
+    from helpers import run_payload
+    from test_layouts import deep_gemm_tarball
+
+    tarball = deep_gemm_tarball([("cache/kernel.abc/kernel.cubin", b"cubin")])
+    for blob in (tarball, CUDNN_FILE.read_bytes()):
+        assert httpx.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code == 201
+    payload = run_payload(CUDNN_FILE)
+    payload["artifacts"].append({"kind": "deep_gemm_jit_cache", "name": "deep-gemm-jit-cache.tar.gz",
+                                 "media_type": "application/gzip", "sha256": hashlib.sha256(tarball).hexdigest()})
+    assert httpx.post(f"{server}/v1/tunings", json=payload).status_code == 201
+    seen, _ = run_worker(tmp_path, TUNECACHE_URL=server, VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
+    installed = tmp_path / "vllm-cache" / "tunecache" / "deep_gemm" / "1"
+    assert seen["file_present_at_warmup"] is True
+    assert seen["DG_JIT_CACHE_DIR"] == f"{tmp_path / 'vllm-cache' / 'deep_gemm'}:{installed}"
+    assert (installed / "cache" / "kernel.abc" / "kernel.cubin").read_bytes() == b"cubin"

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, QWEN3_CONFIG
 from tunecache.service.tuner.stages import TuneSpec
+from tunecache.client.layouts import DEEP_GEMM_KIND
 from tunecache.service.tuner.vllm_runner import (
-    DEEP_GEMM_KIND,
     V2_STORE_KIND,
     VLLM_RANK_FILE_KIND,
     harvest_vllm_cache,

@@ -12,6 +12,7 @@ from pathlib import Path
 from tunecache.client.autotune_file import ARTIFACT_KIND
 from tunecache.client.http import TunecacheClient, TunecacheError
 from tunecache.client.jit_install import JIT_MODULE_KIND, flashinfer_workspace_dir, install_jit_module
+from tunecache.client.layouts import DEEP_GEMM_KIND
 from tunecache.identity import EnvironmentMetadata, TuningKey
 
 
@@ -68,6 +69,8 @@ class FetchedTuning:
     run: dict
     autotune: bytes
     jit_modules: tuple[bytes, ...] = ()
+    deep_gemm: bytes | None = None
+    """The run's DeepGEMM JIT cache tarball, when it has one and it was asked for."""
 
     @property
     def workspace_subdir(self) -> str:
@@ -75,9 +78,11 @@ class FetchedTuning:
         return (self.run["summary"].get("flashinfer_jit") or {}).get("workspace_subdir", "")
 
 
-def fetch_tuning(client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False) -> FetchedTuning:
+def fetch_tuning(
+    client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False, deep_gemm: bool = False
+) -> FetchedTuning:
     """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
-    JIT modules), each verified against its sha256.
+    JIT modules; with ``deep_gemm``, its DeepGEMM cache), each verified against its sha256.
 
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
@@ -89,7 +94,10 @@ def fetch_tuning(client: TunecacheClient, key: TuningKey, environment: Environme
         raise TunecacheError(f"tuning run {run['id']} has no {ARTIFACT_KIND} artifact")
     data = client.download_artifact(artifact["sha256"])
     modules = tuple(client.download_artifact(a["sha256"]) for a in run["artifacts"] if jit and a["kind"] == JIT_MODULE_KIND)
-    return FetchedTuning(run=run, autotune=data, jit_modules=modules)
+    dg = next((a for a in run["artifacts"] if deep_gemm and a["kind"] == DEEP_GEMM_KIND), None)
+    return FetchedTuning(
+        run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg["sha256"]) if dg else None
+    )
 
 
 def install_jit_modules(fetched: FetchedTuning, workspace: Path | bool) -> tuple[list[str], Path | None]:

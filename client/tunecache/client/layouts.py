@@ -8,6 +8,11 @@
   ``<hash>`` is ``flashinfer_autotune_cache_hash(runner)``: sha256 of
   ``VllmConfig.compute_hash(include_version=False)``. vLLM loads them only when every rank
   has a file with the same ``_metadata`` and entry count, so all ranks get the same bytes.
+* DeepGEMM's JIT cache: ``DG_JIT_CACHE_DIR``. In the DeepGEMM build vLLM bundles the
+  variable is a colon-separated list whose later entries are read-only roots, so a fetched
+  cache is unpacked into its own directory and appended after the writable one (vLLM sets
+  ``$VLLM_CACHE_ROOT/deep_gemm`` only when the variable is unset:
+  ``vllm/utils/deep_gemm.py::_lazy_init``).
 * FlashInfer's v2 store (single-rank vLLM): ``<root>/v2/<env_hash>/manifest.json`` and
   ``entries/``, written here with FlashInfer's own ``ManagedAutotuneCache.publish``;
   ``<root>`` is ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` if set (vLLM's
@@ -22,12 +27,17 @@ and renamed into place.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import tarfile
 import tempfile
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+#: Artifact kind of a DeepGEMM JIT cache (harvested by the tuner's vLLM runner).
+DEEP_GEMM_KIND = "deep_gemm_jit_cache"
 
 
 def vllm_rank_file_name(dp_rank: int, rank: int) -> str:
@@ -152,3 +162,42 @@ def install_v2_store(data: bytes, root: Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def install_deep_gemm_cache(data: bytes, directory: Path) -> Path:
+    """Unpack a DeepGEMM JIT cache tarball (``deep_gemm_jit_cache`` artifact) into
+    ``directory``, all at once (staged beside it, renamed into place).
+
+    Raises:
+        ValueError: the tarball holds absolute or ``..`` paths, links or special files.
+    """
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            path = PurePosixPath(member.name)
+            if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
+                raise ValueError(f"unsafe entry in DeepGEMM cache artifact: {member.name!r}")
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=directory.parent))
+        try:
+            tar.extractall(staging, filter="data")
+            staging.chmod(0o755)
+            _swap_into_place(staging, directory)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return directory
+
+
+def deep_gemm_cache_dirs(installed: Path, vllm_cache_root: Path | None = None) -> str:
+    """The ``DG_JIT_CACHE_DIR`` value that keeps DeepGEMM's writable cache first and adds
+    ``installed`` as a read-only root: the current value (or vLLM's default,
+    ``$VLLM_CACHE_ROOT/deep_gemm``) followed by ``:installed``."""
+    current = os.environ.get("DG_JIT_CACHE_DIR")
+    if not current:
+        root = vllm_cache_root or Path(
+            os.environ.get("VLLM_CACHE_ROOT")
+            or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm")
+        ).expanduser()
+        current = str(Path(root) / "deep_gemm")
+    entries = current.split(":")
+    return current if str(installed) in entries else f"{current}:{installed}"

@@ -13,7 +13,9 @@ so that, in each worker, before FlashInfer's autotune step:
   flashinfer_autotune_filename(dp_rank, rank)`` (vLLM's own functions), or FlashInfer's v2
   store when vLLM uses it (``use_flashinfer_autotune_v2()``: single-rank);
 * the tuning's FlashInfer JIT modules go into the FlashInfer workspace (``TUNECACHE_JIT=0``
-  turns that off).
+  turns that off), and a DeepGEMM JIT cache, when the run has one, is unpacked under
+  ``$VLLM_CACHE_ROOT/tunecache/deep_gemm/<run>`` and added to ``DG_JIT_CACHE_DIR`` as a
+  read-only root (set in this process before DeepGEMM first reads it).
 
 vLLM then loads them and skips tuning; on a miss it tunes as it always does. One log line
 says what was installed or why not. Nothing here ever raises into vLLM. With
@@ -109,6 +111,15 @@ def _client():
     )
 
 
+def _vllm_cache_root() -> Path:
+    try:
+        import vllm.envs as envs
+
+        return Path(envs.VLLM_CACHE_ROOT)
+    except Exception:
+        return Path(os.environ.get("VLLM_CACHE_ROOT") or os.path.join(os.path.expanduser("~"), ".cache", "vllm"))
+
+
 def _environment():
     from tunecache.client.environment import detect_environment, environment_from_file
 
@@ -121,15 +132,20 @@ def _install_safely(runner: Any) -> bool | None:
     None: tunecache failed (logged). Never raises."""
     from tunecache.client.http import NoCompatibleTuning
     from tunecache.client.install import fetch_tuning, install_jit_modules, write_atomically
-    from tunecache.client.layouts import flashinfer_v2_root, install_v2_store
+    from tunecache.client.layouts import deep_gemm_cache_dirs, flashinfer_v2_root, install_deep_gemm_cache, install_v2_store
 
     try:
         environment = _environment()
         key = _key(runner, environment)
         jit = os.environ.get("TUNECACHE_JIT", "1") != "0"
         with _client() as client:
-            fetched = fetch_tuning(client, key, environment, jit=jit)
+            fetched = fetch_tuning(client, key, environment, jit=jit, deep_gemm=jit)
         modules, _ = install_jit_modules(fetched, True) if jit else ([], None)
+        if fetched.deep_gemm is not None:
+            directory = install_deep_gemm_cache(
+                fetched.deep_gemm, _vllm_cache_root() / "tunecache" / "deep_gemm" / str(fetched.run["id"])
+            )
+            os.environ["DG_JIT_CACHE_DIR"] = deep_gemm_cache_dirs(directory)
         if _uses_v2():
             where = install_v2_store(fetched.autotune, flashinfer_v2_root())
         else:

@@ -31,12 +31,12 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from tunecache.client.layouts import DEEP_GEMM_KIND
 from tunecache.service.tuner.stages import TuneSpec
 
 #: Artifact kinds the vLLM runner adds beside ``flashinfer_autotune_v1``.
 VLLM_RANK_FILE_KIND = "vllm_flashinfer_autotune_v1"
 V2_STORE_KIND = "flashinfer_autotune_v2_store"
-DEEP_GEMM_KIND = "deep_gemm_jit_cache"
 
 _RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
 
