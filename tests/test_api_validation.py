@@ -130,3 +130,36 @@ def test_large_artifact_streams_through_several_chunks(engine):
         download = client.get(f"/v1/artifacts/{digest}")
     assert download.status_code == 200 and int(download.headers["content-length"]) == len(data)
     assert hashlib.sha256(download.content).hexdigest() == digest
+
+
+def test_job_requests_are_bounded_and_valid(engine):
+    from fastapi.testclient import TestClient
+
+    from tunecache.service.app import create_app
+    from tunecache.service.settings import Settings
+
+    settings = Settings(database_url=str(engine.url), max_upload_bytes=8 * 1024 * 1024, worker="off")
+    with TestClient(create_app(settings, engine=engine)) as client:
+        check_job_bounds(client)
+
+
+def check_job_bounds(app_client):
+    key = h200_key().model_dump()
+    big = {"k": "x" * (1024 * 1024 + 1)}
+    for body, where in (
+        ({"key": key, "hf_config": big}, "at most"),
+        ({"key": key, "stages": []}, "at least 1"),
+    ):
+        response = app_client.post("/v1/tuning-jobs", json=body)
+        assert response.status_code == 422 and where in str(first_error(response)), response.text
+    nan = app_client.post("/v1/tuning-jobs", content=json.dumps({"key": key, "hf_config": {"x": float("nan")}}).encode(),
+                          headers={"content-type": "application/json"})
+    assert nan.status_code == 422 and "NaN" in str(first_error(nan))
+    assert app_client.get("/v1/tuning-jobs").json()["total"] == 0
+
+
+def test_lone_surrogates_are_a_422_not_a_crash(app_client):
+    body = '{"key": {"gpu_name": "NVIDIA H200", "arch": "sm90", "model": "\\ud800", "max_num_batched_tokens": 8}}'
+    for path in ("/v1/tuning-jobs", "/v1/tunings/lookup", "/v1/tunings"):
+        response = app_client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+        assert response.status_code == 422, (path, response.text)

@@ -164,7 +164,9 @@ def test_init_container_installs_every_rank_for_vllm(server, tmp_path):
     )
     assert pulled.returncode == 0, pulled.stderr
     files = sorted((tmp_path / "vllm-root" / config_hash).iterdir())
-    assert [f.name for f in files] == [f"autotune_configs_dp{d}_rank{r}.json" for d in (0, 1) for r in (0, 1)]
+    # vLLM's world rank runs on across data-parallel replicas: dp * (tp * pp) + local rank
+    assert [f.name for f in files] == ["autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json",
+                                       "autotune_configs_dp1_rank2.json", "autotune_configs_dp1_rank3.json"]
     assert pulled.stdout.split() == [str(f) for f in files]
     assert all(f.read_bytes() == CUDNN_FILE.read_bytes() for f in files)
     missing_hash = tunecache("pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
@@ -195,3 +197,44 @@ def test_doctor_shows_environment_key_and_what_differs(server, tmp_path):
                         "--environment", str(other))
     assert missing.returncode == 3
     assert "run 1 (meta-llama/Llama-3.1-8B, NVIDIA H200): cudnn_version: stored 91900, yours 91700" in missing.stdout
+
+
+def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path):
+    """One good and one hostile JIT module: every module is checked before any is unpacked."""
+    import hashlib
+    import io
+    import tarfile
+
+    from helpers import run_payload
+    from test_jit_artifacts import fake_workspace
+    from tunecache.service.tuner.jit_artifacts import module_tarball
+
+    good = module_tarball(fake_workspace(tmp_path / "node"), "batch_prefill_bf16_h128")
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        info = tarfile.TarInfo("cached_ops/evil/../../../etc/evil")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    bad = raw.getvalue()
+    payload = run_payload(CUDNN_FILE)
+    for name, blob in (("good", good), ("bad", bad), ("cache", CUDNN_FILE.read_bytes())):
+        httpx.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob)
+        if name != "cache":
+            payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": f"flashinfer-jit/{name}.tar.gz",
+                                         "media_type": "application/gzip", "sha256": hashlib.sha256(blob).hexdigest()})
+    assert httpx.post(f"{server}/v1/tunings", json=payload).status_code == 201
+    pulled = pull(server, tmp_path / "dest", CUDNN_FILE, "--jit-workspace", str(tmp_path / "workspace"))
+    assert pulled.returncode == 6 and "unsafe path" in pulled.stderr and "not installed" in pulled.stderr
+    assert not (tmp_path / "workspace").exists() and not (tmp_path / "dest").exists()
+
+
+def test_retune_checks_its_options_before_asking(server, tmp_path):
+    unknown = tunecache("retune", "--server", server, "--model", "m", "--max-num-batched-tokens", "8",
+                        "--gpu-name", "NVIDIA H200", "--stages", "gemm,foo")
+    assert unknown.returncode == 2 and "unknown stages foo" in unknown.stderr
+    listed = tmp_path / "config.json"
+    listed.write_text("[1]")
+    not_object = tunecache("retune", "--server", server, "--model", "m", "--max-num-batched-tokens", "8",
+                           "--gpu-name", "NVIDIA H200", "--config", str(listed))
+    assert not_object.returncode == 7 and "not a JSON object" in not_object.stderr
+    assert httpx.get(f"{server}/v1/tuning-jobs").json()["total"] == 0

@@ -38,7 +38,7 @@ def pull(server, dest, extra_env=None, preexec=None):
 #: A stand-in tunecache server, run as its own process: answers the lookup with a run whose
 #: artifact is the real H200 file, and serves that artifact the way MODE says.
 FAKE_SERVER = textwrap.dedent('''
-    import hashlib, http.server, json, os, signal, sys
+    import hashlib, http.server, json, os, signal, sys, time
     port, mode, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     data = open(path, "rb").read()
     sha = hashlib.sha256(data).hexdigest()
@@ -60,6 +60,8 @@ FAKE_SERVER = textwrap.dedent('''
             self.rfile.read(int(self.headers["Content-Length"]))
             if mode == "503":
                 return self.answer(503, b'{"detail": "database unavailable"}')
+            if mode == "not-a-run":
+                return self.answer(200, b'{"id": 1}')
             self.answer(200, json.dumps(run).encode())
         def do_GET(self):
             if mode == "truncated":
@@ -72,6 +74,14 @@ FAKE_SERVER = textwrap.dedent('''
                 self.wfile.write(data[:4096])
                 self.wfile.flush()
                 os.kill(os.getpid(), signal.SIGKILL)  # the server process dies mid-download
+            elif mode == "trickle":  # one byte at a time: no single read ever times out
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                for byte in data:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.3)
             elif mode == "corrupt":
                 self.answer(200, data.replace(b"Cudnn", b"Cuxnn", 1))
             else:
@@ -201,3 +211,23 @@ def test_healthy_fake_server_installs(fake_server, tmp_path):
     result, _ = pull(url, tmp_path / "dest")
     assert result.returncode == 0, result.stderr
     assert open(result.stdout.strip(), "rb").read() == CUDNN_FILE.read_bytes()
+
+
+def test_a_trickling_server_is_cut_off_at_the_total_timeout(fake_server, tmp_path):
+    url, _ = fake_server("trickle")
+    result, seconds = pull(url, tmp_path / "dest", {"TUNECACHE_TOTAL_TIMEOUT": "2"})
+    assert result.returncode == 4 and "answered too slowly: no complete answer within 2 s" in result.stderr
+    assert seconds < 20 and not (tmp_path / "dest").exists()
+
+
+def test_an_answer_that_is_not_a_tuning_run_exits_5(fake_server, tmp_path):
+    url, _ = fake_server("not-a-run")
+    result, _ = pull(url, tmp_path / "dest")
+    assert result.returncode == 5 and "not a tunecache answer" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_client_settings_are_usage_errors(tmp_path):
+    result, _ = pull("http://127.0.0.1:1", tmp_path / "dest", {"TUNECACHE_ATTEMPTS": "abc"})
+    assert result.returncode == 2 and "TUNECACHE_ATTEMPTS='abc' is not a whole number" in result.stderr
+    result, _ = pull("http://[::1", tmp_path / "dest")
+    assert result.returncode == 2 and "is not a URL" in result.stderr

@@ -148,3 +148,17 @@ def test_deep_gemm_cache_of_a_vllm_runner_run_becomes_a_read_only_root(server, t
     assert seen["file_present_at_warmup"] is True
     assert seen["DG_JIT_CACHE_DIR"] == f"{tmp_path / 'vllm-cache' / 'deep_gemm'}:{installed}"
     assert (installed / "cache" / "kernel.abc" / "kernel.cubin").read_bytes() == b"cubin"
+
+
+def test_an_unexpected_vllm_layout_is_logged_not_raised(tmp_path):
+    stand_in = tmp_path / "other_vllm"
+    (stand_in / "vllm" / "model_executor" / "warmup").mkdir(parents=True)
+    for init in ("vllm", "vllm/model_executor", "vllm/model_executor/warmup"):
+        (stand_in / init / "__init__.py").write_text("")
+    (stand_in / "vllm/model_executor/warmup/kernel_warmup.py").write_text("x = 1  # no flashinfer_autotune here\n")
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='%(message)s'); "
+            "from tunecache.client.vllm_plugin import register; register(); print('booted')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(stand_in), "TUNECACHE_URL": "http://127.0.0.1:1"})
+    assert result.returncode == 0 and result.stdout.strip() == "booted"
+    assert "tunecache: not installing tunings: cannot hook vLLM's kernel_warmup (AttributeError" in result.stderr

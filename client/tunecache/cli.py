@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 import re
 import socket
 import sys
@@ -43,19 +42,21 @@ import typer
 from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, NotAnAutotuneFile, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_arch, detect_environment, environment_from_file
 from tunecache.client.http import (
-    DEFAULT_ATTEMPTS,
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_READ_TIMEOUT_S,
     ArtifactCorrupt,
     NoCompatibleTuning,
     ServerUnreachable,
     TunecacheClient,
     TunecacheError,
+    client_from_environment,
 )
 from tunecache.client.install import check_file_name, fetch_tuning, install_jit_modules, pull_autotune_file
 from tunecache.client.layouts import flashinfer_v2_root, install_v2_store, install_vllm_rank_files, vllm_autotune_root
 from tunecache.client.jit_install import BadJitArtifact
 from tunecache.identity import TuningKey
+
+
+#: Tuner stage names (``tunecache.service.tuner.stages.STAGES``), for option checks.
+STAGE_NAMES = ("gemm", "moe", "attention")
 
 
 class ExitCode(enum.IntEnum):
@@ -149,15 +150,9 @@ def _environment(path: Path | None):
 
 
 def _client(server: str) -> TunecacheClient:
-    """A client with timeouts and retries from ``TUNECACHE_CONNECT_TIMEOUT`` (s),
-    ``TUNECACHE_READ_TIMEOUT`` (s) and ``TUNECACHE_ATTEMPTS``."""
+    """A client with the timeouts and retries of the environment (``client_from_environment``)."""
     try:
-        return TunecacheClient(
-            server,
-            connect_timeout_s=float(os.environ.get("TUNECACHE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)),
-            read_timeout_s=float(os.environ.get("TUNECACHE_READ_TIMEOUT", DEFAULT_READ_TIMEOUT_S)),
-            attempts=int(os.environ.get("TUNECACHE_ATTEMPTS", DEFAULT_ATTEMPTS)),
-        )
+        return client_from_environment(server)
     except ValueError as exc:
         fail(ExitCode.USAGE, str(exc))
 
@@ -246,7 +241,8 @@ def pull(
     vllm_config_hash: Annotated[
         Optional[str], typer.Option(help="vllm layout: the <hash> directory (sha256 of VllmConfig.compute_hash) of the deployment")
     ] = None,
-    data_parallel_size: Annotated[int, typer.Option(min=1, help="vllm layout: data-parallel size (ranks = dp x tp)")] = 1,
+    data_parallel_size: Annotated[int, typer.Option(min=1, help="vllm layout: data-parallel size")] = 1,
+    pipeline_parallel_size: Annotated[int, typer.Option(min=1, help="vllm layout: pipeline-parallel size (ranks per dp = tp x pp)")] = 1,
     file_name: Annotated[Optional[str], typer.Option(help="file layout: the file's name (default: from the key)")] = None,
     jit: Annotated[bool, typer.Option("--jit", help="also install the tuning's FlashInfer JIT modules into this pod's FlashInfer workspace")] = False,
     jit_workspace: Annotated[
@@ -284,20 +280,22 @@ def pull(
                 modules, workspace = install_jit_modules(fetched, jit_workspace or True) if (jit or jit_workspace) else ([], None)
                 if layout is Layout.vllm:
                     root = dest or vllm_autotune_root(fetched.workspace_subdir)
-                    ranks = [(dp, rank) for dp in range(data_parallel_size) for rank in range(tensor_parallel_size)]
+                    # vLLM's world rank: data_parallel_rank * (tp * pp) + local rank
+                    per_dp = tensor_parallel_size * pipeline_parallel_size
+                    ranks = [(dp, dp * per_dp + rank) for dp in range(data_parallel_size) for rank in range(per_dp)]
                     paths = install_vllm_rank_files(fetched.autotune, root, vllm_config_hash, ranks)
                 else:
                     paths = [install_v2_store(fetched.autotune, dest or flashinfer_v2_root())]
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
+        except BadJitArtifact as exc:
+            fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; the tuning was not installed")
         except ImportError as exc:
-            fail(ExitCode.USAGE, f"--layout {layout.value} needs FlashInfer here ({exc}), or pass --dest")
+            fail(ExitCode.USAGE, f"--layout {layout.value} needs FlashInfer installed here ({exc})")
         except ValueError as exc:
             fail(ExitCode.USAGE, str(exc))
         except OSError as exc:
-            fail(ExitCode.INSTALL_FAILED, f"cannot write the install: {exc}; nothing was left half-written")
-        except BadJitArtifact as exc:
-            fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; the tuning was not installed")
+            fail(ExitCode.INSTALL_FAILED, f"cannot write the install: {exc}")
         except Exception as exc:
             _client_errors(exc)
     if modules:
@@ -501,6 +499,11 @@ def retune(
             hf_config = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             fail(ExitCode.BAD_INPUT, f"cannot read model config {path}: {exc}")
+        if not isinstance(hf_config, dict):
+            fail(ExitCode.BAD_INPUT, f"model config {path} is not a JSON object")
+    unknown = sorted(set(_csv(stages) or []) - set(STAGE_NAMES))
+    if unknown:
+        fail(ExitCode.USAGE, f"unknown stages {', '.join(unknown)} (choose from {', '.join(STAGE_NAMES)})")
     with _client(server) as client:
         try:
             job = client.create_job(key, hf_config, _csv(gemm_backends), _csv(stages))

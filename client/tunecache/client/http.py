@@ -9,6 +9,8 @@ number of times before the typed error is raised.
 from __future__ import annotations
 
 import hashlib
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_READ_TIMEOUT_S = 30.0
 #: Attempts per request (1 = no retry) and the backoff between them (0.5 s, 1 s, 2 s, ... at most 4 s).
 DEFAULT_ATTEMPTS = 3
+#: Seconds one attempt may take in all, however the server trickles its answer.
+DEFAULT_TOTAL_TIMEOUT_S = 120.0
 _RETRY_STATUSES = frozenset({502, 503, 504})
 
 
@@ -54,8 +58,14 @@ class NoCompatibleTuning(TunecacheError):
         """Multi-line text: the server's reason, then each closest tuning's differing fields."""
         lines = [self.detail]
         for c in self.closest:
-            diffs = "; ".join(f"{d['field']}: stored {d['stored']}, yours {d['yours']}" for d in c["differences"])
-            lines.append(f"  run {c['run_id']} ({c['key']['model']}, {c['key']['gpu_name']}): {diffs}")
+            if not isinstance(c, dict):
+                continue
+            diffs = "; ".join(
+                f"{d.get('field')}: stored {d.get('stored')}, yours {d.get('yours')}"
+                for d in c.get("differences") or [] if isinstance(d, dict)
+            )
+            key = c.get("key") if isinstance(c.get("key"), dict) else {}
+            lines.append(f"  run {c.get('run_id')} ({key.get('model')}, {key.get('gpu_name')}): {diffs}")
         return "\n".join(lines)
 
 
@@ -91,6 +101,14 @@ def _detail(response: httpx.Response) -> Any:
     return response.text[:200] or response.reason_phrase
 
 
+def _detail_of(body: bytes) -> Any:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body[:200].decode(errors="replace")
+    return parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
+
+
 class TunecacheClient:
     """Talks to one tunecache server.
 
@@ -98,6 +116,9 @@ class TunecacheClient:
         base_url: e.g. ``http://tunecache:8321``.
         connect_timeout_s / read_timeout_s: httpx timeouts in seconds (5 s / 30 s).
         attempts: tries per request for transient failures (3).
+        total_timeout_s: the most one attempt may take, end to end (120 s): a server that
+            sends a byte now and then never trips a read timeout, so bodies are read
+            against this deadline too.
         transport: an httpx transport (tests).
 
     Raises:
@@ -111,14 +132,19 @@ class TunecacheClient:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         attempts: int = DEFAULT_ATTEMPTS,
+        total_timeout_s: float = DEFAULT_TOTAL_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ):
-        url = httpx.URL(base_url)
+        try:
+            url = httpx.URL(base_url)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"server URL {base_url!r} is not a URL: {exc}") from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"server URL {base_url!r} must look like http://host:port")
         self.base_url = base_url.rstrip("/")
         self.attempts = max(1, attempts)
         self.read_timeout_s = read_timeout_s
+        self.total_timeout_s = total_timeout_s
         timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
@@ -161,12 +187,29 @@ class TunecacheClient:
                 error.args = (f"{error} (after {self.attempts} attempts)",)
             raise error from None
 
+    def _read_body(self, response: httpx.Response, deadline: float, sink=None) -> bytes:
+        """Read a streamed body before ``deadline`` (monotonic seconds); ``sink`` sees each part."""
+        parts = []
+        for part in response.iter_bytes():
+            if time.monotonic() > deadline:
+                raise _Transient(ServerUnreachable(
+                    f"tunecache server {self.base_url} answered too slowly: no complete answer within {self.total_timeout_s:g} s"
+                ))
+            if sink is not None:
+                sink(part)
+            parts.append(part)
+        return b"".join(parts)
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         def once() -> httpx.Response:
+            deadline = time.monotonic() + self.total_timeout_s
             try:
-                response = self._http.request(method, path, **kwargs)
+                with self._http.stream(method, path, **kwargs) as response:
+                    body = self._read_body(response, deadline)
             except httpx.HTTPError as exc:
                 raise _Transient(self._classify(exc)) from None
+            headers = [(k, v) for k, v in response.headers.items() if k.lower() not in ("content-encoding", "content-length")]
+            response = httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
             if response.status_code in _RETRY_STATUSES:
                 raise _Transient(ServerError(response.status_code, _detail(response)))
             return response
@@ -192,8 +235,10 @@ class TunecacheClient:
         if response.status_code == 404 and body is not None and isinstance(body.get("closest"), list):
             raise NoCompatibleTuning(str(body.get("detail", "no compatible tuning")), body["closest"])
         self._checked(response)
-        if body is None:
+        if body is None or not isinstance(body.get("id"), int) or not isinstance(body.get("artifacts"), list) \
+                or not all(isinstance(a, dict) and {"kind", "sha256"} <= a.keys() for a in body["artifacts"]):
             raise ServerError(response.status_code, f"not a tunecache answer: {response.text[:200]!r}")
+        body.setdefault("summary", {})
         return body
 
     def download_artifact(self, sha256: str) -> bytes:
@@ -206,27 +251,22 @@ class TunecacheClient:
         """
 
         def once() -> bytes:
-            digest, parts, received = hashlib.sha256(), [], 0
+            digest = hashlib.sha256()
+            deadline = time.monotonic() + self.total_timeout_s
             try:
                 with self._http.stream("GET", f"/v1/artifacts/{sha256}") as response:
-                    if response.status_code in _RETRY_STATUSES:
-                        response.read()
-                        raise _Transient(ServerError(response.status_code, _detail(response)))
-                    if response.is_error:
-                        response.read()
-                        raise ServerError(response.status_code, _detail(response))
+                    if response.status_code in _RETRY_STATUSES or response.is_error:
+                        error = ServerError(response.status_code, _detail_of(self._read_body(response, deadline)))
+                        raise _Transient(error) if response.status_code in _RETRY_STATUSES else error
                     expected = response.headers.get("content-length")
-                    for part in response.iter_bytes():
-                        digest.update(part)
-                        parts.append(part)
-                        received += len(part)
+                    data = self._read_body(response, deadline, sink=digest.update)
             except httpx.HTTPError as exc:
                 raise _Transient(self._classify(exc)) from None
-            if expected is not None and received != int(expected):
-                raise _Transient(DownloadTruncated(f"artifact {sha256}: received {received} of {expected} bytes"))
+            if expected is not None and len(data) != int(expected):
+                raise _Transient(DownloadTruncated(f"artifact {sha256}: received {len(data)} of {expected} bytes"))
             if digest.hexdigest() != sha256:
-                raise ArtifactCorrupt(f"artifact {sha256} arrived as {received} bytes hashing to {digest.hexdigest()}")
-            return b"".join(parts)
+                raise ArtifactCorrupt(f"artifact {sha256} arrived as {len(data)} bytes hashing to {digest.hexdigest()}")
+            return data
 
         return self._retrying(once)
 
@@ -285,3 +325,33 @@ class TunecacheClient:
     def get_job(self, job_id: int) -> dict[str, Any]:
         """``GET /v1/tuning-jobs/{id}``: status, stage, step/total, log tail, timings."""
         return self._checked(self._request("GET", f"/v1/tuning-jobs/{job_id}")).json()
+
+
+def client_from_environment(url: str) -> TunecacheClient:
+    """A client whose timeouts and retries come from ``TUNECACHE_CONNECT_TIMEOUT``,
+    ``TUNECACHE_READ_TIMEOUT``, ``TUNECACHE_TOTAL_TIMEOUT`` (seconds) and ``TUNECACHE_ATTEMPTS``.
+
+    Raises:
+        ValueError: a bad URL, or a variable that is not a positive number (named).
+    """
+    import os
+
+    def number(name: str, default: float, kind=float):
+        raw = os.environ.get(name)
+        if raw is None:
+            return default
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number") from None
+        if value <= 0:
+            raise ValueError(f"{name}={raw!r} must be positive")
+        return value
+
+    return TunecacheClient(
+        url,
+        connect_timeout_s=number("TUNECACHE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S),
+        read_timeout_s=number("TUNECACHE_READ_TIMEOUT", DEFAULT_READ_TIMEOUT_S),
+        total_timeout_s=number("TUNECACHE_TOTAL_TIMEOUT", DEFAULT_TOTAL_TIMEOUT_S),
+        attempts=number("TUNECACHE_ATTEMPTS", DEFAULT_ATTEMPTS, int),
+    )

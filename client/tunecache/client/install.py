@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tunecache.client.autotune_file import ARTIFACT_KIND
 from tunecache.client.http import TunecacheClient, TunecacheError
-from tunecache.client.jit_install import JIT_MODULE_KIND, flashinfer_workspace_dir, install_jit_module
+from tunecache.client.jit_install import JIT_MODULE_KIND, check_jit_module, flashinfer_workspace_dir, install_jit_module
 from tunecache.client.layouts import DEEP_GEMM_KIND
 from tunecache.identity import EnvironmentMetadata, TuningKey
 
@@ -86,7 +86,8 @@ def fetch_tuning(
 
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
-        (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file.
+        (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file;
+        BadJitArtifact when a JIT module's tarball is unusable (checked before any install).
     """
     run = client.lookup(key, environment)
     artifact = next((a for a in run["artifacts"] if a["kind"] == ARTIFACT_KIND), None)
@@ -94,6 +95,8 @@ def fetch_tuning(
         raise TunecacheError(f"tuning run {run['id']} has no {ARTIFACT_KIND} artifact")
     data = client.download_artifact(artifact["sha256"])
     modules = tuple(client.download_artifact(a["sha256"]) for a in run["artifacts"] if jit and a["kind"] == JIT_MODULE_KIND)
+    for module in modules:  # every module checked before any is installed
+        check_jit_module(module)
     dg = next((a for a in run["artifacts"] if deep_gemm and a["kind"] == DEEP_GEMM_KIND), None)
     return FetchedTuning(
         run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg["sha256"]) if dg else None

@@ -61,6 +61,19 @@ def _module_of(tar: tarfile.TarFile) -> str:
     return modules.pop()
 
 
+def check_jit_module(data: bytes) -> str:
+    """The module name of a JIT tarball, after checking every entry (nothing is written).
+
+    Raises:
+        BadJitArtifact: not a gzip'd tar, or not one module's files.
+    """
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            return _module_of(tar)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise BadJitArtifact(f"JIT artifact is not a gzip'd tar file: {exc}") from None
+
+
 def install_jit_module(data: bytes, workspace: Path) -> str:
     """Unpack one module's tarball into ``workspace``; returns the module name.
 
@@ -71,6 +84,7 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
     Raises:
         BadJitArtifact: the tarball is not one module's files.
     """
+    check_jit_module(data)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         module = _module_of(tar)
         workspace.mkdir(parents=True, exist_ok=True)

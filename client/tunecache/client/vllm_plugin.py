@@ -25,7 +25,7 @@ its rank file afterwards as a ``pod`` run (stored unverified; never made current
 Settings: ``TUNECACHE_URL``, ``TUNECACHE_DTYPE`` / ``TUNECACHE_QUANTIZATION`` (the key's
 dtype and quantization, default ``auto``), ``TUNECACHE_JIT``, ``TUNECACHE_PUSH_BACK``, and
 the client's timeouts (``TUNECACHE_CONNECT_TIMEOUT``, ``TUNECACHE_READ_TIMEOUT``,
-``TUNECACHE_ATTEMPTS``).
+``TUNECACHE_TOTAL_TIMEOUT``, ``TUNECACHE_ATTEMPTS``).
 """
 
 from __future__ import annotations
@@ -44,10 +44,14 @@ def register() -> None:
     if not os.environ.get("TUNECACHE_URL"):
         return
     try:
-        from vllm.model_executor.warmup import kernel_warmup
-    except Exception as exc:
-        log.warning("tunecache: not installing tunings: vLLM's kernel_warmup is not importable (%s)", exc)
-        return
+        _wrap_flashinfer_autotune()
+    except Exception as exc:  # another vLLM layout than 0.33's: vLLM boots as without tunecache
+        log.warning("tunecache: not installing tunings: cannot hook vLLM's kernel_warmup (%s: %s)", type(exc).__name__, exc)
+
+
+def _wrap_flashinfer_autotune() -> None:
+    from vllm.model_executor.warmup import kernel_warmup
+
     if getattr(kernel_warmup, "_tunecache_wrapped", False):
         return
     original = kernel_warmup.flashinfer_autotune
@@ -101,14 +105,9 @@ def _key(runner: Any, environment: Any):
 
 
 def _client():
-    from tunecache.client.http import DEFAULT_ATTEMPTS, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, TunecacheClient
+    from tunecache.client.http import client_from_environment
 
-    return TunecacheClient(
-        os.environ["TUNECACHE_URL"],
-        connect_timeout_s=float(os.environ.get("TUNECACHE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)),
-        read_timeout_s=float(os.environ.get("TUNECACHE_READ_TIMEOUT", DEFAULT_READ_TIMEOUT_S)),
-        attempts=int(os.environ.get("TUNECACHE_ATTEMPTS", DEFAULT_ATTEMPTS)),
-    )
+    return client_from_environment(os.environ["TUNECACHE_URL"])
 
 
 def _vllm_cache_root() -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from tunecache.identity import TuningKey
 from tunecache.service import dialect, repository
@@ -55,7 +55,7 @@ def _to_read(job: TuningJob) -> TuningJobRead:
 
 def _active_job(session: Session, key_id: int) -> TuningJob | None:
     return session.scalars(
-        select(TuningJob).where(TuningJob.key_id == key_id, TuningJob.status.in_(ACTIVE_JOB_STATES))
+        select(TuningJob).options(defer(TuningJob.hf_config)).where(TuningJob.key_id == key_id, TuningJob.status.in_(ACTIVE_JOB_STATES))
     ).first()
 
 
@@ -195,7 +195,8 @@ def finish(
 
 
 def get_job(session: Session, job_id: int) -> TuningJobRead | None:
-    job = session.get(TuningJob, job_id, populate_existing=True)
+    """One job, or ``None`` (its model config is not loaded)."""
+    job = session.get(TuningJob, job_id, populate_existing=True, options=[defer(TuningJob.hf_config)])
     return None if job is None else _to_read(job)
 
 
@@ -208,8 +209,8 @@ def job_spec_inputs(session: Session, job_id: int) -> tuple[TuningKey, dict[str,
 
 
 def list_jobs(session: Session, *, status: str | None = None, limit: int = 50, offset: int = 0) -> TuningJobPage:
-    """Jobs, newest first."""
-    query = select(TuningJob)
+    """Jobs, newest first (their model configs are not loaded)."""
+    query = select(TuningJob).options(defer(TuningJob.hf_config))
     if status is not None:
         query = query.where(TuningJob.status == status)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0

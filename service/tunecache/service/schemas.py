@@ -14,6 +14,8 @@ from tunecache.client.autotune_file import ARTIFACT_KIND
 from tunecache.identity import EnvironmentMetadata, FieldDifference, Text, TuningKey
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+#: Largest model config a job may carry, as JSON bytes.
+MAX_HF_CONFIG_BYTES = 1024 * 1024
 #: Largest id and offset accepted (PostgreSQL's integer).
 MAX_ID = 2**31 - 1
 #: Query strings must not hold NUL (PostgreSQL text cannot).
@@ -177,10 +179,26 @@ class TuningJobCreate(BaseModel):
 
     key: TuningKey
     hf_config: dict[str, Any] | None = None
+    """The model's ``config.json`` (at most 1 MiB as JSON; real ones are a few kB)."""
     gemm_backends: list[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]] | None = Field(default=None, max_length=8)
     """FlashInfer GEMM backends to tune (default: the tuner's per-arch choice)."""
-    stages: list[Literal["gemm", "moe", "attention"]] | None = Field(default=None, max_length=8)
+    stages: list[Literal["gemm", "moe", "attention"]] | None = Field(default=None, min_length=1, max_length=8)
     """Run only these tuner stages (default: every stage that applies to the model)."""
+
+    @field_validator("hf_config")
+    @classmethod
+    def _config_is_small_storable_json(cls, config: dict[str, Any] | None) -> dict[str, Any] | None:
+        if config is None:
+            return None
+        try:
+            encoded = json.dumps(config, allow_nan=False)
+        except ValueError:
+            raise ValueError("must not contain NaN or Infinity") from None
+        if len(encoded) > MAX_HF_CONFIG_BYTES:
+            raise ValueError(f"is {len(encoded)} bytes as JSON; at most {MAX_HF_CONFIG_BYTES}")
+        if "\\u0000" in encoded:
+            raise ValueError("must not contain NUL characters")
+        return config
 
 
 class TuningJobRead(BaseModel):
