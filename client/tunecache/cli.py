@@ -100,6 +100,10 @@ QuantOpt = Annotated[str, typer.Option("--quantization", help="vLLM's --quantiza
 TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1, help="tensor-parallel size")]
 GpuNameOpt = Annotated[Optional[str], typer.Option("--gpu-name", help="GPU name (default: the environment's 'gpu')")]
 ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="GPU arch such as sm90 (default: detected)")]
+EnvironmentOpt = Annotated[
+    Optional[Path],
+    typer.Option(help="FlashInfer cache file or JSON of its _metadata fields (default: detect with FlashInfer)"),
+]
 GemmBackendsOpt = Annotated[
     Optional[str], typer.Option("--gemm-backends", help="comma-separated FlashInfer GEMM backends (default: per arch)")
 ]
@@ -155,6 +159,24 @@ def _client(server: str) -> TunecacheClient:
         return client_from_environment(server)
     except ValueError as exc:
         fail(ExitCode.USAGE, str(exc))
+
+
+def _ready_engine(url: str):
+    """An engine whose schema is current: SQLite is migrated here, PostgreSQL must already be
+    (``tunecache db upgrade``). Exits 9 naming the problem otherwise."""
+    from tunecache.service import db
+
+    engine = _engine(url)
+    try:
+        if engine.dialect.name == "sqlite":
+            db.upgrade(engine)
+        db.check_schema(engine)
+    except db.SchemaOutOfDate as exc:
+        fail(ExitCode.DATABASE, str(exc))
+    except Exception as exc:  # connection failures (OperationalError)
+        shown = engine.url.render_as_string(hide_password=True)
+        fail(ExitCode.DATABASE, f"database {shown} not usable: {str(exc).splitlines()[0]}")
+    return engine
 
 
 def _engine(url: str):
@@ -225,10 +247,7 @@ def pull(
         Optional[Path],
         typer.Option("--dest", help="file layout: directory for the cache file; vllm / flashinfer-v2: root (default: where vLLM reads)"),
     ] = None,
-    environment: Annotated[
-        Optional[Path],
-        typer.Option(help="FlashInfer cache file or JSON of its _metadata fields (default: detect with FlashInfer)"),
-    ] = None,
+    environment: EnvironmentOpt = None,
     gpu_name: GpuNameOpt = None,
     arch: ArchOpt = None,
     dtype: DtypeOpt = "auto",
@@ -309,9 +328,7 @@ def doctor(
     server: ServerOpt,
     model: ModelOpt,
     max_num_batched_tokens: MnbtOpt,
-    environment: Annotated[
-        Optional[Path], typer.Option(help="FlashInfer cache file or JSON of its _metadata fields (default: detect)")
-    ] = None,
+    environment: EnvironmentOpt = None,
     gpu_name: GpuNameOpt = None,
     arch: ArchOpt = None,
     dtype: DtypeOpt = "auto",
@@ -360,7 +377,6 @@ def serve(
     PostgreSQL it must already be current (tunecache db upgrade)."""
     import uvicorn
 
-    from tunecache.service import db
     from tunecache.service.app import create_app
     from tunecache.service.settings import Settings
 
@@ -372,16 +388,8 @@ def serve(
     except ValidationError as exc:
         error = exc.errors()[0]
         fail(ExitCode.USAGE, f"invalid setting {error['loc'][0]} (TUNECACHE_{str(error['loc'][0]).upper()}): {error['msg']}")
-    engine = _engine(settings.resolved_database_url())
+    engine = _ready_engine(settings.resolved_database_url())
     shown = engine.url.render_as_string(hide_password=True)
-    try:
-        if engine.dialect.name == "sqlite":
-            db.upgrade(engine)
-        db.check_schema(engine)
-    except db.SchemaOutOfDate as exc:
-        fail(ExitCode.DATABASE, str(exc))
-    except Exception as exc:  # connection failures (OperationalError)
-        fail(ExitCode.DATABASE, f"database {shown} not usable: {str(exc).splitlines()[0]}")
     typer.echo(f"tunecache starting on http://{settings.host}:{settings.port} (database {shown})", err=True)
     try:
         uvicorn.run(create_app(settings, engine=engine), host=settings.host, port=settings.port, log_level="info")
@@ -561,17 +569,10 @@ def _store_failure(spec, failure, server: str | None, database: str | None, node
         session.commit()
 
 
-def _database_session(url: str | None):
+def _database_session(url: str):
     from tunecache.service import db
 
-    engine = _engine(url)  # type: ignore[arg-type]
-    try:
-        if engine.dialect.name == "sqlite":
-            db.upgrade(engine)
-        db.check_schema(engine)
-    except db.SchemaOutOfDate as exc:
-        fail(ExitCode.DATABASE, str(exc))
-    return db.session_factory(engine)()
+    return db.session_factory(_ready_engine(url))()
 
 
 def main() -> None:
