@@ -10,5 +10,6 @@ python -m pip install -q --upgrade pip
 # CPU build of torch (from the local wheel store where there is one), then FlashInfer: the
 # tests exercise FlashInfer's real cache loader and the tuner's child process on the CPU.
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[test,tuner]'
+# Both distributions from the checkout: tunecache-client (client/) and tunecache-server (.).
+python -m pip install -q -e ./client -e '.[test,tuner]'
 exec python -m pytest "$@"

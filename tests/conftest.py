@@ -104,7 +104,7 @@ def app_client(engine):
 
 def tunecache_executable() -> str:
     exe = shutil.which("tunecache")
-    assert exe, "the tunecache console script is not installed (pip install -e .)"
+    assert exe, "the tunecache console script is not installed (pip install -e ./client -e .)"
     return exe
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, parse_autotune_file
-from tunecache.identity import EnvironmentMetadata, TuningKey
+from tunecache.client.autotune_file import parse_autotune_file
+from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey
 
 
 def h200_key(**overrides) -> TuningKey:
@@ -29,7 +29,7 @@ def run_payload(path: Path, key: TuningKey | None = None, **overrides) -> dict:
         "trigger": "upload",
         "summary": {"entries": parsed.entries},
         "artifacts": [
-            {"kind": ARTIFACT_KIND, "name": "autotune.json", "media_type": MEDIA_TYPE,
+            {"kind": ArtifactKind.FLASHINFER_AUTOTUNE.value, "name": "autotune.json", "media_type": "application/json",
              "sha256": hashlib.sha256(data).hexdigest()}
         ],
     }

@@ -13,7 +13,7 @@ import pytest
 from conftest import CUBLASLT_FILE, CUDNN_FILE
 from helpers import file_environment, h200_key
 from tunecache.client.environment import detect_environment
-from tunecache.identity import ENVIRONMENT_FIELDS, differences
+from tunecache.contract import ENVIRONMENT_FIELDS, differences
 
 pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
 from flashinfer.autotuner import autotuner  # noqa: E402  (the module, not the package)

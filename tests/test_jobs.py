@@ -18,9 +18,16 @@ import pytest
 
 from conftest import CUDNN_FILE, LLAMA_CONFIG, tunecache
 from helpers import file_environment, h200_key, run_payload, store_file
-from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE
 from tunecache.service import db, jobs, repository
-from tunecache.service.schemas import ArtifactCreate, TuningJobCreate, TuningRunCreate
+from tunecache.contract import (
+    ArtifactCreate,
+    ArtifactKind,
+    StageChanged,
+    StageProgress,
+    TunerStarted,
+    TuningJobCreate,
+    TuningRunCreate,
+)
 from tunecache.service.tuner.runner import TunerFailed, TunerResult
 from tunecache.service.worker import GpuIdentity, JobWorker
 
@@ -33,7 +40,7 @@ def sessions(engine):
 
 
 def enqueue(sessions, **key_fields):
-    with sessions() as session:
+    with sessions.begin() as session:
         return jobs.enqueue(session, TuningJobCreate(key=h200_key(**key_fields), hf_config={"hidden_size": 1}))
 
 
@@ -41,15 +48,15 @@ def stand_in_tuner(delay_s: float = 0.0):
     """Returns the real H200 file as the tuning result, with progress events like the child's."""
 
     def tune(spec, work_dir, timeout_s, on_event):
-        on_event({"event": "stage", "stage": "gemm", "status": "running"})
+        on_event(StageChanged(stage="gemm", status="running"))
         for step in (1, 2):
             time.sleep(delay_s / 2)
-            on_event({"event": "progress", "stage": "gemm", "step": step, "total": 2, "detail": f"shape {step}"})
+            on_event(StageProgress(stage="gemm", step=step, total=2, detail=f"shape {step}"))
         path = work_dir / "autotune.json"
         shutil.copy(CUDNN_FILE, path)
         import hashlib
 
-        artifact = ArtifactCreate(kind=ARTIFACT_KIND, name="autotune.json", media_type=MEDIA_TYPE,
+        artifact = ArtifactCreate(kind=ArtifactKind.FLASHINFER_AUTOTUNE, name="autotune.json", media_type="application/json",
                                   sha256=hashlib.sha256(path.read_bytes()).hexdigest())
         return TunerResult(gpu_name=H200.gpu_name, arch=H200.arch, environment=file_environment(CUDNN_FILE),
                            summary={"entries": 42, "tuning_seconds": delay_s, "stages": {}}, artifacts=[(artifact, path)])
@@ -100,11 +107,11 @@ def test_concurrent_claims_never_hand_out_a_job_twice(sessions):
 
     def claimer(name):
         while True:
-            with sessions() as session:
-                try:
+            try:
+                with sessions.begin() as session:
                     job = jobs.claim(session, name, H200.gpu_name, H200.arch, lease_s=60)
-                except Exception:  # SQLite may report "database is locked" under contention: retry
-                    continue
+            except Exception:  # SQLite may report "database is locked" under contention: retry
+                continue
             if job is None:
                 with sessions() as session:
                     if jobs.list_jobs(session, status="queued").total == 0:
@@ -131,28 +138,32 @@ def test_worker_takes_only_jobs_its_gpu_can_serve(sessions):
 
 def test_expired_lease_requeues_and_the_dead_worker_loses_the_job(sessions):
     job, _ = enqueue(sessions)
-    with sessions() as session:
+    with sessions.begin() as session:
         first = jobs.claim(session, "dies", H200.gpu_name, H200.arch, lease_s=0.2)
-        assert first.id == job.id and first.attempts == 1
+    assert first.id == job.id and first.attempts == 1
+    with sessions.begin() as session:
         assert jobs.claim(session, "other", H200.gpu_name, H200.arch, lease_s=60) is None  # lease still held
     time.sleep(0.4)
-    with sessions() as session:
+    with sessions.begin() as session:
         second = jobs.claim(session, "other", H200.gpu_name, H200.arch, lease_s=60)
-        assert second.id == job.id and second.worker == "other" and second.attempts == 2
+    assert second.id == job.id and second.worker == "other" and second.attempts == 2
+    with sessions.begin() as session:
         assert jobs.heartbeat(session, job.id, "dies", 60) is False
         assert jobs.finish(session, job.id, "dies", run_id=None) is False
         assert jobs.heartbeat(session, job.id, "other", 60, {"stage": "gemm", "step": 1, "total": 8}) is True
+    with sessions.begin() as session:
         assert jobs.get_job(session, job.id).step == 1
 
 
 def test_job_whose_workers_keep_dying_fails_after_max_attempts(sessions):
     job, _ = enqueue(sessions)
     for attempt in (1, 2):
-        with sessions() as session:
+        with sessions.begin() as session:
             assert jobs.claim(session, f"w{attempt}", H200.gpu_name, H200.arch, lease_s=0.05, max_attempts=2).attempts == attempt
         time.sleep(0.1)
-    with sessions() as session:
+    with sessions.begin() as session:
         assert jobs.claim(session, "w3", H200.gpu_name, H200.arch, lease_s=60, max_attempts=2) is None
+    with sessions.begin() as session:
         failed = jobs.get_job(session, job.id)
     assert failed.status == "failed" and "lost the job 2 times" in failed.error
     again, created = enqueue(sessions)  # a failed job frees the key
@@ -189,8 +200,7 @@ def test_failing_job_keeps_the_previous_tuning_current(sessions):
 
 def test_failure_after_the_child_started_is_kept_in_history(sessions):
     def crashing(spec, work_dir, timeout_s, on_event):
-        started = {"event": "started", "gpu_name": H200.gpu_name, "arch": H200.arch,
-                   "environment": file_environment(CUDNN_FILE).model_dump()}
+        started = TunerStarted(gpu_name=H200.gpu_name, arch=H200.arch, environment=file_environment(CUDNN_FILE).model_dump())
         on_event(started)
         raise TunerFailed("tuner process died with signal SIGSEGV", "Segmentation fault", started)
 

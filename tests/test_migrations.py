@@ -13,7 +13,7 @@ from sqlalchemy import inspect, text
 from helpers import run_payload, store_file
 from conftest import CUDNN_FILE
 from tunecache.service import blobs, db, repository
-from tunecache.service.schemas import TuningRunCreate
+from tunecache.contract import TuningRunCreate
 
 TABLES = {
     "environments", "tuning_keys", "tuning_runs", "artifact_blobs", "artifact_chunks", "run_artifacts",

@@ -42,15 +42,26 @@ FAKE_SERVER = textwrap.dedent('''
     port, mode, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     data = open(path, "rb").read()
     sha = hashlib.sha256(data).hexdigest()
+    metadata = json.loads(data)["_metadata"]
     run = {"id": 1, "summary": {"entries": 42}, "artifacts": [
         {"kind": "flashinfer_autotune_v1", "name": "autotune.json", "media_type": "application/json",
-         "sha256": sha, "size_bytes": len(data), "download_path": "/v1/artifacts/" + sha}]}
+         "sha256": sha, "size_bytes": len(data), "download_path": "/v1/artifacts/" + sha}],
+        "key": {"gpu_name": "NVIDIA H200", "arch": "sm90", "model": "meta-llama/Llama-3.1-8B",
+                "max_num_batched_tokens": 8192, "dtype": "auto", "quantization": "auto", "tensor_parallel_size": 1},
+        "environment": {k: str(metadata[k]) for k in ("flashinfer_version", "cuda_version", "cublas_version",
+                        "cudnn_version", "cudnn_frontend_version", "cutlass_dsl_version", "gpu")},
+        "environment_hash": "0" * 64, "status": "succeeded", "trigger": "cli", "node": None, "started_at": None,
+        "finished_at": None, "duration_s": None, "error": None, "verified": True, "is_current": True,
+        "created_at": "2026-11-30T00:00:00Z"}
+    lookups = 0
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         def log_message(self, *a): pass
-        def answer(self, status, body, length=None):
+        def answer(self, status, body, length=None, headers=()):
             self.send_response(status)
+            for name, value in headers:
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body) if length is None else length))
             self.end_headers()
@@ -58,8 +69,14 @@ FAKE_SERVER = textwrap.dedent('''
             self.wfile.flush()
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
+            global lookups
+            lookups += 1
             if mode == "503":
                 return self.answer(503, b'{"detail": "database unavailable"}')
+            if mode == "busy" and lookups == 1:  # shed once, asking for 2 s
+                return self.answer(503, b'{"detail": "busy"}', headers=[("Retry-After", "2")])
+            if mode == "429":
+                return self.answer(429, b'{"detail": "too many requests"}', headers=[("Retry-After", "1")])
             if mode == "not-a-run":
                 return self.answer(200, b'{"id": 1}')
             self.answer(200, json.dumps(run).encode())
@@ -148,6 +165,21 @@ def test_proxy_answering_503_is_retried_then_reported(fake_server, tmp_path):
     assert seconds < 30
 
 
+def test_retry_after_is_waited_for_before_the_next_attempt(fake_server, tmp_path):
+    url, _ = fake_server("busy")
+    result, seconds = pull(url, tmp_path / "dest")
+    assert result.returncode == 0, result.stderr
+    assert seconds >= 2  # the jittered backoff alone would retry within 0.5 s
+
+
+def test_429_is_retried_then_reported(fake_server, tmp_path):
+    url, _ = fake_server("429")
+    result, seconds = pull(url, tmp_path / "dest")
+    assert result.returncode == 5
+    assert "server answered 429: too many requests (after 2 attempts)" in result.stderr
+    assert seconds >= 1
+
+
 def test_socket_that_accepts_and_never_answers(tmp_path):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -228,6 +260,6 @@ def test_an_answer_that_is_not_a_tuning_run_exits_5(fake_server, tmp_path):
 
 def test_bad_client_settings_are_usage_errors(tmp_path):
     result, _ = pull("http://127.0.0.1:1", tmp_path / "dest", {"TUNECACHE_ATTEMPTS": "abc"})
-    assert result.returncode == 2 and "TUNECACHE_ATTEMPTS='abc' is not a whole number" in result.stderr
+    assert result.returncode == 2 and "TUNECACHE_ATTEMPTS='abc': Input should be a valid integer" in result.stderr
     result, _ = pull("http://[::1", tmp_path / "dest")
     assert result.returncode == 2 and "is not a URL" in result.stderr

@@ -11,7 +11,7 @@ import pytest
 from conftest import CUBLASLT_FILE, CUDNN_FILE
 from helpers import file_environment, h200_key, run_payload, store_file
 from tunecache.service import blobs, db, repository
-from tunecache.service.schemas import LookupMiss, TuningRunCreate, TuningRunRead
+from tunecache.contract import LookupMiss, TuningRunCreate, TuningRunRead
 
 
 @pytest.fixture

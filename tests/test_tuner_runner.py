@@ -27,7 +27,7 @@ def test_child_without_gpu_fails_with_a_clear_error(tmp_path):
     with pytest.raises(TunerFailed) as info:
         run_tuner(spec(), tmp_path, timeout_s=300, on_event=events.append)
     assert "no CUDA device" in info.value.message
-    assert events[-1]["event"] == "error"
+    assert events[-1].event == "error"
     assert "Traceback" in info.value.log_tail  # the child's stderr is kept
     assert info.value.started is None
 

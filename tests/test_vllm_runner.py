@@ -9,11 +9,9 @@ import tarfile
 import pytest
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, QWEN3_CONFIG
+from tunecache.contract import ArtifactKind
 from tunecache.service.tuner.stages import TuneSpec
-from tunecache.client.layouts import DEEP_GEMM_KIND
 from tunecache.service.tuner.vllm_runner import (
-    V2_STORE_KIND,
-    VLLM_RANK_FILE_KIND,
     harvest_vllm_cache,
     run_vllm_warmup,
     vllm_command,
@@ -102,9 +100,9 @@ def test_harvest_per_rank_files_v2_store_and_deep_gemm(tmp_path):
     assert harvested["autotune_file"].read_bytes() == CUDNN_FILE.read_bytes()  # rank 0 is the run's file
     kinds = {a["name"]: a["kind"] for a in harvested["artifacts"]}
     assert kinds == {
-        f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank0.json": VLLM_RANK_FILE_KIND,
-        f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank1.json": VLLM_RANK_FILE_KIND,
-        "deep-gemm-jit-cache.tar.gz": DEEP_GEMM_KIND,
+        f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank0.json": ArtifactKind.VLLM_RANK_FILE,
+        f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank1.json": ArtifactKind.VLLM_RANK_FILE,
+        "deep-gemm-jit-cache.tar.gz": ArtifactKind.DEEP_GEMM_JIT_CACHE,
     }
     for artifact in harvested["artifacts"]:
         assert (out / artifact["path"]).is_file()
@@ -123,7 +121,7 @@ def test_harvest_a_v2_store_written_by_flashinfer(tmp_path):
     harvested = harvest_vllm_cache(tmp_path / "scratch", out)
     assert harvested["autotune_file"] is None and harvested["ranks"] == []
     [v2] = harvested["artifacts"]
-    assert v2["kind"] == V2_STORE_KIND
+    assert v2["kind"] == ArtifactKind.FLASHINFER_V2_STORE
     with tarfile.open(out / v2["path"]) as tar:
         names = tar.getnames()
     assert f"{store.env_hash}/manifest.json" in names

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from tunecache.contract import Stage, StageChanged, StageProgress, TunerError, TunerEvent, TunerStarted, TuningJobRead
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -28,7 +29,7 @@ class ProgressDisplay:
             disable=not self.live,
         )
         self.tasks: dict[str, Any] = {}
-        self._last_step: dict[str, tuple[int, int | None]] = {}
+        self._last_step: dict[str, tuple[int, int]] = {}
 
     def __enter__(self) -> "ProgressDisplay":
         self.progress.__enter__()
@@ -41,33 +42,34 @@ class ProgressDisplay:
         if not self.live:
             print(f"[{time.monotonic() - self.started:7.1f}s] {text}", file=sys.stderr, flush=True)
 
-    def update(self, event: dict[str, Any]) -> None:
-        kind, stage = event.get("event"), event.get("stage", "")
-        if kind == "started":
-            self._line(f"tuning on {event['gpu_name']} ({event['arch']})")
-        elif kind == "stage" and event["status"] == "running":
-            self.tasks[stage] = self.progress.add_task("starting", stage=stage, total=None)
-            self._line(f"stage {stage}: running")
-        elif kind == "stage" and event["status"] == "skipped":
-            message = f"stage {stage}: skipped ({event['reason']})"
+    def update(self, event: TunerEvent) -> None:
+        """Show one tuner event (:data:`tunecache.contract.TunerEvent`)."""
+        if isinstance(event, TunerStarted):
+            self._line(f"tuning on {event.gpu_name} ({event.arch})")
+        elif isinstance(event, StageChanged) and event.status == "running":
+            self.tasks[event.stage] = self.progress.add_task("starting", stage=str(event.stage), total=None)
+            self._line(f"stage {event.stage}: running")
+        elif isinstance(event, StageChanged) and event.status == "skipped":
+            message = f"stage {event.stage}: skipped ({event.reason})"
             if self.live:
                 self.progress.console.print(message)
             self._line(message)
-        elif kind == "stage" and event["status"] == "done":
-            self._line(f"stage {stage}: done in {event['seconds']:.1f} s")
-        elif kind == "progress" and stage in self.tasks:
-            self.progress.update(self.tasks[stage], completed=event["step"], total=event["total"], description=event["detail"])
-            self._line(f"stage {stage}: {event['step']}/{event['total']} {event['detail']}")
-        elif kind == "error":
-            self._line(f"error: {event['message']}")
+        elif isinstance(event, StageChanged) and event.status == "done":
+            self._line(f"stage {event.stage}: done in {event.seconds or 0:.1f} s")
+        elif isinstance(event, StageProgress) and event.stage in self.tasks:
+            self.progress.update(self.tasks[event.stage], completed=event.step, total=event.total, description=event.detail)
+            self._line(f"stage {event.stage}: {event.step}/{event.total} {event.detail}")
+        elif isinstance(event, TunerError):
+            self._line(f"error: {event.message}")
 
-    def update_from_job(self, job: dict[str, Any]) -> None:
-        """Show a polled ``GET /v1/tuning-jobs/{id}`` body as the tuner events it implies."""
-        stage = job.get("stage")
-        if stage and stage not in self.tasks:
-            self.update({"event": "stage", "stage": stage, "status": "running"})
-        step, total = job.get("step"), job.get("total")
-        if stage and step is not None and (step, total) != self._last_step.get(stage):
-            self._last_step[stage] = (step, total)
-            detail = (job.get("log_tail") or "").splitlines()[-1:] or [""]
-            self.update({"event": "progress", "stage": stage, "step": step, "total": total, "detail": detail[0]})
+    def update_from_job(self, job: TuningJobRead) -> None:
+        """Show a polled ``GET /v1/tuning-jobs/{id}`` answer as the tuner events it implies."""
+        if job.stage is None or job.stage not in set(Stage):
+            return
+        stage = Stage(job.stage)
+        if stage not in self.tasks:
+            self.update(StageChanged(stage=stage, status="running"))
+        if job.step is not None and job.total is not None and (job.step, job.total) != self._last_step.get(stage):
+            self._last_step[stage] = (job.step, job.total)
+            detail = (job.log_tail or "").splitlines()[-1:] or [""]
+            self.update(StageProgress(stage=stage, step=job.step, total=job.total, detail=detail[0]))

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecache.client.environment import detect_arch, detect_environment
+from tunecache.client.environment import detect_environment, pod_key
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import InstalledTuning, pull_autotune_file
-from tunecache.identity import TuningKey
+from tunecache.client.settings import load_client_settings
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class LoadedTuning:
 
 
 def install_tuning(
-    server: str,
+    server: str | None,
     model: str,
     max_num_batched_tokens: int,
     dest_dir: str | Path,
@@ -38,6 +38,9 @@ def install_tuning(
 ) -> LoadedTuning:
     """Install the tuning for this process's GPU and FlashInfer environment, then load it.
 
+    ``server`` is the tunecache URL (``None``: ``TUNECACHE_URL``); timeouts, attempts and
+    the token come from :class:`tunecache.client.settings.ClientSettings`.
+
     The environment comes from ``flashinfer.autotuner._collect_metadata`` and the GPU from
     torch (``detect_arch``), so FlashInfer and a CUDA device must be present. The
     FlashInfer cache file goes into ``dest_dir``; with ``jit`` the run's JIT modules go
@@ -46,21 +49,18 @@ def install_tuning(
     made afterwards in this process find their tactics without an ``autotune`` context.
 
     Raises:
+        ValueError: no server URL, or a ``TUNECACHE_*`` setting that is not valid (named).
         EnvironmentUnavailable (``tunecache.client.environment``): FlashInfer not importable.
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
         (``tunecache.client.http``), BadJitArtifact (``tunecache.client.jit_install``).
     """
+    settings = load_client_settings()
     environment = detect_environment()
-    key = TuningKey(
-        gpu_name=environment.gpu,
-        arch=detect_arch(environment.gpu),
-        model=model,
-        max_num_batched_tokens=max_num_batched_tokens,
-        dtype=dtype,
-        quantization=quantization,
-        tensor_parallel_size=tensor_parallel_size,
+    key = pod_key(
+        environment.gpu, model, max_num_batched_tokens,
+        dtype=dtype, quantization=quantization, tensor_parallel_size=tensor_parallel_size,
     )
-    with TunecacheClient(server) as client:
+    with TunecacheClient.from_settings(settings, server) as client:
         installed = pull_autotune_file(client, key, environment, Path(dest_dir), jit_workspace=True if jit else None)
     loaded = False
     if load:

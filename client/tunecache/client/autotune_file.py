@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tunecache.identity import EnvironmentMetadata
+from tunecache.contract import ArtifactCreate, ArtifactKind, EnvironmentMetadata, RunTrigger, TuningKey, TuningRunCreate
 
-#: Artifact kind under which the service stores one such file.
-ARTIFACT_KIND = "flashinfer_autotune_v1"
-MEDIA_TYPE = "application/json"
+#: The name of FlashInfer's file among a run's artifacts.
+AUTOTUNE_FILE_NAME = "autotune.json"
 
 
 class NotAnAutotuneFile(ValueError):
@@ -66,4 +65,19 @@ def parse_autotune_file(data: bytes, source: str = "file") -> AutotuneFile:
     return AutotuneFile(
         environment=environment,
         entries=sum(1 for k in doc if not k.startswith("_")),
+    )
+
+
+def pushed_run(key: TuningKey, parsed: AutotuneFile, sha256: str, trigger: RunTrigger | str, node: str | None) -> TuningRunCreate:
+    """The run record of a FlashInfer file uploaded as it is (``tunecache push``, a pod's
+    push-back): one ``flashinfer_autotune_v1`` artifact (bytes already uploaded under
+    ``sha256``), the file's environment and entry count."""
+    kind = ArtifactKind.FLASHINFER_AUTOTUNE
+    return TuningRunCreate(
+        key=key,
+        environment=parsed.environment,
+        trigger=RunTrigger(trigger),
+        node=node,
+        summary={"entries": parsed.entries},
+        artifacts=[ArtifactCreate(kind=kind, name=AUTOTUNE_FILE_NAME, media_type=kind.media_type, sha256=sha256)],
     )

@@ -12,7 +12,37 @@ import json
 from pathlib import Path
 
 from tunecache.client.autotune_file import NotAnAutotuneFile, parse_autotune_file
-from tunecache.identity import ENVIRONMENT_FIELDS, EnvironmentMetadata, arch_for_gpu_name, arch_from_capability
+from tunecache.contract import ENVIRONMENT_FIELDS, EnvironmentMetadata, TuningKey
+
+
+#: Fallback GPU name -> arch table, used only where no CUDA device can be queried
+#: (``tunecache push`` of a file on a laptop). On a GPU the arch comes from
+#: ``torch.cuda.get_device_capability`` (see :func:`arch_from_capability`). The names are
+#: what ``torch.cuda.get_device_name()`` returns; the longest matching prefix wins.
+_KNOWN_GPU_ARCHES: dict[str, str] = {
+    "NVIDIA A100": "sm80",
+    "NVIDIA A10": "sm86",
+    "NVIDIA L4": "sm89",
+    "NVIDIA L40": "sm89",
+    "NVIDIA H100": "sm90",
+    "NVIDIA H200": "sm90",
+    "NVIDIA H20": "sm90",
+    "NVIDIA GH200": "sm90",
+    "NVIDIA B200": "sm100",
+    "NVIDIA GB200": "sm100",
+    "NVIDIA B300": "sm103",
+}
+
+
+def arch_from_capability(major: int, minor: int) -> str:
+    """``(9, 0)`` -> ``"sm90"``, as vLLM's ``DeviceCapability.to_int`` names it."""
+    return f"sm{major}{minor}"
+
+
+def arch_for_gpu_name(gpu_name: str) -> str | None:
+    """The arch of a known GPU name (longest-prefix match), or ``None`` if unknown."""
+    matches = [p for p in _KNOWN_GPU_ARCHES if gpu_name.startswith(p)]
+    return _KNOWN_GPU_ARCHES[max(matches, key=len)] if matches else None
 
 
 class EnvironmentUnavailable(RuntimeError):
@@ -85,3 +115,35 @@ def detect_arch(gpu_name: str) -> str:
     if arch is None:
         raise EnvironmentUnavailable(f"cannot tell the arch of GPU {gpu_name!r} without CUDA here; pass --arch (e.g. sm90)")
     return arch
+
+
+def pod_key(
+    gpu_name: str,
+    model: str,
+    max_num_batched_tokens: int,
+    *,
+    arch: str | None = None,
+    dtype: str = "auto",
+    quantization: str = "auto",
+    tensor_parallel_size: int = 1,
+) -> TuningKey:
+    """The key a pod asks for: its GPU (``gpu_name`` as torch names it, e.g. a detected
+    environment's ``gpu``; ``arch`` by default from :func:`detect_arch`) and the
+    deployment's model settings.
+
+    The one place a pod-side key is built: ``tunecache pull``/``push``/``doctor``/
+    ``retune``, the Python API and the vLLM plugin all call it.
+
+    Raises:
+        EnvironmentUnavailable: the arch cannot be told (no CUDA, unknown GPU name).
+        pydantic.ValidationError: a field out of range (named).
+    """
+    return TuningKey(
+        gpu_name=gpu_name,
+        arch=arch or detect_arch(gpu_name),
+        model=model,
+        max_num_batched_tokens=max_num_batched_tokens,
+        dtype=dtype,
+        quantization=quantization,
+        tensor_parallel_size=tensor_parallel_size,
+    )

@@ -1,23 +1,46 @@
-"""HTTP client of the tunecache service (httpx). Raises typed errors a CLI maps to exit codes.
+"""HTTP client of the tunecache service (httpx): the HTTP implementation of
+:class:`tunecache.store.TuningStore`. Answers are the contract's models
+(:mod:`tunecache.contract`), never dicts; failures are typed errors a CLI maps to exit codes.
 
 A pod must never hang or crash at boot because of tunecache, so every request has a
-connect and a read timeout, and transient failures (connection refused or reset, timeouts,
-truncated bodies, 502/503/504) are retried with exponential backoff (tenacity) a bounded
-number of times before the typed error is raised.
+connect and a read timeout and a total deadline per attempt, and transient failures
+(connection refused or reset, timeouts, truncated bodies, 429/502/503/504) are retried a
+bounded number of times with jittered exponential backoff (tenacity), waiting at least
+what a server's ``Retry-After`` asks (up to ``max_retry_after_s``), before the typed error
+is raised.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from pydantic import BaseModel, ValidationError
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from tunecache.identity import EnvironmentMetadata, TuningKey
+from tunecache.client.settings import ClientSettings
+from tunecache.contract import (
+    ArtifactStored,
+    EnvironmentMetadata,
+    LookupMiss,
+    LookupRequest,
+    RunStatus,
+    TuningJobCreate,
+    TuningJobRead,
+    TuningKey,
+    TuningRunCreate,
+    TuningRunPage,
+    TuningRunRead,
+)
+from tunecache.store import NoCompatibleTuning, TunecacheError
+
+Answer = TypeVar("Answer", bound=BaseModel)
 
 #: Seconds to connect, and to wait for each read, by default.
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -26,11 +49,9 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 DEFAULT_ATTEMPTS = 3
 #: Seconds one attempt may take in all, however the server trickles its answer.
 DEFAULT_TOTAL_TIMEOUT_S = 120.0
-_RETRY_STATUSES = frozenset({502, 503, 504})
-
-
-class TunecacheError(RuntimeError):
-    """Base of the client's errors."""
+#: The most seconds a server's ``Retry-After`` is obeyed by default.
+DEFAULT_MAX_RETRY_AFTER_S = 30.0
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 
 class ServerUnreachable(TunecacheError):
@@ -46,29 +67,6 @@ class ServerError(TunecacheError):
         self.detail = detail
 
 
-class NoCompatibleTuning(TunecacheError):
-    """The server has no tuning usable by this key and environment (a lookup's 404)."""
-
-    def __init__(self, detail: str, closest: list[dict[str, Any]]):
-        super().__init__(detail)
-        self.detail = detail
-        self.closest = closest
-
-    def explain(self) -> str:
-        """Multi-line text: the server's reason, then each closest tuning's differing fields."""
-        lines = [self.detail]
-        for c in self.closest:
-            if not isinstance(c, dict):
-                continue
-            diffs = "; ".join(
-                f"{d.get('field')}: stored {d.get('stored')}, yours {d.get('yours')}"
-                for d in c.get("differences") or [] if isinstance(d, dict)
-            )
-            key = c.get("key") if isinstance(c.get("key"), dict) else {}
-            lines.append(f"  run {c.get('run_id')} ({key.get('model')}, {key.get('gpu_name')}): {diffs}")
-        return "\n".join(lines)
-
-
 class ArtifactCorrupt(TunecacheError):
     """Downloaded bytes do not hash to the sha256 the server announced."""
 
@@ -78,11 +76,34 @@ class DownloadTruncated(ArtifactCorrupt):
 
 
 class _Transient(Exception):
-    """A failure worth another attempt; carries the error to raise when attempts run out."""
+    """A failure worth another attempt; carries the error to raise when attempts run out,
+    and the seconds the server asked to wait (``Retry-After``), if it did."""
 
-    def __init__(self, error: TunecacheError):
+    def __init__(self, error: TunecacheError, retry_after_s: float | None = None):
         super().__init__(str(error))
         self.error = error
+        self.retry_after_s = retry_after_s
+
+
+def retry_after_seconds(value: str | None, now: dt.datetime | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for: delay-seconds or an HTTP date
+    (RFC 9110, 10.2.3); ``None`` when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return max(0.0, (when - (now or dt.datetime.now(dt.timezone.utc))).total_seconds())
+
+
+def _status_error(response: httpx.Response, detail: Any) -> "_Transient":
+    return _Transient(ServerError(response.status_code, detail), retry_after_seconds(response.headers.get("retry-after")))
 
 
 def _json_object(response: httpx.Response) -> dict[str, Any] | None:
@@ -110,7 +131,7 @@ def _detail_of(body: bytes) -> Any:
 
 
 class TunecacheClient:
-    """Talks to one tunecache server.
+    """Talks to one tunecache server; implements :class:`tunecache.store.TuningStore`.
 
     Args:
         base_url: e.g. ``http://tunecache:8321``.
@@ -119,6 +140,8 @@ class TunecacheClient:
         total_timeout_s: the most one attempt may take, end to end (120 s): a server that
             sends a byte now and then never trips a read timeout, so bodies are read
             against this deadline too.
+        max_retry_after_s: the longest a server's ``Retry-After`` is obeyed (30 s).
+        token: sent as ``Authorization: Bearer <token>`` on every request.
         transport: an httpx transport (tests).
 
     Raises:
@@ -133,6 +156,8 @@ class TunecacheClient:
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         attempts: int = DEFAULT_ATTEMPTS,
         total_timeout_s: float = DEFAULT_TOTAL_TIMEOUT_S,
+        max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S,
+        token: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ):
         try:
@@ -145,8 +170,32 @@ class TunecacheClient:
         self.attempts = max(1, attempts)
         self.read_timeout_s = read_timeout_s
         self.total_timeout_s = total_timeout_s
+        self.max_retry_after_s = max_retry_after_s
         timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
+
+    @classmethod
+    def from_settings(cls, settings: ClientSettings, url: str | None = None, **kwargs: Any) -> "TunecacheClient":
+        """A client for ``url`` (default ``settings.url``) with the settings' timeouts,
+        attempts and token.
+
+        Raises:
+            ValueError: no URL given or set (``TUNECACHE_URL``), or a bad one.
+        """
+        base_url = url or settings.url
+        if not base_url:
+            raise ValueError("no tunecache server given: pass --server URL or set TUNECACHE_URL")
+        return cls(
+            base_url,
+            connect_timeout_s=settings.connect_timeout,
+            read_timeout_s=settings.read_timeout,
+            total_timeout_s=settings.total_timeout,
+            attempts=settings.attempts,
+            max_retry_after_s=settings.max_retry_after,
+            token=settings.token.get_secret_value() if settings.token else None,
+            **kwargs,
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -170,12 +219,22 @@ class TunecacheClient:
             return DownloadTruncated(f"{where} closed the connection before the whole answer arrived: {exc}")
         return ServerUnreachable(f"{where} unreachable: {type(exc).__name__}: {exc}")
 
+    def _wait(self, state: RetryCallState) -> float:
+        """Seconds before the next attempt: full-jitter exponential backoff (up to 0.5 s,
+        1 s, 2 s, ... at most 4 s), or the server's ``Retry-After`` when it asked for longer
+        (capped at ``max_retry_after_s``)."""
+        backoff = wait_random_exponential(multiplier=0.5, max=4)(state)
+        failure = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(failure, _Transient) and failure.retry_after_s is not None:
+            return max(backoff, min(failure.retry_after_s, self.max_retry_after_s))
+        return backoff
+
     def _retrying(self, attempt_once):
         """Run ``attempt_once`` with retries for :class:`_Transient`; raise its error at the end."""
         try:
             for attempt in Retrying(
                 stop=stop_after_attempt(self.attempts),
-                wait=wait_exponential(multiplier=0.5, max=4),
+                wait=self._wait,
                 retry=retry_if_exception_type(_Transient),
                 reraise=True,
             ):
@@ -211,35 +270,64 @@ class TunecacheClient:
             headers = [(k, v) for k, v in response.headers.items() if k.lower() not in ("content-encoding", "content-length")]
             response = httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
             if response.status_code in _RETRY_STATUSES:
-                raise _Transient(ServerError(response.status_code, _detail(response)))
+                raise _status_error(response, _detail(response))
             return response
 
         return self._retrying(once)
 
-    def _checked(self, response: httpx.Response) -> httpx.Response:
+    def _answer(self, response: httpx.Response, model: type[Answer]) -> Answer:
+        """The body of a successful answer as ``model``.
+
+        Raises:
+            ServerError: an error status, or a body that is not a ``model`` (not a tunecache server?).
+        """
         if response.is_error:
             raise ServerError(response.status_code, _detail(response))
-        return response
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError:
+            raise ServerError(response.status_code, f"not a tunecache answer: {response.text[:200]!r}") from None
 
-    def lookup(self, key: TuningKey, environment: EnvironmentMetadata) -> dict[str, Any]:
-        """``POST /v1/tunings/lookup``: the current tuning run (JSON) for this key and environment.
+    def lookup(self, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:
+        """``POST /v1/tunings/lookup``: the current tuning run for this key and environment.
 
         Raises:
             NoCompatibleTuning: 404, with the closest stored tunings and their differences.
             ServerUnreachable, ServerError.
         """
-        response = self._request(
-            "POST", "/v1/tunings/lookup", json={"key": key.model_dump(), "environment": environment.model_dump()}
+        request = LookupRequest(key=key, environment=environment)
+        response = self._request("POST", "/v1/tunings/lookup", content=request.model_dump_json(),
+                                 headers={"Content-Type": "application/json"})
+        if response.status_code == 404:
+            try:
+                miss = LookupMiss.model_validate_json(response.content)
+            except ValidationError:
+                raise ServerError(404, _detail(response)) from None
+            raise NoCompatibleTuning(miss)
+        return self._answer(response, TuningRunRead)
+
+    def list_runs(
+        self,
+        *,
+        model: str | None = None,
+        gpu_name: str | None = None,
+        max_num_batched_tokens: int | None = None,
+        status: RunStatus | None = None,
+        current_only: bool = False,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> TuningRunPage:
+        """``GET /v1/tunings``: tuning history, newest first, filtered by key fields and status."""
+        params = {"model": model, "gpu_name": gpu_name, "max_num_batched_tokens": max_num_batched_tokens,
+                  "status": str(status) if status else None, "current_only": current_only or None,
+                  "limit": limit, "offset": offset}
+        return self._answer(
+            self._request("GET", "/v1/tunings", params={k: v for k, v in params.items() if v is not None}), TuningRunPage
         )
-        body = _json_object(response)
-        if response.status_code == 404 and body is not None and isinstance(body.get("closest"), list):
-            raise NoCompatibleTuning(str(body.get("detail", "no compatible tuning")), body["closest"])
-        self._checked(response)
-        if body is None or not isinstance(body.get("id"), int) or not isinstance(body.get("artifacts"), list) \
-                or not all(isinstance(a, dict) and {"kind", "sha256"} <= a.keys() for a in body["artifacts"]):
-            raise ServerError(response.status_code, f"not a tunecache answer: {response.text[:200]!r}")
-        body.setdefault("summary", {})
-        return body
+
+    def get_run(self, run_id: int) -> TuningRunRead:
+        """``GET /v1/tunings/{id}``: one run. Raises ServerError (404 when there is none)."""
+        return self._answer(self._request("GET", f"/v1/tunings/{run_id}"), TuningRunRead)
 
     def download_artifact(self, sha256: str) -> bytes:
         """``GET /v1/artifacts/{sha256}``, streamed and verified against ``sha256``.
@@ -255,9 +343,10 @@ class TunecacheClient:
             deadline = time.monotonic() + self.total_timeout_s
             try:
                 with self._http.stream("GET", f"/v1/artifacts/{sha256}") as response:
-                    if response.status_code in _RETRY_STATUSES or response.is_error:
-                        error = ServerError(response.status_code, _detail_of(self._read_body(response, deadline)))
-                        raise _Transient(error) if response.status_code in _RETRY_STATUSES else error
+                    if response.status_code in _RETRY_STATUSES:
+                        raise _status_error(response, _detail_of(self._read_body(response, deadline)))
+                    if response.is_error:
+                        raise ServerError(response.status_code, _detail_of(self._read_body(response, deadline)))
                     expected = response.headers.get("content-length")
                     data = self._read_body(response, deadline, sink=digest.update)
             except httpx.HTTPError as exc:
@@ -292,66 +381,43 @@ class TunecacheClient:
             except httpx.HTTPError as exc:
                 raise _Transient(self._classify(exc)) from None
             if response.status_code in _RETRY_STATUSES:
-                raise _Transient(ServerError(response.status_code, _detail(response)))
+                raise _status_error(response, _detail(response))
             return response
 
-        self._checked(self._retrying(once))
+        self._answer(self._retrying(once), ArtifactStored)
         return sha256
 
-    def upload_artifact(self, data: bytes) -> str:
-        """``PUT /v1/artifacts/{sha256}``; returns the sha256. Idempotent."""
+    def upload_artifact(self, data: bytes) -> ArtifactStored:
+        """``PUT /v1/artifacts/{sha256}`` of bytes in memory. Idempotent.
+
+        Raises:
+            ServerUnreachable, ServerError.
+        """
         digest = hashlib.sha256(data).hexdigest()
-        self._checked(self._request("PUT", f"/v1/artifacts/{digest}", content=data))
-        return digest
+        return self._answer(self._request("PUT", f"/v1/artifacts/{digest}", content=data), ArtifactStored)
 
-    def record_run(self, run: dict[str, Any]) -> dict[str, Any]:
-        """``POST /v1/tunings`` with a run (see the service's ``TuningRunCreate``); returns the stored run."""
-        return self._checked(self._request("POST", "/v1/tunings", json=run)).json()
+    def record_run(self, run: TuningRunCreate) -> TuningRunRead:
+        """``POST /v1/tunings``: record a run whose artifacts were uploaded first.
 
-    def create_job(
-        self,
-        key: TuningKey,
-        hf_config: dict[str, Any] | None = None,
-        gemm_backends: list[str] | None = None,
-        stages: list[str] | None = None,
-    ) -> dict[str, Any]:
-        """``POST /v1/tuning-jobs``: queue a tuning of ``key`` (or get the one already queued/running)."""
-        body: dict[str, Any] = {"key": key.model_dump()}
-        for name, value in (("hf_config", hf_config), ("gemm_backends", gemm_backends), ("stages", stages)):
-            if value is not None:
-                body[name] = value
-        return self._checked(self._request("POST", "/v1/tuning-jobs", json=body)).json()
+        Raises:
+            ServerError: 422 naming the field, or the artifacts never uploaded; other errors.
+            ServerUnreachable.
+        """
+        response = self._request("POST", "/v1/tunings", content=run.model_dump_json(),
+                                 headers={"Content-Type": "application/json"})
+        return self._answer(response, TuningRunRead)
 
-    def get_job(self, job_id: int) -> dict[str, Any]:
+    def create_job(self, job: TuningJobCreate) -> TuningJobRead:
+        """``POST /v1/tuning-jobs``: queue a tuning of ``job.key`` (or get the one already
+        queued or running for it).
+
+        Raises:
+            ServerUnreachable, ServerError.
+        """
+        response = self._request("POST", "/v1/tuning-jobs", content=job.model_dump_json(exclude_none=True),
+                                 headers={"Content-Type": "application/json"})
+        return self._answer(response, TuningJobRead)
+
+    def get_job(self, job_id: int) -> TuningJobRead:
         """``GET /v1/tuning-jobs/{id}``: status, stage, step/total, log tail, timings."""
-        return self._checked(self._request("GET", f"/v1/tuning-jobs/{job_id}")).json()
-
-
-def client_from_environment(url: str) -> TunecacheClient:
-    """A client whose timeouts and retries come from ``TUNECACHE_CONNECT_TIMEOUT``,
-    ``TUNECACHE_READ_TIMEOUT``, ``TUNECACHE_TOTAL_TIMEOUT`` (seconds) and ``TUNECACHE_ATTEMPTS``.
-
-    Raises:
-        ValueError: a bad URL, or a variable that is not a positive number (named).
-    """
-    import os
-
-    def number(name: str, default: float, kind=float):
-        raw = os.environ.get(name)
-        if raw is None:
-            return default
-        try:
-            value = kind(raw)
-        except ValueError:
-            raise ValueError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number") from None
-        if value <= 0:
-            raise ValueError(f"{name}={raw!r} must be positive")
-        return value
-
-    return TunecacheClient(
-        url,
-        connect_timeout_s=number("TUNECACHE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S),
-        read_timeout_s=number("TUNECACHE_READ_TIMEOUT", DEFAULT_READ_TIMEOUT_S),
-        total_timeout_s=number("TUNECACHE_TOTAL_TIMEOUT", DEFAULT_TOTAL_TIMEOUT_S),
-        attempts=number("TUNECACHE_ATTEMPTS", DEFAULT_ATTEMPTS, int),
-    )
+        return self._answer(self._request("GET", f"/v1/tuning-jobs/{job_id}"), TuningJobRead)

@@ -9,11 +9,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecache.client.autotune_file import ARTIFACT_KIND
-from tunecache.client.http import TunecacheClient, TunecacheError
-from tunecache.client.jit_install import JIT_MODULE_KIND, check_jit_module, flashinfer_workspace_dir, install_jit_module
-from tunecache.client.layouts import DEEP_GEMM_KIND
-from tunecache.identity import EnvironmentMetadata, TuningKey
+from tunecache.client.http import TunecacheClient
+from tunecache.client.jit_install import check_jit_module, flashinfer_workspace_dir, install_jit_module
+from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey, TuningRunRead
+from tunecache.store import TunecacheError
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def write_atomically(path: Path, data: bytes) -> None:
 class FetchedTuning:
     """A tuning downloaded and verified, not yet installed anywhere."""
 
-    run: dict
+    run: TuningRunRead
     autotune: bytes
     jit_modules: tuple[bytes, ...] = ()
     deep_gemm: bytes | None = None
@@ -75,7 +74,8 @@ class FetchedTuning:
     @property
     def workspace_subdir(self) -> str:
         """FlashInfer's ``<version>/<arch dir>`` on the tuning node (``""`` if not recorded)."""
-        return (self.run["summary"].get("flashinfer_jit") or {}).get("workspace_subdir", "")
+        layout = self.run.summary.get("flashinfer_jit")
+        return str(layout.get("workspace_subdir", "")) if isinstance(layout, dict) else ""
 
 
 def fetch_tuning(
@@ -90,16 +90,16 @@ def fetch_tuning(
         BadJitArtifact when a JIT module's tarball is unusable (checked before any install).
     """
     run = client.lookup(key, environment)
-    artifact = next((a for a in run["artifacts"] if a["kind"] == ARTIFACT_KIND), None)
+    artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
     if artifact is None:
-        raise TunecacheError(f"tuning run {run['id']} has no {ARTIFACT_KIND} artifact")
-    data = client.download_artifact(artifact["sha256"])
-    modules = tuple(client.download_artifact(a["sha256"]) for a in run["artifacts"] if jit and a["kind"] == JIT_MODULE_KIND)
+        raise TunecacheError(f"tuning run {run.id} has no {ArtifactKind.FLASHINFER_AUTOTUNE} artifact")
+    data = client.download_artifact(artifact.sha256)
+    modules = tuple(client.download_artifact(a.sha256) for a in run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE)) if jit else ()
     for module in modules:  # every module checked before any is installed
         check_jit_module(module)
-    dg = next((a for a in run["artifacts"] if deep_gemm and a["kind"] == DEEP_GEMM_KIND), None)
+    dg = run.artifact(ArtifactKind.DEEP_GEMM_JIT_CACHE) if deep_gemm else None
     return FetchedTuning(
-        run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg["sha256"]) if dg else None
+        run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None
     )
 
 
@@ -135,8 +135,8 @@ def pull_autotune_file(
     fetched = fetch_tuning(client, key, environment, jit=bool(jit_workspace))
     modules, workspace = install_jit_modules(fetched, jit_workspace) if jit_workspace else ([], None)
     write_atomically(path, fetched.autotune)
-    artifact = next(a for a in fetched.run["artifacts"] if a["kind"] == ARTIFACT_KIND)
+    artifact = fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
     return InstalledTuning(
-        path=path, run_id=fetched.run["id"], sha256=artifact["sha256"], entries=fetched.run["summary"].get("entries"),
+        path=path, run_id=fetched.run.id, sha256=artifact.sha256, entries=fetched.run.entries,
         jit_modules=tuple(modules), jit_workspace=workspace,
     )

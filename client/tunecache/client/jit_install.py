@@ -18,8 +18,6 @@ import uuid
 from pathlib import Path, PurePosixPath
 
 
-#: Artifact kind of one FlashInfer JIT module tarball (written by the tuner's harvest).
-JIT_MODULE_KIND = "flashinfer_jit_module"
 #: pax header holding an entry's exact modification time in nanoseconds.
 MTIME_NS_HEADER = "TUNECACHE.mtime_ns"
 

@@ -36,10 +36,6 @@ import tempfile
 import uuid
 from pathlib import Path, PurePosixPath
 
-#: Artifact kind of a DeepGEMM JIT cache (harvested by the tuner's vLLM runner).
-DEEP_GEMM_KIND = "deep_gemm_jit_cache"
-
-
 def vllm_rank_file_name(dp_rank: int, rank: int) -> str:
     """``autotune_configs_dp{dp}_rank{rank}.json`` (vLLM 0.33 ``flashinfer_autotune_filename``)."""
     return f"autotune_configs_dp{dp_rank}_rank{rank}.json"

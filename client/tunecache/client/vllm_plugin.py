@@ -22,10 +22,10 @@ says what was installed or why not. Nothing here ever raises into vLLM. With
 ``TUNECACHE_PUSH_BACK=1`` a worker that tuned locally (the tuning was missing) uploads
 its rank file afterwards as a ``pod`` run (stored unverified; never made current).
 
-Settings: ``TUNECACHE_URL``, ``TUNECACHE_DTYPE`` / ``TUNECACHE_QUANTIZATION`` (the key's
-dtype and quantization, default ``auto``), ``TUNECACHE_JIT``, ``TUNECACHE_PUSH_BACK``, and
-the client's timeouts (``TUNECACHE_CONNECT_TIMEOUT``, ``TUNECACHE_READ_TIMEOUT``,
-``TUNECACHE_TOTAL_TIMEOUT``, ``TUNECACHE_ATTEMPTS``).
+Settings: :class:`tunecache.client.settings.ClientSettings` (``TUNECACHE_URL``,
+``TUNECACHE_DTYPE`` / ``TUNECACHE_QUANTIZATION`` for the key, ``TUNECACHE_JIT``,
+``TUNECACHE_PUSH_BACK``, ``TUNECACHE_ENVIRONMENT_FILE``, the token, timeouts and attempts),
+read once per worker when its install runs.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ log = logging.getLogger("tunecache.vllm_plugin")
 
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group. Never raises."""
-    if not os.environ.get("TUNECACHE_URL"):
+    settings = _settings_safely()
+    if settings is None or not settings.url:
         return
     try:
         _wrap_flashinfer_autotune()
@@ -57,10 +58,11 @@ def _wrap_flashinfer_autotune() -> None:
     original = kernel_warmup.flashinfer_autotune
 
     def flashinfer_autotune(runner: Any, *args: Any, **kwargs: Any) -> Any:
-        installed = _install_safely(runner)
+        settings = _settings_safely()
+        installed = _install_safely(runner, settings) if settings is not None else None
         result = original(runner, *args, **kwargs)
-        if installed is not None and not installed and os.environ.get("TUNECACHE_PUSH_BACK") == "1":
-            _push_back_safely(runner)
+        if installed is not None and not installed and settings.push_back:
+            _push_back_safely(runner, settings)
         return result
 
     kernel_warmup.flashinfer_autotune = flashinfer_autotune
@@ -88,26 +90,35 @@ def _uses_v2() -> bool:
     return bool(check and check())
 
 
-def _key(runner: Any, environment: Any):
-    from tunecache.client.environment import detect_arch
-    from tunecache.identity import TuningKey
+def _settings_safely():
+    """This worker's :class:`ClientSettings`, or ``None`` (logged) when a variable is invalid."""
+    from tunecache.client.settings import load_client_settings
+
+    try:
+        return load_client_settings()
+    except ValueError as exc:
+        log.warning("tunecache: no tuning installed, vLLM will tune: %s", exc)
+        return None
+
+
+def _key(runner: Any, environment: Any, settings: Any):
+    from tunecache.client.environment import pod_key
 
     config = runner.vllm_config
-    return TuningKey(
-        gpu_name=environment.gpu,
-        arch=detect_arch(environment.gpu),
-        model=config.model_config.model,
-        max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
-        dtype=os.environ.get("TUNECACHE_DTYPE", "auto"),
-        quantization=os.environ.get("TUNECACHE_QUANTIZATION", "auto"),
+    return pod_key(
+        environment.gpu,
+        config.model_config.model,
+        config.scheduler_config.max_num_batched_tokens,
+        dtype=settings.dtype,
+        quantization=settings.quantization,
         tensor_parallel_size=config.parallel_config.tensor_parallel_size,
     )
 
 
-def _client():
-    from tunecache.client.http import client_from_environment
+def _client(settings: Any):
+    from tunecache.client.http import TunecacheClient
 
-    return client_from_environment(os.environ["TUNECACHE_URL"])
+    return TunecacheClient.from_settings(settings)
 
 
 def _vllm_cache_root() -> Path:
@@ -119,30 +130,30 @@ def _vllm_cache_root() -> Path:
         return Path(os.environ.get("VLLM_CACHE_ROOT") or os.path.join(os.path.expanduser("~"), ".cache", "vllm"))
 
 
-def _environment():
+def _environment(settings: Any):
     from tunecache.client.environment import detect_environment, environment_from_file
 
-    path = os.environ.get("TUNECACHE_ENVIRONMENT_FILE")  # for pods whose FlashInfer cannot detect its own
-    return environment_from_file(Path(path)) if path else detect_environment()
+    # TUNECACHE_ENVIRONMENT_FILE: for pods whose FlashInfer cannot detect its own
+    return environment_from_file(settings.environment_file) if settings.environment_file else detect_environment()
 
 
-def _install_safely(runner: Any) -> bool | None:
+def _install_safely(runner: Any, settings: Any) -> bool | None:
     """Install for this worker. True: installed; False: the server has no matching tuning;
     None: tunecache failed (logged). Never raises."""
-    from tunecache.client.http import NoCompatibleTuning
+    from tunecache.store import NoCompatibleTuning
     from tunecache.client.install import fetch_tuning, install_jit_modules, write_atomically
     from tunecache.client.layouts import deep_gemm_cache_dirs, flashinfer_v2_root, install_deep_gemm_cache, install_v2_store
 
     try:
-        environment = _environment()
-        key = _key(runner, environment)
-        jit = os.environ.get("TUNECACHE_JIT", "1") != "0"
-        with _client() as client:
+        environment = _environment(settings)
+        key = _key(runner, environment, settings)
+        jit = settings.jit
+        with _client(settings) as client:
             fetched = fetch_tuning(client, key, environment, jit=jit, deep_gemm=jit)
         modules, _ = install_jit_modules(fetched, True) if jit else ([], None)
         if fetched.deep_gemm is not None:
             directory = install_deep_gemm_cache(
-                fetched.deep_gemm, _vllm_cache_root() / "tunecache" / "deep_gemm" / str(fetched.run["id"])
+                fetched.deep_gemm, _vllm_cache_root() / "tunecache" / "deep_gemm" / str(fetched.run.id)
             )
             os.environ["DG_JIT_CACHE_DIR"] = deep_gemm_cache_dirs(directory)
         if _uses_v2():
@@ -152,7 +163,7 @@ def _install_safely(runner: Any) -> bool | None:
             write_atomically(where, fetched.autotune)
         log.info(
             "tunecache: installed run %s (%s entries, %d JIT modules) for %s into %s",
-            fetched.run["id"], fetched.run["summary"].get("entries"), len(modules), key.model, where,
+            fetched.run.id, fetched.run.entries, len(modules), key.model, where,
         )
         return True
     except NoCompatibleTuning as exc:
@@ -163,22 +174,18 @@ def _install_safely(runner: Any) -> bool | None:
         return None
 
 
-def _push_back_safely(runner: Any) -> None:
+def _push_back_safely(runner: Any, settings: Any) -> None:
     """Upload this worker's locally tuned rank file as an unverified ``pod`` run. Never raises."""
-    from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, parse_autotune_file
+    from tunecache.client.autotune_file import parse_autotune_file, pushed_run
 
     try:
         path = _rank_file(runner)
         data = path.read_bytes()
         parsed = parse_autotune_file(data, source=str(path))
-        key = _key(runner, parsed.environment)
-        with _client() as client:
-            sha256 = client.upload_artifact(data)
-            run = client.record_run({
-                "key": key.model_dump(), "environment": parsed.environment.model_dump(), "trigger": "pod",
-                "node": socket.gethostname(), "summary": {"entries": parsed.entries},
-                "artifacts": [{"kind": ARTIFACT_KIND, "name": "autotune.json", "media_type": MEDIA_TYPE, "sha256": sha256}],
-            })
-        log.info("tunecache: pushed this pod's tuning back as unverified run %s", run["id"])
+        key = _key(runner, parsed.environment, settings)
+        with _client(settings) as client:
+            stored = client.upload_artifact(data)
+            run = client.record_run(pushed_run(key, parsed, stored.sha256, "pod", socket.gethostname()))
+        log.info("tunecache: pushed this pod's tuning back as unverified run %s", run.id)
     except Exception as exc:
         log.warning("tunecache: push-back failed: %s: %s", type(exc).__name__, exc)

@@ -16,7 +16,7 @@ from tunecache.service import db
 from tunecache.service.errors import install_error_handlers
 from tunecache.service.limits import BodySizeLimit
 from tunecache.service.routes import artifacts, health, jobs, tunings
-from tunecache.service.schemas import WorkerStatus
+from tunecache.contract import WorkerStatus
 from tunecache.service.settings import Settings
 from tunecache.service.worker import JobWorker, detect_gpu
 

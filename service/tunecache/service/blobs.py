@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from tunecache.service import dialect
 from tunecache.service.models import ArtifactBlob, ArtifactChunk, utcnow
-from tunecache.service.schemas import ArtifactStored
+from tunecache.contract import ArtifactStored
 
 #: Bytes per stored chunk (4 MiB).
 CHUNK_BYTES = 4 * 1024 * 1024

@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -49,6 +49,7 @@ def create_db_engine(url: str) -> Engine:
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions on ``engine``; callers own the transaction (``with factory.begin() as session``)."""
     return sessionmaker(engine, expire_on_commit=False)
 
 
@@ -78,9 +79,15 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(config).get_current_head()
 
 
+def revision_of(connection: Connection) -> str | None:
+    """The Alembic revision of the database behind ``connection`` (``None``: not migrated)."""
+    return MigrationContext.configure(connection).get_current_revision()
+
+
 def current_revision(engine: Engine) -> str | None:
+    """The Alembic revision of the database (``None``: not migrated)."""
     with engine.connect() as connection:
-        return MigrationContext.configure(connection).get_current_revision()
+        return revision_of(connection)
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:

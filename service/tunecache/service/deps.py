@@ -1,4 +1,10 @@
-"""Typed FastAPI dependencies (``SessionDep``, ``SettingsDep``)."""
+"""Typed FastAPI dependencies (``SessionDep``, ``SettingsDep``).
+
+``SessionDep`` is the request's unit of work: one session and one transaction, committed
+when the route returns and rolled back when it raises, before the response is sent
+(``scope="function"``), so a client that gets an answer can rely on what it says being
+stored. Routes and the storage modules never commit themselves.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,9 @@ from sqlalchemy.orm import Session
 from tunecache.service.settings import Settings
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """One session per request; routes commit explicitly, anything uncommitted is rolled back."""
-    with request.app.state.sessions() as session:
+def unit_of_work(request: Request) -> Iterator[Session]:
+    """A session in a transaction: committed after the route returns, rolled back if it raises."""
+    with request.app.state.sessions.begin() as session:
         yield session
 
 
@@ -21,5 +27,5 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(unit_of_work, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -18,9 +18,26 @@ def _insert(session: Session, table: Table):
     raise NotImplementedError(f"unsupported database dialect {name!r} (use sqlite or postgresql)")
 
 
-def insert_or_ignore(session: Session, table: Table, values: dict[str, Any], conflict: list[str]) -> None:
-    """``INSERT ... ON CONFLICT (conflict) DO NOTHING``: safe when two writers race."""
-    session.execute(_insert(session, table).values(**values).on_conflict_do_nothing(index_elements=conflict))
+def insert_or_ignore(
+    session: Session,
+    table: Table,
+    values: dict[str, Any],
+    conflict: list[str],
+    *,
+    index_where: Any = None,
+    returning: str | None = None,
+) -> Any:
+    """``INSERT ... ON CONFLICT (conflict) [WHERE index_where] DO NOTHING``: safe when two
+    writers race. ``index_where`` names a partial unique index by its condition.
+
+    Returns the inserted row's ``returning`` column, or ``None`` when nothing was
+    inserted (or ``returning`` is not given).
+    """
+    stmt = _insert(session, table).values(**values).on_conflict_do_nothing(index_elements=conflict, index_where=index_where)
+    if returning is None:
+        session.execute(stmt)
+        return None
+    return session.execute(stmt.returning(table.c[returning])).scalar()
 
 
 def upsert_if_newer(session: Session, table: Table, values: dict[str, Any], conflict: list[str], newer: str) -> None:

@@ -7,8 +7,9 @@
 * A worker renews its lease (:func:`heartbeat`) while the tuner runs; a job whose lease
   expired (its worker died) is claimable again, up to ``max_attempts`` claims.
 
-Like :mod:`tunecache.service.repository`, functions take a session and return schemas;
-the ones that must be atomic commit themselves and say so.
+Like :mod:`tunecache.service.repository`, functions take a session whose transaction
+the caller owns (the request's unit of work, or one ``with sessions.begin()`` per worker
+step: claim, heartbeat, finish) and return the contract's read models; none commits.
 """
 
 from __future__ import annotations
@@ -17,13 +18,11 @@ import datetime as dt
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
-from tunecache.identity import TuningKey
+from tunecache.contract import ACTIVE_JOB_STATUSES, JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead, TuningKey
 from tunecache.service import dialect, repository
-from tunecache.service.models import ACTIVE_JOB_STATES, TuningJob, TuningKeyRow, utcnow
-from tunecache.service.schemas import TuningJobCreate, TuningJobPage, TuningJobRead
+from tunecache.service.models import ACTIVE_JOB_CONDITION, TuningJob, TuningKeyRow, utcnow
 
 #: Characters of tuner output kept on a job for ``GET /v1/tuning-jobs/{id}``.
 LOG_TAIL_CHARS = 4000
@@ -55,64 +54,63 @@ def _to_read(job: TuningJob) -> TuningJobRead:
 
 def _active_job(session: Session, key_id: int) -> TuningJob | None:
     return session.scalars(
-        select(TuningJob).options(defer(TuningJob.hf_config)).where(TuningJob.key_id == key_id, TuningJob.status.in_(ACTIVE_JOB_STATES))
+        select(TuningJob).options(defer(TuningJob.hf_config)).where(TuningJob.key_id == key_id, TuningJob.status.in_(ACTIVE_JOB_STATUSES))
     ).first()
 
 
 def enqueue(session: Session, request: TuningJobCreate, requested_by: str | None = None) -> tuple[TuningJobRead, bool]:
-    """Queue a job for the key, or return the one already queued or running (commits).
+    """Queue a job for the key, or return the one already queued or running.
 
-    Returns ``(job, created)``. Safe under concurrency: the loser of an insert race gets
-    the winner's job.
+    Returns ``(job, created)``. Safe under concurrency without a retry: the insert is
+    ``ON CONFLICT DO NOTHING`` on the partial unique index of active jobs, so the loser
+    of a race inserts nothing (PostgreSQL waits for the winner's commit) and reads the
+    winner's job.
     """
     key_row = repository.get_or_create_key(session, request.key)
-    session.commit()
-    existing = _active_job(session, key_row.id)
-    if existing is not None:
-        return _to_read(existing), False
-    job = TuningJob(
-        key_id=key_row.id,
-        status="queued",
-        hf_config=request.hf_config,
-        options={"gemm_backends": request.gemm_backends, "stages": request.stages},
-        requested_by=requested_by,
-        attempts=0,
-        created_at=utcnow(),
+    values = {
+        "key_id": key_row.id,
+        "status": JobStatus.QUEUED.value,
+        "hf_config": request.hf_config,
+        "options": {"gemm_backends": request.gemm_backends, "stages": request.stages},
+        "requested_by": requested_by,
+        "attempts": 0,
+        "created_at": utcnow(),
+    }
+    created_id = dialect.insert_or_ignore(
+        session, TuningJob.__table__, values, conflict=["key_id"], index_where=ACTIVE_JOB_CONDITION, returning="id"
     )
-    session.add(job)
-    try:
-        session.commit()
-    except IntegrityError:  # another request queued this key between our check and insert
-        session.rollback()
+    job = get_job(session, created_id) if created_id is not None else None
+    if job is None:
         existing = _active_job(session, key_row.id)
-        if existing is None:
-            raise
+        if existing is None:  # the active job finished between the insert and this read
+            raise RuntimeError(f"job for key {key_row.id} neither created nor found; retry")
         return _to_read(existing), False
-    session.refresh(job)
-    return _to_read(job), True
+    return job, True
 
 
 def _claimable(now: dt.datetime, max_attempts: int):
-    expired = and_(TuningJob.status == "running", TuningJob.lease_expires_at < now, TuningJob.attempts < max_attempts)
-    return or_(TuningJob.status == "queued", expired)
+    expired = and_(TuningJob.status == JobStatus.RUNNING.value, TuningJob.lease_expires_at < now, TuningJob.attempts < max_attempts)
+    return or_(TuningJob.status == JobStatus.QUEUED.value, expired)
 
 
 def fail_exhausted(session: Session, max_attempts: int) -> int:
-    """Fail running jobs whose lease expired after ``max_attempts`` claims (commits). Returns how many."""
+    """Fail running jobs whose lease expired after ``max_attempts`` claims. Returns how many."""
     now = utcnow()
     result = session.execute(
         update(TuningJob)
-        .where(TuningJob.status == "running", TuningJob.lease_expires_at < now, TuningJob.attempts >= max_attempts)
-        .values(status="failed", finished_at=now, error=f"worker lost the job {max_attempts} times (lease expired)")
+        .where(TuningJob.status == JobStatus.RUNNING.value, TuningJob.lease_expires_at < now, TuningJob.attempts >= max_attempts)
+        .values(status=JobStatus.FAILED.value, finished_at=now, error=f"worker lost the job {max_attempts} times (lease expired)")
     )
-    session.commit()
     return result.rowcount
 
 
 def claim(
     session: Session, worker: str, gpu_name: str, arch: str, lease_s: float, max_attempts: int = 3
 ) -> TuningJobRead | None:
-    """Claim the oldest job this worker's GPU can serve; ``None`` if there is none (commits).
+    """Claim the oldest job this worker's GPU can serve; ``None`` if there is none.
+
+    Call it in a transaction of its own (the claim holds the job's row lock on PostgreSQL
+    until that commits).
 
     Claimable: queued, or running with an expired lease and fewer than ``max_attempts``
     claims so far (its worker died; the job is requeued). The claim sets ``status =
@@ -130,13 +128,12 @@ def claim(
     )
     job_id = session.scalar(candidate)
     if job_id is None:
-        session.commit()
         return None
     claimed = session.execute(
         update(TuningJob)
         .where(TuningJob.id == job_id, _claimable(now, max_attempts))
         .values(
-            status="running",
+            status=JobStatus.RUNNING.value,
             worker=worker,
             lease_expires_at=now + dt.timedelta(seconds=lease_s),
             attempts=TuningJob.attempts + 1,
@@ -147,7 +144,6 @@ def claim(
             error=None,
         )
     ).rowcount
-    session.commit()
     if claimed != 1:  # lost a race (SQLite): someone else claimed it first
         return None
     return get_job(session, job_id)
@@ -156,7 +152,7 @@ def claim(
 def heartbeat(
     session: Session, job_id: int, worker: str, lease_s: float, progress: dict[str, Any] | None = None
 ) -> bool:
-    """Renew the lease and store progress (``stage``, ``step``, ``total``, ``log_tail``) (commits).
+    """Renew the lease and store progress (``stage``, ``step``, ``total``, ``log_tail``).
 
     Returns False when the worker no longer holds the job (its lease expired and another
     worker took it): the caller must stop working on it.
@@ -168,18 +164,19 @@ def heartbeat(
     if progress and progress.get("log_tail") is not None:
         values["log_tail"] = progress["log_tail"][-LOG_TAIL_CHARS:]
     held = session.execute(
-        update(TuningJob).where(TuningJob.id == job_id, TuningJob.worker == worker, TuningJob.status == "running").values(**values)
+        update(TuningJob).where(TuningJob.id == job_id, TuningJob.worker == worker, TuningJob.status == JobStatus.RUNNING.value)
+        .values(**values)
     ).rowcount
-    session.commit()
     return held == 1
 
 
 def finish(
     session: Session, job_id: int, worker: str, *, run_id: int | None = None, error: str | None = None, log_tail: str | None = None
 ) -> bool:
-    """Mark the job succeeded (``run_id``) or failed (``error``) if ``worker`` still holds it (commits)."""
+    """Mark the job succeeded (``run_id``) or failed (``error``) if ``worker`` still holds it.
+    Returns False when it no longer does."""
     values: dict[str, Any] = {
-        "status": "failed" if error is not None else "succeeded",
+        "status": (JobStatus.FAILED if error is not None else JobStatus.SUCCEEDED).value,
         "finished_at": utcnow(),
         "run_id": run_id,
         "error": error,
@@ -188,9 +185,9 @@ def finish(
     if log_tail is not None:
         values["log_tail"] = log_tail[-LOG_TAIL_CHARS:]
     done = session.execute(
-        update(TuningJob).where(TuningJob.id == job_id, TuningJob.worker == worker, TuningJob.status == "running").values(**values)
+        update(TuningJob).where(TuningJob.id == job_id, TuningJob.worker == worker, TuningJob.status == JobStatus.RUNNING.value)
+        .values(**values)
     ).rowcount
-    session.commit()
     return done == 1
 
 
@@ -208,7 +205,7 @@ def job_spec_inputs(session: Session, job_id: int) -> tuple[TuningKey, dict[str,
     return repository.key_of(job.key), job.hf_config, job.options or {}
 
 
-def list_jobs(session: Session, *, status: str | None = None, limit: int = 50, offset: int = 0) -> TuningJobPage:
+def list_jobs(session: Session, *, status: JobStatus | None = None, limit: int = 50, offset: int = 0) -> TuningJobPage:
     """Jobs, newest first (their model configs are not loaded)."""
     query = select(TuningJob).options(defer(TuningJob.hf_config))
     if status is not None:

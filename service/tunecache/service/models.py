@@ -1,9 +1,13 @@
-"""SQLAlchemy 2.0 ORM models. Rows never leave :mod:`tunecache.service.repository`.
+"""SQLAlchemy 2.0 ORM models. Rows never leave the storage modules (repository, blobs, jobs).
+
+The contract (:mod:`tunecache.contract`) shapes the schema: the key's unique constraint
+is built from :data:`~tunecache.contract.KEY_FIELDS`, and every status and trigger column
+has a CHECK constraint listing its enum's values (:func:`one_of`).
 
 Tables:
 
 * ``environments``: FlashInfer environment metadata, one row per distinct environment
-  (``env_hash`` = :meth:`tunecache.identity.EnvironmentMetadata.environment_hash`).
+  (``env_hash`` = :meth:`tunecache.contract.EnvironmentMetadata.environment_hash`).
 * ``tuning_keys``: (GPU name, arch, model, max_num_batched_tokens, dtype, quantization,
   tensor-parallel size).
 * ``tuning_runs``: every tuning ever recorded (history, append-only except for the
@@ -21,12 +25,14 @@ Tables:
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     Float,
     ForeignKey,
@@ -41,6 +47,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
+
+from tunecache.contract import ACTIVE_JOB_STATUSES, KEY_FIELDS, JobStatus, RunStatus, RunTrigger, StrEnum
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -78,6 +86,12 @@ class UTCDateTime(TypeDecorator):
         return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
 
 
+def one_of(column: str, values: Iterable[StrEnum]) -> str:
+    """SQL condition ``column IN ('a', 'b', ...)`` over enum members (an enum class gives
+    all its values), for CHECK constraints and partial indexes."""
+    return f"{column} IN ({', '.join(repr(member.value) for member in values)})"
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map = {dt.datetime: UTCDateTime}
@@ -101,16 +115,7 @@ class Environment(Base):
 class TuningKeyRow(Base):
     __tablename__ = "tuning_keys"
     __table_args__ = (
-        UniqueConstraint(
-            "gpu_name",
-            "arch",
-            "model",
-            "max_num_batched_tokens",
-            "dtype",
-            "quantization",
-            "tensor_parallel_size",
-            name="uq_tuning_keys_identity",
-        ),
+        UniqueConstraint(*KEY_FIELDS, name="uq_tuning_keys_identity"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -126,6 +131,10 @@ class TuningKeyRow(Base):
 
 class TuningRun(Base):
     __tablename__ = "tuning_runs"
+    __table_args__ = (
+        CheckConstraint(one_of("status", RunStatus), name="status"),
+        CheckConstraint(one_of("trigger", RunTrigger), name="trigger"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     key_id: Mapped[int] = mapped_column(ForeignKey("tuning_keys.id"), index=True)
@@ -192,16 +201,19 @@ class CurrentTuning(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
-#: Job states in which a job occupies its key (see the partial unique index below).
-ACTIVE_JOB_STATES = ("queued", "running")
-_ACTIVE = text("status IN ('queued', 'running')")
+#: Jobs that occupy their key (see the partial unique index below).
+ACTIVE_JOB_CONDITION = text(one_of("status", ACTIVE_JOB_STATUSES))
 
 
 class TuningJob(Base):
     __tablename__ = "tuning_jobs"
     __table_args__ = (
-        Index("uq_tuning_jobs_active_key", "key_id", unique=True, postgresql_where=_ACTIVE, sqlite_where=_ACTIVE),
+        Index(
+            "uq_tuning_jobs_active_key", "key_id", unique=True,
+            postgresql_where=ACTIVE_JOB_CONDITION, sqlite_where=ACTIVE_JOB_CONDITION,
+        ),
         Index("ix_tuning_jobs_status_created", "status", "created_at"),
+        CheckConstraint(one_of("status", JobStatus), name="status"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -1,8 +1,10 @@
-"""Storage of tunings: the only module that touches ORM rows.
+"""Storage of tunings: the only module (with :mod:`~tunecache.service.blobs` for bytes and
+:mod:`~tunecache.service.jobs` for the queue) that touches ORM rows.
 
 Every function takes a :class:`~sqlalchemy.orm.Session` whose transaction the caller
-owns (one per request, or one per CLI command); none commits on its own. Results are
-API schemas (:mod:`tunecache.service.schemas`), never rows.
+owns: the request's unit of work (``tunecache.service.deps.SessionDep``) or one call of
+:class:`tunecache.service.store.SqlTuningStore`. None commits or rolls back on its own.
+Results are the contract's read models (:mod:`tunecache.contract`), never rows.
 """
 
 from __future__ import annotations
@@ -10,7 +12,21 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tunecache.identity import EnvironmentMetadata, TuningKey, differences
+from tunecache.contract import (
+    ENVIRONMENT_FIELDS,
+    KEY_FIELDS,
+    ArtifactRead,
+    ClosestTuning,
+    EnvironmentMetadata,
+    LookupMiss,
+    RunStatus,
+    RunTrigger,
+    TuningKey,
+    TuningRunCreate,
+    TuningRunPage,
+    TuningRunRead,
+    differences,
+)
 from tunecache.service import dialect
 from tunecache.service.models import (
     ArtifactBlob,
@@ -21,27 +37,12 @@ from tunecache.service.models import (
     TuningRun,
     utcnow,
 )
-from tunecache.service.schemas import (
-    ArtifactRead,
-    ClosestTuning,
-    LookupMiss,
-    TuningRunCreate,
-    TuningRunPage,
-    TuningRunRead,
-)
+from tunecache.store import ArtifactsMissing
 
 #: How many stored tunings a lookup miss reports.
 CLOSEST_LIMIT = 3
 #: How many current tunings a lookup miss compares against at most.
 _CANDIDATE_LIMIT = 500
-
-
-class ArtifactsMissing(LookupError):
-    """A run refers to artifacts whose bytes were never uploaded."""
-
-    def __init__(self, missing: list[str]):
-        super().__init__(f"artifact bytes not uploaded: {', '.join(missing)}")
-        self.missing = missing
 
 
 class IndeterminateEnvironment(ValueError):
@@ -53,11 +54,12 @@ def _key_filter(key: TuningKey):
 
 
 def _environment_of(row: Environment) -> EnvironmentMetadata:
-    return EnvironmentMetadata(**{f: getattr(row, f) for f in EnvironmentMetadata.model_fields})
+    return EnvironmentMetadata(**{f: getattr(row, f) for f in ENVIRONMENT_FIELDS})
 
 
 def key_of(row: TuningKeyRow) -> TuningKey:
-    return TuningKey(**{f: getattr(row, f) for f in TuningKey.model_fields})
+    """The contract's key of a ``tuning_keys`` row."""
+    return TuningKey.model_validate(row)
 
 
 def _get_or_create_environment(session: Session, environment: EnvironmentMetadata) -> Environment:
@@ -76,7 +78,7 @@ def get_or_create_key(session: Session, key: TuningKey) -> TuningKeyRow:
         session,
         TuningKeyRow.__table__,
         {"created_at": utcnow(), **key.model_dump()},
-        conflict=list(TuningKey.model_fields),
+        conflict=list(KEY_FIELDS),
     )
     return session.scalars(select(TuningKeyRow).where(*_key_filter(key))).one()
 
@@ -133,7 +135,7 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
             fields (FlashInfer's ``load_configs`` would reject its file everywhere).
     """
     unknown = run.environment.indeterminate_fields()
-    if run.status == "succeeded" and unknown:
+    if run.status is RunStatus.SUCCEEDED and unknown:
         raise IndeterminateEnvironment(
             "environment fields FlashInfer could not detect: "
             + ", ".join(unknown)
@@ -155,12 +157,12 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
         if run.started_at is not None and run.finished_at is not None
         else None
     )
-    verified = run.trigger != "pod"
+    verified = run.trigger is not RunTrigger.POD
     row = TuningRun(
         key=key_row,
         environment=env_row,
-        status=run.status,
-        trigger=run.trigger,
+        status=run.status.value,
+        trigger=run.trigger.value,
         node=run.node,
         started_at=run.started_at,
         finished_at=run.finished_at,
@@ -170,13 +172,13 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
         verified=verified,
         created_at=utcnow(),
         artifacts=[
-            RunArtifact(kind=a.kind, name=a.name, media_type=a.media_type, sha256=a.sha256, size_bytes=sizes[a.sha256])
+            RunArtifact(kind=a.kind.value, name=a.name, media_type=a.media_type, sha256=a.sha256, size_bytes=sizes[a.sha256])
             for a in run.artifacts
         ],
     )
     session.add(row)
     session.flush()
-    if run.status == "succeeded" and verified:
+    if run.status is RunStatus.SUCCEEDED and verified:
         # The newest run (highest id) stays current when several are recorded at once.
         dialect.upsert_if_newer(
             session,
@@ -202,7 +204,7 @@ def list_runs(
     model: str | None = None,
     gpu_name: str | None = None,
     max_num_batched_tokens: int | None = None,
-    status: str | None = None,
+    status: RunStatus | None = None,
     current_only: bool = False,
     limit: int = 50,
     offset: int = 0,

@@ -3,7 +3,9 @@
 It runs as a thread of the service process on a GPU node. The tuning itself runs in a
 child process (:func:`tunecache.service.tuner.runner.run_tuner`) with a timeout, so the
 API keeps serving whatever the tuner does. While it runs, a heartbeat renews the job's
-lease and stores its progress; if the lease is lost the result is dropped.
+lease and stores its progress; if the lease is lost the result is dropped. Each step
+(claim, heartbeat, finish) is one transaction of its own; the result is recorded through
+:class:`tunecache.service.store.SqlTuningStore`, as ``tunecache tune --database`` records it.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunecache.service import jobs, repository
+from tunecache.contract import RunTrigger, StageChanged, StageProgress, TunerError, TunerEvent
+from tunecache.service import jobs
+from tunecache.service.store import SqlTuningStore
 from tunecache.service.tuner.model_config import ModelConfigError, load_hf_config
-from tunecache.service.tuner.recording import failed_run_record, record_in_database
 from tunecache.service.tuner.runner import TunerFailed, TunerResult, run_tuner
 from tunecache.service.tuner.stages import TuneSpec
 
@@ -127,7 +130,7 @@ class JobWorker:
 
     def run_once(self) -> bool:
         """Claim one job and run it to the end. Returns False when there was nothing to claim."""
-        with self.sessions() as session:
+        with self.sessions.begin() as session:
             job = jobs.claim(session, self.name, self.gpu.gpu_name, self.gpu.arch, self.lease_s, self.max_attempts)
             if job is None:
                 return False
@@ -136,7 +139,7 @@ class JobWorker:
         try:
             config = hf_config if hf_config is not None else load_hf_config(key.model)
         except ModelConfigError as exc:
-            with self.sessions() as session:
+            with self.sessions.begin() as session:
                 jobs.finish(session, job.id, self.name, error=f"model config: {exc}")
             return True
         spec = TuneSpec(
@@ -158,16 +161,15 @@ class JobWorker:
         lease_lost = threading.Event()
         done = threading.Event()
 
-        def on_event(event: dict[str, Any]) -> None:
-            kind = event.get("event")
-            if kind == "stage":
-                progress.update(stage=event["stage"], step=None, total=None)
-                lines.append(f"stage {event['stage']}: {event['status']}" + (f" ({event['reason']})" if "reason" in event else ""))
-            elif kind == "progress":
-                progress.update(stage=event["stage"], step=event["step"], total=event["total"])
-                lines.append(f"{event['stage']} {event['step']}/{event['total']} {event['detail']}")
-            elif kind == "error":
-                lines.append(f"error: {event['message']}")
+        def on_event(event: TunerEvent) -> None:
+            if isinstance(event, StageChanged):
+                progress.update(stage=event.stage.value, step=None, total=None)
+                lines.append(f"stage {event.stage}: {event.status}" + (f" ({event.reason})" if event.reason else ""))
+            elif isinstance(event, StageProgress):
+                progress.update(stage=event.stage.value, step=event.step, total=event.total)
+                lines.append(f"{event.stage} {event.step}/{event.total} {event.detail}")
+            elif isinstance(event, TunerError):
+                lines.append(f"error: {event.message}")
             progress["log_tail"] = "\n".join(lines[-50:])
 
         def heartbeat() -> None:
@@ -179,10 +181,11 @@ class JobWorker:
                 snapshot = dict(progress)
                 if snapshot == written and time.monotonic() - renewed < self.lease_s / 3:
                     continue
-                with self.sessions() as session:
-                    if not jobs.heartbeat(session, job_id, self.name, self.lease_s, snapshot):
-                        lease_lost.set()
-                        return
+                with self.sessions.begin() as session:
+                    held = jobs.heartbeat(session, job_id, self.name, self.lease_s, snapshot)
+                if not held:
+                    lease_lost.set()
+                    return
                 written, renewed = snapshot, time.monotonic()
 
         beat = threading.Thread(target=heartbeat, daemon=True)
@@ -199,15 +202,14 @@ class JobWorker:
             if lease_lost.is_set():
                 log.warning("worker %s: lease of job %d was lost; its result is dropped", self.name, job_id)
                 return
-            with self.sessions() as session:
-                if failure is not None:
-                    record = failed_run_record(spec, failure, "http", self.name)
-                    run_id = None
-                    if record is not None:
-                        run_id = repository.record_run(session, record).id
-                        session.commit()
-                    tail = "\n".join([progress.get("log_tail") or "", failure.log_tail]).strip()
+            store = SqlTuningStore(self.sessions)
+            if failure is not None:
+                record = failure.run_record(spec, RunTrigger.HTTP, self.name)
+                run_id = store.record_run(record).id if record is not None else None
+                tail = "\n".join([progress.get("log_tail") or "", failure.log_tail]).strip()
+                with self.sessions.begin() as session:
                     jobs.finish(session, job_id, self.name, run_id=run_id, error=failure.message, log_tail=tail)
-                else:
-                    run = record_in_database(session, spec, result, "http", self.name)
+            else:
+                run = result.record(store, spec, RunTrigger.HTTP, self.name)
+                with self.sessions.begin() as session:
                     jobs.finish(session, job_id, self.name, run_id=run.id, log_tail=progress.get("log_tail"))

@@ -10,9 +10,9 @@ from fastapi import APIRouter, HTTPException, Path, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from tunecache.contract import SHA256_PATTERN, ArtifactStored
 from tunecache.service import blobs
 from tunecache.service.deps import SessionDep
-from tunecache.service.schemas import SHA256_PATTERN, ArtifactStored
 
 router = APIRouter(prefix="/artifacts", tags=["artifacts"])
 
@@ -27,25 +27,15 @@ async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep,
     """Store the raw request body under its sha256, streamed (never whole in memory).
 
     Idempotent: 201 when stored now, 200 when the same bytes were already there.
-    Errors: 422 when the body does not hash to ``sha256`` (nothing is stored); 413 when
-    it exceeds ``TUNECACHE_MAX_UPLOAD_BYTES``.
+    Errors: 422 when the body does not hash to ``sha256`` (the request's transaction is
+    rolled back: nothing is stored); 413 when it exceeds ``TUNECACHE_MAX_UPLOAD_BYTES``.
     """
     with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY_BYTES) as spool:
         async for part in request.stream():
             spool.write(part)
         spool.seek(0)
-
-        def store() -> ArtifactStored:
-            try:
-                stored = blobs.store_blob(session, spool, sha256)
-            except blobs.DigestMismatch:
-                session.rollback()
-                raise
-            session.commit()
-            return stored
-
         try:
-            stored = await run_in_threadpool(store)
+            stored = await run_in_threadpool(blobs.store_blob, session, spool, sha256)
         except blobs.DigestMismatch as exc:
             raise HTTPException(422, detail=str(exc)) from None
     if not stored.created:

@@ -3,9 +3,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from sqlalchemy import text
 
+from tunecache.contract import Health
 from tunecache.service import db
 from tunecache.service.deps import SessionDep
-from tunecache.service.schemas import Health
 
 router = APIRouter(tags=["health"])
 
@@ -18,11 +18,11 @@ def health(session: SessionDep, request: Request) -> Health:
     Returns 200 ``{"status": "ok", "database": "sqlite"|"postgresql", "schema_revision": "0002",
     "worker": {"enabled": true, "gpu_name": "NVIDIA H200", "arch": "sm90", ...}}``.
     """
-    session.execute(text("SELECT 1"))
-    bind = session.get_bind()
+    connection = session.connection()  # the request's one connection answers both questions
+    connection.execute(text("SELECT 1"))
     return Health(
         status="ok",
-        database=bind.dialect.name,
-        schema_revision=db.current_revision(bind),
+        database=connection.dialect.name,
+        schema_revision=db.revision_of(connection),
         worker=request.app.state.worker_status,
     )

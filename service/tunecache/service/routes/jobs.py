@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
+from tunecache.contract import MAX_ID, JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead
 from tunecache.service import jobs
 from tunecache.service.deps import SessionDep
-from tunecache.service.schemas import MAX_ID, JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead
 
 router = APIRouter(prefix="/tuning-jobs", tags=["tuning-jobs"])
 

@@ -7,10 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import JSONResponse
 
-from tunecache.service import repository
-from tunecache.service.deps import SessionDep
-from tunecache.service.schemas import (
+from tunecache.contract import (
     MAX_ID,
+    MAX_NUM_BATCHED_TOKENS,
     NO_NUL,
     LookupMiss,
     LookupRequest,
@@ -19,6 +18,9 @@ from tunecache.service.schemas import (
     TuningRunPage,
     TuningRunRead,
 )
+from tunecache.service import repository
+from tunecache.service.deps import SessionDep
+from tunecache.store import ArtifactsMissing
 
 router = APIRouter(prefix="/tunings", tags=["tunings"])
 
@@ -34,11 +36,10 @@ def record_tuning(body: TuningRunCreate, session: SessionDep) -> TuningRunRead:
     """
     try:
         run = repository.record_run(session, body)
-    except repository.ArtifactsMissing as exc:
+    except ArtifactsMissing as exc:
         raise HTTPException(422, detail={"message": str(exc), "missing": exc.missing}) from None
     except repository.IndeterminateEnvironment as exc:
         raise HTTPException(422, detail=str(exc)) from None
-    session.commit()
     return run
 
 
@@ -66,7 +67,7 @@ def list_tunings(
     session: SessionDep,
     model: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
     gpu_name: Annotated[str | None, Query(max_length=128, pattern=NO_NUL)] = None,
-    max_num_batched_tokens: Annotated[int | None, Query(gt=0, le=1 << 24)] = None,
+    max_num_batched_tokens: Annotated[int | None, Query(gt=0, le=MAX_NUM_BATCHED_TOKENS)] = None,
     status: RunStatus | None = None,
     current_only: bool = False,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,

@@ -5,7 +5,8 @@ tuning_buckets=get_hybrid_num_tokens_buckets(max_num_batched_tokens), round_up=T
 context, the context vLLM 0.33's kernel_warmup tunes in; FlashInfer writes the file on
 exit (``AutoTuner.save_configs``). Then the JIT modules the stages used are harvested
 (:mod:`tunecache.service.tuner.jit_artifacts`). Progress goes
-to the original stdout as JSON lines (library output is redirected to stderr):
+to the original stdout as JSON lines, one :data:`tunecache.contract.TunerEvent` each
+(library output is redirected to stderr):
 
     {"event": "started", "gpu_name": "NVIDIA H200", "arch": "sm90", "environment": {...}}
     {"event": "stage", "stage": "gemm", "status": "running"|"skipped"|"done", ...}
@@ -24,10 +25,24 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from tunecache.contract import (
+    ArtifactKind,
+    Stage,
+    StageChanged,
+    StageProgress,
+    TunerError,
+    TunerEvent,
+    TunerFinished,
+    TunerStarted,
+)
 from tunecache.service.tuner.stages import STAGES, TuneSpec, deep_gemm_skip_reason
+
+#: emit(event): write one event to the parent.
+Emit = Callable[[TunerEvent], None]
 
 AUTOTUNE_FILE = "autotune.json"
 RESULT_FILE = "result.json"
@@ -41,28 +56,33 @@ def _events_stream() -> TextIO:
     return events
 
 
-def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
+def _autotune_artifact() -> dict[str, str]:
+    kind = ArtifactKind.FLASHINFER_AUTOTUNE
+    return {"kind": kind.value, "name": AUTOTUNE_FILE, "media_type": kind.media_type, "path": AUTOTUNE_FILE}
+
+
+def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
     import torch
 
     import flashinfer
     from flashinfer.autotuner import _collect_metadata
     from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
 
-    from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, parse_autotune_file
-    from tunecache.identity import arch_from_capability
+    from tunecache.client.autotune_file import parse_autotune_file
+    from tunecache.client.environment import arch_from_capability
     from tunecache.service.tuner.jit_artifacts import harvest_flashinfer_jit, workspace_layout
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: this node cannot tune (it can still serve lookups)")
     gpu_name = torch.cuda.get_device_name(0)
     arch = arch_from_capability(*torch.cuda.get_device_capability(0))
-    emit({"event": "started", "gpu_name": gpu_name, "arch": arch, "environment": _collect_metadata()})
+    emit(TunerStarted(gpu_name=gpu_name, arch=arch, environment=_collect_metadata()))
 
     if spec.runner == "vllm":
         return run_vllm(spec, out_dir, emit, gpu_name, arch)
     cache = out_dir / AUTOTUNE_FILE
-    stages: dict[str, Any] = {"deep_gemm": {"status": "skipped", "reason": deep_gemm_skip_reason(spec)}}
-    emit({"event": "stage", "stage": "deep_gemm", "status": "skipped", "reason": stages["deep_gemm"]["reason"]})
+    stages: dict[str, Any] = {Stage.DEEP_GEMM.value: {"status": "skipped", "reason": deep_gemm_skip_reason(spec)}}
+    emit(StageChanged(stage=Stage.DEEP_GEMM, status="skipped", reason=stages[Stage.DEEP_GEMM.value]["reason"]))
     started = time.perf_counter()
     # As vLLM's kernel_warmup (_run_flashinfer_autotune_dummy_runs): FlashInfer's hybrid
     # buckets up to max_num_batched_tokens for every op, runtime sizes rounded up.
@@ -74,26 +94,26 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
                 reason = "not requested"
             if reason is not None:
                 stages[stage.name] = {"status": "skipped", "reason": reason}
-                emit({"event": "stage", "stage": stage.name, "status": "skipped", "reason": reason})
+                emit(StageChanged(stage=stage.name, status="skipped", reason=reason))
                 continue
-            emit({"event": "stage", "stage": stage.name, "status": "running"})
+            emit(StageChanged(stage=stage.name, status="running"))
             stage_started = time.perf_counter()
 
             def report(step: int, total: int, detail: str, _name: str = stage.name) -> None:
-                emit({"event": "progress", "stage": _name, "step": step, "total": total, "detail": detail})
+                emit(StageProgress(stage=_name, step=step, total=total, detail=detail))
 
             details = stage.run(spec, arch, report)
             seconds = round(time.perf_counter() - stage_started, 3)
             stages[stage.name] = {"status": "done", "seconds": seconds, **details}
-            emit({"event": "stage", "stage": stage.name, "status": "done", "seconds": seconds})
+            emit(StageChanged(stage=stage.name, status="done", seconds=seconds))
     tuning_seconds = round(time.perf_counter() - started, 3)
     if not cache.is_file():
         raise RuntimeError("FlashInfer wrote no autotune cache file: no stage ran a tunable op")
     parsed = parse_autotune_file(cache.read_bytes(), source=str(cache))
     harvest_started = time.perf_counter()
     jit = harvest_flashinfer_jit(out_dir)
-    emit({"event": "stage", "stage": "harvest", "status": "done",
-          "seconds": round(time.perf_counter() - harvest_started, 3), "modules": [a["module"] for a in jit]})
+    emit(StageChanged(stage=Stage.HARVEST, status="done", seconds=round(time.perf_counter() - harvest_started, 3),
+                      modules=[a["module"] for a in jit]))
     return {
         "gpu_name": gpu_name,
         "arch": arch,
@@ -104,22 +124,22 @@ def run(spec: TuneSpec, out_dir: Path, emit) -> dict[str, Any]:
         "jit_modules": [a["module"] for a in jit],
         "flashinfer_jit": workspace_layout(),
         "artifacts": [
-            {"kind": ARTIFACT_KIND, "name": AUTOTUNE_FILE, "media_type": MEDIA_TYPE, "path": AUTOTUNE_FILE},
+            _autotune_artifact(),
             *({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in jit),
         ],
     }
 
 
-def run_vllm(spec: TuneSpec, out_dir: Path, emit, gpu_name: str, arch: str) -> dict[str, Any]:
+def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str) -> dict[str, Any]:
     """The ``vllm`` runner: vLLM's kernel_warmup in its own process, then its caches harvested."""
-    from tunecache.client.autotune_file import ARTIFACT_KIND, MEDIA_TYPE, parse_autotune_file
+    from tunecache.client.autotune_file import parse_autotune_file
     from tunecache.service.tuner.vllm_runner import run_vllm_warmup
 
-    emit({"event": "stage", "stage": "vllm", "status": "running"})
+    emit(StageChanged(stage=Stage.VLLM, status="running"))
     started = time.perf_counter()
     harvested = run_vllm_warmup(spec, out_dir / "vllm-scratch", out_dir)
     seconds = round(time.perf_counter() - started, 3)
-    emit({"event": "stage", "stage": "vllm", "status": "done", "seconds": seconds})
+    emit(StageChanged(stage=Stage.VLLM, status="done", seconds=seconds))
     cache = out_dir / AUTOTUNE_FILE
     cache.write_bytes(harvested["autotune_file"].read_bytes())
     parsed = parse_autotune_file(cache.read_bytes(), source=str(cache))
@@ -129,11 +149,11 @@ def run_vllm(spec: TuneSpec, out_dir: Path, emit, gpu_name: str, arch: str) -> d
         "environment": parsed.environment.model_dump(),
         "entries": parsed.entries,
         "tuning_seconds": seconds,
-        "stages": {"vllm": {"status": "done", "seconds": seconds, "ranks": harvested["ranks"]}},
+        "stages": {Stage.VLLM.value: {"status": "done", "seconds": seconds, "ranks": harvested["ranks"]}},
         "jit_modules": [],
         "flashinfer_jit": {},
         "artifacts": [
-            {"kind": ARTIFACT_KIND, "name": AUTOTUNE_FILE, "media_type": MEDIA_TYPE, "path": AUTOTUNE_FILE},
+            _autotune_artifact(),
             *harvested["artifacts"],
         ],
     }
@@ -142,8 +162,8 @@ def run_vllm(spec: TuneSpec, out_dir: Path, emit, gpu_name: str, arch: str) -> d
 def main(argv: list[str]) -> int:
     events = _events_stream()
 
-    def emit(event: dict[str, Any]) -> None:
-        events.write(json.dumps(event) + "\n")
+    def emit(event: TunerEvent) -> None:
+        events.write(event.model_dump_json() + "\n")
 
     spec_path, out_dir = Path(argv[0]), Path(argv[1])
     try:
@@ -151,10 +171,10 @@ def main(argv: list[str]) -> int:
         summary = run(spec, out_dir, emit)
     except BaseException as exc:  # report anything, then fail
         traceback.print_exc()
-        emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
+        emit(TunerError(message=f"{type(exc).__name__}: {exc}"))
         return 1
     (out_dir / RESULT_FILE).write_text(json.dumps(summary, indent=2))
-    emit({"event": "result", "summary": summary})
+    emit(TunerFinished(summary=summary))
     return 0
 
 

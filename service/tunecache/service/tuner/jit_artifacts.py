@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 
-from tunecache.client.jit_install import JIT_MODULE_KIND, MTIME_NS_HEADER
+from tunecache.client.jit_install import MTIME_NS_HEADER
+from tunecache.contract import ArtifactKind
 
-JIT_MEDIA_TYPE = "application/gzip"
 
 
 def _add_tree(tar: tarfile.TarFile, root: Path, relative: str) -> None:
@@ -91,9 +91,9 @@ def harvest_flashinfer_jit(out_dir: Path) -> list[dict[str, Any]]:
     for module in used_jit_modules(workspace):
         (target / f"{module}.tar.gz").write_bytes(module_tarball(workspace, module))
         artifacts.append({
-            "kind": JIT_MODULE_KIND,
+            "kind": ArtifactKind.FLASHINFER_JIT_MODULE.value,
             "name": f"flashinfer-jit/{module}.tar.gz",
-            "media_type": JIT_MEDIA_TYPE,
+            "media_type": ArtifactKind.FLASHINFER_JIT_MODULE.media_type,
             "path": f"jit/{module}.tar.gz",
             "module": module,
         })

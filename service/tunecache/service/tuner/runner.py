@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import os
 import queue
 import signal
@@ -21,14 +20,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunecache.identity import EnvironmentMetadata
-from tunecache.service.schemas import ArtifactCreate, TuningRunCreate
+from pydantic import ValidationError
+
+from tunecache.contract import (
+    TUNER_EVENT,
+    ArtifactCreate,
+    EnvironmentMetadata,
+    RunStatus,
+    RunTrigger,
+    TunerError,
+    TunerEvent,
+    TunerFinished,
+    TunerStarted,
+    TuningRunCreate,
+    TuningRunRead,
+)
 from tunecache.service.tuner.stages import TuneSpec
+from tunecache.store import TuningStore
 
 #: Lines of the child's stderr kept for error reports.
 LOG_TAIL_LINES = 40
-
-Event = dict[str, Any]
 
 
 @dataclass
@@ -37,12 +48,28 @@ class TunerFailed(RuntimeError):
 
     message: str
     log_tail: str = ""
-    started: Event | None = None
+    started: TunerStarted | None = None
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
 
     def __str__(self) -> str:
         return self.message
+
+    def run_record(self, spec: TuneSpec, trigger: RunTrigger, node: str | None) -> TuningRunCreate | None:
+        """A ``failed`` run for the history, or ``None`` when the child died before it knew
+        its GPU (without a GPU name there is no key to file the failure under)."""
+        if self.started is None:
+            return None
+        return TuningRunCreate(
+            key=spec.key(self.started.gpu_name, self.started.arch),
+            environment=EnvironmentMetadata.from_flashinfer_metadata(self.started.environment),
+            status=RunStatus.FAILED,
+            trigger=trigger,
+            node=node,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            error=f"{self.message}\n{self.log_tail}".strip()[:65536],
+        )
 
 
 @dataclass
@@ -57,12 +84,12 @@ class TunerResult:
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
 
-    def run_record(self, spec: TuneSpec, trigger: str, node: str | None) -> TuningRunCreate:
+    def run_record(self, spec: TuneSpec, trigger: RunTrigger, node: str | None) -> TuningRunCreate:
         """The ``POST /v1/tunings`` body of this result (artifacts must be stored first)."""
         return TuningRunCreate(
             key=spec.key(self.gpu_name, self.arch),
             environment=self.environment,
-            status="succeeded",
+            status=RunStatus.SUCCEEDED,
             trigger=trigger,
             node=node,
             started_at=self.started_at,
@@ -70,6 +97,17 @@ class TunerResult:
             summary=self.summary,
             artifacts=[a for a, _ in self.artifacts],
         )
+
+    def record(self, store: TuningStore, spec: TuneSpec, trigger: RunTrigger, node: str | None) -> TuningRunRead:
+        """Store the result in ``store`` (a server or the database: :class:`tunecache.store.TuningStore`):
+        every artifact's bytes first (streamed; skipped when the store has them), then the run.
+
+        Raises:
+            whatever the store raises (ServerError, ServerUnreachable over HTTP; database errors).
+        """
+        for _artifact, path in self.artifacts:
+            store.upload_file(path)
+        return store.record_run(self.run_record(spec, trigger, node))
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -83,7 +121,7 @@ def run_tuner(
     spec: TuneSpec,
     work_dir: Path,
     timeout_s: float,
-    on_event: Callable[[Event], None] | None = None,
+    on_event: Callable[[TunerEvent], None] | None = None,
 ) -> TunerResult:
     """Tune ``spec`` in a child process whose files go to ``work_dir``.
 
@@ -92,7 +130,8 @@ def run_tuner(
         work_dir: an empty directory; receives ``spec.json``, ``tuner.log`` (the child's
             stderr), ``autotune.json`` (FlashInfer's file) and ``result.json``.
         timeout_s: wall-clock limit in seconds; the child's process group is killed after it.
-        on_event: called with every JSON event the child emits (progress bars, job status).
+        on_event: called with every event the child emits (progress bars, job status);
+            lines that are not a :data:`tunecache.contract.TunerEvent` are skipped.
 
     Raises:
         TunerFailed: the child reported an error, died (e.g. a CUDA fault), or timed out.
@@ -102,7 +141,7 @@ def run_tuner(
     spec_path.write_text(spec.model_dump_json())
     log_path = work_dir / "tuner.log"
     started_at = dt.datetime.now(dt.timezone.utc)
-    events: queue.Queue[Event | None] = queue.Queue()
+    events: queue.Queue[TunerEvent | None] = queue.Queue()
     with open(log_path, "wb") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "tunecache.service.tuner.child", str(spec_path), str(work_dir)],
@@ -117,16 +156,16 @@ def run_tuner(
         assert child.stdout is not None
         for line in child.stdout:
             try:
-                events.put(json.loads(line))
-            except json.JSONDecodeError:
+                events.put(TUNER_EVENT.validate_json(line))
+            except ValidationError:
                 continue
         events.put(None)
 
     reader = threading.Thread(target=read_events, daemon=True)
     reader.start()
     deadline = time.monotonic() + timeout_s
-    first: Event | None = None
-    result: Event | None = None
+    first: TunerStarted | None = None
+    result: TunerFinished | None = None
     error: str | None = None
     timed_out = False
     while True:
@@ -141,13 +180,12 @@ def run_tuner(
             continue
         if event is None:
             break
-        kind = event.get("event")
-        if kind == "started":
+        if isinstance(event, TunerStarted):
             first = event
-        elif kind == "result":
+        elif isinstance(event, TunerFinished):
             result = event
-        elif kind == "error":
-            error = event.get("message")
+        elif isinstance(event, TunerError):
+            error = event.message
         if on_event is not None:
             on_event(event)
     returncode = child.wait()
@@ -164,7 +202,7 @@ def run_tuner(
             raise failed(error)
         how = f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
         raise failed(f"tuner process died with {how}")
-    summary = result["summary"]
+    summary = result.summary
     artifacts = [
         (ArtifactCreate(kind=a["kind"], name=a["name"], media_type=a["media_type"], sha256=_sha256(work_dir / a["path"])),
          work_dir / a["path"])

@@ -2,7 +2,7 @@
 context, so every tunable FlashInfer op it calls is profiled and its winning tactic
 lands in the one cache file FlashInfer writes on exit.
 
-A stage is a unit with a ``name``, ``skip_reason(spec)`` (``None`` when it applies) and
+A stage (:class:`TunerStage`) is a unit with a ``name`` (:class:`tunecache.contract.Stage`), ``skip_reason(spec)`` (``None`` when it applies) and
 ``run(spec, report)``; the child runs :data:`STAGES` in order. DeepGEMM's warmup is not a
 stage yet: every run records it as skipped with :func:`deep_gemm_skip_reason`.
 """
@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tunecache.identity import TuningKey
+from tunecache.contract import Stage, TunableStage, TuningKey
 
 from tunecache.service.tuner.model_config import (
     GemmShape,
@@ -51,8 +51,8 @@ class TuneSpec(BaseModel):
     expert_parallel_size: int = Field(default=1, gt=0)
     page_size: int = Field(default=16, gt=0)
     """KV-cache page (block) size of the attention warmup; vLLM's default ``block_size``."""
-    stages: list[str] | None = None
-    """Run only these stages (names from :data:`STAGES`); ``None``: every applicable one."""
+    stages: list[TunableStage] | None = None
+    """Run only these stages (:data:`tunecache.contract.TUNABLE_STAGES`); ``None``: every applicable one."""
     runner: Literal["native", "vllm"] = "native"
     """``native``: tunecache's stages; ``vllm``: vLLM's own kernel_warmup
     (:mod:`tunecache.service.tuner.vllm_runner`), where vllm is installed."""
@@ -74,8 +74,8 @@ class TuneSpec(BaseModel):
         return checkpoint_quantization(self.hf_config) if self.quantization == "auto" else self.quantization
 
 
-class Stage(Protocol):
-    name: str
+class TunerStage(Protocol):
+    name: Stage
 
     def skip_reason(self, spec: TuneSpec, arch: str) -> str | None: ...
 
@@ -95,7 +95,7 @@ class DenseGemmStage:
     count to its bucket.
     """
 
-    name = "gemm"
+    name = Stage.GEMM
 
     def skip_reason(self, spec: TuneSpec, arch: str) -> str | None:
         quant = spec.resolved_quantization()
@@ -157,7 +157,7 @@ class FusedMoeStage:
     the JIT module ``fused_moe_90`` (cutlass, long: see the README).
     """
 
-    name = "moe"
+    name = Stage.MOE
 
     def skip_reason(self, spec: TuneSpec, arch: str) -> str | None:
         if not is_moe(spec.hf_config):
@@ -207,7 +207,7 @@ class AttentionWarmupStage:
     the rule of vLLM's FlashInfer backend (``use_tensor_cores``).
     """
 
-    name = "attention"
+    name = Stage.ATTENTION
 
     def skip_reason(self, spec: TuneSpec, arch: str) -> str | None:
         return None
@@ -266,4 +266,4 @@ def deep_gemm_skip_reason(spec: TuneSpec) -> str:
 
 
 #: In vLLM's kernel_warmup order (after its DeepGEMM warmup): FlashInfer autotune (GEMM, MoE), attention.
-STAGES: tuple[Stage, ...] = (DenseGemmStage(), FusedMoeStage(), AttentionWarmupStage())
+STAGES: tuple[TunerStage, ...] = (DenseGemmStage(), FusedMoeStage(), AttentionWarmupStage())

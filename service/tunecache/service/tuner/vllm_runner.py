@@ -31,12 +31,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from tunecache.client.layouts import DEEP_GEMM_KIND
+from tunecache.contract import ArtifactKind
 from tunecache.service.tuner.stages import TuneSpec
-
-#: Artifact kinds the vLLM runner adds beside ``flashinfer_autotune_v1``.
-VLLM_RANK_FILE_KIND = "vllm_flashinfer_autotune_v1"
-V2_STORE_KIND = "flashinfer_autotune_v2_store"
 
 _RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
 
@@ -119,13 +115,14 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())
         rank_files.append((dp, rank, target))
-        artifacts.append({"kind": VLLM_RANK_FILE_KIND, "name": f"vllm/{path.parent.name}/{path.name}",
-                          "media_type": "application/json", "path": str(target.relative_to(out_dir))})
-    for kind, directory, name in ((V2_STORE_KIND, root / "v2", "flashinfer-autotune-v2.tar.gz"),
-                                  (DEEP_GEMM_KIND, scratch / "deep_gemm", "deep-gemm-jit-cache.tar.gz")):
+        kind = ArtifactKind.VLLM_RANK_FILE
+        artifacts.append({"kind": kind.value, "name": f"vllm/{path.parent.name}/{path.name}",
+                          "media_type": kind.media_type, "path": str(target.relative_to(out_dir))})
+    for kind, directory, name in ((ArtifactKind.FLASHINFER_V2_STORE, root / "v2", "flashinfer-autotune-v2.tar.gz"),
+                                  (ArtifactKind.DEEP_GEMM_JIT_CACHE, scratch / "deep_gemm", "deep-gemm-jit-cache.tar.gz")):
         if directory.is_dir() and any(p.is_file() for p in directory.rglob("*")):
             (out_dir / name).write_bytes(_tar_directory(directory))
-            artifacts.append({"kind": kind, "name": name, "media_type": "application/gzip", "path": name})
+            artifacts.append({"kind": kind.value, "name": name, "media_type": kind.media_type, "path": name})
     rank_files.sort()
     return {
         "autotune_file": rank_files[0][2] if rank_files else None,

@@ -1,0 +1,97 @@
+"""The one store interface of tunings, and the errors every store raises.
+
+:class:`TuningStore` is what a tuner records into and a pod looks up in. Two stores
+implement it: the HTTP client (:class:`tunecache.client.http.TunecacheClient`, for pods
+and for GPU nodes that talk to a server) and the SQL store
+(``tunecache.service.store.SqlTuningStore`` in ``tunecache-server``, for the service's
+own worker and ``tunecache tune --database``). Code that records or looks up tunings
+takes a ``TuningStore`` and never asks which one it has (MLflow's ``AbstractStore`` is the
+model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from tunecache.contract import (
+    EnvironmentMetadata,
+    LookupMiss,
+    RunStatus,
+    TuningKey,
+    TuningRunCreate,
+    TuningRunPage,
+    TuningRunRead,
+)
+
+
+class TunecacheError(RuntimeError):
+    """Base of the errors of every store and of the HTTP client."""
+
+
+class NoCompatibleTuning(TunecacheError):
+    """No stored tuning is usable by this key and environment (a lookup's 404).
+
+    ``miss`` holds the reason and the closest stored tunings with each differing field.
+    """
+
+    def __init__(self, miss: LookupMiss):
+        super().__init__(miss.detail)
+        self.miss = miss
+
+    @property
+    def detail(self) -> str:
+        return self.miss.detail
+
+    def explain(self) -> str:
+        """Multi-line text: the reason, then each closest tuning's differing fields."""
+        return self.miss.explain()
+
+
+class ArtifactsMissing(TunecacheError):
+    """A run refers to artifacts whose bytes were never uploaded (``missing``: their sha256)."""
+
+    def __init__(self, missing: list[str]):
+        super().__init__(f"artifact bytes not uploaded: {', '.join(missing)}")
+        self.missing = missing
+
+
+@runtime_checkable
+class TuningStore(Protocol):
+    """Where tunings are recorded and looked up."""
+
+    def upload_file(self, path: Path) -> str:
+        """Store a file's bytes (streamed, never whole in memory), unless the store
+        already has them; returns their sha256 (64 hex digits)."""
+        ...
+
+    def record_run(self, run: TuningRunCreate) -> TuningRunRead:
+        """Record a finished run whose artifacts were uploaded first; a succeeded,
+        verified run becomes current for its key and environment.
+
+        Raises:
+            ArtifactsMissing (SQL) or ServerError 422 (HTTP): an artifact was not uploaded.
+        """
+        ...
+
+    def lookup(self, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:
+        """The current run for exactly this key and environment.
+
+        Raises:
+            NoCompatibleTuning: none; with the closest stored tunings and their differences.
+        """
+        ...
+
+    def list_runs(
+        self,
+        *,
+        model: str | None = None,
+        gpu_name: str | None = None,
+        max_num_batched_tokens: int | None = None,
+        status: RunStatus | None = None,
+        current_only: bool = False,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> TuningRunPage:
+        """Tuning history, newest first, filtered by key fields and status."""
+        ...

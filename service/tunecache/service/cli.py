@@ -1,0 +1,215 @@
+"""The server's commands of ``tunecache``: ``serve``, ``db upgrade`` and ``tune``.
+
+Registered on the client's typer app through the ``tunecache.cli`` entry-point group
+(``tunecache.cli.load_command_plugins`` calls :func:`register`), so installing
+``tunecache-server`` adds them to the same ``tunecache`` command. This module imports
+only typer and the client's CLI helpers at load time; the service's own dependencies
+(uvicorn, SQLAlchemy, the tuner) are imported by the command that needs them, so the pod
+commands start as fast with the server installed as without it.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tunecache.cli import (
+    DtypeOpt,
+    ExitCode,
+    GemmBackendsOpt,
+    MnbtOpt,
+    ModelOpt,
+    QuantOpt,
+    StagesOpt,
+    TpOpt,
+    client_errors,
+    client_for,
+    csv_option,
+    fail,
+)
+from tunecache.contract import RunTrigger
+
+DatabaseOpt = Annotated[
+    Optional[str], typer.Option("--database", envvar="TUNECACHE_DATABASE_URL", help="SQLAlchemy database URL")
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve``, ``db upgrade`` and ``tune`` to the ``tunecache`` app (entry point of
+    the ``tunecache.cli`` group)."""
+    db_app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
+    db_app.command("upgrade")(db_upgrade)
+    app.add_typer(db_app, name="db")
+    app.command()(serve)
+    app.command()(tune)
+
+
+def _engine(url: str):
+    """An engine for ``url``, or exit 9 naming what is wrong with it."""
+    from tunecache.service import db
+
+    try:
+        return db.create_db_engine(url)
+    except Exception as exc:  # bad URL, missing driver, unwritable SQLite directory
+        fail(ExitCode.DATABASE, f"database URL {url!r} not usable: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+def _ready_engine(url: str):
+    """An engine whose schema is current: SQLite is migrated here, PostgreSQL must already be
+    (``tunecache db upgrade``). Exits 9 naming the problem otherwise."""
+    from tunecache.service import db
+
+    engine = _engine(url)
+    try:
+        if engine.dialect.name == "sqlite":
+            db.upgrade(engine)
+        db.check_schema(engine)
+    except db.SchemaOutOfDate as exc:
+        fail(ExitCode.DATABASE, str(exc))
+    except Exception as exc:  # connection failures (OperationalError)
+        shown = engine.url.render_as_string(hide_password=True)
+        fail(ExitCode.DATABASE, f"database {shown} not usable: {str(exc).splitlines()[0]}")
+    return engine
+
+
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="listen address (TUNECACHE_HOST, default 127.0.0.1)")] = None,
+    port: Annotated[Optional[int], typer.Option(help="listen port (TUNECACHE_PORT, default 8321)")] = None,
+    database: DatabaseOpt = None,
+) -> None:
+    """Run the HTTP service. On SQLite (the default) the schema is migrated first; on
+    PostgreSQL it must already be current (tunecache db upgrade)."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from tunecache.service.app import create_app
+    from tunecache.service.settings import Settings
+
+    overrides = {k: v for k, v in {"host": host, "port": port, "database_url": database}.items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        fail(ExitCode.USAGE, f"invalid setting {error['loc'][0]} (TUNECACHE_{str(error['loc'][0]).upper()}): {error['msg']}")
+    engine = _ready_engine(settings.resolved_database_url())
+    shown = engine.url.render_as_string(hide_password=True)
+    typer.echo(f"tunecache starting on http://{settings.host}:{settings.port} (database {shown})", err=True)
+    try:
+        uvicorn.run(create_app(settings, engine=engine), host=settings.host, port=settings.port, log_level="info")
+    except SystemExit as exc:  # uvicorn exits 3 when it cannot bind or start
+        if exc.code not in (0, None):
+            fail(ExitCode.SERVE_FAILED, f"could not serve on {settings.host}:{settings.port} (see the log above)")
+
+
+def db_upgrade(database: DatabaseOpt = None) -> None:
+    """Apply the schema migrations (Alembic) to the database."""
+    from tunecache.service import db
+    from tunecache.service.settings import Settings
+
+    url = database or Settings().resolved_database_url()
+    engine = _engine(url)
+    try:
+        db.upgrade(engine)
+        revision = db.check_schema(engine)
+    except Exception as exc:
+        fail(ExitCode.DATABASE, f"cannot upgrade {engine.url.render_as_string(hide_password=True)}: {str(exc).splitlines()[0]}")
+    typer.echo(f"database at revision {revision}")
+
+
+def tune(
+    model: ModelOpt,
+    max_num_batched_tokens: MnbtOpt,
+    config: Annotated[
+        Optional[str],
+        typer.Option(help="HF config: a directory with config.json, a JSON file, or a model type (default: --model)"),
+    ] = None,
+    dtype: DtypeOpt = "auto",
+    quantization: QuantOpt = "auto",
+    tensor_parallel_size: TpOpt = 1,
+    server: Annotated[Optional[str], typer.Option("--server", help="store the run on this tunecache server")] = None,
+    database: Annotated[
+        Optional[str],
+        typer.Option("--database", envvar="TUNECACHE_DATABASE_URL", help="store the run in this database directly"),
+    ] = None,
+    gemm_backends: GemmBackendsOpt = None,
+    stages: StagesOpt = None,
+    runner: Annotated[str, typer.Option(help="'native' (tunecache's stages) or 'vllm' (vLLM's own kernel_warmup; needs vllm and tp > 1)")] = "native",
+    timeout: Annotated[float, typer.Option(min=1, help="seconds before the tuner process is killed")] = 3600.0,
+    work_dir: Annotated[Optional[Path], typer.Option(help="keep the tuner's files here (default: a temporary directory)")] = None,
+) -> None:
+    """On a GPU node: run FlashInfer's autotuner for a model in a child process and store the run
+    (on a server with --server, in a database with --database; a failure is stored as a failed run)."""
+    from pydantic import ValidationError
+
+    from tunecache.progress import ProgressDisplay
+    from tunecache.service.tuner.model_config import ModelConfigError, load_hf_config
+    from tunecache.service.tuner.runner import TunerFailed, run_tuner
+    from tunecache.service.tuner.stages import TuneSpec
+
+    if runner not in ("native", "vllm"):
+        fail(ExitCode.USAGE, "--runner must be 'native' or 'vllm'")
+    if server is None and database is None:
+        fail(ExitCode.USAGE, "give --server URL or --database URL (or set TUNECACHE_DATABASE_URL)")
+    try:
+        hf_config = load_hf_config(config or model)
+    except ModelConfigError as exc:
+        fail(ExitCode.BAD_INPUT, str(exc))
+    try:
+        spec = TuneSpec(
+            model=model,
+            hf_config=hf_config,
+            max_num_batched_tokens=max_num_batched_tokens,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            quantization=quantization,
+            gemm_backends=csv_option(gemm_backends),
+            stages=csv_option(stages),
+            runner=runner,
+        )
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        fail(ExitCode.USAGE, f"invalid option {'.'.join(str(p) for p in error['loc'])}: {error['msg']}")
+    # --server wins over TUNECACHE_DATABASE_URL; nothing below asks which store it is.
+    store = client_for(server) if server is not None else _sql_store(database)
+    node = socket.gethostname()
+    try:
+        with tempfile.TemporaryDirectory(prefix="tunecache-tune-") as tmp:
+            try:
+                with ProgressDisplay() as progress:
+                    result = run_tuner(spec, work_dir or Path(tmp), timeout, on_event=progress.update)
+            except TunerFailed as failure:
+                record = failure.run_record(spec, RunTrigger.CLI, node)
+                if record is not None:
+                    store.record_run(record)
+                fail(ExitCode.TUNING_FAILED, f"{failure.message}\n{failure.log_tail}".rstrip())
+            run = result.record(store, spec, RunTrigger.CLI, node)
+    except typer.Exit:
+        raise
+    except Exception as exc:
+        _store_errors(exc)
+    finally:
+        store.close()
+    typer.echo(
+        f"stored run {run.id}: {result.summary['entries']} entries in {result.summary['tuning_seconds']:.1f} s "
+        f"for {model} on {result.gpu_name} ({result.arch})"
+    )
+
+
+def _sql_store(url: str):
+    from tunecache.service import db
+    from tunecache.service.store import SqlTuningStore
+
+    return SqlTuningStore(db.session_factory(_ready_engine(url)), owns_engine=True)
+
+
+def _store_errors(exc: Exception):
+    """Exit 9 for a database that failed under the SQL store; else as :func:`client_errors`."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if isinstance(exc, SQLAlchemyError):
+        fail(ExitCode.DATABASE, f"database error: {str(exc).splitlines()[0]}")
+    client_errors(exc)

@@ -1,0 +1,98 @@
+"""The SQL implementation of the client's :class:`tunecache.store.TuningStore`.
+
+Used where the tuner writes to the database itself: the service's GPU worker and
+``tunecache tune --database``. Each call is one unit of work (a transaction committed
+when the call succeeds, rolled back when it raises) over the repository's functions,
+which never commit on their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from tunecache.contract import (
+    EnvironmentMetadata,
+    LookupMiss,
+    RunStatus,
+    TuningKey,
+    TuningRunCreate,
+    TuningRunPage,
+    TuningRunRead,
+)
+from tunecache.service import blobs, repository
+from tunecache.store import NoCompatibleTuning
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class SqlTuningStore:
+    """A :class:`tunecache.store.TuningStore` on the service's database.
+
+    Args:
+        sessions: session factory of the database (``tunecache.service.db.session_factory``).
+        owns_engine: dispose of the engine on :meth:`close` (a CLI that made it).
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], *, owns_engine: bool = False):
+        self.sessions = sessions
+        self.owns_engine = owns_engine
+
+    def close(self) -> None:
+        if self.owns_engine:
+            self.sessions.kw["bind"].dispose()
+
+    def upload_file(self, path: Path) -> str:
+        """Store a file's bytes in 4 MiB chunks (:func:`tunecache.service.blobs.store_blob`),
+        or nothing when they are stored already; returns the sha256."""
+        sha256 = _sha256_of(path)
+        with self.sessions.begin() as session, path.open("rb") as stream:
+            blobs.store_blob(session, stream, sha256)
+        return sha256
+
+    def record_run(self, run: TuningRunCreate) -> TuningRunRead:
+        """:func:`tunecache.service.repository.record_run` in its own transaction.
+
+        Raises:
+            ArtifactsMissing, IndeterminateEnvironment (nothing is recorded).
+        """
+        with self.sessions.begin() as session:
+            return repository.record_run(session, run)
+
+    def lookup(self, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:
+        """The current run for this key and environment.
+
+        Raises:
+            NoCompatibleTuning: with the closest stored tunings and their differences.
+        """
+        with self.sessions.begin() as session:
+            found = repository.lookup(session, key, environment)
+        if isinstance(found, LookupMiss):
+            raise NoCompatibleTuning(found)
+        return found
+
+    def list_runs(
+        self,
+        *,
+        model: str | None = None,
+        gpu_name: str | None = None,
+        max_num_batched_tokens: int | None = None,
+        status: RunStatus | None = None,
+        current_only: bool = False,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> TuningRunPage:
+        """Tuning history, newest first (:func:`tunecache.service.repository.list_runs`)."""
+        with self.sessions.begin() as session:
+            return repository.list_runs(
+                session, model=model, gpu_name=gpu_name, max_num_batched_tokens=max_num_batched_tokens,
+                status=status, current_only=current_only, limit=limit, offset=offset,
+            )

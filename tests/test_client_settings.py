@@ -1,0 +1,65 @@
+"""Client settings (pydantic-settings), the token header, Retry-After, and the CLI's plugin hook."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+
+import httpx
+import pytest
+import typer
+
+from tunecache import cli
+from tunecache.client.http import TunecacheClient, retry_after_seconds
+from tunecache.client.settings import ClientSettings, load_client_settings
+
+
+def test_settings_come_from_tunecache_variables(monkeypatch, tmp_path):
+    monkeypatch.setenv("TUNECACHE_URL", "http://tunecache:8321")
+    monkeypatch.setenv("TUNECACHE_TOKEN", "s3cret")
+    monkeypatch.setenv("TUNECACHE_JIT", "0")
+    monkeypatch.setenv("TUNECACHE_PUSH_BACK", "1")
+    monkeypatch.setenv("TUNECACHE_ENVIRONMENT_FILE", str(tmp_path / "env.json"))
+    monkeypatch.setenv("TUNECACHE_DATABASE_URL", "sqlite:///x.db")  # the server's: ignored here
+    settings = load_client_settings(attempts=5)
+    assert settings.url == "http://tunecache:8321" and settings.token.get_secret_value() == "s3cret"
+    assert settings.jit is False and settings.push_back is True and settings.attempts == 5
+    assert settings.environment_file == tmp_path / "env.json"
+    assert "s3cret" not in repr(settings)
+
+
+def test_a_bad_variable_is_named_in_one_line(monkeypatch):
+    monkeypatch.setenv("TUNECACHE_READ_TIMEOUT", "-1")
+    with pytest.raises(ValueError, match=r"^TUNECACHE_READ_TIMEOUT='-1': Input should be greater than 0$"):
+        load_client_settings()
+
+
+def test_the_token_is_sent_as_a_bearer_header():
+    seen = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(404, json={"detail": "no tuning job 7"})
+
+    settings = ClientSettings(url="http://tunecache:8321", token="s3cret", attempts=1)
+    with TunecacheClient.from_settings(settings, transport=httpx.MockTransport(answer)) as client, pytest.raises(Exception):
+        client.get_job(7)
+    assert seen == ["Bearer s3cret"]
+
+
+def test_retry_after_as_seconds_or_http_date():
+    now = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.timezone.utc)
+    assert retry_after_seconds("7") == 7.0
+    assert retry_after_seconds("Mon, 30 Nov 2026 12:00:05 GMT", now=now) == 5.0
+    assert retry_after_seconds("Mon, 30 Nov 2026 11:00:00 GMT", now=now) == 0.0
+    assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None
+
+
+def test_a_broken_command_plugin_is_skipped_with_a_warning(monkeypatch, capsys):
+    broken = importlib.metadata.EntryPoint(name="broken", value="tunecache_no_such_module:register", group=cli.COMMAND_PLUGINS_GROUP)
+    added = importlib.metadata.EntryPoint(name="extra", value="tunecache.service.cli:register", group=cli.COMMAND_PLUGINS_GROUP)
+    monkeypatch.setattr(cli, "entry_points", lambda group: [broken, added] if group == cli.COMMAND_PLUGINS_GROUP else [])
+    target = typer.Typer()
+    assert cli.load_command_plugins(target) == ["extra"]
+    assert "commands of 'broken' (tunecache_no_such_module:register) not loaded: ModuleNotFoundError" in capsys.readouterr().err
+    assert {c.callback.__name__ for c in target.registered_commands} == {"serve", "tune"}
