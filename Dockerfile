@@ -9,7 +9,7 @@ COPY pyproject.toml README.md ./
 COPY client ./client
 COPY service ./service
 COPY migrations ./migrations
-RUN pip install --no-cache-dir '.[tuner]'
+RUN pip install --no-cache-dir ./client '.[tuner]'
 
 ENV TUNECACHE_HOST=0.0.0.0 \
     TUNECACHE_PORT=8321 \
