@@ -53,6 +53,19 @@ def test_upload_is_idempotent(app_client):
     assert app_client.put(f"/v1/artifacts/{digest}", content=data).status_code == 201
     again = app_client.put(f"/v1/artifacts/{digest}", content=data)
     assert again.status_code == 200 and again.json()["created"] is False
+    wrong = app_client.put(f"/v1/artifacts/{digest}", content=b"hello")  # stored already, other bytes
+    assert wrong.status_code == 422 and "hashes to sha256" in wrong.json()["detail"]
+    assert app_client.get(f"/v1/artifacts/{digest}").content == data
+
+
+def test_summary_nested_too_deep_is_422_not_500(app_client):
+    nested: list = []
+    for _ in range(300):
+        nested = [nested]
+    body = run_payload(CUDNN_FILE, summary={"a": nested})
+    response = app_client.post("/v1/tunings", json=body)
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "summary"]
+    assert "nested deeper than 64 levels" in response.json()["detail"][0]["msg"]
 
 
 def test_lookup_miss_is_404_with_differences(app_client):

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, free_port, tunecache, tunecache_executable
 
@@ -120,6 +121,23 @@ def test_wrong_server_path_is_not_mistaken_for_a_miss(server, tmp_path):
     assert pulled.returncode == 5 and "Traceback" not in pulled.stderr
 
 
+def test_push_of_a_file_with_undetected_fields_exits_7_and_uploads_nothing(server, tmp_path):
+    doc = json.loads(CUDNN_FILE.read_text())
+    doc["_metadata"]["cuda_version"] = "unknown"
+    path = tmp_path / "unknown.json"
+    path.write_text(json.dumps(doc))
+    result = push(server, path)
+    assert result.returncode == 7 and "could not detect cuda_version" in result.stderr
+    sha = __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+    assert httpx.head(f"{server}/v1/artifacts/{sha}").status_code == 404
+
+
+def test_an_empty_stages_option_is_a_usage_error(server):
+    result = tunecache("retune", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                       "--gpu-name", "NVIDIA H200", "--stages", "")
+    assert result.returncode == 2 and "--stages is empty" in result.stderr
+
+
 def test_client_usage_errors_exit_2(server, tmp_path):
     no_scheme = pull(server.removeprefix("http://"), tmp_path / "dest")
     assert no_scheme.returncode == 2 and "must look like http://host:port" in no_scheme.stderr
@@ -152,6 +170,15 @@ def test_serve_configuration_errors(tmp_path):
             env=env, capture_output=True, text=True, timeout=120,
         )
     assert taken.returncode == 11 and "could not serve" in taken.stderr
+
+
+@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks a node without a GPU")
+def test_worker_on_without_a_gpu_is_refused_in_one_line(tmp_path):
+    env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path), "TUNECACHE_WORKER": "on"}
+    result = subprocess.run([tunecache_executable(), "serve", "--port", str(free_port())], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 11 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == ["tunecache: error: TUNECACHE_WORKER=on but this node cannot tune: no CUDA device"]
 
 
 def test_init_container_installs_every_rank_for_vllm(server, tmp_path):

@@ -34,6 +34,32 @@ def test_a_bad_variable_is_named_in_one_line(monkeypatch):
         load_client_settings()
 
 
+@pytest.mark.parametrize("name, value, message", [
+    ("TUNECACHE_READ_TIMEOUT", "inf", "less than or equal to 3600"),
+    ("TUNECACHE_CONNECT_TIMEOUT", "1e12", "less than or equal to 3600"),
+    ("TUNECACHE_TOKEN", "a\nb", "printable ASCII"),
+    ("TUNECACHE_TOKEN", "\u00e9", "printable ASCII"),
+])
+def test_values_a_client_cannot_use_are_refused_by_name(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"^{name}=") as error:
+        load_client_settings()
+    assert message in str(error.value) and "\n" not in str(error.value)
+    if name == "TUNECACHE_TOKEN":
+        assert value not in str(error.value)  # a secret is never echoed
+
+
+def test_a_server_error_is_one_line_however_long_the_body():
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, text="<html>\n<body>\n" + "x" * 100_000 + "\n</body></html>")
+
+    settings = ClientSettings(url="http://tunecache:8321", attempts=1)
+    with TunecacheClient.from_settings(settings, transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(Exception) as error:
+            client.get_job(1)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 400
+
+
 def test_the_token_is_sent_as_a_bearer_header():
     seen = []
 

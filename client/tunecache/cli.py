@@ -88,7 +88,7 @@ def fail(code: ExitCode, message: str) -> NoReturn:
     raise typer.Exit(int(code))
 
 
-ServerOpt = Annotated[str, typer.Option("--server", envvar="TUNECACHE_URL", help="tunecache server URL (TUNECACHE_URL)")]
+ServerOpt = Annotated[str, typer.Option("--server", envvar="TUNECACHE_URL", help="tunecache server URL")]
 ModelOpt = Annotated[str, typer.Option("--model", help="model name as given to vLLM (--model)")]
 MnbtOpt = Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="vLLM's max_num_batched_tokens")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="vLLM's --dtype ('auto': as the checkpoint says)")]
@@ -174,6 +174,9 @@ def push(
         fail(ExitCode.BAD_INPUT, f"cannot read {file}: {exc.strerror}")
     except NotAnAutotuneFile as exc:
         fail(ExitCode.BAD_INPUT, str(exc))
+    if parsed.environment.indeterminate_fields():
+        fail(ExitCode.BAD_INPUT, f"{file}: FlashInfer could not detect {', '.join(parsed.environment.indeterminate_fields())} "
+             "where it was tuned, so no FlashInfer would load it; nothing was uploaded")
     if trigger not in (RunTrigger.UPLOAD, RunTrigger.POD):
         fail(ExitCode.USAGE, "--trigger must be 'upload' or 'pod'")
     key = key_option(model, max_num_batched_tokens, gpu_name or parsed.environment.gpu, arch, dtype, quantization, tensor_parallel_size)
@@ -352,6 +355,8 @@ def retune(
             fail(ExitCode.BAD_INPUT, f"cannot read model config {path}: {exc}")
         if not isinstance(hf_config, dict):
             fail(ExitCode.BAD_INPUT, f"model config {path} is not a JSON object")
+    if stages is not None and not csv_option(stages):
+        fail(ExitCode.USAGE, f"--stages is empty (choose from {', '.join(TUNABLE_STAGES)}, or leave it out for all)")
     unknown = sorted(set(csv_option(stages) or []) - set(TUNABLE_STAGES))
     if unknown:
         fail(ExitCode.USAGE, f"unknown stages {', '.join(unknown)} (choose from {', '.join(TUNABLE_STAGES)})")

@@ -334,8 +334,27 @@ class ArtifactCreate(BaseModel):
     sha256: str = Field(pattern=SHA256_PATTERN)
 
 
+#: Deepest nesting of lists and objects accepted in free-form JSON (``summary``, ``hf_config``).
+MAX_JSON_DEPTH = 64
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of lists and objects (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def _storable_json(value: Any) -> str:
-    """``value`` as JSON, refusing what neither database stores (NaN, Infinity, NUL)."""
+    """``value`` as JSON, refusing what neither database stores (NaN, Infinity, NUL) and
+    nesting deeper than :data:`MAX_JSON_DEPTH`."""
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise ValueError(f"is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         encoded = json.dumps(value, allow_nan=False)
     except ValueError:

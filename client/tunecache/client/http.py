@@ -62,7 +62,8 @@ class ServerError(TunecacheError):
     """The server answered with an error status (other than a lookup's 404)."""
 
     def __init__(self, status_code: int, detail: Any):
-        super().__init__(f"server answered {status_code}: {detail}")
+        shown = " ".join(str(detail).split())  # one line, however the server formats it
+        super().__init__(f"server answered {status_code}: {shown[:300]}{'...' if len(shown) > 300 else ''}")
         self.status_code = status_code
         self.detail = detail
 

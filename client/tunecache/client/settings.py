@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -35,16 +35,24 @@ class ClientSettings(BaseSettings):
 
     url: str | None = None
     token: SecretStr | None = None
-    connect_timeout: float = Field(default=5.0, gt=0)
-    read_timeout: float = Field(default=30.0, gt=0)
-    total_timeout: float = Field(default=120.0, gt=0)
+    connect_timeout: float = Field(default=5.0, gt=0, le=3600)
+    read_timeout: float = Field(default=30.0, gt=0, le=3600)
+    total_timeout: float = Field(default=120.0, gt=0, le=86400)
     attempts: int = Field(default=3, gt=0, le=100)
-    max_retry_after: float = Field(default=30.0, ge=0)
+    max_retry_after: float = Field(default=30.0, ge=0, le=3600)
     jit: bool = True
     push_back: bool = False
     dtype: str = "auto"
     quantization: str = "auto"
     environment_file: Path | None = None
+
+    @field_validator("token")
+    @classmethod
+    def _token_fits_a_header(cls, token: SecretStr | None) -> SecretStr | None:
+        value = token.get_secret_value() if token is not None else None
+        if value is not None and not (value.isascii() and value.isprintable() and " " not in value and value):
+            raise ValueError("must be printable ASCII without spaces (it is sent in an HTTP header)")
+        return token
 
 
 def load_client_settings(**overrides: object) -> ClientSettings:
@@ -60,5 +68,6 @@ def load_client_settings(**overrides: object) -> ClientSettings:
     except ValidationError as exc:
         error = exc.errors()[0]
         name = str(error["loc"][0]) if error["loc"] else "?"
-        shown = f"TUNECACHE_{name.upper()}={error.get('input')!r}" if name not in given else f"{name}={error.get('input')!r}"
+        shown_input = "<hidden>" if name == "token" else repr(error.get("input"))
+        shown = f"TUNECACHE_{name.upper()}={shown_input}" if name not in given else f"{name}={shown_input}"
         raise ValueError(f"{shown}: {error['msg']}") from None

@@ -29,14 +29,20 @@ class DigestMismatch(ValueError):
 def store_blob(session: Session, stream: BinaryIO, expected_sha256: str) -> ArtifactStored:
     """Store the bytes read from ``stream`` under ``expected_sha256``.
 
-    Idempotent: when the blob is already stored, nothing is read or written
-    (``created=False``). Concurrent uploads of the same bytes are safe.
+    Idempotent: when the blob is already stored, the bytes are only hashed and nothing is
+    written (``created=False``). Concurrent uploads of the same bytes are safe.
 
     Raises:
-        DigestMismatch: the bytes hash to something else. Chunks written so far are in
-            the caller's transaction, which must be rolled back (nothing is then stored).
+        DigestMismatch: the bytes hash to something else (also when the blob is stored
+            already). Chunks written so far are in the caller's transaction, which must be
+            rolled back (nothing is then stored).
     """
     if session.get(ArtifactBlob, expected_sha256) is not None:
+        digest = hashlib.sha256()
+        while chunk := stream.read(CHUNK_BYTES):
+            digest.update(chunk)
+        if digest.hexdigest() != expected_sha256:
+            raise DigestMismatch(f"body hashes to sha256 {digest.hexdigest()}, not {expected_sha256}")
         return ArtifactStored(sha256=expected_sha256, size_bytes=blob_size(session, expected_sha256) or 0, created=False)
     dialect.insert_or_ignore(
         session, ArtifactBlob.__table__, {"sha256": expected_sha256, "size_bytes": 0, "created_at": utcnow()}, ["sha256"]

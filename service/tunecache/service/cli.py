@@ -95,6 +95,12 @@ def serve(
     except ValidationError as exc:
         error = exc.errors()[0]
         fail(ExitCode.USAGE, f"invalid setting {error['loc'][0]} (TUNECACHE_{str(error['loc'][0]).upper()}): {error['msg']}")
+    if settings.worker == "on":  # refuse at once, in one line, rather than in the app's startup
+        from tunecache.service.worker import detect_gpu
+
+        gpu, reason = detect_gpu()
+        if gpu is None:
+            fail(ExitCode.SERVE_FAILED, f"TUNECACHE_WORKER=on but this node cannot tune: {reason}")
     engine = _ready_engine(settings.resolved_database_url())
     shown = engine.url.render_as_string(hide_password=True)
     typer.echo(f"tunecache starting on http://{settings.host}:{settings.port} (database {shown})", err=True)
