@@ -36,6 +36,13 @@ POSTGRES_URL = os.environ.get(
 )
 
 
+@pytest.fixture(autouse=True)
+def _private_data_dir(tmp_path, monkeypatch):
+    """Every test (and every process it starts) keeps the service's files in its own
+    directory, never in the user's data directory."""
+    monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path / "tunecache-data"))
+
+
 def _postgres_unavailable() -> str | None:
     try:
         engine = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 3})
@@ -91,13 +98,14 @@ def engine(database_url) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def app_client(engine):
+def app_client(engine, tmp_path):
     from fastapi.testclient import TestClient
 
     from tunecache.service.app import create_app
     from tunecache.service.settings import Settings
 
-    settings = Settings(database_url=str(engine.url), max_upload_bytes=1_000_000, worker="off")
+    settings = Settings(database_url=str(engine.url), max_upload_bytes=1_000_000, max_json_bytes=1_000_000, worker="off",
+                        data_dir=tmp_path / "data")
     with TestClient(create_app(settings, engine=engine)) as client:
         yield client
 

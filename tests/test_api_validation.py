@@ -106,7 +106,7 @@ def test_chunked_oversized_json_is_413(app_client):
         yield b'"}}'
 
     response = app_client.post("/v1/tunings", content=chunks(), headers={"content-type": "application/json"})
-    assert response.status_code == 413 and "TUNECACHE_MAX_UPLOAD_BYTES" in response.json()["detail"]
+    assert response.status_code == 413 and "TUNECACHE_MAX_JSON_BYTES" in response.json()["detail"]
 
 
 def test_head_says_whether_bytes_are_stored(app_client):

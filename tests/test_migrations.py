@@ -17,7 +17,7 @@ from tunecache.contract import TuningRunCreate
 
 TABLES = {
     "environments", "tuning_keys", "tuning_runs", "artifact_blobs", "artifact_chunks", "run_artifacts",
-    "current_tunings", "tuning_jobs",
+    "current_tunings", "tuning_jobs", "tuning_generation",
 }
 
 

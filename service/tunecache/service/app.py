@@ -1,20 +1,26 @@
-"""The FastAPI application: ``create_app(settings)``; engine, sessions and the job worker
-live on ``app.state``."""
+"""The FastAPI application: ``create_app(settings)``; engine, sessions, the hot-path caches
+and the job worker live on ``app.state``. ``tunecache serve --workers N`` runs ``N``
+processes of it (uvicorn's factory mode); one of a node's processes runs the job worker."""
 
 from __future__ import annotations
 
+import fcntl
+import gc
 import logging
 import os
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import IO
 
+import anyio.to_thread
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
-from tunecache.service import db
+from tunecache.service import db, repository
 from tunecache.service.errors import install_error_handlers
-from tunecache.service.limits import BodySizeLimit
+from tunecache.service.hot_path import ArtifactFiles, GenerationReader, LookupCache
+from tunecache.service.limits import BodySizeLimit, LoadShedding
 from tunecache.service.routes import artifacts, health, jobs, tunings
 from tunecache.contract import WorkerStatus
 from tunecache.service.settings import Settings
@@ -32,6 +38,11 @@ def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
     if settings.worker == "off":
         app.state.worker_status = WorkerStatus(enabled=False, reason="disabled (TUNECACHE_WORKER=off)")
         return None
+    lock = _worker_lock(settings)
+    if lock is None:
+        app.state.worker_status = WorkerStatus(enabled=False, reason="another process of this node runs the job worker")
+        return None
+    app.state.worker_lock = lock
     gpu, reason = detect_gpu()
     if gpu is None:
         if settings.worker == "on":
@@ -55,6 +66,20 @@ def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
     return worker
 
 
+def _worker_lock(settings: Settings) -> IO | None:
+    """An exclusive lock on ``<data dir>/worker.lock`` held for this process's life, or
+    ``None`` when another process of the node holds it (one job worker per node: one
+    tuning at a time on its GPU, however many server processes run)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(settings.data_dir / "worker.lock", "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     """Build the app. On startup it refuses to run on a database whose schema is not at
     the head revision (:class:`tunecache.service.db.SchemaOutOfDate`), then starts the
@@ -64,16 +89,29 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_engine = engine is None
-        app.state.engine = engine or db.create_db_engine(settings.resolved_database_url())
+        app.state.engine = engine or db.engine_for(settings)
+        # Sync routes run on this many threads, each with a database connection of its own.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
+        app.state.lookup_cache = LookupCache(settings.lookup_cache_entries)
+        app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         worker = None
         try:
             db.check_schema(app.state.engine)
-            app.state.sessions = db.session_factory(app.state.engine)
+            app.state.sessions = sessions = db.session_factory(app.state.engine)
+
+            def read_generation() -> int:
+                with sessions.begin() as session:
+                    return repository.generation(session)
+
+            app.state.generation_reader = GenerationReader(read_generation)
+            gc.freeze()  # what startup allocated is never collected: shorter GC pauses under load
             worker = _start_worker(app, settings)
             yield
         finally:
             if worker is not None:
                 worker.stop()
+            if getattr(app.state, "worker_lock", None) is not None:
+                app.state.worker_lock.close()
             if own_engine:
                 app.state.engine.dispose()
 
@@ -84,8 +122,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         lifespan=lifespan,
     )
     app.state.settings = settings
-    install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_bytes)
+    install_error_handlers(app, retry_after_s=settings.retry_after_seconds)
+    app.add_middleware(BodySizeLimit, max_upload_bytes=settings.max_upload_bytes, max_json_bytes=settings.max_json_bytes)
+    # Added last, so it runs first: a saturated process answers 503 before doing any work.
+    app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_seconds)
     for router in (health.router, tunings.router, artifacts.router, jobs.router):
         app.include_router(router, prefix="/v1")
     return app

@@ -80,16 +80,21 @@ def serve(
     host: Annotated[Optional[str], typer.Option(help="listen address (TUNECACHE_HOST, default 127.0.0.1)")] = None,
     port: Annotated[Optional[int], typer.Option(help="listen port (TUNECACHE_PORT, default 8321)")] = None,
     database: DatabaseOpt = None,
+    workers: Annotated[
+        Optional[int], typer.Option(min=1, help="server processes (TUNECACHE_WORKERS, default 1); one runs the job worker")
+    ] = None,
 ) -> None:
     """Run the HTTP service. On SQLite (the default) the schema is migrated first; on
     PostgreSQL it must already be current (tunecache db upgrade)."""
+    import os
+
     import uvicorn
     from pydantic import ValidationError
 
-    from tunecache.service.app import create_app
     from tunecache.service.settings import Settings
 
-    overrides = {k: v for k, v in {"host": host, "port": port, "database_url": database}.items() if v is not None}
+    overrides = {k: v for k, v in {"host": host, "port": port, "database_url": database, "workers": workers}.items()
+                 if v is not None}
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
@@ -103,9 +108,15 @@ def serve(
             fail(ExitCode.SERVE_FAILED, f"TUNECACHE_WORKER=on but this node cannot tune: {reason}")
     engine = _ready_engine(settings.resolved_database_url())
     shown = engine.url.render_as_string(hide_password=True)
-    typer.echo(f"tunecache starting on http://{settings.host}:{settings.port} (database {shown})", err=True)
+    engine.dispose()
+    # Every process builds its app from the environment (uvicorn's factory mode).
+    os.environ.update({"TUNECACHE_DATABASE_URL": settings.resolved_database_url(), "TUNECACHE_DATA_DIR": str(settings.data_dir)})
+    typer.echo(f"tunecache starting on http://{settings.host}:{settings.port} with {settings.workers} process(es) "
+               f"(database {shown})", err=True)
     try:
-        uvicorn.run(create_app(settings, engine=engine), host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run("tunecache.service.app:create_app", factory=True, host=settings.host, port=settings.port,
+                    workers=settings.workers, log_level="info", access_log=settings.access_log,
+                    timeout_graceful_shutdown=10)
     except SystemExit as exc:  # uvicorn exits 3 when it cannot bind or start
         if exc.code not in (0, None):
             fail(ExitCode.SERVE_FAILED, f"could not serve on {settings.host}:{settings.port} (see the log above)")

@@ -24,28 +24,64 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def create_db_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite gets WAL, foreign keys and a 30 s busy timeout at connect.
+def create_db_engine(
+    url: str,
+    *,
+    pool_size: int = 5,
+    pool_timeout_s: float = 30.0,
+    connect_timeout_s: float = 5.0,
+    statement_timeout_s: float = 30.0,
+) -> Engine:
+    """An engine for ``url`` whose every wait is bounded.
 
-    A SQLite file's parent directory is created if missing.
+    * ``pool_size`` connections and no overflow; a checkout waits at most ``pool_timeout_s``
+      (then ``sqlalchemy.exc.TimeoutError``, answered 503 by the service);
+    * PostgreSQL: ``connect_timeout`` and, set on each new connection,
+      ``statement_timeout`` (a frozen or locked database ends a statement with an error
+      instead of holding the request);
+    * SQLite: WAL, foreign keys and a busy timeout of ``statement_timeout_s``; a file's
+      parent directory is created if missing.
     """
     url = normalize_url(url)
     parsed = make_url(url)
+    pool = {"pool_size": pool_size, "max_overflow": 0, "pool_timeout": pool_timeout_s}
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(url, connect_args={"timeout": statement_timeout_s, "check_same_thread": False}, **pool)
+        busy_ms = int(statement_timeout_s * 1000)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record):  # noqa: ANN001
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": max(1, round(connect_timeout_s))}, **pool)
+    statement_ms = int(statement_timeout_s * 1000)
+
+    @event.listens_for(engine, "connect")
+    def _statement_timeout(dbapi_connection, _record):  # noqa: ANN001
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET statement_timeout = {statement_ms}")
+        dbapi_connection.commit()
+
+    return engine
+
+
+def engine_for(settings) -> Engine:
+    """The engine of a service's :class:`~tunecache.service.settings.Settings` (pool sized
+    to its threads, its timeouts)."""
+    return create_db_engine(
+        settings.resolved_database_url(),
+        pool_size=settings.pool_size,
+        pool_timeout_s=settings.db_pool_timeout,
+        connect_timeout_s=settings.db_connect_timeout,
+        statement_timeout_s=settings.db_statement_timeout,
+    )
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -1,4 +1,8 @@
-"""JSON bodies for every error the API can answer with, including unexpected ones."""
+"""JSON bodies for every error the API can answer with, including unexpected ones.
+
+Database trouble is answered 503 with ``Retry-After`` and a body that names no host,
+port or driver message (those go to the log); invalid input is 422 without echoing
+more than a short excerpt of what was sent."""
 
 from __future__ import annotations
 
@@ -29,37 +33,52 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+#: Characters of a rejected value echoed back in a 422.
+ECHO_CHARS = 100
+
+
+def _excerpt(value: Any) -> Any:
+    """A short stand-in for a rejected input: never the whole of an unbounded value."""
+    if isinstance(value, str) and len(value) > ECHO_CHARS:
+        return value[:ECHO_CHARS] + f"... ({len(value)} characters)"
+    if isinstance(value, (dict, list)):
+        text = repr(value)
+        return text[:ECHO_CHARS] + "..." if len(text) > ECHO_CHARS else value
+    return value
+
+
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 naming each invalid field (``detail[].loc``), even when the bad input was NaN."""
-    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(exc.errors()))})
+    errors = [{**e, "input": _excerpt(e["input"])} if "input" in e else e for e in exc.errors()[:20]]
+    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(errors))})
 
 
-async def _database_unavailable(request: Request, exc: OperationalError) -> JSONResponse:
-    log.error("database unavailable: %s", exc)
-    return JSONResponse(status_code=503, content={"detail": f"database unavailable: {str(exc.orig).splitlines()[0]}"})
+def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
+    """422 for invalid requests, 503 with ``Retry-After`` when the database is unreachable,
+    busy or too slow, 400 for values the database refuses, and a JSON 500 for anything
+    else (never a bare text page)."""
+    retry_after = {"Retry-After": str(retry_after_s)}
 
+    async def database_unavailable(request: Request, exc: OperationalError) -> JSONResponse:
+        log.error("database unavailable: %s", exc)
+        return JSONResponse(status_code=503, content={"detail": "database unavailable, try again"}, headers=retry_after)
 
-async def _database_busy(request: Request, exc: PoolTimeout) -> JSONResponse:
-    log.error("no database connection free: %s", exc)
-    return JSONResponse(status_code=503, content={"detail": "database busy: no connection free, try again"},
-                        headers={"Retry-After": "5"})
+    async def database_busy(request: Request, exc: PoolTimeout) -> JSONResponse:
+        log.warning("no database connection free: %s", exc)
+        return JSONResponse(status_code=503, content={"detail": "database busy: no connection free, try again"},
+                            headers=retry_after)
 
+    async def database_refused(request: Request, exc: DBAPIError) -> JSONResponse:
+        log.error("database refused a statement: %s", exc)
+        return JSONResponse(status_code=400, content={"detail": "the database refused a value of the request"})
 
-async def _database_refused(request: Request, exc: DBAPIError) -> JSONResponse:
-    log.error("database refused a statement: %s", exc)
-    return JSONResponse(status_code=400, content={"detail": f"database refused the request: {str(exc.orig).splitlines()[0]}"})
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(OperationalError, database_unavailable)
+    app.add_exception_handler(PoolTimeout, database_busy)
+    app.add_exception_handler(DBAPIError, database_refused)
+    app.add_exception_handler(Exception, _unexpected)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return JSONResponse(status_code=500, content={"detail": f"internal error: {type(exc).__name__}"})
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """422 for invalid requests, 503 when the database is unreachable, 400 for values the
-    database refuses, and a JSON 500 for anything else (never a bare text page)."""
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(OperationalError, _database_unavailable)
-    app.add_exception_handler(PoolTimeout, _database_busy)
-    app.add_exception_handler(DBAPIError, _database_refused)
-    app.add_exception_handler(Exception, _unexpected)

@@ -1,4 +1,4 @@
-"""Request body size limit (HTTP 413), for declared and for streamed (chunked) bodies."""
+"""Bounds on requests: body sizes (HTTP 413) and requests in flight (HTTP 503 at once)."""
 
 from __future__ import annotations
 
@@ -12,20 +12,27 @@ class _BodyTooLarge(Exception):
 
 
 class BodySizeLimit:
-    """ASGI middleware: answer 413 with a JSON body when a request body exceeds ``max_bytes``.
+    """ASGI middleware: answer 413 with a JSON body when a request body exceeds its limit:
+    ``max_upload_bytes`` for artifact uploads (``PUT /v1/artifacts/...``), ``max_json_bytes``
+    for every other route.
 
     A ``Content-Length`` above the limit is refused before the body is read; a body
     without one is counted as it streams in.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_upload_bytes: int, max_json_bytes: int):
         self.app = app
-        self.max_bytes = max_bytes
+        self.max_upload_bytes = max_upload_bytes
+        self.max_json_bytes = max_json_bytes
 
-    async def _reject(self, send: Send, received: str) -> None:
+    def _limit(self, scope: Scope) -> tuple[int, str]:
+        if scope.get("method") == "PUT" and scope.get("path", "").startswith("/v1/artifacts/"):
+            return self.max_upload_bytes, "TUNECACHE_MAX_UPLOAD_BYTES"
+        return self.max_json_bytes, "TUNECACHE_MAX_JSON_BYTES"
+
+    async def _reject(self, send: Send, received: str, limit: int, setting: str) -> None:
         body = json.dumps(
-            {"detail": f"request body {received} exceeds the upload limit of {self.max_bytes} bytes "
-                       "(setting TUNECACHE_MAX_UPLOAD_BYTES)"}
+            {"detail": f"request body {received} exceeds the limit of {limit} bytes (setting {setting})"}
         ).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
@@ -35,9 +42,10 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes, setting = self._limit(scope)
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send, f"of {int(declared)} bytes")
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            await self._reject(send, f"of {int(declared)} bytes", max_bytes, setting)
             return
         seen = 0
         too_large = False
@@ -48,7 +56,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     too_large = True
                     raise _BodyTooLarge
             return message
@@ -60,7 +68,7 @@ class BodySizeLimit:
             if too_large:
                 if not answered:
                     answered = True
-                    await self._reject(send, "streamed")
+                    await self._reject(send, "streamed", max_bytes, setting)
                 return
             await send(message)
 
@@ -69,4 +77,35 @@ class BodySizeLimit:
         except _BodyTooLarge:
             if not answered:
                 answered = True
-                await self._reject(send, "streamed")
+                await self._reject(send, "streamed", max_bytes, setting)
+
+
+class LoadShedding:
+    """ASGI middleware: at most ``max_in_flight`` requests of this process at once; the
+    next ones are answered at once with 503, a JSON body and ``Retry-After``, instead of
+    queueing for threads and database connections they would wait seconds for. Clients
+    (tunecache's own back off with jitter and obey ``Retry-After``) come back later.
+    """
+
+    def __init__(self, app: ASGIApp, max_in_flight: int, retry_after_s: int):
+        self.app = app
+        self.max_in_flight = max_in_flight
+        self.retry_after = str(retry_after_s).encode()
+        self.in_flight = 0
+        self._body = json.dumps({"detail": "the service is busy: try again after Retry-After seconds"}).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_in_flight:
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(self._body)).encode()),
+                (b"retry-after", self.retry_after)]})
+            await send({"type": "http.response.body", "body": self._body})
+            return
+        self.in_flight += 1  # one event loop per process: no lock needed
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1

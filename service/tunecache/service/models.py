@@ -17,6 +17,8 @@ Tables:
 * ``run_artifacts``: which blobs a run produced, under which kind and name.
 * ``current_tunings``: the run that is current for a (key, environment); updated in
   the same transaction that records a successful run.
+* ``tuning_generation``: one counter, moved in the transaction that moves a current
+  tuning; processes cache lookup answers per generation.
 * ``tuning_jobs``: the queue of requested tunings (HTTP-triggered re-tuning). At most one
   job per key is queued or running (a partial unique index: single-flight); a running
   job holds a lease that its worker renews.
@@ -199,6 +201,16 @@ class CurrentTuning(Base):
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"))
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class TuningGeneration(Base):
+    """The one row whose ``value`` moves whenever a current tuning changes."""
+
+    __tablename__ = "tuning_generation"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    value: Mapped[int] = mapped_column(BigInteger)
 
 
 #: Jobs that occupy their key (see the partial unique index below).

@@ -9,7 +9,7 @@ Results are the contract's read models (:mod:`tunecache.contract`), never rows.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from tunecache.contract import (
@@ -33,6 +33,7 @@ from tunecache.service.models import (
     CurrentTuning,
     Environment,
     RunArtifact,
+    TuningGeneration,
     TuningKeyRow,
     TuningRun,
     utcnow,
@@ -179,6 +180,8 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
     session.add(row)
     session.flush()
     if run.status is RunStatus.SUCCEEDED and verified:
+        # Lookup caches of every process drop their answers when this commits.
+        session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
         # The newest run (highest id) stays current when several are recorded at once.
         dialect.upsert_if_newer(
             session,
@@ -188,6 +191,13 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
             newer="run_id",
         )
     return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
+
+
+def generation(session: Session) -> int:
+    """The current generation of the current tunings: it moves (in the same transaction)
+    whenever a run becomes current, so an answer computed at generation ``g`` is still
+    right while this returns ``g``."""
+    return session.scalar(select(TuningGeneration.value).where(TuningGeneration.id == 1)) or 0
 
 
 def get_run(session: Session, run_id: int) -> TuningRunRead | None:

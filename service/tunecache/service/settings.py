@@ -33,6 +33,20 @@ class Settings(BaseSettings):
     * ``TUNECACHE_JOB_TIMEOUT_SECONDS``: the tuner child is killed after this long.
     * ``TUNECACHE_JOB_MAX_ATTEMPTS``: claims of one job before it is failed.
     * ``TUNECACHE_WORKER_POLL_SECONDS``: idle worker's wait between claim attempts.
+    * ``TUNECACHE_WORKERS``: server processes of ``tunecache serve`` (uvicorn workers).
+    * ``TUNECACHE_THREADS``: threads per process that run database work (sync routes).
+    * ``TUNECACHE_DB_POOL_SIZE``: database connections per process (default: the threads).
+    * ``TUNECACHE_DB_POOL_TIMEOUT``: seconds a request waits for a connection before 503.
+    * ``TUNECACHE_DB_CONNECT_TIMEOUT`` / ``TUNECACHE_DB_STATEMENT_TIMEOUT``: seconds to
+      connect to the database, and that one statement may run (PostgreSQL; SQLite's busy
+      timeout).
+    * ``TUNECACHE_MAX_IN_FLIGHT``: requests one process handles at once; more are answered
+      503 with ``Retry-After`` at once.
+    * ``TUNECACHE_RETRY_AFTER_SECONDS``: the ``Retry-After`` of those answers.
+    * ``TUNECACHE_LOOKUP_CACHE_ENTRIES``: lookup answers kept in memory per process.
+    * ``TUNECACHE_MAX_JSON_BYTES``: largest body of the JSON routes (413 above it).
+    * ``TUNECACHE_ACCESS_LOG``: log every request (uvicorn's access log; off by default:
+      under a boot storm it costs a fifth of the CPU).
     """
 
     model_config = SettingsConfigDict(env_prefix="TUNECACHE_", extra="ignore")
@@ -47,6 +61,28 @@ class Settings(BaseSettings):
     job_timeout_seconds: float = Field(default=3600.0, gt=0)
     job_max_attempts: int = Field(default=3, gt=0)
     worker_poll_seconds: float = Field(default=2.0, gt=0)
+    workers: int = Field(default=1, gt=0, le=64)
+    threads: int = Field(default=40, gt=0, le=1024)
+    db_pool_size: int | None = Field(default=None, gt=0, le=1024)
+    db_pool_timeout: float = Field(default=2.0, gt=0, le=300)
+    db_connect_timeout: float = Field(default=5.0, gt=0, le=300)
+    db_statement_timeout: float = Field(default=10.0, gt=0, le=3600)
+    max_in_flight: int = Field(default=512, gt=0, le=100_000)
+    retry_after_seconds: int = Field(default=1, gt=0, le=3600)
+    lookup_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
+    max_json_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    access_log: bool = False
+
+    @property
+    def pool_size(self) -> int:
+        """Connections per process: ``db_pool_size``, or one per thread so that a thread
+        never waits for a connection another thread is not using."""
+        return self.db_pool_size or self.threads
+
+    @property
+    def artifact_cache_dir(self) -> Path:
+        """Where downloaded artifacts are mirrored as files (content-addressed, immutable)."""
+        return self.data_dir / "artifact-cache"
 
     def resolved_database_url(self) -> str:
         """The database URL; the SQLite default is ``sqlite:///<data_dir>/tunecache.db``."""

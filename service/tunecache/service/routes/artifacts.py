@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from pathlib import Path as FilePath
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from tunecache.contract import SHA256_PATTERN, ArtifactStored
 from tunecache.service import blobs
 from tunecache.service.deps import SessionDep
+from tunecache.service.hot_path import ArtifactFiles
 
 router = APIRouter(prefix="/artifacts", tags=["artifacts"])
 
@@ -20,6 +22,20 @@ Sha256 = Annotated[str, Path(pattern=SHA256_PATTERN, description="lowercase hex 
 
 #: Upload bodies up to this size are spooled in memory, larger ones on disk.
 _SPOOL_MEMORY_BYTES = 8 * 1024 * 1024
+#: Artifacts never change under their sha256: any HTTP cache may keep them for a year.
+IMMUTABLE = "public, max-age=31536000, immutable"
+
+
+def _etag(sha256: str) -> str:
+    return f'"{sha256}"'
+
+
+def _not_modified(if_none_match: str | None, sha256: str) -> bool:
+    """Whether an ``If-None-Match`` header names this artifact's ETag (or ``*``)."""
+    if not if_none_match:
+        return False
+    tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+    return "*" in tags or _etag(sha256) in tags
 
 
 @router.put("/{sha256}", response_model=ArtifactStored, status_code=201)
@@ -43,24 +59,51 @@ async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep,
     return stored
 
 
-@router.get("/{sha256}", response_class=StreamingResponse, responses={200: {"content": {"application/octet-stream": {}}}})
-def download_artifact(sha256: Sha256, session: SessionDep, request: Request) -> StreamingResponse:
-    """The bytes stored under ``sha256``, streamed chunk by chunk (``ETag`` is the sha256,
-    ``Content-Length`` the size). 404 if none are stored."""
-    size = blobs.blob_size(session, sha256)
-    if size is None:
-        raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
-    sessions = request.app.state.sessions
+@router.get(
+    "/{sha256}",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "the bytes"},
+        206: {"content": {"application/octet-stream": {}}, "description": "the requested byte range"},
+        304: {"description": "the client's copy (If-None-Match) is this artifact"},
+        404: {"description": "no artifact is stored under this sha256"},
+        416: {"description": "the requested range is outside the artifact"},
+    },
+)
+async def download_artifact(sha256: Sha256, request: Request) -> Response:
+    """The bytes stored under ``sha256``.
 
-    def chunks() -> Iterator[bytes]:
-        with sessions() as stream_session:  # the request's session may be closed while streaming
-            yield from blobs.iter_blob(stream_session, sha256)
+    Served from the node's mirror (:class:`~tunecache.service.hot_path.ArtifactFiles`:
+    small artifacts from memory, others from their file), filled from the database on
+    first use, so no database connection is held while a pod reads. ``ETag`` is the
+    sha256 and ``Cache-Control`` marks the bytes immutable; ``If-None-Match`` gives 304,
+    ``Range`` 206 (Starlette's ``FileResponse``). 404 if none are stored.
+    """
+    files = request.app.state.artifact_files
+    data = files.in_memory(sha256)
+    path = None
+    if data is None:
+        path = await run_in_threadpool(_mirrored, request.app.state.sessions, files, sha256)
+        if path is None:
+            raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
+    headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE}
+    if _not_modified(request.headers.get("if-none-match"), sha256):
+        return Response(status_code=304, headers=headers)
+    if data is not None and "range" not in request.headers:
+        return Response(content=data, media_type="application/octet-stream", headers=headers)
+    return FileResponse(path or files.path(sha256), media_type="application/octet-stream", headers=headers)
 
-    return StreamingResponse(
-        chunks(),
-        media_type="application/octet-stream",
-        headers={"ETag": f'"{sha256}"', "Content-Length": str(size)},
-    )
+
+def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str) -> FilePath | None:
+    """The artifact's file, mirrored from the database (one unit of work) when it is not
+    yet; ``None`` when nothing is stored under ``sha256``."""
+    path = files.get(sha256)
+    if path is None:
+        with sessions.begin() as session:
+            path = files.mirror(session, sha256)
+    if path is not None:
+        files.remember(sha256, path)
+    return path
 
 
 @router.head("/{sha256}")
@@ -68,5 +111,6 @@ def artifact_exists(sha256: Sha256, session: SessionDep) -> Response:
     """200 with ``Content-Length`` when the bytes are stored (uploaders skip them), else 404."""
     size = blobs.blob_size(session, sha256)
     if size is None:
-        return Response(status_code=404)
-    return Response(status_code=200, headers={"ETag": f'"{sha256}"', "Content-Length": str(size)})
+        return Response(status_code=404, media_type="application/json")
+    return Response(status_code=200, media_type="application/octet-stream",
+                    headers={"ETag": _etag(sha256), "Content-Length": str(size), "Cache-Control": IMMUTABLE})

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (
     MAX_ID,
@@ -46,20 +49,46 @@ def record_tuning(body: TuningRunCreate, session: SessionDep) -> TuningRunRead:
 @router.post(
     "/lookup",
     response_model=TuningRunRead,
-    responses={404: {"model": LookupMiss, "description": "No usable tuning; the closest ones and how they differ"}},
+    responses={
+        404: {"model": LookupMiss, "description": "No usable tuning; the closest ones and how they differ"},
+        503: {"description": "The database did not answer in time, or the service is saturated (Retry-After)"},
+    },
 )
-def lookup_tuning(body: LookupRequest, session: SessionDep):
+async def lookup_tuning(body: LookupRequest, request: Request) -> Response:
     """The current tuning for a pod's key and FlashInfer environment.
 
     Matching is exact on every key field and every field of FlashInfer's ``_metadata``
     (``flashinfer.autotuner._collect_metadata``), because ``AutoTuner.load_configs``
     rejects a file on any mismatch. 404 body: ``{"detail": "...", "closest": [{"run_id",
     "key", "environment_hash", "differences": [{"field", "stored", "yours"}]}]}``.
+
+    The hot path of a boot: answered from the process's
+    :class:`~tunecache.service.hot_path.LookupCache` while the tuning generation (read by
+    a query that began after this request did, shared with the requests beside it) has
+    not moved; otherwise computed in a unit of work of its own. A database that does not
+    answer within ``TUNECACHE_DB_STATEMENT_TIMEOUT`` + ``TUNECACHE_DB_POOL_TIMEOUT`` seconds
+    (frozen, partitioned) gives 503 with ``Retry-After``.
     """
-    result = repository.lookup(session, body.key, body.environment)
-    if isinstance(result, LookupMiss):
-        return JSONResponse(status_code=404, content=result.model_dump(mode="json"))
-    return result
+    state = request.app.state
+    settings = state.settings
+    try:
+        with anyio.fail_after(settings.db_statement_timeout + settings.db_pool_timeout):
+            generation = await state.generation_reader.current()
+            answer = state.lookup_cache.get(generation, body.key, body.environment)
+            if answer is None:
+                answer = await anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, abandon_on_cancel=True)
+                state.lookup_cache.put(generation, body.key, body.environment, *answer)
+    except TimeoutError:  # a frozen database: the pod comes back later, the service stays up
+        return JSONResponse(status_code=503, content={"detail": "database did not answer in time, try again"},
+                            headers={"Retry-After": str(settings.retry_after_seconds)})
+    return Response(content=answer[1], status_code=answer[0], media_type="application/json")
+
+
+def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest) -> tuple[int, bytes]:
+    """``(status, JSON body)`` of a lookup, computed in one transaction."""
+    with sessions.begin() as session:
+        result = repository.lookup(session, body.key, body.environment)
+    return 404 if isinstance(result, LookupMiss) else 200, result.model_dump_json().encode()
 
 
 @router.get("", response_model=TuningRunPage)

@@ -1,0 +1,51 @@
+-- One pod boot per connection turn, as the vLLM plugin does it: POST the lookup, then GET
+-- the artifact it names. Paths and body come from the environment (bench/boot_storm.py).
+-- STATIC=1: both are GETs of files (the static servers serve the same bodies).
+local lookup_path = os.getenv("LOOKUP_PATH")
+local artifact_path = os.getenv("ARTIFACT_PATH")
+local body = os.getenv("LOOKUP_BODY")
+local static = os.getenv("STATIC") == "1"
+local counter = 0
+local statuses = {}
+
+function setup(thread)
+  table.insert(statuses, thread)
+end
+
+function init(args)
+  codes = {}
+end
+
+request = function()
+  counter = counter + 1
+  if counter % 2 == 1 then
+    if static then
+      return wrk.format("GET", lookup_path)
+    end
+    return wrk.format("POST", lookup_path, {["Content-Type"] = "application/json"}, body)
+  end
+  return wrk.format("GET", artifact_path)
+end
+
+response = function(status, headers, body)
+  codes[status] = (codes[status] or 0) + 1
+end
+
+done = function(summary, latency, requests)
+  local merged = {}
+  for _, thread in ipairs(statuses) do
+    local c = thread:get("codes")
+    for status, n in pairs(c) do
+      merged[status] = (merged[status] or 0) + n
+    end
+  end
+  local parts = {}
+  for status, n in pairs(merged) do
+    table.insert(parts, string.format('"%d": %d', status, n))
+  end
+  io.write(string.format('BENCH {"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, "max_us": %d, ' ..
+    '"connect_errors": %d, "read_errors": %d, "write_errors": %d, "timeouts": %d, "statuses": {%s}}\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), latency.max,
+    summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.timeout,
+    table.concat(parts, ", ")))
+end

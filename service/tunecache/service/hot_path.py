@@ -1,0 +1,167 @@
+"""What a booting pod asks for, answered without the database where that is safe.
+
+* :class:`LookupCache`: lookup answers (the serialized JSON body and its status) per
+  ``(generation, key, environment)``. The generation (``repository.generation``) moves in
+  the transaction that changes a current tuning, and a request reads it before it looks in
+  the cache, so no pod gets a run older than one that was current when its request began,
+  whichever process or replica answers.
+* :class:`GenerationReader`: that read, shared. Requests that arrive while a read is in
+  flight wait for the next one, which starts after all of them arrived; under a boot storm
+  one single-row query serves every request that came in during the previous one.
+* :class:`ArtifactFiles`: artifacts mirrored from the database into files named by their
+  sha256, and the small ones also held in memory. Artifacts are immutable, so a file, once
+  written whole and verified, is served as it is (``FileResponse``: ``Range``, ``HEAD``)
+  without a database connection; the download of a large one holds no connection while
+  the pod reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio.to_thread
+from cachetools import LRUCache
+from sqlalchemy.orm import Session
+
+from tunecache.contract import EnvironmentMetadata, TuningKey
+from tunecache.service import blobs
+
+
+class LookupCache:
+    """Serialized lookup answers of one process, at most ``entries`` of them (LRU).
+
+    Thread-safe. ``entries=0`` turns the cache off.
+    """
+
+    def __init__(self, entries: int):
+        self._answers: LRUCache | None = LRUCache(maxsize=entries) if entries > 0 else None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(generation: int, key: TuningKey, environment: EnvironmentMetadata) -> tuple:
+        return (generation, tuple(key.model_dump().values()), environment.environment_hash())
+
+    def get(self, generation: int, key: TuningKey, environment: EnvironmentMetadata) -> tuple[int, bytes] | None:
+        """``(status, body)`` answered at this generation, or ``None``."""
+        if self._answers is None:
+            return None
+        with self._lock:
+            return self._answers.get(self._key(generation, key, environment))
+
+    def put(self, generation: int, key: TuningKey, environment: EnvironmentMetadata, status: int, body: bytes) -> None:
+        if self._answers is not None:
+            with self._lock:
+                self._answers[self._key(generation, key, environment)] = (status, body)
+
+
+class GenerationReader:
+    """Shared reads of the tuning generation for the requests of one event loop.
+
+    ``read`` is the blocking read (run in a worker thread). :meth:`current` returns a
+    value read by a query that started after the call: a request never gets a generation
+    older than the one committed before it arrived.
+    """
+
+    def __init__(self, read: Callable[[], int]):
+        self._read = read
+        self._next: asyncio.Future[int] | None = None  # for requests that came in after the read in flight began
+        self._reading = False
+        self._tasks: set[asyncio.Task] = set()
+
+    async def current(self) -> int:
+        """The generation, from a read that began after this call.
+
+        Raises:
+            whatever the read raises (database unavailable: ``OperationalError``, ...).
+        """
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        waiting = self._next
+        if not self._reading:
+            self._start()
+        return await asyncio.shield(waiting)
+
+    def _start(self) -> None:
+        waiting, self._next = self._next, None
+        self._reading = True
+
+        async def read() -> None:
+            try:
+                waiting.set_result(await anyio.to_thread.run_sync(self._read))
+            except BaseException as exc:  # every waiter gets the failure
+                waiting.set_exception(exc)
+            finally:
+                self._reading = False
+                if self._next is not None:
+                    self._start()
+
+        task = asyncio.get_running_loop().create_task(read())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class ArtifactFiles:
+    """Artifacts as files under ``root`` (``root/ab/abcd...``), written once, never changed;
+    those of at most ``memory_max_item`` bytes also in memory (LRU, ``memory_bytes`` in all)."""
+
+    def __init__(self, root: Path, memory_bytes: int = 64 * 1024 * 1024, memory_max_item: int = 1024 * 1024):
+        self.root = root
+        self.memory_max_item = memory_max_item
+        self._memory: LRUCache = LRUCache(maxsize=max(memory_bytes, 1), getsizeof=len)
+        self._lock = threading.Lock()
+
+    def path(self, sha256: str) -> Path:
+        return self.root / sha256[:2] / sha256
+
+    def get(self, sha256: str) -> Path | None:
+        """The file of a mirrored artifact, or ``None``."""
+        path = self.path(sha256)
+        return path if path.is_file() else None
+
+    def in_memory(self, sha256: str) -> bytes | None:
+        """The bytes of a small mirrored artifact, when held in memory."""
+        with self._lock:
+            return self._memory.get(sha256)
+
+    def remember(self, sha256: str, path: Path) -> None:
+        """Hold a small mirrored artifact's bytes in memory."""
+        if path.stat().st_size <= self.memory_max_item:
+            data = path.read_bytes()
+            with self._lock:
+                self._memory[sha256] = data
+
+    def mirror(self, session: Session, sha256: str) -> Path | None:
+        """Copy a stored blob into its file, chunk by chunk, verifying its sha256, and rename
+        it into place (concurrent mirrors of one blob are safe); ``None`` when no blob is
+        stored under ``sha256``.
+
+        Raises:
+            blobs.DigestMismatch: the stored chunks do not hash to ``sha256`` (nothing is
+                written).
+            OSError: the file cannot be written.
+        """
+        if blobs.blob_size(session, sha256) is None:
+            return None
+        target = self.path(sha256)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{sha256[:16]}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in blobs.iter_blob(session, sha256):
+                    digest.update(chunk)
+                    f.write(chunk)
+            if digest.hexdigest() != sha256:
+                raise blobs.DigestMismatch(f"stored blob {sha256} hashes to {digest.hexdigest()}")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
