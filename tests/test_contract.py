@@ -21,6 +21,7 @@ from tunecache.contract import (
     TunerFinished,
     TuningJobCreate,
     TuningRunCreate,
+    TuningRunQuery,
     TuningRunRead,
 )
 from tunecache.service import db
@@ -73,7 +74,7 @@ def test_the_sql_store_is_a_tuning_store_with_one_transaction_per_call(engine, t
     assert store.upload_file(CUDNN_FILE) == run_payload(CUDNN_FILE)["artifacts"][0]["sha256"]
     recorded = store.record_run(TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
     assert store.lookup(key, environment) == recorded  # committed: a new transaction sees it
-    assert [r.id for r in store.list_runs(status=RunStatus.SUCCEEDED, current_only=True).items] == [recorded.id]
+    assert [r.id for r in store.list_runs(TuningRunQuery(status=RunStatus.SUCCEEDED, current_only=True)).items] == [recorded.id]
 
 
 def test_status_and_trigger_columns_hold_only_the_contracts_values(engine):

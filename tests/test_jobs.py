@@ -27,6 +27,7 @@ from tunecache.contract import (
     TunerStarted,
     TuningJobCreate,
     TuningRunCreate,
+    TuningRunQuery,
 )
 from tunecache.service.tuner.runner import TunerFailed, TunerResult
 from tunecache.service.worker import GpuIdentity, JobWorker
@@ -92,7 +93,7 @@ def test_two_workers_race_and_each_job_runs_once(sessions):
         list(pool.map(drain, workers))
     with sessions() as session:
         finished = [jobs.get_job(session, job_id) for job_id in queued]
-        runs = repository.list_runs(session, limit=500)
+        runs = repository.list_runs(session, TuningRunQuery(limit=500))
     assert [j.status for j in finished] == ["succeeded"] * 12
     assert all(j.attempts == 1 for j in finished)  # nobody claimed a job twice
     assert len({j.run_id for j in finished}) == 12 and runs.total == 12

@@ -11,7 +11,7 @@ import pytest
 from conftest import CUBLASLT_FILE, CUDNN_FILE
 from helpers import file_environment, h200_key, run_payload, store_file
 from tunecache.service import blobs, db, repository
-from tunecache.contract import LookupMiss, TuningRunCreate, TuningRunRead
+from tunecache.contract import LookupMiss, TuningRunCreate, TuningRunQuery, TuningRunRead
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_history_keeps_every_run_and_current_moves(session):
     first = record(session)
     second = record(session)
     assert first.id != second.id
-    page = repository.list_runs(session, model="meta-llama/Llama-3.1-8B")
+    page = repository.list_runs(session, TuningRunQuery(model="meta-llama/Llama-3.1-8B"))
     assert page.total == 2
     assert [r.id for r in page.items] == [second.id, first.id]
     assert [r.is_current for r in page.items] == [True, False]
@@ -63,7 +63,7 @@ def test_failed_run_keeps_previous_tuning_current(session):
     session.commit()
     assert not failed.is_current
     assert repository.lookup(session, h200_key(), file_environment(CUDNN_FILE)).id == good.id
-    assert repository.list_runs(session, status="failed").items[0].error == "CUDA error: illegal address"
+    assert repository.list_runs(session, TuningRunQuery(status="failed")).items[0].error == "CUDA error: illegal address"
 
 
 def test_lookup_miss_names_each_differing_field(session):
@@ -99,7 +99,7 @@ def test_environments_are_distinct_per_file_metadata(session):
     a = record(session, CUDNN_FILE, key=h200_key(model="a"))
     b = record(session, CUBLASLT_FILE, key=h200_key(model="b"))
     assert a.environment_hash == b.environment_hash
-    assert repository.list_runs(session, current_only=True).total == 2
+    assert repository.list_runs(session, TuningRunQuery(current_only=True)).total == 2
 
 
 def test_indeterminate_environment_is_refused_and_nothing_stored(session):

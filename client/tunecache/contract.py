@@ -8,7 +8,7 @@ Everything that crosses the wire between a pod (``tunecache-client``) and the se
 * names: :class:`ArtifactKind` with its media types, :class:`RunStatus`,
   :class:`RunTrigger`, :class:`JobStatus`, :class:`Stage`;
 * write models (``extra="forbid"``: a misspelt field is an error): :class:`ArtifactCreate`,
-  :class:`TuningRunCreate`, :class:`LookupRequest`, :class:`TuningJobCreate`;
+  :class:`TuningRunCreate`, :class:`LookupRequest`, :class:`TuningRunQuery`, :class:`TuningJobCreate`;
 * read models (unknown fields ignored, so an older client reads a newer server):
   :class:`TuningRunRead`, :class:`TuningRunPage`, :class:`LookupMiss`,
   :class:`TuningJobRead`, :class:`TuningJobPage`, :class:`ArtifactStored`, :class:`Health`;
@@ -413,6 +413,22 @@ class LookupRequest(BaseModel):
 
     key: TuningKey
     environment: EnvironmentMetadata
+
+
+class TuningRunQuery(BaseModel):
+    """Filters and page of the tuning history (``GET /v1/tunings`` query parameters):
+    key fields, status, ``current_only`` (runs current for their key and environment),
+    ``limit`` (1-500) and ``offset``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, max_length=512, pattern=NO_NUL)
+    gpu_name: str | None = Field(default=None, max_length=128, pattern=NO_NUL)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0, le=MAX_NUM_BATCHED_TOKENS)
+    status: RunStatus | None = None
+    current_only: bool = False
+    limit: int = Field(default=50, ge=1, le=500)
+    offset: int = Field(default=0, ge=0, le=MAX_ID)
 
 
 class TuningJobCreate(BaseModel):

@@ -11,16 +11,17 @@ model).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from tunecache.contract import (
     EnvironmentMetadata,
     LookupMiss,
-    RunStatus,
     TuningKey,
     TuningRunCreate,
     TuningRunPage,
+    TuningRunQuery,
     TuningRunRead,
 )
 
@@ -82,16 +83,16 @@ class TuningStore(Protocol):
         """
         ...
 
-    def list_runs(
-        self,
-        *,
-        model: str | None = None,
-        gpu_name: str | None = None,
-        max_num_batched_tokens: int | None = None,
-        status: RunStatus | None = None,
-        current_only: bool = False,
-        limit: int = 50,
-        offset: int = 0,
-    ) -> TuningRunPage:
+    def list_runs(self, query: TuningRunQuery = TuningRunQuery()) -> TuningRunPage:
         """Tuning history, newest first, filtered by key fields and status."""
         ...
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 (64 hex digits) of a file, read 1 MiB at a time: the address of its bytes
+    in every store."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

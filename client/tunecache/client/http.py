@@ -30,15 +30,15 @@ from tunecache.contract import (
     EnvironmentMetadata,
     LookupMiss,
     LookupRequest,
-    RunStatus,
     TuningJobCreate,
     TuningJobRead,
     TuningKey,
     TuningRunCreate,
     TuningRunPage,
+    TuningRunQuery,
     TuningRunRead,
 )
-from tunecache.store import NoCompatibleTuning, TunecacheError
+from tunecache.store import NoCompatibleTuning, TunecacheError, file_sha256
 
 Answer = TypeVar("Answer", bound=BaseModel)
 
@@ -307,24 +307,10 @@ class TunecacheClient:
             raise NoCompatibleTuning(miss)
         return self._answer(response, TuningRunRead)
 
-    def list_runs(
-        self,
-        *,
-        model: str | None = None,
-        gpu_name: str | None = None,
-        max_num_batched_tokens: int | None = None,
-        status: RunStatus | None = None,
-        current_only: bool = False,
-        limit: int = 50,
-        offset: int = 0,
-    ) -> TuningRunPage:
+    def list_runs(self, query: TuningRunQuery = TuningRunQuery()) -> TuningRunPage:
         """``GET /v1/tunings``: tuning history, newest first, filtered by key fields and status."""
-        params = {"model": model, "gpu_name": gpu_name, "max_num_batched_tokens": max_num_batched_tokens,
-                  "status": str(status) if status else None, "current_only": current_only or None,
-                  "limit": limit, "offset": offset}
-        return self._answer(
-            self._request("GET", "/v1/tunings", params={k: v for k, v in params.items() if v is not None}), TuningRunPage
-        )
+        params = query.model_dump(mode="json", exclude_defaults=True)
+        return self._answer(self._request("GET", "/v1/tunings", params=params), TuningRunPage)
 
     def get_run(self, run_id: int) -> TuningRunRead:
         """``GET /v1/tunings/{id}``: one run. Raises ServerError (404 when there is none)."""
@@ -367,11 +353,7 @@ class TunecacheClient:
         Raises:
             ServerUnreachable, ServerError.
         """
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-        sha256 = digest.hexdigest()
+        sha256 = file_sha256(path)
         if self._request("HEAD", f"/v1/artifacts/{sha256}").status_code == 200:
             return sha256
 

@@ -24,6 +24,7 @@ from tunecache.contract import (
     TuningKey,
     TuningRunCreate,
     TuningRunPage,
+    TuningRunQuery,
     TuningRunRead,
     differences,
 )
@@ -208,33 +209,21 @@ def get_run(session: Session, run_id: int) -> TuningRunRead | None:
     return _to_read(run, is_current=bool(_current_run_ids(session, [run.id])))
 
 
-def list_runs(
-    session: Session,
-    *,
-    model: str | None = None,
-    gpu_name: str | None = None,
-    max_num_batched_tokens: int | None = None,
-    status: RunStatus | None = None,
-    current_only: bool = False,
-    limit: int = 50,
-    offset: int = 0,
-) -> TuningRunPage:
-    """Runs, newest first, filtered by the given key fields and status (tuning history)."""
+def list_runs(session: Session, filters: TuningRunQuery = TuningRunQuery()) -> TuningRunPage:
+    """Runs, newest first, filtered by key fields and status (tuning history)."""
     query = select(TuningRun).join(TuningRun.key)
-    if model is not None:
-        query = query.where(TuningKeyRow.model == model)
-    if gpu_name is not None:
-        query = query.where(TuningKeyRow.gpu_name == gpu_name)
-    if max_num_batched_tokens is not None:
-        query = query.where(TuningKeyRow.max_num_batched_tokens == max_num_batched_tokens)
-    if status is not None:
-        query = query.where(TuningRun.status == status)
-    if current_only:
+    for field in ("model", "gpu_name", "max_num_batched_tokens"):
+        if getattr(filters, field) is not None:
+            query = query.where(getattr(TuningKeyRow, field) == getattr(filters, field))
+    if filters.status is not None:
+        query = query.where(TuningRun.status == filters.status.value)
+    if filters.current_only:
         query = query.where(TuningRun.id.in_(select(CurrentTuning.run_id)))
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    runs = list(session.scalars(query.order_by(TuningRun.id.desc()).limit(limit).offset(offset)).unique())
+    runs = list(session.scalars(query.order_by(TuningRun.id.desc()).limit(filters.limit).offset(filters.offset)).unique())
     current = _current_run_ids(session, [r.id for r in runs])
-    return TuningRunPage(items=[_to_read(r, r.id in current) for r in runs], total=total, limit=limit, offset=offset)
+    return TuningRunPage(items=[_to_read(r, r.id in current) for r in runs], total=total, limit=filters.limit,
+                         offset=filters.offset)
 
 
 def lookup(session: Session, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead | LookupMiss:

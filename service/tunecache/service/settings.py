@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     db_pool_timeout: float = Field(default=2.0, gt=0, le=300)
     db_connect_timeout: float = Field(default=5.0, gt=0, le=300)
     db_statement_timeout: float = Field(default=10.0, gt=0, le=3600)
-    max_in_flight: int = Field(default=512, gt=0, le=100_000)
+    max_in_flight: int = Field(default=256, gt=0, le=100_000)
     retry_after_seconds: int = Field(default=1, gt=0, le=3600)
     lookup_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
     max_json_bytes: int = Field(default=4 * 1024 * 1024, gt=0)

@@ -8,7 +8,6 @@ which never commit on their own.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -16,22 +15,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from tunecache.contract import (
     EnvironmentMetadata,
     LookupMiss,
-    RunStatus,
     TuningKey,
     TuningRunCreate,
     TuningRunPage,
+    TuningRunQuery,
     TuningRunRead,
 )
 from tunecache.service import blobs, repository
-from tunecache.store import NoCompatibleTuning
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+from tunecache.store import NoCompatibleTuning, file_sha256
 
 
 class SqlTuningStore:
@@ -53,7 +44,7 @@ class SqlTuningStore:
     def upload_file(self, path: Path) -> str:
         """Store a file's bytes in 4 MiB chunks (:func:`tunecache.service.blobs.store_blob`),
         or nothing when they are stored already; returns the sha256."""
-        sha256 = _sha256_of(path)
+        sha256 = file_sha256(path)
         with self.sessions.begin() as session, path.open("rb") as stream:
             blobs.store_blob(session, stream, sha256)
         return sha256
@@ -79,20 +70,7 @@ class SqlTuningStore:
             raise NoCompatibleTuning(found)
         return found
 
-    def list_runs(
-        self,
-        *,
-        model: str | None = None,
-        gpu_name: str | None = None,
-        max_num_batched_tokens: int | None = None,
-        status: RunStatus | None = None,
-        current_only: bool = False,
-        limit: int = 50,
-        offset: int = 0,
-    ) -> TuningRunPage:
+    def list_runs(self, query: TuningRunQuery = TuningRunQuery()) -> TuningRunPage:
         """Tuning history, newest first (:func:`tunecache.service.repository.list_runs`)."""
         with self.sessions.begin() as session:
-            return repository.list_runs(
-                session, model=model, gpu_name=gpu_name, max_num_batched_tokens=max_num_batched_tokens,
-                status=status, current_only=current_only, limit=limit, offset=offset,
-            )
+            return repository.list_runs(session, query)

@@ -12,13 +12,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (
     MAX_ID,
-    MAX_NUM_BATCHED_TOKENS,
-    NO_NUL,
     LookupMiss,
     LookupRequest,
-    RunStatus,
     TuningRunCreate,
     TuningRunPage,
+    TuningRunQuery,
     TuningRunRead,
 )
 from tunecache.service import repository
@@ -92,28 +90,11 @@ def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest) -> tupl
 
 
 @router.get("", response_model=TuningRunPage)
-def list_tunings(
-    session: SessionDep,
-    model: Annotated[str | None, Query(max_length=512, pattern=NO_NUL)] = None,
-    gpu_name: Annotated[str | None, Query(max_length=128, pattern=NO_NUL)] = None,
-    max_num_batched_tokens: Annotated[int | None, Query(gt=0, le=MAX_NUM_BATCHED_TOKENS)] = None,
-    status: RunStatus | None = None,
-    current_only: bool = False,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
-) -> TuningRunPage:
-    """Tuning history, newest first, filtered by key fields and status; ``current_only``
-    keeps the runs that are current for their key and environment."""
-    return repository.list_runs(
-        session,
-        model=model,
-        gpu_name=gpu_name,
-        max_num_batched_tokens=max_num_batched_tokens,
-        status=status,
-        current_only=current_only,
-        limit=limit,
-        offset=offset,
-    )
+def list_tunings(session: SessionDep, filters: Annotated[TuningRunQuery, Query()]) -> TuningRunPage:
+    """Tuning history, newest first, filtered by key fields and status
+    (:class:`~tunecache.contract.TuningRunQuery`); ``current_only`` keeps the runs that are
+    current for their key and environment. 422 names an unknown or invalid parameter."""
+    return repository.list_runs(session, filters)
 
 
 @router.get("/{run_id}", response_model=TuningRunRead)

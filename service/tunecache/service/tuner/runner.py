@@ -7,7 +7,6 @@ GPU; a CUDA fault or a hang there kills only the child, never the service.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 import queue
 import signal
@@ -36,7 +35,7 @@ from tunecache.contract import (
     TuningRunRead,
 )
 from tunecache.service.tuner.stages import TuneSpec
-from tunecache.store import TuningStore
+from tunecache.store import TuningStore, file_sha256
 
 #: Lines of the child's stderr kept for error reports.
 LOG_TAIL_LINES = 40
@@ -204,7 +203,7 @@ def run_tuner(
         raise failed(f"tuner process died with {how}")
     summary = result.summary
     artifacts = [
-        (ArtifactCreate(kind=a["kind"], name=a["name"], media_type=a["media_type"], sha256=_sha256(work_dir / a["path"])),
+        (ArtifactCreate(kind=a["kind"], name=a["name"], media_type=a["media_type"], sha256=file_sha256(work_dir / a["path"])),
          work_dir / a["path"])
         for a in summary["artifacts"]
     ]
@@ -217,11 +216,3 @@ def run_tuner(
         started_at=started_at,
         finished_at=finished_at,
     )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
