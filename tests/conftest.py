@@ -41,6 +41,9 @@ def _private_data_dir(tmp_path, monkeypatch):
     """Every test (and every process it starts) keeps the service's files in its own
     directory, never in the user's data directory."""
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path / "tunecache-data"))
+    # Tests that post many jobs from one address are not about the rate limit
+    # (tests/test_boot_storm.py::test_job_requests_past_the_rate_get_429 is).
+    monkeypatch.setenv("TUNECACHE_JOB_REQUEST_RATE", "100000/minute")
 
 
 def _postgres_unavailable() -> str | None:

@@ -103,7 +103,7 @@ def test_run_referring_to_missing_bytes_is_422_and_stores_nothing(app_client):
     payload = run_payload(CUDNN_FILE)
     response = app_client.post("/v1/tunings", json=payload)
     assert response.status_code == 422
-    assert response.json()["detail"]["missing"] == [payload["artifacts"][0]["sha256"]]
+    assert response.json()["missing"] == [payload["artifacts"][0]["sha256"]]
     assert app_client.get("/v1/tunings").json()["total"] == 0
 
 

@@ -156,3 +156,18 @@ def test_a_rejected_value_is_not_echoed_whole(app_client):
     response = app_client.post("/v1/tunings/lookup", json=body)
     assert response.status_code == 422 and len(response.content) < 2000
     assert response.json()["detail"][0]["loc"] == ["body", "key", "model"]
+
+
+def test_job_requests_past_the_rate_get_429(engine, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from tunecache.service.app import create_app
+    from tunecache.service.settings import Settings
+
+    settings = Settings(database_url=str(engine.url), worker="off", data_dir=tmp_path, job_request_rate="3/minute")
+    job = {"key": h200_key().model_dump(), "hf_config": {"hidden_size": 8}}
+    with TestClient(create_app(settings, engine=engine)) as client:
+        answers = [client.post("/v1/tuning-jobs", json=job) for _ in range(5)]
+    assert [a.status_code for a in answers] == [202, 202, 202, 429, 429]
+    assert 1 <= int(answers[3].headers["retry-after"]) <= 60
+    assert "at most 3/minute" in answers[3].json()["detail"]

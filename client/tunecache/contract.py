@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -99,8 +100,22 @@ def _no_nul(value: str) -> str:
     return value
 
 
-#: A string without NUL characters (PostgreSQL text cannot hold them).
-Text = Annotated[str, AfterValidator(_no_nul)]
+def _whole_number(value: Any) -> Any:
+    """Integers only: ``8192`` or ``8192.0`` (JSON Schema's integer), never ``"8192"``,
+    ``true`` or ``8192.5``."""
+    if isinstance(value, bool) or isinstance(value, str):
+        raise ValueError("must be a whole number, not " + type(value).__name__)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A whole number as JSON Schema means it (no strings, booleans or fractions).
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+
+#: A string without NUL characters (PostgreSQL text cannot hold them); the OpenAPI schema
+#: says so with a pattern, the validator with a clear message.
+Text = Annotated[str, AfterValidator(_no_nul), Field(json_schema_extra={"pattern": NO_NUL})]
 
 
 class EnvironmentMetadata(BaseModel):
@@ -176,10 +191,10 @@ class TuningKey(BaseModel):
     gpu_name: Text = Field(min_length=1, max_length=128)
     arch: str = Field(pattern=r"^sm[0-9]{2,3}[a-z]?$", max_length=16)
     model: Text = Field(min_length=1, max_length=512)
-    max_num_batched_tokens: int = Field(gt=0, le=MAX_NUM_BATCHED_TOKENS, strict=True)
+    max_num_batched_tokens: WholeNumber = Field(gt=0, le=MAX_NUM_BATCHED_TOKENS)
     dtype: Text = Field(default="auto", min_length=1, max_length=32)
     quantization: Text = Field(default="auto", min_length=1, max_length=32)
-    tensor_parallel_size: int = Field(default=1, gt=0, le=1024, strict=True)
+    tensor_parallel_size: WholeNumber = Field(default=1, gt=0, le=1024)
 
 
 assert tuple(TuningKey.model_fields) == KEY_FIELDS
@@ -460,6 +475,26 @@ class TuningJobCreate(BaseModel):
 
 
 # ------------------------------------------------------------------------ read models
+
+
+class FieldError(BaseModel):
+    """One invalid part of a request: where (``loc``, e.g. ``["body", "key", "arch"]``),
+    why (``msg``, ``type``) and at most 100 characters of what was sent (``input``)."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer: ``detail`` is a message, or the list of invalid
+    fields of a 422; ``missing`` lists the sha256 of artifacts a run refers to that were
+    never uploaded."""
+
+    detail: str | list[FieldError]
+    missing: list[str] | None = None
 
 
 class ArtifactRead(BaseModel):

@@ -14,11 +14,12 @@ from contextlib import asynccontextmanager
 from typing import IO
 
 import anyio.to_thread
+import limits
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from tunecache.service import db, repository
-from tunecache.service.errors import install_error_handlers
+from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationReader, LookupCache
 from tunecache.service.limits import BodySizeLimit, LoadShedding
 from tunecache.service.routes import artifacts, health, jobs, tunings
@@ -93,6 +94,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         # Sync routes run on this many threads, each with a database connection of its own.
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
         app.state.lookup_cache = LookupCache(settings.lookup_cache_entries)
+        app.state.job_rate = limits.parse(settings.job_request_rate)
+        app.state.job_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         worker = None
         try:
@@ -127,5 +130,5 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     # Added last, so it runs first: a saturated process answers 503 before doing any work.
     app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_seconds)
     for router in (health.router, tunings.router, artifacts.router, jobs.router):
-        app.include_router(router, prefix="/v1")
+        app.include_router(router, prefix="/v1", responses=COMMON_ERRORS)
     return app

@@ -12,8 +12,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from tunecache.contract import ErrorBody
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -53,6 +58,30 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(errors))})
 
 
+#: The error answers every route may give, for the OpenAPI document (one body schema).
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "The body is not JSON the service can read"},
+    413: {"model": ErrorBody, "description": "The body is over its limit (TUNECACHE_MAX_JSON_BYTES, TUNECACHE_MAX_UPLOAD_BYTES)"},
+    422: {"model": ErrorBody, "description": "Invalid request: each invalid field, or the rule it breaks"},
+    500: {"model": ErrorBody, "description": "Unexpected error (logged)"},
+    503: {"model": ErrorBody, "description": "Saturated, or the database is unavailable or too slow: retry after Retry-After"},
+}
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    """Starlette's HTTP errors as JSON; a 405 lists in ``Allow`` every method of every route
+    of the path (Starlette names only the first route's)."""
+    if exc.status_code != 405:
+        return await http_exception_handler(request, exc)
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return JSONResponse(status_code=405, content={"detail": f"method {request.method} not allowed here"},
+                        headers={"Allow": ", ".join(sorted(methods))})
+
+
 def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
     """422 for invalid requests, 503 with ``Retry-After`` when the database is unreachable,
     busy or too slow, 400 for values the database refuses, and a JSON 500 for anything
@@ -73,6 +102,7 @@ def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
         return JSONResponse(status_code=400, content={"detail": "the database refused a value of the request"})
 
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, database_unavailable)
     app.add_exception_handler(PoolTimeout, database_busy)
     app.add_exception_handler(DBAPIError, database_refused)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     * ``TUNECACHE_RETRY_AFTER_SECONDS``: the ``Retry-After`` of those answers.
     * ``TUNECACHE_LOOKUP_CACHE_ENTRIES``: lookup answers kept in memory per process.
     * ``TUNECACHE_MAX_JSON_BYTES``: largest body of the JSON routes (413 above it).
+    * ``TUNECACHE_JOB_REQUEST_RATE``: tuning-job requests one client address may make per
+      process, in the ``limits`` package's notation (``30/minute``); past it: 429.
     * ``TUNECACHE_ACCESS_LOG``: log every request (uvicorn's access log; off by default:
       under a boot storm it costs a fifth of the CPU).
     """
@@ -72,6 +74,7 @@ class Settings(BaseSettings):
     lookup_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
     max_json_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     access_log: bool = False
+    job_request_rate: str = "30/minute"
 
     @property
     def pool_size(self) -> int:
@@ -83,6 +86,17 @@ class Settings(BaseSettings):
     def artifact_cache_dir(self) -> Path:
         """Where downloaded artifacts are mirrored as files (content-addressed, immutable)."""
         return self.data_dir / "artifact-cache"
+
+    @field_validator("job_request_rate")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        from limits import parse
+
+        try:
+            parse(value)
+        except ValueError:
+            raise ValueError("must look like 30/minute (count/second|minute|hour|day)") from None
+        return value
 
     def resolved_database_url(self) -> str:
         """The database URL; the SQLite default is ``sqlite:///<data_dir>/tunecache.db``."""

@@ -11,7 +11,7 @@ from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from tunecache.contract import SHA256_PATTERN, ArtifactStored
+from tunecache.contract import SHA256_PATTERN, ArtifactStored, ErrorBody
 from tunecache.service import blobs
 from tunecache.service.deps import SessionDep
 from tunecache.service.hot_path import ArtifactFiles
@@ -38,7 +38,14 @@ def _not_modified(if_none_match: str | None, sha256: str) -> bool:
     return "*" in tags or _etag(sha256) in tags
 
 
-@router.put("/{sha256}", response_model=ArtifactStored, status_code=201)
+@router.put(
+    "/{sha256}",
+    response_model=ArtifactStored,
+    status_code=201,
+    responses={200: {"model": ArtifactStored, "description": "the same bytes were stored already"}},
+    openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+        "schema": {"type": "string", "format": "binary"}}}}},
+)
 async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep, response: Response) -> ArtifactStored:
     """Store the raw request body under its sha256, streamed (never whole in memory).
 
@@ -66,7 +73,7 @@ async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep,
         200: {"content": {"application/octet-stream": {}}, "description": "the bytes"},
         206: {"content": {"application/octet-stream": {}}, "description": "the requested byte range"},
         304: {"description": "the client's copy (If-None-Match) is this artifact"},
-        404: {"description": "no artifact is stored under this sha256"},
+        404: {"model": ErrorBody, "description": "no artifact is stored under this sha256"},
         416: {"description": "the requested range is outside the artifact"},
     },
 )
@@ -106,7 +113,8 @@ def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str
     return path
 
 
-@router.head("/{sha256}")
+@router.head("/{sha256}", responses={200: {"description": "stored: Content-Length and ETag"},
+                                     404: {"description": "nothing is stored under this sha256"}})
 def artifact_exists(sha256: Sha256, session: SessionDep) -> Response:
     """200 with ``Content-Length`` when the bytes are stored (uploaders skip them), else 404."""
     size = blobs.blob_size(session, sha256)

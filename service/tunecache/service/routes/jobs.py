@@ -2,31 +2,42 @@
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from tunecache.contract import MAX_ID, JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead
+from tunecache.contract import MAX_ID, ErrorBody, JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead
 from tunecache.service import jobs
 from tunecache.service.deps import SessionDep
 
 router = APIRouter(prefix="/tuning-jobs", tags=["tuning-jobs"])
 
 
-@router.post("", response_model=TuningJobRead, status_code=202)
+@router.post("", response_model=TuningJobRead, status_code=202,
+             responses={429: {"model": ErrorBody, "description": "Too many job requests from this address (Retry-After)"}})
 def create_job(body: TuningJobCreate, session: SessionDep, request: Request) -> TuningJobRead:
     """Queue a tuning of ``key`` (its ``gpu_name``/``arch`` choose which GPU nodes may take it).
 
     Single-flight: when a job for the same key is already queued or running, that job is
     returned (202 either way; compare ids). Poll ``GET /v1/tuning-jobs/{id}``. A
     succeeded job's ``run_id`` is the new current tuning; a failed job leaves the previous
-    tuning current.
+    tuning current. 429 with ``Retry-After`` past ``TUNECACHE_JOB_REQUEST_RATE`` requests
+    from one address (each may carry a 1 MiB model config).
     """
-    job, _created = jobs.enqueue(session, body, requested_by=request.client.host if request.client else None)
+    address = request.client.host if request.client else "unknown"
+    limiter, rate = request.app.state.job_rate_limiter, request.app.state.job_rate
+    if not limiter.hit(rate, address):
+        reset = limiter.get_window_stats(rate, address).reset_time
+        wait = max(1, math.ceil(reset - time.time()))
+        raise HTTPException(429, detail=f"too many tuning-job requests from {address}: at most "
+                                        f"{request.app.state.settings.job_request_rate}", headers={"Retry-After": str(wait)})
+    job, _created = jobs.enqueue(session, body, requested_by=address)
     return job
 
 
-@router.get("/{job_id}", response_model=TuningJobRead)
+@router.get("/{job_id:int}", response_model=TuningJobRead, responses={404: {"model": ErrorBody, "description": "no such job"}})
 def get_job(job_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep) -> TuningJobRead:
     """Status, stage, step/total, log tail and timings of a job. 404 if there is none."""
     job = jobs.get_job(session, job_id)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (
     MAX_ID,
+    ErrorBody,
     LookupMiss,
     LookupRequest,
     TuningRunCreate,
@@ -38,7 +39,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep) -> TuningRunRead:
     try:
         run = repository.record_run(session, body)
     except ArtifactsMissing as exc:
-        raise HTTPException(422, detail={"message": str(exc), "missing": exc.missing}) from None
+        return JSONResponse(status_code=422, content={"detail": str(exc), "missing": exc.missing})
     except repository.IndeterminateEnvironment as exc:
         raise HTTPException(422, detail=str(exc)) from None
     return run
@@ -97,7 +98,7 @@ def list_tunings(session: SessionDep, filters: Annotated[TuningRunQuery, Query()
     return repository.list_runs(session, filters)
 
 
-@router.get("/{run_id}", response_model=TuningRunRead)
+@router.get("/{run_id:int}", response_model=TuningRunRead, responses={404: {"model": ErrorBody, "description": "no such run"}})
 def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep) -> TuningRunRead:
     """One run by id. 404 if there is none."""
     run = repository.get_run(session, run_id)
