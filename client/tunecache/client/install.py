@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunecache.client.atomic import write_atomically
 from tunecache.client.http import TunecacheClient
 from tunecache.client.jit_install import check_jit_module, flashinfer_workspace_dir, install_jit_module
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey, TuningRunRead
@@ -42,23 +41,6 @@ def check_file_name(name: str) -> str:
     if not name or "/" in name or "\\" in name or name.startswith(".") or name != Path(name).name:
         raise ValueError(f"file name {name!r} must be a plain name without directories, not starting with '.'")
     return name
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it into place, so a
-    reader sees the old file or the whole new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the pod's vLLM user must read it
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ import os
 import shutil
 import tarfile
 import tempfile
-import uuid
 from pathlib import Path, PurePosixPath
+
+from tunecache.client.atomic import directory_lock, swap_into_place
 
 
 #: pax header holding an entry's exact modification time in nanoseconds.
@@ -78,6 +79,8 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
     The module's directories are unpacked beside their targets and renamed into place,
     so FlashInfer never sees half a module; files keep their modification times to the
     nanosecond, as ninja compares them (a rounded time makes ninja rebuild the module).
+    Several processes may install into one workspace at once (a pod's workers): the swaps
+    are serialized (:func:`tunecache.client.atomic.directory_lock`) and each succeeds.
 
     Raises:
         BadJitArtifact: the tarball is not one module's files.
@@ -94,17 +97,12 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
                 if MTIME_NS_HEADER in member.pax_headers:
                     ns = int(member.pax_headers[MTIME_NS_HEADER])
                     os.utime(staging / member.name, ns=(ns, ns))
-            for top in ("cached_ops", "generated"):
-                unpacked = staging / top / module
-                if not unpacked.is_dir():
-                    continue
-                target = workspace / top / module
-                target.parent.mkdir(parents=True, exist_ok=True)
-                old = target.with_name(f".{module}.old-{uuid.uuid4().hex[:8]}")
-                if target.exists():
-                    target.rename(old)
-                unpacked.rename(target)
-                shutil.rmtree(old, ignore_errors=True)
+            with directory_lock(workspace):  # the pod's other workers install the same modules
+                for top in ("cached_ops", "generated"):
+                    unpacked = staging / top / module
+                    if unpacked.is_dir():
+                        (workspace / top).mkdir(exist_ok=True)
+                        swap_into_place(unpacked, workspace / top / module)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return module

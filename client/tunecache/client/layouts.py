@@ -33,8 +33,9 @@ import os
 import shutil
 import tarfile
 import tempfile
-import uuid
 from pathlib import Path, PurePosixPath
+
+from tunecache.client.atomic import directory_lock, swap_into_place
 
 def vllm_rank_file_name(dp_rank: int, rank: int) -> str:
     """``autotune_configs_dp{dp}_rank{rank}.json`` (vLLM 0.33 ``flashinfer_autotune_filename``)."""
@@ -75,15 +76,6 @@ def vllm_autotune_root(workspace_subdir: str | None = None) -> Path:
     return Path(cache_root).expanduser() / "flashinfer_autotune_cache" / subdir
 
 
-def _swap_into_place(staged: Path, target: Path) -> None:
-    """Rename ``staged`` to ``target``, replacing an existing ``target`` directory."""
-    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-    if target.exists():
-        target.rename(old)
-    staged.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, ranks: list[tuple[int, int]]) -> list[Path]:
     """Write ``data`` as every rank's file under ``root/config_hash/``, all at once.
 
@@ -103,7 +95,8 @@ def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, ranks: li
             path.write_bytes(data)
             path.chmod(0o644)
         staging.chmod(0o755)
-        _swap_into_place(staging, root / config_hash)
+        with directory_lock(root):
+            swap_into_place(staging, root / config_hash)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -153,8 +146,8 @@ def install_v2_store(data: bytes, root: Path) -> Path:
         if written != expected:  # publish() logs and carries on when a write fails
             raise OSError(f"FlashInfer v2 store: {written} of {expected} entries could be written under {root}")
         target = root / "v2" / store.env_hash
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _swap_into_place(store.env_dir, target)
+        with directory_lock(target.parent):
+            swap_into_place(store.env_dir, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -177,7 +170,8 @@ def install_deep_gemm_cache(data: bytes, directory: Path) -> Path:
         try:
             tar.extractall(staging, filter="data")
             staging.chmod(0o755)
-            _swap_into_place(staging, directory)
+            with directory_lock(directory.parent):
+                swap_into_place(staging, directory)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

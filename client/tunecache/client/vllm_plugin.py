@@ -141,7 +141,8 @@ def _install_safely(runner: Any, settings: Any) -> bool | None:
     """Install for this worker. True: installed; False: the server has no matching tuning;
     None: tunecache failed (logged). Never raises."""
     from tunecache.store import NoCompatibleTuning
-    from tunecache.client.install import fetch_tuning, install_jit_modules, write_atomically
+    from tunecache.client.atomic import write_atomically
+    from tunecache.client.install import fetch_tuning, install_jit_modules
     from tunecache.client.layouts import deep_gemm_cache_dirs, flashinfer_v2_root, install_deep_gemm_cache, install_v2_store
 
     try:
