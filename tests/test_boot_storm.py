@@ -171,3 +171,36 @@ def test_job_requests_past_the_rate_get_429(engine, tmp_path):
     assert [a.status_code for a in answers] == [202, 202, 202, 429, 429]
     assert 1 <= int(answers[3].headers["retry-after"]) <= 60
     assert "at most 3/minute" in answers[3].json()["detail"]
+
+
+def test_ranges_and_methods_answer_as_http_says(app_client, tmp_path):
+    data = CUBLASLT_FILE.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    app_client.put(f"/v1/artifacts/{sha}", content=data)
+    assert app_client.get(f"/v1/artifacts/{sha}").headers["accept-ranges"] == "bytes"
+    for malformed in ("bytes=5-2", "bytes=abc", "items=0-5", "bytes=-"):  # ignored: the whole artifact
+        response = app_client.get(f"/v1/artifacts/{sha}", headers={"Range": malformed})
+        assert response.status_code == 200 and response.content == data, malformed
+    beyond = app_client.get(f"/v1/artifacts/{sha}", headers={"Range": f"bytes={len(data)}-"})
+    assert beyond.status_code == 416 and beyond.headers["content-range"] == f"bytes */{len(data)}"
+    assert "detail" in beyond.json()
+    suffix = app_client.get(f"/v1/artifacts/{sha}", headers={"Range": "bytes=-100"})
+    assert suffix.status_code == 206 and suffix.content == data[-100:]
+
+    # the mirror is a cache: removed, it is filled again (ranges come from the file)
+    import shutil
+
+    shutil.rmtree(app_client.app.state.artifact_files.root)
+    again = app_client.get(f"/v1/artifacts/{sha}", headers={"Range": "bytes=0-9"})
+    assert again.status_code == 206 and again.content == data[:10]
+
+    for method, path, allowed in (
+        ("DELETE", f"/v1/artifacts/{sha}", "GET, HEAD, PUT"),
+        ("GET", "/v1/tunings/lookup", "POST"),
+        ("PUT", "/v1/tunings", "GET, POST"),
+        ("OPTIONS", "/v1/tuning-jobs", "GET, POST"),
+        ("POST", "/v1/health", "GET"),
+    ):
+        response = app_client.request(method, path)
+        assert response.status_code == 405 and response.headers["allow"] == allowed, (method, path)
+        assert response.json()["detail"]

@@ -16,6 +16,7 @@ from typing import IO
 import anyio.to_thread
 import limits
 from fastapi import FastAPI
+from starlette.routing import compile_path
 from sqlalchemy import Engine
 
 from tunecache.service import db, repository
@@ -129,6 +130,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.add_middleware(BodySizeLimit, max_upload_bytes=settings.max_upload_bytes, max_json_bytes=settings.max_json_bytes)
     # Added last, so it runs first: a saturated process answers 503 before doing any work.
     app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_seconds)
+    app.state.path_methods = []  # (path regex, methods) of every route, for the Allow of a 405
     for router in (health.router, tunings.router, artifacts.router, jobs.router):
         app.include_router(router, prefix="/v1", responses=COMMON_ERRORS)
+        app.state.path_methods += [(compile_path("/v1" + route.path)[0], frozenset(route.methods)) for route in router.routes]
     return app

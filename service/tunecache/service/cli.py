@@ -110,7 +110,10 @@ def serve(
     shown = engine.url.render_as_string(hide_password=True)
     engine.dispose()
     # Every process builds its app from the environment (uvicorn's factory mode).
-    os.environ.update({"TUNECACHE_DATABASE_URL": settings.resolved_database_url(), "TUNECACHE_DATA_DIR": str(settings.data_dir)})
+    # (options override variables: write back what the processes' own Settings() will read)
+    os.environ.update({"TUNECACHE_DATABASE_URL": settings.resolved_database_url(), "TUNECACHE_DATA_DIR": str(settings.data_dir),
+                       "TUNECACHE_HOST": settings.host, "TUNECACHE_PORT": str(settings.port),
+                       "TUNECACHE_WORKERS": str(settings.workers)})
     typer.echo(f"tunecache starting on http://{settings.host}:{settings.port} with {settings.workers} process(es) "
                f"(database {shown})", err=True)
     try:

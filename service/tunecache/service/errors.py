@@ -16,7 +16,6 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from tunecache.contract import ErrorBody
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -70,16 +69,15 @@ COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
 
 async def _http_error(request: Request, exc: StarletteHTTPException):
     """Starlette's HTTP errors as JSON; a 405 lists in ``Allow`` every method of every route
-    of the path (Starlette names only the first route's)."""
+    of the path (``app.state.path_methods``: Starlette would name one route's only)."""
     if exc.status_code != 405:
         return await http_exception_handler(request, exc)
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
+    allowed: set[str] = set()
+    for regex, methods in request.app.state.path_methods:
+        if regex.match(request.url.path):
+            allowed |= methods
     return JSONResponse(status_code=405, content={"detail": f"method {request.method} not allowed here"},
-                        headers={"Allow": ", ".join(sorted(methods))})
+                        headers={"Allow": ", ".join(sorted(allowed))})
 
 
 def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:

@@ -90,12 +90,14 @@ class Settings(BaseSettings):
     @field_validator("job_request_rate")
     @classmethod
     def _rate(cls, value: str) -> str:
-        from limits import parse
+        from limits import parse_many
 
         try:
-            parse(value)
+            rates = parse_many(value)
         except ValueError:
-            raise ValueError("must look like 30/minute (count/second|minute|hour|day)") from None
+            rates = []
+        if len(rates) != 1 or rates[0].amount < 1:
+            raise ValueError("must be one rate of at least 1, like 30/minute (count/second|minute|hour|day)")
         return value
 
     def resolved_database_url(self) -> str:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path as FilePath
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -28,6 +29,29 @@ IMMUTABLE = "public, max-age=31536000, immutable"
 
 def _etag(sha256: str) -> str:
     return f'"{sha256}"'
+
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def _usable_ranges(header: str | None, size: int) -> tuple[bool, bool]:
+    """``(use_it, satisfiable)`` for a ``Range`` header: a header that is not a list of
+    well-formed byte ranges is ignored (RFC 9110 14.2: the whole content is sent);
+    a well-formed one none of whose ranges starts inside the content is unsatisfiable."""
+    if not header:
+        return False, True
+    unit, _, specs = header.partition("=")
+    satisfiable = False
+    for spec in specs.split(","):
+        match = _RANGE.match(f"{unit.strip()}={spec.strip()}")
+        if match is None or match[1] == match[2] == "":
+            return False, True
+        start, end = match[1], match[2]
+        if start and end and int(start) > int(end):
+            return False, True
+        if (start and int(start) < size) or (not start and int(end) > 0):
+            satisfiable = True
+    return True, satisfiable
 
 
 def _not_modified(if_none_match: str | None, sha256: str) -> bool:
@@ -84,21 +108,33 @@ async def download_artifact(sha256: Sha256, request: Request) -> Response:
     small artifacts from memory, others from their file), filled from the database on
     first use, so no database connection is held while a pod reads. ``ETag`` is the
     sha256 and ``Cache-Control`` marks the bytes immutable; ``If-None-Match`` gives 304,
-    ``Range`` 206 (Starlette's ``FileResponse``). 404 if none are stored.
+    ``Range`` 206 (Starlette's ``FileResponse``; a malformed ``Range`` is ignored, one
+    outside the artifact is 416). 404 if none are stored.
     """
     files = request.app.state.artifact_files
     data = files.in_memory(sha256)
+    wants_range = "range" in request.headers
     path = None
-    if data is None:
+    if data is None or wants_range:  # ranges come from the file (mirrored again if it was removed)
         path = await run_in_threadpool(_mirrored, request.app.state.sessions, files, sha256)
         if path is None:
             raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
-    headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE}
+    headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
     if _not_modified(request.headers.get("if-none-match"), sha256):
         return Response(status_code=304, headers=headers)
-    if data is not None and "range" not in request.headers:
+    if wants_range:
+        size = path.stat().st_size
+        use_range, satisfiable = _usable_ranges(request.headers.get("range"), size)
+        if use_range and not satisfiable:
+            return JSONResponse(status_code=416, content={"detail": f"no requested range starts within the {size} bytes"},
+                                headers={**headers, "Content-Range": f"bytes */{size}"})
+        if use_range:
+            return FileResponse(path, media_type="application/octet-stream", headers=headers)
+        # ignored: FileResponse must not see it either
+        request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"range"]
+    if data is not None:
         return Response(content=data, media_type="application/octet-stream", headers=headers)
-    return FileResponse(path or files.path(sha256), media_type="application/octet-stream", headers=headers)
+    return FileResponse(path, media_type="application/octet-stream", headers=headers)
 
 
 def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str) -> FilePath | None:
@@ -121,4 +157,5 @@ def artifact_exists(sha256: Sha256, session: SessionDep) -> Response:
     if size is None:
         return Response(status_code=404, media_type="application/json")
     return Response(status_code=200, media_type="application/octet-stream",
-                    headers={"ETag": _etag(sha256), "Content-Length": str(size), "Cache-Control": IMMUTABLE})
+                    headers={"ETag": _etag(sha256), "Content-Length": str(size), "Cache-Control": IMMUTABLE,
+                             "Accept-Ranges": "bytes"})
