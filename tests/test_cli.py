@@ -265,3 +265,53 @@ def test_retune_checks_its_options_before_asking(server, tmp_path):
                            "--gpu-name", "NVIDIA H200", "--config", str(listed))
     assert not_object.returncode == 7 and "not a JSON object" in not_object.stderr
     assert httpx.get(f"{server}/v1/tuning-jobs").json()["total"] == 0
+
+
+def test_jit_modules_built_with_other_paths_are_skipped_and_the_tactics_installed(server, tmp_path):
+    """A run records what its JIT modules' build.ninja names (workspace, FlashInfer data,
+    CUDA home, nvcc, CUDA version); a pod where one differs installs the tactics and skips
+    the modules with one line naming the difference; a pod where all match installs both."""
+    import hashlib
+    import sys
+
+    from helpers import run_payload
+    from test_jit_artifacts import fake_workspace
+    from tunecache.service.tuner.jit_artifacts import module_tarball
+
+    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "pod-home")}
+    here = subprocess.run([sys.executable, "-c", "import json; from tunecache.client.jit_install import jit_environment; "
+                           "print(json.dumps(jit_environment()))"], env=env, capture_output=True, text=True, check=True)
+    pod_environment = json.loads(here.stdout)
+    if pod_environment is None:
+        import pytest
+
+        pytest.skip("FlashInfer finds no CUDA toolkit here, so a pod cannot tell where modules were built")
+    module = module_tarball(fake_workspace(tmp_path / "node"), "batch_prefill_bf16_h128")
+    sha = hashlib.sha256(module).hexdigest()
+    httpx.put(f"{server}/v1/artifacts/{sha}", content=module)
+    httpx.put(f"{server}/v1/artifacts/{hashlib.sha256(CUDNN_FILE.read_bytes()).hexdigest()}", content=CUDNN_FILE.read_bytes())
+
+    def record(flashinfer_jit: dict) -> None:
+        payload = run_payload(CUDNN_FILE, summary={"entries": 42, "flashinfer_jit": flashinfer_jit})
+        payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "flashinfer-jit/m.tar.gz",
+                                     "media_type": "application/gzip", "sha256": sha})
+        assert httpx.post(f"{server}/v1/tunings", json=payload).status_code == 201
+
+    def pull_jit(dest):
+        return subprocess.run([tunecache_executable(), "pull", "--server", server, "--model", MODEL,
+                               "--max-num-batched-tokens", "8192", "--dest", str(dest), "--environment", str(CUDNN_FILE),
+                               "--jit"], env=env, capture_output=True, text=True, timeout=120)
+
+    record({**pod_environment, "cuda_home": "/opt/node-cuda-12.8"})
+    elsewhere = pull_jit(tmp_path / "a")
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert f"not installed, built elsewhere: cuda_home: node /opt/node-cuda-12.8, here {pod_environment['cuda_home']}" \
+        in elsewhere.stderr
+    assert Path(elsewhere.stdout.strip()).read_bytes() == CUDNN_FILE.read_bytes()  # the tactics are installed
+    workspace = Path(pod_environment["workspace_dir"])
+    assert not (workspace / "cached_ops" / "batch_prefill_bf16_h128").exists()
+
+    record(pod_environment)
+    same = pull_jit(tmp_path / "b")
+    assert same.returncode == 0 and "installed 1 FlashInfer JIT modules" in same.stderr, same.stderr
+    assert (workspace / "cached_ops" / "batch_prefill_bf16_h128" / "batch_prefill_bf16_h128.so").is_file()

@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from tunecache.client.autotune_file import NotAnAutotuneFile, parse_autotune_file, pushed_run
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
 from tunecache.client.http import ArtifactCorrupt, ServerUnreachable, TunecacheClient
-from tunecache.client.install import check_file_name, fetch_tuning, install_jit_modules, pull_autotune_file
+from tunecache.client.install import check_file_name, fetch_tuning, install_jit_modules_or_skip, pull_autotune_file
 from tunecache.client.jit_install import BadJitArtifact
 from tunecache.client.layouts import flashinfer_v2_root, install_v2_store, install_vllm_rank_files, vllm_autotune_root
 from tunecache.client.settings import load_client_settings
@@ -252,9 +252,11 @@ def pull(
             if layout is Layout.file:
                 installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit)
                 paths, modules, workspace = [installed.path], installed.jit_modules, installed.jit_workspace
+                skipped = installed.jit_skipped
             else:
                 fetched = fetch_tuning(client, key, env, jit=bool(jit_workspace or jit))
-                modules, workspace = install_jit_modules(fetched, jit_workspace or True) if (jit or jit_workspace) else ([], None)
+                modules, workspace, skipped = (install_jit_modules_or_skip(fetched, jit_workspace or True)
+                                               if (jit or jit_workspace) else ([], None, None))
                 if layout is Layout.vllm:
                     root = dest or vllm_autotune_root(fetched.workspace_subdir)
                     # vLLM's world rank: data_parallel_rank * (tp * pp) + local rank
@@ -277,6 +279,8 @@ def pull(
             client_errors(exc)
     if modules:
         typer.echo(f"installed {len(modules)} FlashInfer JIT modules into {workspace}", err=True)
+    if skipped:
+        typer.echo(f"tunecache: {skipped} (the tactics are installed)", err=True)
     for path in paths:
         typer.echo(str(path))
 

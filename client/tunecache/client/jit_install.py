@@ -23,6 +23,48 @@ from tunecache.client.atomic import directory_lock, swap_into_place
 MTIME_NS_HEADER = "TUNECACHE.mtime_ns"
 
 
+#: What a built module's ``build.ninja`` and its ninja state name, so what must be equal on
+#: the node that built it and the pod that loads it, or ninja rebuilds (or fails).
+JIT_VALIDITY_FIELDS = ("workspace_dir", "flashinfer_data_dir", "cuda_home", "nvcc", "cuda_version")
+
+
+def jit_environment() -> dict[str, str] | None:
+    """What this process's FlashInfer JIT modules depend on, or ``None`` without FlashInfer:
+
+    * ``workspace_dir``: ``flashinfer.jit.env.FLASHINFER_WORKSPACE_DIR`` (built modules);
+    * ``flashinfer_data_dir``: ``flashinfer.jit.env.FLASHINFER_DATA`` (sources and headers
+      ``build.ninja`` names);
+    * ``cuda_home``: ``flashinfer.jit.cpp_ext.get_cuda_path()``; ``nvcc``:
+      ``$FLASHINFER_NVCC`` or ``<cuda_home>/bin/nvcc`` (``generate_ninja_build_for_op``);
+    * ``cuda_version``: ``flashinfer.jit.cpp_ext.get_cuda_version()`` (nvcc's).
+
+    The tuner records it with a run; a pod compares before it installs the run's modules.
+    """
+    try:
+        from flashinfer.jit import cpp_ext
+        from flashinfer.jit import env as jit_env
+
+        cuda_home = cpp_ext.get_cuda_path()
+        return {
+            "workspace_dir": str(jit_env.FLASHINFER_WORKSPACE_DIR),
+            "flashinfer_data_dir": str(jit_env.FLASHINFER_DATA),
+            "cuda_home": str(cuda_home),
+            "nvcc": os.environ.get("FLASHINFER_NVCC", f"{cuda_home}/bin/nvcc"),
+            "cuda_version": str(cpp_ext.get_cuda_version()),
+        }
+    except Exception:  # no FlashInfer, or no CUDA toolkit it can find
+        return None
+
+
+def jit_mismatches(recorded: dict, here: dict[str, str] | None) -> list[str]:
+    """``"field: node X, here Y"`` for every validity field recorded with a run that differs
+    here (nothing when the run recorded none or this process cannot tell)."""
+    if here is None:
+        return []
+    return [f"{field}: node {recorded[field]}, here {here.get(field)}" for field in JIT_VALIDITY_FIELDS
+            if field in recorded and str(recorded[field]) != here.get(field)]
+
+
 class BadJitArtifact(ValueError):
     """A JIT tarball with paths outside one module's directories, links, or special files."""
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 
-from tunecache.client.jit_install import MTIME_NS_HEADER
+from tunecache.client.jit_install import MTIME_NS_HEADER, jit_environment
 from tunecache.contract import ArtifactKind
 
 
@@ -101,12 +101,14 @@ def harvest_flashinfer_jit(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def workspace_layout() -> dict[str, str]:
-    """Where this process's FlashInfer keeps JIT modules: the workspace base
+    """Where this process's FlashInfer keeps JIT modules, the workspace base
     (``FLASHINFER_WORKSPACE_BASE``, default ``$HOME``) and the directory under
-    ``<base>/.cache/flashinfer/`` (``<version>/<archs>``, e.g. ``0.7.4/90a``)."""
+    ``<base>/.cache/flashinfer/`` (``<version>/<archs>``, e.g. ``0.7.4/90a``), with what the
+    modules' validity depends on (:func:`tunecache.client.jit_install.jit_environment`)."""
     from flashinfer.jit import env as jit_env
 
     return {
         "workspace_base": str(jit_env.FLASHINFER_BASE_DIR),
         "workspace_subdir": str(Path(jit_env.FLASHINFER_WORKSPACE_DIR).relative_to(jit_env.FLASHINFER_CACHE_DIR)),
+        **(jit_environment() or {}),
     }
