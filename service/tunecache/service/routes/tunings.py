@@ -50,7 +50,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep) -> TuningRunRead:
     response_model=TuningRunRead,
     responses={
         404: {"model": LookupMiss, "description": "No usable tuning; the closest ones and how they differ"},
-        503: {"description": "The database did not answer in time, or the service is saturated (Retry-After)"},
+        503: {"model": ErrorBody, "description": "The database did not answer in time, or the service is saturated (Retry-After)"},
     },
 )
 async def lookup_tuning(body: LookupRequest, request: Request) -> Response:
