@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import importlib.metadata
 import logging
 import os
 import socket
@@ -82,6 +83,14 @@ def _worker_lock(settings: Settings) -> IO | None:
     return handle
 
 
+def _server_version() -> str:
+    """The installed ``tunecache-server`` version (shown in the OpenAPI document)."""
+    try:
+        return importlib.metadata.version("tunecache-server")
+    except importlib.metadata.PackageNotFoundError:  # run from the source roots (GPU machines)
+        return "unknown"
+
+
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     """Build the app. On startup it refuses to run on a database whose schema is not at
     the head revision (:class:`tunecache.service.db.SchemaOutOfDate`), then starts the
@@ -121,7 +130,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
     app = FastAPI(
         title="tunecache",
-        version="0.1.0",
+        version=_server_version(),
         summary="Persistent autotune cache for LLM inference fleets",
         lifespan=lifespan,
     )
