@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from tunecache.client.autotune_file import NotAnAutotuneFile, parse_autotune_file, pushed_run
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
 from tunecache.client.http import ArtifactCorrupt, ServerUnreachable, TunecacheClient
-from tunecache.client.install import check_file_name, fetch_tuning, install_jit_modules_or_skip, pull_autotune_file
+from tunecache.client.install import check_file_name, fetch_tuning, install_jit_modules, pull_autotune_file
 from tunecache.client.jit_install import BadJitArtifact
 from tunecache.client.layouts import flashinfer_v2_root, install_v2_store, install_vllm_rank_files, vllm_autotune_root
 from tunecache.client.settings import load_client_settings
@@ -113,6 +113,12 @@ def csv_option(value: str | None) -> list[str] | None:
     return [part.strip() for part in value.split(",") if part.strip()] if value else None
 
 
+def first_error(exc: ValidationError) -> str:
+    """``"field.part: message"`` of a validation error's first problem, for a one-line exit."""
+    error = exc.errors()[0]
+    return f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+
+
 def key_option(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: str, quantization: str, tp: int) -> TuningKey:
     """The key of the command's options (:func:`tunecache.client.environment.pod_key`), or exit 2 naming the bad field."""
     try:
@@ -120,7 +126,7 @@ def key_option(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: st
     except EnvironmentUnavailable as exc:
         fail(ExitCode.USAGE, str(exc))
     except ValidationError as exc:
-        fail(ExitCode.USAGE, f"invalid key: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
+        fail(ExitCode.USAGE, f"invalid key: {first_error(exc)}")
 
 
 def client_errors(exc: Exception) -> NoReturn:
@@ -255,7 +261,7 @@ def pull(
                 skipped = installed.jit_skipped
             else:
                 fetched = fetch_tuning(client, key, env, jit=bool(jit_workspace or jit))
-                modules, workspace, skipped = (install_jit_modules_or_skip(fetched, jit_workspace or True)
+                modules, workspace, skipped = (install_jit_modules(fetched, jit_workspace or True)
                                                if (jit or jit_workspace) else ([], None, None))
                 if layout is Layout.vllm:
                     root = dest or vllm_autotune_root(fetched.workspace_subdir)
@@ -367,8 +373,7 @@ def retune(
     try:
         request = TuningJobCreate(key=key, hf_config=hf_config, gemm_backends=csv_option(gemm_backends), stages=csv_option(stages))
     except ValidationError as exc:
-        error = exc.errors()[0]
-        fail(ExitCode.USAGE, f"invalid job: {'.'.join(str(part) for part in error['loc'])}: {error['msg']}")
+        fail(ExitCode.USAGE, f"invalid job: {first_error(exc)}")
     with client_for(server) as client:
         try:
             job = client.create_job(request)

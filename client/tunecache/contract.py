@@ -25,7 +25,7 @@ import datetime as dt
 import enum
 import hashlib
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import (
     AfterValidator,
@@ -327,7 +327,7 @@ class Stage(StrEnum):
 
 TunableStage = Literal["gemm", "moe", "attention"]
 #: The stages a job or ``tune --stages`` may choose, in the order they run.
-TUNABLE_STAGES: tuple[str, ...] = ("gemm", "moe", "attention")
+TUNABLE_STAGES: tuple[str, ...] = get_args(TunableStage)
 
 
 # ----------------------------------------------------------------------- write models

@@ -93,40 +93,26 @@ def fetch_tuning(
     )
 
 
-class JitModulesSkipped(RuntimeError):
-    """The run's JIT modules were built where paths or the CUDA toolkit differ from this
-    pod's: installed, ninja would rebuild them or fail. The message names each difference."""
-
-
-def install_jit_modules(fetched: FetchedTuning, workspace: Path | bool) -> tuple[list[str], Path | None]:
+def install_jit_modules(fetched: FetchedTuning, workspace: Path | bool) -> tuple[list[str], Path | None, str | None]:
     """Unpack the fetched JIT modules into ``workspace`` (``True``: this pod's FlashInfer
     workspace), after checking that they were built where they will load.
 
-    Raises:
-        JitModulesSkipped: installing into this pod's workspace, and a validity field the
-            run recorded (:data:`tunecache.client.jit_install.JIT_VALIDITY_FIELDS`) differs
-            here; nothing of the modules is written (the tactics are installed apart).
+    Returns ``(modules, workspace, None)``, or ``([], None, reason)`` when installing into
+    this pod's workspace and a validity field the run recorded
+    (:data:`tunecache.client.jit_install.JIT_VALIDITY_FIELDS`) differs here: installed, ninja
+    would rebuild the modules or fail, so nothing of them is written (the tactics are
+    installed apart) and ``reason`` names each difference.
     """
     if not fetched.jit_modules:
-        return [], None
+        return [], None, None
     if workspace is True:
         recorded = fetched.run.summary.get("flashinfer_jit")
         mismatches = jit_mismatches(recorded if isinstance(recorded, dict) else {}, jit_environment())
         if mismatches:
-            raise JitModulesSkipped(f"{len(fetched.jit_modules)} FlashInfer JIT modules not installed, built elsewhere: "
-                                    + "; ".join(mismatches))
+            return [], None, (f"{len(fetched.jit_modules)} FlashInfer JIT modules not installed, built elsewhere: "
+                              + "; ".join(mismatches))
     target = flashinfer_workspace_dir(fetched.workspace_subdir) if workspace is True else Path(workspace)
-    return [install_jit_module(blob, target) for blob in fetched.jit_modules], target
-
-
-def install_jit_modules_or_skip(fetched: FetchedTuning, workspace: Path | bool) -> tuple[list[str], Path | None, str | None]:
-    """:func:`install_jit_modules`, with a skip (built elsewhere) as a reason instead of an error:
-    ``(modules, workspace, None)`` or ``([], None, reason)``."""
-    try:
-        modules, target = install_jit_modules(fetched, workspace)
-    except JitModulesSkipped as skipped:
-        return [], None, str(skipped)
-    return modules, target, None
+    return [install_jit_module(blob, target) for blob in fetched.jit_modules], target, None
 
 
 def pull_autotune_file(
@@ -151,7 +137,7 @@ def pull_autotune_file(
     """
     path = Path(dest_dir) / (check_file_name(file_name) if file_name else default_file_name(key))
     fetched = fetch_tuning(client, key, environment, jit=bool(jit_workspace))
-    modules, workspace, skipped = install_jit_modules_or_skip(fetched, jit_workspace) if jit_workspace else ([], None, None)
+    modules, workspace, skipped = install_jit_modules(fetched, jit_workspace) if jit_workspace else ([], None, None)
     write_atomically(path, fetched.autotune)
     artifact = fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
     return InstalledTuning(

@@ -142,7 +142,7 @@ def _install_safely(runner: Any, settings: Any) -> bool | None:
     None: tunecache failed (logged). Never raises."""
     from tunecache.store import NoCompatibleTuning
     from tunecache.client.atomic import write_atomically
-    from tunecache.client.install import fetch_tuning, install_jit_modules_or_skip
+    from tunecache.client.install import fetch_tuning, install_jit_modules
     from tunecache.client.layouts import deep_gemm_cache_dirs, flashinfer_v2_root, install_deep_gemm_cache, install_v2_store
 
     try:
@@ -151,7 +151,7 @@ def _install_safely(runner: Any, settings: Any) -> bool | None:
         jit = settings.jit
         with _client(settings) as client:
             fetched = fetch_tuning(client, key, environment, jit=jit, deep_gemm=jit)
-        modules, _, skipped = install_jit_modules_or_skip(fetched, True) if jit else ([], None, None)
+        modules, _, skipped = install_jit_modules(fetched, True) if jit else ([], None, None)
         if fetched.deep_gemm is not None:
             directory = install_deep_gemm_cache(
                 fetched.deep_gemm, _vllm_cache_root() / "tunecache" / "deep_gemm" / str(fetched.run.id)

@@ -30,6 +30,7 @@ from tunecache.cli import (
     client_for,
     csv_option,
     fail,
+    first_error,
 )
 from tunecache.contract import RunTrigger
 
@@ -191,8 +192,7 @@ def tune(
             runner=runner,
         )
     except ValidationError as exc:
-        error = exc.errors()[0]
-        fail(ExitCode.USAGE, f"invalid option {'.'.join(str(p) for p in error['loc'])}: {error['msg']}")
+        fail(ExitCode.USAGE, f"invalid option {first_error(exc)}")
     # --server wins over TUNECACHE_DATABASE_URL; nothing below asks which store it is.
     store = client_for(server) if server is not None else _sql_store(database)
     node = socket.gethostname()

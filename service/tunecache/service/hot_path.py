@@ -130,8 +130,8 @@ class ArtifactFiles:
             return self._memory.get(sha256)
 
     def remember(self, sha256: str, path: Path) -> None:
-        """Hold a small mirrored artifact's bytes in memory."""
-        if path.stat().st_size <= self.memory_max_item:
+        """Hold a small mirrored artifact's bytes in memory (read once, not again while held)."""
+        if self.in_memory(sha256) is None and path.stat().st_size <= self.memory_max_item:
             data = path.read_bytes()
             with self._lock:
                 self._memory[sha256] = data

@@ -149,6 +149,11 @@ def claim(
     return get_job(session, job_id)
 
 
+def _held_by(job_id: int, worker: str) -> tuple:
+    """Conditions of a job that ``worker`` still holds (running, claimed by it)."""
+    return TuningJob.id == job_id, TuningJob.worker == worker, TuningJob.status == JobStatus.RUNNING.value
+
+
 def heartbeat(
     session: Session, job_id: int, worker: str, lease_s: float, progress: dict[str, Any] | None = None
 ) -> bool:
@@ -164,8 +169,7 @@ def heartbeat(
     if progress and progress.get("log_tail") is not None:
         values["log_tail"] = progress["log_tail"][-LOG_TAIL_CHARS:]
     held = session.execute(
-        update(TuningJob).where(TuningJob.id == job_id, TuningJob.worker == worker, TuningJob.status == JobStatus.RUNNING.value)
-        .values(**values)
+        update(TuningJob).where(*_held_by(job_id, worker)).values(**values)
     ).rowcount
     return held == 1
 
@@ -185,8 +189,7 @@ def finish(
     if log_tail is not None:
         values["log_tail"] = log_tail[-LOG_TAIL_CHARS:]
     done = session.execute(
-        update(TuningJob).where(TuningJob.id == job_id, TuningJob.worker == worker, TuningJob.status == JobStatus.RUNNING.value)
-        .values(**values)
+        update(TuningJob).where(*_held_by(job_id, worker)).values(**values)
     ).rowcount
     return done == 1
 
