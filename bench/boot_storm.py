@@ -3,14 +3,18 @@ the autotune artifact), against ``tunecache serve`` on PostgreSQL and, in the sa
 against the Python stdlib static server and nginx serving the same bodies.
 
     python bench/boot_storm.py [--pods 10,200,1000] [--seconds 20] [--workers 2]
-                               [--postgres URL] [--out FILE.json]
+                               [--boots-per-s RATE] [--warmup 5] [--postgres URL] [--out FILE.json]
 
 Needs ``wrk`` and ``nginx`` (Debian packages of those names) and a PostgreSQL server
 (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``; a fresh schema is made and
 dropped). Prints, per server and number of concurrent pods: boots/s (a boot is two
 requests), request latency p50/p99, errors (anything but 200; 503/429 counted apart),
 peak RSS of the server's processes, and for tunecache how long a normal lookup took right
-after the storm. A figure here is a measurement of this machine, not a test: nothing is
+after the storm. Without ``--boots-per-s`` every pod boots again as soon as it is answered
+(the server's capacity; latency is then queueing behind 199 other pods); with it, the
+requests go out on a fixed schedule at that rate (latency at that load). Each measured run
+follows ``--warmup`` seconds of the same load against the same server (``--warmup 0``: a
+cold server: its first requests fill the lookup cache and mirror the artifact). A figure here is a measurement of this machine, not a test: nothing is
 asserted.
 """
 
@@ -74,11 +78,21 @@ def tree_rss_kib(pid: int) -> int:
     return total
 
 
+BOOTS_PER_S: float | None = None  # set from --boots-per-s: offered rate, else as fast as replies come
+WARMUP_S = 0  # set from --warmup: the same load, unmeasured, before each measured run
+
+
 def wrk(url: str, pods: int, seconds: int, env: dict[str, str]) -> dict:
     threads = min(2, pods)
+    paced = {"BOOTS_PER_S": str(BOOTS_PER_S)} if BOOTS_PER_S else {}
+    if WARMUP_S:
+        subprocess.run(["wrk", f"-t{threads}", f"-c{pods}", f"-d{WARMUP_S}s", "--timeout", "10s", "-s", str(LUA), url],
+                       capture_output=True, env={**os.environ, **env, **paced, "WRK_THREADS": str(threads)},
+                       timeout=WARMUP_S + 120)
     result = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{pods}", f"-d{seconds}s", "--timeout", "10s", "-s", str(LUA), url],
-        capture_output=True, text=True, env={**os.environ, **env}, timeout=seconds + 120,
+        capture_output=True, text=True, env={**os.environ, **env, **paced, "WRK_THREADS": str(threads)},
+        timeout=seconds + 120,
     )
     line = next((l for l in result.stdout.splitlines() if l.startswith("BENCH ")), None)
     if line is None:
@@ -95,7 +109,9 @@ def wrk(url: str, pods: int, seconds: int, env: dict[str, str]) -> dict:
         "boots_per_s": round(ok / 2 / seconds_run, 1),
         "requests_per_s": round(answered / seconds_run, 1),
         "p50_ms": round(raw["p50_us"] / 1000, 2),
+        "p90_ms": round(raw["p90_us"] / 1000, 2),
         "p99_ms": round(raw["p99_us"] / 1000, 2),
+        "p999_ms": round(raw["p999_us"] / 1000, 2),
         "max_ms": round(raw["max_us"] / 1000, 1),
         "shed_503_429": shed,
         "errors": answered - ok - shed + socket_errors,
@@ -297,8 +313,16 @@ def main() -> None:
                         help="nginx-cache and nginx-static-artifact fetch the artifact only (a boot's second request)")
     parser.add_argument("--postgres", default=os.environ.get("TUNECACHE_BENCH_POSTGRES_URL",
                                                             "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--boots-per-s", type=float, default=None,
+                        help="offer this many boots/s in all, on a fixed schedule (latency at a given load); "
+                             "default: every pod boots again as soon as its last boot is answered (capacity)")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="seconds of the same load before each measured run (fills caches, opens connections); "
+                             "0 measures a cold server")
     parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args()
+    global BOOTS_PER_S, WARMUP_S
+    BOOTS_PER_S, WARMUP_S = args.boots_per_s, args.warmup
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     runners = {"tunecache": run_tunecache, "stdlib": run_stdlib, "nginx": run_nginx, "nginx-cache": run_nginx_cache,
@@ -310,15 +334,17 @@ def main() -> None:
                 cell = {"server": name, **runners[name](args, pods, Path(tmp))}
                 results.append(cell)
                 print(json.dumps(cell), flush=True)
-    header = "| server | pods | boots/s | requests/s | p50 ms | p99 ms | errors | 503/429 | peak RSS MiB | lookup after |"
-    print("\n" + header + "\n|" + "---|" * 10)
+    header = "| server | pods | boots/s | requests/s | p50 ms | p90 ms | p99 ms | p99.9 ms | errors | 503/429 | peak RSS MiB | lookup after |"
+    print("\n" + header + "\n|" + "---|" * 12)
     for c in results:
         after = f"{c['lookup_after_storm_s']} s ({c['lookup_after_storm_status']})" if "lookup_after_storm_s" in c else "—"
         boots = "—" if "workload" in c else c["boots_per_s"]
-        print(f"| {c['server']} | {c['pods']} | {boots} | {c['requests_per_s']} | {c['p50_ms']} | {c['p99_ms']} | "
+        print(f"| {c['server']} | {c['pods']} | {boots} | {c['requests_per_s']} | {c['p50_ms']} | {c['p90_ms']} | {c['p99_ms']} | "
+              f"{c['p999_ms']} | "
               f"{c['errors']} | {c['shed_503_429']} | {c['peak_rss_mib']} | {after} |")
     if args.out:
-        Path(args.out).write_text(json.dumps({"seconds": args.seconds, "workers": args.workers, "cells": results}, indent=2))
+        Path(args.out).write_text(json.dumps({"seconds": args.seconds, "workers": args.workers,
+                                              "offered_boots_per_s": args.boots_per_s, "warmup_s": args.warmup, "cells": results}, indent=2))
 
 
 if __name__ == "__main__":

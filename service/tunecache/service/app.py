@@ -20,9 +20,9 @@ from fastapi import FastAPI
 from starlette.routing import compile_path
 from sqlalchemy import Engine
 
-from tunecache.service import db, repository
+from tunecache.service import db
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
-from tunecache.service.hot_path import ArtifactFiles, GenerationReader, LookupCache
+from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
 from tunecache.service.limits import BodySizeLimit, LoadShedding
 from tunecache.service.routes import artifacts, health, jobs, tunings
 from tunecache.contract import WorkerStatus
@@ -107,22 +107,22 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.job_rate = limits.parse(settings.job_request_rate)
         app.state.job_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
-        worker = None
+        app.state.artifact_mirrors = SingleFlight()
+        worker = generation_connection = None
         try:
             db.check_schema(app.state.engine)
             app.state.sessions = sessions = db.session_factory(app.state.engine)
 
-            def read_generation() -> int:
-                with sessions.begin() as session:
-                    return repository.generation(session)
-
-            app.state.generation_reader = GenerationReader(read_generation)
+            generation_connection = GenerationConnection(app.state.engine)
+            app.state.generation_reader = GenerationReader(generation_connection.read)
             gc.freeze()  # what startup allocated is never collected: shorter GC pauses under load
             worker = _start_worker(app, settings)
             yield
         finally:
             if worker is not None:
                 worker.stop()
+            if generation_connection is not None:
+                generation_connection.close()
             if getattr(app.state, "worker_lock", None) is not None:
                 app.state.worker_lock.close()
             if own_engine:

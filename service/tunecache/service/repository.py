@@ -9,7 +9,7 @@ Results are the contract's read models (:mod:`tunecache.contract`), never rows.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, func, select, update
 from sqlalchemy.orm import Session
 
 from tunecache.contract import (
@@ -194,10 +194,10 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
     return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
 
 
-def generation(session: Session) -> int:
+def generation(session: Session | Connection) -> int:
     """The current generation of the current tunings: it moves (in the same transaction)
     whenever a run becomes current, so an answer computed at generation ``g`` is still
-    right while this returns ``g``."""
+    right while this returns ``g``. Takes a session or a plain (autocommit) connection."""
     return session.scalar(select(TuningGeneration.value).where(TuningGeneration.id == 1)) or 0
 
 

@@ -106,7 +106,8 @@ async def download_artifact(sha256: Sha256, request: Request) -> Response:
 
     Served from the node's mirror (:class:`~tunecache.service.hot_path.ArtifactFiles`:
     small artifacts from memory, others from their file), filled from the database on
-    first use, so no database connection is held while a pod reads. ``ETag`` is the
+    first use (once for all the requests that ask for it meanwhile), so no database
+    connection is held while a pod reads. ``ETag`` is the
     sha256 and ``Cache-Control`` marks the bytes immutable; ``If-None-Match`` gives 304,
     ``Range`` 206 (Starlette's ``FileResponse``; a malformed ``Range`` is ignored, one
     outside the artifact is 416). 404 if none are stored.
@@ -116,7 +117,8 @@ async def download_artifact(sha256: Sha256, request: Request) -> Response:
     wants_range = "range" in request.headers
     path = None
     if data is None or wants_range:  # ranges come from the file (mirrored again if it was removed)
-        path = await run_in_threadpool(_mirrored, request.app.state.sessions, files, sha256)
+        path = await request.app.state.artifact_mirrors.run(
+            sha256, lambda: run_in_threadpool(_mirrored, request.app.state.sessions, files, sha256))
         if path is None:
             raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
     headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}

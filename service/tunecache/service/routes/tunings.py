@@ -64,7 +64,8 @@ async def lookup_tuning(body: LookupRequest, request: Request) -> Response:
     The hot path of a boot: answered from the process's
     :class:`~tunecache.service.hot_path.LookupCache` while the tuning generation (read by
     a query that began after this request did, shared with the requests beside it) has
-    not moved; otherwise computed in a unit of work of its own. A database that does not
+    not moved; otherwise computed in a unit of work of its own, once for all the requests
+    that miss on the same key and environment at the same time. A database that does not
     answer within ``TUNECACHE_DB_STATEMENT_TIMEOUT`` + ``TUNECACHE_DB_POOL_TIMEOUT`` seconds
     (frozen, partitioned) gives 503 with ``Retry-After``.
     """
@@ -73,10 +74,9 @@ async def lookup_tuning(body: LookupRequest, request: Request) -> Response:
     try:
         with anyio.fail_after(settings.db_statement_timeout + settings.db_pool_timeout):
             generation = await state.generation_reader.current()
-            answer = state.lookup_cache.get(generation, body.key, body.environment)
-            if answer is None:
-                answer = await anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, abandon_on_cancel=True)
-                state.lookup_cache.put(generation, body.key, body.environment, *answer)
+            answer = await state.lookup_cache.answer(
+                generation, body.key, body.environment,
+                lambda: anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, abandon_on_cancel=True))
     except TimeoutError:  # a frozen database: the pod comes back later, the service stays up
         return JSONResponse(status_code=503, content={"detail": "database did not answer in time, try again"},
                             headers={"Retry-After": str(settings.retry_after_seconds)})
