@@ -24,7 +24,7 @@ fi_stack=(flashinfer-python==0.7.4 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0
           nvidia-cutlass-dsl-libs-base==4.8.1 cuda-python)
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/whl" "${fi_stack[@]}"
 # The project's own dependencies (client and server) and the GPU test's, with theirs.
-project=(httpx tenacity pydantic pydantic-settings typer rich fastapi uvicorn sqlalchemy alembic cachetools limits
+project=(httpx tenacity pydantic pydantic-settings typer rich fastapi uvicorn sqlalchemy alembic cachetools limits cryptography
          jinja2 pytest pyyaml "$@")
 python3 -m pip download -q "${plat[@]}" -d "$work/whl" "${project[@]}"
 mkdir -p "$work/site" "$out"

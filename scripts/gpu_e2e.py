@@ -127,6 +127,8 @@ def end_to_end(args: argparse.Namespace) -> None:
     log.write_text("")
     work = Path(args.work or "/tmp/tunecache-gpu-e2e")
     work.mkdir(parents=True, exist_ok=True)
+    # The service writes its first admin token into its data dir; tune and pull read it there.
+    os.environ["TUNECACHE_DATA_DIR"] = str(work / "data")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -4,12 +4,15 @@
 Phases (each its own command, so they fit the GPU machine's 10-minute calls; state is
 kept under --work between them):
 
-  tune   `tunecache serve` with the job worker on (SQLite) and FlashInfer's workspace at
-         WORK/fi (FLASHINFER_WORKSPACE_BASE); `tunecache retune --wait` posts a job for the
+  tune   `tunecache keys generate` makes the node's signing key (WORK/keys); `tunecache
+         serve` with the job worker on (SQLite), that key (TUNECACHE_SIGNING_KEY) and
+         FlashInfer's workspace at WORK/fi (FLASHINFER_WORKSPACE_BASE); its first start
+         writes the admin token, with which `tunecache retune --wait` posts a job for the
          model; the worker runs the tuner (stages chosen by --stages) and stores the
-         FlashInfer file and the JIT modules it built.
+         FlashInfer file and the JIT modules it built, signed.
   warm   deletes WORK/fi (an empty FlashInfer cache), `tunecache pull --jit` in a fresh
-         process, then `verify` runs the model's GEMMs under
+         process that trusts only the node's public key (TUNECACHE_TRUSTED_KEYS), then
+         `verify` runs the model's GEMMs under
          flashinfer.autotune(False, cache=FILE) and FlashInfer's prefill/decode attention:
          cache misses, JIT rebuilds (files changed under cached_ops), seconds.
   cold   `verify --cold` in a fresh process with an empty workspace elsewhere and no
@@ -73,8 +76,9 @@ class Server:
                 sys.exit("tunecache serve exited early")
             try:
                 health = httpx.get(f"{self.url}/v1/health", timeout=1)
-                if health.status_code == 200:
-                    self.health = health.json()
+                if health.status_code == 200:  # with the admin token it says which GPU the worker serves
+                    token = (Path(self.env["TUNECACHE_DATA_DIR"]) / "admin.token").read_text().strip()
+                    self.health = httpx.get(f"{self.url}/v1/health", headers={"Authorization": f"Bearer {token}"}).json()
                     return self
             except httpx.TransportError:
                 pass
@@ -90,7 +94,9 @@ class Server:
 def phase_tune(args, work: Path, out: Path, env: dict[str, str]) -> None:
     import httpx
 
-    env = env | {"FLASHINFER_WORKSPACE_BASE": str(work / "fi")}
+    shutil.rmtree(work / "keys", ignore_errors=True)
+    run_logged(cli("keys", "generate", "--out", str(work / "keys")), out / "tune.log", env)
+    env = env | {"FLASHINFER_WORKSPACE_BASE": str(work / "fi"), "TUNECACHE_SIGNING_KEY": str(work / "keys" / "signing.key")}
     with Server(work, out, env, worker="on") as server:
         command = cli("retune", "--server", server.url, "--model", args.model, "--max-num-batched-tokens",
                       str(args.max_num_batched_tokens), "--gpu-name", server.health["worker"]["gpu_name"],
@@ -103,7 +109,7 @@ def phase_tune(args, work: Path, out: Path, env: dict[str, str]) -> None:
         job = httpx.get(f"{server.url}/v1/tuning-jobs", params={"limit": 1}).json()["items"][0]
         run = httpx.get(f"{server.url}/v1/tunings/{job['run_id']}").json()
     result = {"retune_wait_s": round(seconds, 2), "worker": server.health["worker"], "job": job,
-              "run": {k: run[k] for k in ("id", "summary", "duration_s", "trigger", "node")},
+              "run": {k: run[k] for k in ("id", "summary", "duration_s", "trigger", "node", "signature", "verified")},
               "artifacts": [{k: a[k] for k in ("kind", "name", "size_bytes")} for a in run["artifacts"]]}
     (out / "tune.json").write_text(json.dumps(result, indent=2))
     print(json.dumps({"job": job["status"], "retune_wait_s": result["retune_wait_s"], "entries": run["summary"]["entries"],
@@ -111,7 +117,7 @@ def phase_tune(args, work: Path, out: Path, env: dict[str, str]) -> None:
 
 
 def phase_warm(args, work: Path, out: Path, env: dict[str, str]) -> None:
-    env = env | {"FLASHINFER_WORKSPACE_BASE": str(work / "fi")}
+    env = env | {"FLASHINFER_WORKSPACE_BASE": str(work / "fi"), "TUNECACHE_TRUSTED_KEYS": str(work / "keys" / "signing.pub")}
     shutil.rmtree(work / "fi", ignore_errors=True)  # the pod starts with an empty FlashInfer cache
     shutil.rmtree(work / "pod", ignore_errors=True)
     with Server(work, out, env, worker="off") as server:
@@ -120,7 +126,8 @@ def phase_warm(args, work: Path, out: Path, env: dict[str, str]) -> None:
                 str(args.max_num_batched_tokens), "--dest", str(work / "pod"), "--jit"), out / "warm.log", env)
         installed = pulled.stdout.strip().splitlines()[-1]
         _, verified = run_logged(verify_command(args) + ["--cache", installed], out / "warm.log", env)
-        result = json.loads(verified.stdout.strip().splitlines()[-1]) | {"pull_install_s": round(pull_s, 2)}
+        result = json.loads(verified.stdout.strip().splitlines()[-1]) | {"pull_install_s": round(pull_s, 2),
+                                                                          "pull_stderr": pulled.stderr.strip().splitlines()}
         (out / "warm.json").write_text(json.dumps(result, indent=2))
         print(json.dumps(result, indent=1))
         shutil.rmtree(work / "fi", ignore_errors=True)  # again empty, for the Python API pod
@@ -231,6 +238,8 @@ def report(out: Path) -> None:
         ("job (POST /v1/tuning-jobs -> succeeded), `retune --wait`", f"{tune['retune_wait_s']:.1f} s"),
         ("  tuner stages", ", ".join(f"{k}: {v.get('status')} {v.get('seconds', '')}".strip() for k, v in stages.items())),
         ("  entries / JIT modules stored", f"{tune['run']['summary']['entries']} / {len(tune['run']['summary']['jit_modules'])}"),
+        ("run signed by (key id), verified", f"{(tune['run'].get('signature') or {}).get('key_id')}, {tune['run'].get('verified')}"),
+        ("pod's `pull --jit` (trusting only that key) said", "; ".join(warm.get("pull_stderr", []))),
         ("pull + install (tactics + JIT modules), fresh process", f"{warm['pull_install_s']:.2f} s"),
         ("compile: JIT modules built in the pod, cold / warm",
          "{} / {}".format(*(len(set(r["jit_modules_built_here"]) - {"tmp"}) for r in (cold, warm)))),
@@ -267,7 +276,8 @@ def main() -> None:
     work, out = Path(args.work), Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ) | {"PYTHONUNBUFFERED": "1"}
+    # The service's data dir (its admin.token) is where the client commands look for a token.
+    env = dict(os.environ) | {"PYTHONUNBUFFERED": "1", "TUNECACHE_DATA_DIR": str(work / "data")}
     {"tune": phase_tune, "warm": phase_warm, "cold": phase_cold}.get(args.phase, lambda *a: report(out))(args, work, out, env)
 
 

@@ -110,7 +110,29 @@ def app_client(engine, tmp_path):
     settings = Settings(database_url=str(engine.url), max_upload_bytes=1_000_000, max_json_bytes=1_000_000, worker="off",
                         data_dir=tmp_path / "data")
     with TestClient(create_app(settings, engine=engine)) as client:
+        # Sends an admin token unless a test says otherwise (tests/test_policy.py is about tokens).
+        client.headers["Authorization"] = f"Bearer {make_token(engine, 'test-admin', 'admin')}"
         yield client
+
+
+@pytest.fixture
+def node_signing_key(tmp_path, monkeypatch):
+    """A tuner node's signing key; its public key is what this test's pods trust
+    (``TUNECACHE_TRUSTED_KEYS``, inherited by every process the test starts)."""
+    from tunecache.signing import generate_signing_key, load_signing_key
+
+    files = generate_signing_key(tmp_path / "node-key")
+    monkeypatch.setenv("TUNECACHE_TRUSTED_KEYS", str(files.public_path))
+    return load_signing_key(files.private_path)
+
+
+def make_token(engine: Engine, name: str, scope: str) -> str:
+    """A new token of ``scope`` on the database, created as ``tunecache token create`` would."""
+    from tunecache.contract import Scope
+    from tunecache.service import tokens
+
+    with db.session_factory(engine).begin() as session:
+        return tokens.create_token(session, name, Scope(scope)).token
 
 
 def tunecache_executable() -> str:
@@ -143,6 +165,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def admin_token() -> str:
+    """The admin token ``tunecache serve`` wrote in this test's data dir on its first start."""
+    return (Path(os.environ["TUNECACHE_DATA_DIR"]) / "admin.token").read_text().strip()
+
+
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {admin_token()}"}
+
+
+class AsAdmin:
+    """``httpx.get/put/post/delete`` with the admin token of this test's ``tunecache serve``."""
+
+    def __getattr__(self, method: str):
+        def call(url, **kwargs):
+            return getattr(httpx, method)(url, headers={**admin_headers(), **kwargs.pop("headers", {})}, **kwargs)
+
+        return call
+
+
+as_admin = AsAdmin()
 
 
 def tunecache(*args: str, check: bool = False) -> subprocess.CompletedProcess:

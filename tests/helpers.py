@@ -37,6 +37,16 @@ def run_payload(path: Path, key: TuningKey | None = None, **overrides) -> dict:
     return body
 
 
+def signed(payload: dict, signing_key) -> dict:
+    """``payload`` (a POST /v1/tunings body) with the signature of ``signing_key``, as a
+    tuner node with ``TUNECACHE_SIGNING_KEY`` sends it."""
+    from tunecache.contract import TuningRunCreate
+    from tunecache.signing import sign_run
+
+    run = TuningRunCreate.model_validate(payload)
+    return {**payload, "signature": sign_run(signing_key, run.key, run.environment, run.artifacts).model_dump()}
+
+
 def store_file(session, path: Path) -> str:
     """Store a file's bytes through the repository; returns its sha256."""
     from tunecache.service import blobs

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE
+from conftest import CUBLASLT_FILE, CUDNN_FILE, make_token
 from helpers import h200_key, run_payload
 from test_api import record, upload
 
@@ -126,6 +126,7 @@ def test_large_artifact_streams_through_several_chunks(engine):
     digest = hashlib.sha256(data).hexdigest()
     settings = Settings(database_url=str(engine.url), max_upload_bytes=64 * 1024 * 1024, worker="off")
     with TestClient(create_app(settings, engine=engine)) as client:
+        client.headers["Authorization"] = f"Bearer {make_token(engine, 'test-admin', 'admin')}"
         assert client.put(f"/v1/artifacts/{digest}", content=iter([data[i:i + 65536] for i in range(0, len(data), 65536)])).status_code == 201
         download = client.get(f"/v1/artifacts/{digest}")
     assert download.status_code == 200 and int(download.headers["content-length"]) == len(data)
@@ -140,6 +141,7 @@ def test_job_requests_are_bounded_and_valid(engine):
 
     settings = Settings(database_url=str(engine.url), max_upload_bytes=8 * 1024 * 1024, worker="off")
     with TestClient(create_app(settings, engine=engine)) as client:
+        client.headers["Authorization"] = f"Bearer {make_token(engine, 'test-admin', 'admin')}"
         check_job_bounds(client)
 
 

@@ -19,8 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from pathlib import Path
 
-from conftest import CUDNN_FILE, CUBLASLT_FILE, free_port, tunecache, tunecache_executable
+from conftest import CUDNN_FILE, CUBLASLT_FILE, free_port, tunecache, tunecache_executable, make_token, as_admin
 from helpers import h200_key, run_payload
 
 PODS = 300
@@ -34,8 +35,8 @@ def _lookup_body(path=CUDNN_FILE) -> dict:
 def _push(server: str, path=CUDNN_FILE) -> dict:
     data = path.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    assert httpx.put(f"{server}/v1/artifacts/{sha}", content=data, timeout=30).status_code in (200, 201)
-    recorded = httpx.post(f"{server}/v1/tunings", json=run_payload(path), timeout=30)
+    assert as_admin.put(f"{server}/v1/artifacts/{sha}", content=data, timeout=30).status_code in (200, 201)
+    recorded = as_admin.post(f"{server}/v1/tunings", json=run_payload(path), timeout=30)
     assert recorded.status_code == 201, recorded.text
     return recorded.json()
 
@@ -68,12 +69,23 @@ def _start(database_url: str, tmp_path, name: str, **env: str) -> tuple[subproce
     for _ in range(300):
         try:
             if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                _share_admin_token(tmp_path / f"{name}-data")
                 return process, url
         except httpx.TransportError:
             pass
         assert process.poll() is None, (tmp_path / f"{name}.log").read_text()
         time.sleep(0.1)
     pytest.fail((tmp_path / f"{name}.log").read_text())
+
+
+def _share_admin_token(data_dir: Path) -> None:
+    """The first replica on a database writes the admin token into its own data dir; put it
+    where this test's clients look for it (``$TUNECACHE_DATA_DIR/admin.token``)."""
+    written = data_dir / "admin.token"
+    if written.exists():
+        shared = Path(os.environ["TUNECACHE_DATA_DIR"]) / "admin.token"
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        shared.write_text(written.read_text())
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -97,7 +109,7 @@ def test_three_hundred_pods_booting_at_once_are_all_answered(database_url, tmp_p
         assert sum(1 for status, _ in answers if status == 200) > PODS  # pods did boot
         assert all(retry is not None for status, retry in answers if status == 503)
         started = time.monotonic()
-        after = httpx.post(f"{server}/v1/tunings/lookup", json=body, timeout=2)
+        after = as_admin.post(f"{server}/v1/tunings/lookup", json=body, timeout=2)
         assert after.status_code == 200 and after.json()["id"] == run["id"]
         assert time.monotonic() - started < 2
     finally:
@@ -111,16 +123,16 @@ def test_two_replicas_on_one_postgres_behave_as_one_service(postgres_schema_url,
     b, url_b = _start(postgres_schema_url, tmp_path, "replica-b")
     try:
         body = _lookup_body()
-        assert httpx.post(f"{url_b}/v1/tunings/lookup", json=body).status_code == 404  # B caches the miss
+        assert as_admin.post(f"{url_b}/v1/tunings/lookup", json=body).status_code == 404  # B caches the miss
         first = _push(url_a)
-        assert httpx.post(f"{url_b}/v1/tunings/lookup", json=body).json()["id"] == first["id"]
+        assert as_admin.post(f"{url_b}/v1/tunings/lookup", json=body).json()["id"] == first["id"]
         second = _push(url_a)  # a newer run of the key, recorded through the other replica
-        assert httpx.post(f"{url_b}/v1/tunings/lookup", json=body).json()["id"] == second["id"]
-        assert httpx.post(f"{url_a}/v1/tunings/lookup", json=body).json()["id"] == second["id"]
+        assert as_admin.post(f"{url_b}/v1/tunings/lookup", json=body).json()["id"] == second["id"]
+        assert as_admin.post(f"{url_a}/v1/tunings/lookup", json=body).json()["id"] == second["id"]
 
         job = {"key": h200_key(model="replicated").model_dump(), "hf_config": {"hidden_size": 8}}
         with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(lambda i: httpx.post(f"{(url_a, url_b)[i % 2]}/v1/tuning-jobs", json=job, timeout=30),
+            answers = list(pool.map(lambda i: as_admin.post(f"{(url_a, url_b)[i % 2]}/v1/tuning-jobs", json=job, timeout=30),
                                     range(40)))
         assert {r.status_code for r in answers} == {202} and len({r.json()["id"] for r in answers}) == 1
     finally:
@@ -167,6 +179,7 @@ def test_job_requests_past_the_rate_get_429(engine, tmp_path):
     settings = Settings(database_url=str(engine.url), worker="off", data_dir=tmp_path, job_request_rate="3/minute")
     job = {"key": h200_key().model_dump(), "hf_config": {"hidden_size": 8}}
     with TestClient(create_app(settings, engine=engine)) as client:
+        client.headers["Authorization"] = f"Bearer {make_token(engine, 'test-admin', 'admin')}"
         answers = [client.post("/v1/tuning-jobs", json=job) for _ in range(5)]
     assert [a.status_code for a in answers] == [202, 202, 202, 429, 429]
     assert 1 <= int(answers[3].headers["retry-after"]) <= 60

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE, free_port, tunecache, tunecache_executable
+from conftest import CUBLASLT_FILE, CUDNN_FILE, free_port, tunecache, tunecache_executable, as_admin
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
@@ -226,13 +226,13 @@ def test_doctor_shows_environment_key_and_what_differs(server, tmp_path):
     assert "run 1 (meta-llama/Llama-3.1-8B, NVIDIA H200): cudnn_version: stored 91900, yours 91700" in missing.stdout
 
 
-def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path):
+def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path, node_signing_key):
     """One good and one hostile JIT module: every module is checked before any is unpacked."""
     import hashlib
     import io
     import tarfile
 
-    from helpers import run_payload
+    from helpers import run_payload, signed
     from test_jit_artifacts import fake_workspace
     from tunecache.service.tuner.jit_artifacts import module_tarball
 
@@ -245,11 +245,11 @@ def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path):
     bad = raw.getvalue()
     payload = run_payload(CUDNN_FILE)
     for name, blob in (("good", good), ("bad", bad), ("cache", CUDNN_FILE.read_bytes())):
-        httpx.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob)
+        as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob)
         if name != "cache":
             payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": f"flashinfer-jit/{name}.tar.gz",
                                          "media_type": "application/gzip", "sha256": hashlib.sha256(blob).hexdigest()})
-    assert httpx.post(f"{server}/v1/tunings", json=payload).status_code == 201
+    assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
     pulled = pull(server, tmp_path / "dest", CUDNN_FILE, "--jit-workspace", str(tmp_path / "workspace"))
     assert pulled.returncode == 6 and "unsafe path" in pulled.stderr and "not installed" in pulled.stderr
     assert not (tmp_path / "workspace").exists() and not (tmp_path / "dest").exists()
@@ -267,14 +267,14 @@ def test_retune_checks_its_options_before_asking(server, tmp_path):
     assert httpx.get(f"{server}/v1/tuning-jobs").json()["total"] == 0
 
 
-def test_jit_modules_built_with_other_paths_are_skipped_and_the_tactics_installed(server, tmp_path):
+def test_jit_modules_built_with_other_paths_are_skipped_and_the_tactics_installed(server, tmp_path, node_signing_key):
     """A run records what its JIT modules' build.ninja names (workspace, FlashInfer data,
     CUDA home, nvcc, CUDA version); a pod where one differs installs the tactics and skips
     the modules with one line naming the difference; a pod where all match installs both."""
     import hashlib
     import sys
 
-    from helpers import run_payload
+    from helpers import run_payload, signed
     from test_jit_artifacts import fake_workspace
     from tunecache.service.tuner.jit_artifacts import module_tarball
 
@@ -288,14 +288,14 @@ def test_jit_modules_built_with_other_paths_are_skipped_and_the_tactics_installe
         pytest.skip("FlashInfer finds no CUDA toolkit here, so a pod cannot tell where modules were built")
     module = module_tarball(fake_workspace(tmp_path / "node"), "batch_prefill_bf16_h128")
     sha = hashlib.sha256(module).hexdigest()
-    httpx.put(f"{server}/v1/artifacts/{sha}", content=module)
-    httpx.put(f"{server}/v1/artifacts/{hashlib.sha256(CUDNN_FILE.read_bytes()).hexdigest()}", content=CUDNN_FILE.read_bytes())
+    as_admin.put(f"{server}/v1/artifacts/{sha}", content=module)
+    as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(CUDNN_FILE.read_bytes()).hexdigest()}", content=CUDNN_FILE.read_bytes())
 
     def record(flashinfer_jit: dict) -> None:
         payload = run_payload(CUDNN_FILE, summary={"entries": 42, "flashinfer_jit": flashinfer_jit})
         payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "flashinfer-jit/m.tar.gz",
                                      "media_type": "application/gzip", "sha256": sha})
-        assert httpx.post(f"{server}/v1/tunings", json=payload).status_code == 201
+        assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
 
     def pull_jit(dest):
         return subprocess.run([tunecache_executable(), "pull", "--server", server, "--model", MODEL,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import hashlib
 
-from conftest import CUDNN_FILE
+from conftest import CUDNN_FILE, admin_token
 from tunecache.client.http import TunecacheClient
 
 
 def test_upload_file_streams_and_skips_what_is_stored(server, tmp_path):
     big = tmp_path / "module.tar.gz"
     big.write_bytes(hashlib.sha256(b"x").digest() * 200_000)  # 6.4 MB: two server chunks
-    with TunecacheClient(server) as client:
+    with TunecacheClient(server, token=admin_token()) as client:
         sha = client.upload_file(big)
         assert sha == hashlib.sha256(big.read_bytes()).hexdigest()
         assert client.download_artifact(sha) == big.read_bytes()

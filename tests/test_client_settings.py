@@ -10,7 +10,7 @@ import pytest
 import typer
 
 from tunecache import cli
-from tunecache.client.http import TunecacheClient, retry_after_seconds
+from tunecache.client.http import InsecureTransport, TunecacheClient, retry_after_seconds
 from tunecache.client.settings import ClientSettings, load_client_settings
 
 
@@ -67,10 +67,32 @@ def test_the_token_is_sent_as_a_bearer_header():
         seen.append(request.headers.get("authorization"))
         return httpx.Response(404, json={"detail": "no tuning job 7"})
 
-    settings = ClientSettings(url="http://tunecache:8321", token="s3cret", attempts=1)
+    settings = ClientSettings(url="https://tunecache:8321", token="s3cret", attempts=1)
     with TunecacheClient.from_settings(settings, transport=httpx.MockTransport(answer)) as client, pytest.raises(Exception):
         client.get_job(7)
     assert seen == ["Bearer s3cret"]
+
+
+def test_a_token_never_travels_in_clear_text_to_another_machine(tmp_path):
+    with pytest.raises(InsecureTransport, match="clear text to tunecache"):
+        TunecacheClient.from_settings(ClientSettings(url="http://tunecache:8321", token="s3cret"))
+    for loopback in ("http://127.0.0.1:8321", "http://localhost:8321", "http://[::1]:8321"):
+        TunecacheClient.from_settings(ClientSettings(url=loopback, token="s3cret")).close()
+    TunecacheClient.from_settings(ClientSettings(url="http://tunecache:8321", token="s3cret", allow_insecure=True)).close()
+    TunecacheClient.from_settings(ClientSettings(url="http://tunecache:8321")).close()  # no token, nothing to leak
+    with pytest.raises(ValueError, match="TUNECACHE_CA_BUNDLE"):
+        TunecacheClient.from_settings(ClientSettings(url="https://tunecache:8321", ca_bundle=tmp_path / "missing.pem"))
+
+
+def test_the_token_comes_from_the_option_the_variable_or_the_file(tmp_path, monkeypatch):
+    token_file = tmp_path / "admin.token"
+    monkeypatch.delenv("TUNECACHE_TOKEN", raising=False)
+    assert ClientSettings(token_file=token_file).resolved_token() is None  # no file: no token
+    token_file.write_text("tc_from_file\n")
+    assert ClientSettings(token_file=token_file).resolved_token() == "tc_from_file"
+    assert ClientSettings(token_file=token_file, token="tc_given").resolved_token() == "tc_given"
+    monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path))
+    assert ClientSettings().resolved_token() == "tc_from_file"  # the admin.token of a local tunecache serve
 
 
 def test_retry_after_as_seconds_or_http_date():

@@ -56,7 +56,7 @@ def test_read_models_ignore_fields_a_newer_server_adds(engine):
     with db.session_factory(engine).begin() as session:
         store_file(session, CUDNN_FILE)
     run = SqlTuningStore(db.session_factory(engine)).record_run(TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
-    newer = {**run.model_dump(mode="json"), "signature": "ed25519:..."}
+    newer = {**run.model_dump(mode="json"), "attestation": {"kind": "slsa", "digest": "..."}}
     assert TuningRunRead.model_validate(newer) == run
     assert run.status is RunStatus.SUCCEEDED and run.trigger is RunTrigger.UPLOAD
 

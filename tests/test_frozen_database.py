@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import CUDNN_FILE, free_port, tunecache
+from conftest import CUDNN_FILE, free_port, tunecache, as_admin
 from test_boot_storm import _lookup_body, _push, _start, _stop
 
 pytestmark = pytest.mark.postgres
@@ -73,14 +73,14 @@ def test_a_frozen_database_gives_fast_503s_and_the_service_recovers(private_post
         run = _push(server)
         sha = run["artifacts"][0]["sha256"]
         body = _lookup_body()
-        assert httpx.post(f"{server}/v1/tunings/lookup", json=body).json()["id"] == run["id"]
+        assert as_admin.post(f"{server}/v1/tunings/lookup", json=body).json()["id"] == run["id"]
         assert httpx.get(f"{server}/v1/artifacts/{sha}").status_code == 200  # now mirrored
 
         pids = _server_pids(data)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()
-        frozen = httpx.post(f"{server}/v1/tunings/lookup", json=body, timeout=30)
+        frozen = as_admin.post(f"{server}/v1/tunings/lookup", json=body, timeout=30)
         waited = time.monotonic() - started
         assert frozen.status_code == 503 and frozen.headers["retry-after"] == "1", frozen.text
         assert waited < 5, waited
@@ -92,7 +92,7 @@ def test_a_frozen_database_gives_fast_503s_and_the_service_recovers(private_post
             os.kill(pid, signal.SIGCONT)
         deadline = time.monotonic() + 15
         while True:  # no restart: the next lookups find the database again
-            answer = httpx.post(f"{server}/v1/tunings/lookup", json=body, timeout=30)
+            answer = as_admin.post(f"{server}/v1/tunings/lookup", json=body, timeout=30)
             if answer.status_code == 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)

@@ -7,6 +7,7 @@ which fails on this CPU-only machine ("no CUDA device").
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import CUDNN_FILE, LLAMA_CONFIG, tunecache
+from conftest import CUDNN_FILE, LLAMA_CONFIG, tunecache, as_admin
 from helpers import file_environment, h200_key, run_payload, store_file
 from tunecache.service import db, jobs, repository
 from tunecache.contract import (
@@ -218,7 +219,7 @@ def test_fifty_concurrent_posts_make_one_job(server):
     body = {"key": h200_key().model_dump(), "hf_config": {"hidden_size": 4096}}
 
     def post(_):
-        return httpx.post(f"{server}/v1/tuning-jobs", json=body, timeout=60)
+        return as_admin.post(f"{server}/v1/tuning-jobs", json=body, timeout=60)
 
     with ThreadPoolExecutor(16) as pool:
         responses = list(pool.map(post, range(50)))
@@ -227,7 +228,7 @@ def test_fifty_concurrent_posts_make_one_job(server):
     listed = httpx.get(f"{server}/v1/tuning-jobs").json()
     assert listed["total"] == 1 and listed["items"][0]["status"] == "queued"
     assert httpx.get(f"{server}/v1/tuning-jobs/999999").status_code == 404
-    bad = httpx.post(f"{server}/v1/tuning-jobs", json={"key": {"model": "m"}})
+    bad = as_admin.post(f"{server}/v1/tuning-jobs", json={"key": {"model": "m"}})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:2] == ["body", "key"]
 
 
@@ -251,3 +252,53 @@ def test_retune_wait_timeout_exits_10(server):
     result = tunecache("retune", "--server", server, "--model", "m", "--max-num-batched-tokens", "8",
                        "--gpu-name", "NVIDIA H200", "--wait", "--wait-timeout", "0.5", "--poll", "0.2")
     assert result.returncode == 10 and "still queued" in result.stderr
+
+
+NO_CONFIG_DIR = ("the job carries no model config (hf_config) for 'meta-llama/Llama-3.1-8B' and this node has no model "
+                 "config directory (TUNECACHE_MODEL_CONFIG_DIR); send the model's config.json with the job")
+
+
+def test_a_job_without_hf_config_fails_on_a_node_without_a_model_config_dir(app_client, engine, tmp_path, caplog):
+    """The model name is never read as a path of the node; the job's public error says why in one line."""
+    assert app_client.post("/v1/tuning-jobs", json={"key": h200_key().model_dump()}).status_code == 202
+    assert JobWorker(db.session_factory(engine), H200, "w", tuner=stand_in_tuner()).run_once()
+    listed = app_client.get("/v1/tuning-jobs")
+    [job] = listed.json()["items"]
+    assert job["status"] == "failed" and job["error"] == NO_CONFIG_DIR
+    assert str(tmp_path) not in listed.text and "Errno" not in listed.text
+
+
+def test_jobs_read_configs_only_from_the_model_config_dir_and_show_no_node_path(app_client, engine, tmp_path, caplog):
+    config_dir = tmp_path / "model-configs"
+    (config_dir / "meta-llama" / "Llama-3.1-8B").mkdir(parents=True)
+    shutil.copy(LLAMA_CONFIG, config_dir / "meta-llama" / "Llama-3.1-8B" / "config.json")
+    (tmp_path / "outside" / "x").mkdir(parents=True)
+    shutil.copy(LLAMA_CONFIG, tmp_path / "outside" / "x" / "config.json")
+    (config_dir / "org").mkdir()
+    (config_dir / "org" / "linked").symlink_to(tmp_path / "outside" / "x")
+    models = ["meta-llama/Llama-3.1-8B", "org/absent", "../outside/x", str(tmp_path / "outside" / "x"), "org/linked"]
+    for model in models:
+        assert app_client.post("/v1/tuning-jobs", json={"key": h200_key(model=model).model_dump()}).status_code == 202
+    tuned = []
+    tuner = stand_in_tuner()
+
+    def recording_tuner(spec, work_dir, timeout_s, on_event):
+        tuned.append((spec.model, spec.hf_config))
+        return tuner(spec, work_dir, timeout_s, on_event)
+
+    worker = JobWorker(db.session_factory(engine), H200, "w", tuner=recording_tuner, model_config_dir=config_dir)
+    with caplog.at_level("WARNING", logger="tunecache.worker"):
+        for _ in models:
+            assert worker.run_once()
+    assert tuned == [("meta-llama/Llama-3.1-8B", json.loads(LLAMA_CONFIG.read_text()))]
+    listed = app_client.get("/v1/tuning-jobs", params={"limit": 10})
+    errors = {job["key"]["model"]: (job["status"], job["error"]) for job in listed.json()["items"]}
+    assert errors["meta-llama/Llama-3.1-8B"] == ("succeeded", None)
+    assert errors["org/absent"] == ("failed", "model config for 'org/absent' not found in the node's model config directory")
+    assert errors["org/linked"] == ("failed", "model config for 'org/linked' not found in the node's model config directory")
+    for model in ("../outside/x", str(tmp_path / "outside" / "x")):
+        assert errors[model][0] == "failed" and "cannot name a config in the node's model config directory" in errors[model][1]
+    shown = "".join(error or "" for _, error in errors.values())
+    assert str(config_dir) not in shown and "Errno" not in shown and "config.json'" not in shown
+    # the why, with the node's paths, is in the node's log only
+    assert f"{config_dir / 'org' / 'absent' / 'config.json'}" in caplog.text and "outside" in caplog.text

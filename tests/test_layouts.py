@@ -10,6 +10,7 @@ FlashInfer's v2 store is checked with FlashInfer's own code.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,25 +32,40 @@ def test_rank_file_names_are_vllms():
     assert vllm_rank_file_name(2, 0) == "autotune_configs_dp2_rank0.json"
 
 
+def without_flashinfer(monkeypatch) -> None:
+    """This process as a pod whose image has no FlashInfer (nor vLLM): importing it fails."""
+    for name in ["flashinfer", *[n for n in sys.modules if n.startswith("flashinfer.")]]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
 def test_root_follows_vllms_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", str(tmp_path / "override"))
     assert vllm_autotune_root() == tmp_path / "override"
     monkeypatch.delenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
-    try:
-        from flashinfer.jit import env as jit_env
-    except ImportError:
-        assert vllm_autotune_root("0.7.4/90a") == tmp_path / "vllm-cache" / "flashinfer_autotune_cache" / "0.7.4" / "90a"
-        return
+    jit_env = pytest.importorskip("flashinfer.jit.env", reason="flashinfer-python is not installed")
     workspace = Path(jit_env.FLASHINFER_WORKSPACE_DIR)  # vLLM uses its last two parts
     assert vllm_autotune_root() == tmp_path / "vllm-cache" / "flashinfer_autotune_cache" / workspace.parent.name / workspace.name
 
 
 def test_default_root_is_under_xdg_cache(monkeypatch, tmp_path):
+    pytest.importorskip("flashinfer.jit.env", reason="flashinfer-python is not installed")
     for name in ("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "VLLM_CACHE_ROOT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert str(vllm_autotune_root("0.7.4/90a")).startswith(str(tmp_path / "xdg" / "vllm" / "flashinfer_autotune_cache"))
+    assert str(vllm_autotune_root()).startswith(str(tmp_path / "xdg" / "vllm" / "flashinfer_autotune_cache"))
+
+
+def test_without_vllm_and_flashinfer_only_the_pods_own_setting_gives_the_root(monkeypatch, tmp_path):
+    """Nothing but this pod's environment names the root: no version/arch from anywhere else."""
+    without_flashinfer(monkeypatch)
+    monkeypatch.delenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    with pytest.raises(ValueError, match="cannot tell FlashInfer's version/arch directory here"):
+        vllm_autotune_root()
+    monkeypatch.setenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", str(tmp_path / "pod-root"))
+    assert vllm_autotune_root() == tmp_path / "pod-root"
+    assert not (tmp_path / "vllm-cache").exists()
 
 
 def test_every_rank_gets_a_matching_file_at_once(tmp_path):

@@ -17,6 +17,9 @@ from tunecache.service.tuner.model_config import (
     attention_shape,
     is_moe,
     load_hf_config,
+    load_job_model_config,
+    model_config_path,
+    ModelConfigUnavailable,
     moe_shape,
 )
 
@@ -78,3 +81,64 @@ def test_qwen3_moe_expert_and_attention_shapes():
     assert attention_shape(QWEN3_MOE, 8) == AttentionShape(num_qo_heads=4, num_kv_heads=1, head_dim=128)
     with pytest.raises(ModelConfigError, match="no experts"):
         moe_shape(json.loads(LLAMA_CONFIG.read_text()))
+
+
+@pytest.fixture
+def config_dir(tmp_path):
+    """A node's model config directory holding meta-llama/Llama-3.1-8B, and a config.json
+    outside it (``tmp_path / "outside"``)."""
+    root = tmp_path / "model-configs"
+    (root / "meta-llama" / "Llama-3.1-8B").mkdir(parents=True)
+    (root / "meta-llama" / "Llama-3.1-8B" / "config.json").write_text(LLAMA_CONFIG.read_text())
+    (tmp_path / "outside" / "x").mkdir(parents=True)
+    (tmp_path / "outside" / "x" / "config.json").write_text(LLAMA_CONFIG.read_text())
+    return root
+
+
+def test_a_job_model_maps_to_its_config_inside_the_directory(config_dir):
+    assert model_config_path(config_dir, "meta-llama/Llama-3.1-8B") == \
+        (config_dir / "meta-llama" / "Llama-3.1-8B" / "config.json").resolve()
+    assert load_job_model_config(config_dir, "meta-llama/Llama-3.1-8B") == json.loads(LLAMA_CONFIG.read_text())
+    # a link that stays inside the directory (as a Hugging Face cache's snapshots are) is fine
+    (config_dir / "aliases").mkdir()
+    (config_dir / "aliases" / "llama").symlink_to(config_dir / "meta-llama" / "Llama-3.1-8B")
+    assert load_job_model_config(config_dir, "aliases/llama")["hidden_size"] == 4096
+
+
+@pytest.mark.parametrize("model", ["../x", "../outside/x", "/abs", "/etc", "meta-llama/../../outside/x", "org/./name",
+                                   ".hidden/name", "org//name", "org/name/", "", "org\\name", "org/name\x00"])
+def test_names_that_could_leave_the_directory_are_refused(config_dir, model):
+    with pytest.raises(ModelConfigUnavailable) as refused:
+        load_job_model_config(config_dir, model)
+    assert "model config directory" in str(refused.value)
+    assert str(config_dir.parent) not in str(refused.value)
+
+
+def test_a_symlink_out_of_the_directory_finds_nothing(config_dir, tmp_path):
+    (config_dir / "evil").mkdir()
+    (config_dir / "evil" / "x").symlink_to(tmp_path / "outside" / "x")          # a linked model directory
+    (config_dir / "evil" / "y").mkdir()
+    (config_dir / "evil" / "y" / "config.json").symlink_to(tmp_path / "outside" / "x" / "config.json")  # a linked file
+    (config_dir / "etc").symlink_to("/etc")                                     # a linked organisation
+    for model in ("evil/x", "evil/y", "etc/ssl"):
+        with pytest.raises(ModelConfigUnavailable) as refused:
+            model_config_path(config_dir, model)
+        assert str(refused.value) == f"model config for {model!r} not found in the node's model config directory"
+        assert "outside" in refused.value.detail or "No such file" in refused.value.detail  # the why: log only
+
+
+def test_public_messages_carry_no_node_path_nor_os_error(config_dir):
+    with pytest.raises(ModelConfigUnavailable) as missing:
+        load_job_model_config(config_dir, "org/absent")
+    assert str(missing.value) == "model config for 'org/absent' not found in the node's model config directory"
+    assert str(config_dir) in missing.value.detail and str(config_dir) not in str(missing.value)
+    (config_dir / "org" / "broken").mkdir(parents=True)
+    (config_dir / "org" / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(ModelConfigUnavailable) as broken:
+        load_job_model_config(config_dir, "org/broken")
+    assert str(broken.value) == ("model config for 'org/broken' in the node's model config directory is not a "
+                                 "readable JSON object")
+    assert "Expecting property name" in broken.value.detail
+    with pytest.raises(ModelConfigUnavailable) as unset:
+        load_job_model_config(None, "meta-llama/Llama-3.1-8B")
+    assert "TUNECACHE_MODEL_CONFIG_DIR" in str(unset.value) and "hf_config" in str(unset.value)

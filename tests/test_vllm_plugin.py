@@ -17,7 +17,7 @@ import sys
 import textwrap
 from importlib.metadata import entry_points
 
-from conftest import CUDNN_FILE, free_port
+from conftest import CUDNN_FILE, free_port, as_admin
 from test_cli import push
 
 STAND_IN = {
@@ -126,23 +126,23 @@ def test_without_tunecache_url_the_plugin_does_nothing(tmp_path):
     assert seen == {"file_present_at_warmup": False} and "tunecache" not in log
 
 
-def test_deep_gemm_cache_of_a_vllm_runner_run_becomes_a_read_only_root(server, tmp_path):
+def test_deep_gemm_cache_of_a_vllm_runner_run_becomes_a_read_only_root(server, tmp_path, node_signing_key):
     """A run recorded by the vLLM runner carries vLLM's DeepGEMM cache; the plugin unpacks it
     and puts it after DeepGEMM's writable directory before vLLM's warmup reads it."""
     import hashlib
 
     import httpx
 
-    from helpers import run_payload
+    from helpers import run_payload, signed
     from test_layouts import deep_gemm_tarball
 
     tarball = deep_gemm_tarball([("cache/kernel.abc/kernel.cubin", b"cubin")])
     for blob in (tarball, CUDNN_FILE.read_bytes()):
-        assert httpx.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code == 201
+        assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code == 201
     payload = run_payload(CUDNN_FILE)
     payload["artifacts"].append({"kind": "deep_gemm_jit_cache", "name": "deep-gemm-jit-cache.tar.gz",
                                  "media_type": "application/gzip", "sha256": hashlib.sha256(tarball).hexdigest()})
-    assert httpx.post(f"{server}/v1/tunings", json=payload).status_code == 201
+    assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
     seen, _ = run_worker(tmp_path, TUNECACHE_URL=server, VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
     installed = tmp_path / "vllm-cache" / "tunecache" / "deep_gemm" / "1"
     assert seen["file_present_at_warmup"] is True

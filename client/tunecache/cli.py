@@ -25,6 +25,10 @@ Exit codes (also in the README):
 11    ``serve`` could not start listening (address in use, bad host)
 12    ``pull``: the install could not be written (disk full, permissions); nothing was
       left half-written
+13    not authorised: no token, or one that is unknown, revoked, or of too small a scope
+      (HTTP 401/403); or a token would travel in clear text to another machine
+14    ``pull``: the run is not signed by a trusted key (``TUNECACHE_TRUSTED_KEYS``) or its
+      bytes do not match its signed manifest; nothing was installed
 ====  =====================================================================
 """
 
@@ -45,12 +49,13 @@ from pydantic import ValidationError
 
 from tunecache.client.autotune_file import NotAnAutotuneFile, parse_autotune_file, pushed_run
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
-from tunecache.client.http import ArtifactCorrupt, ServerUnreachable, TunecacheClient
+from tunecache.client.http import ArtifactCorrupt, InsecureTransport, ServerError, ServerUnreachable, TunecacheClient
 from tunecache.client.install import check_file_name, fetch_tuning, install_jit_modules, pull_autotune_file
 from tunecache.client.jit_install import BadJitArtifact
 from tunecache.client.layouts import flashinfer_v2_root, install_v2_store, install_vllm_rank_files, vllm_autotune_root
 from tunecache.client.settings import load_client_settings
-from tunecache.contract import TUNABLE_STAGES, JobStatus, RunTrigger, TuningJobCreate, TuningKey
+from tunecache.contract import TUNABLE_STAGES, JobStatus, RunTrigger, Scope, TokenCreate, TuningJobCreate, TuningKey
+from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_trusted_keys
 from tunecache.store import NoCompatibleTuning, TunecacheError
 
 #: Entry-point group through which other distributions add commands to ``tunecache``.
@@ -71,6 +76,8 @@ class ExitCode(enum.IntEnum):
     WAIT_TIMEOUT = 10
     SERVE_FAILED = 11
     INSTALL_FAILED = 12
+    NOT_AUTHORISED = 13
+    UNTRUSTED_RUN = 14
 
 
 app = typer.Typer(
@@ -136,6 +143,8 @@ def client_errors(exc: Exception) -> NoReturn:
         fail(ExitCode.SERVER_UNREACHABLE, str(exc))
     if isinstance(exc, ArtifactCorrupt):
         fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; nothing was installed")
+    if isinstance(exc, ServerError) and exc.status_code in (401, 403):
+        fail(ExitCode.NOT_AUTHORISED, str(exc))
     if isinstance(exc, TunecacheError):  # ServerError, or an answer that makes no sense
         fail(ExitCode.SERVER_ERROR, str(exc))
     raise exc
@@ -150,13 +159,38 @@ def environment_option(path: Path | None):
         fail(ExitCode.BAD_INPUT if path else ExitCode.USAGE, str(exc))
 
 
-def client_for(server: str) -> TunecacheClient:
-    """A client for ``server`` with the settings of the environment
-    (:class:`tunecache.client.settings.ClientSettings`), or exit 2 naming a bad setting."""
+#: ``tunecache --token T``: overrides TUNECACHE_TOKEN and the token file for every command.
+_token_option: str | None = None
+
+
+@app.callback()
+def _global_options(
+    token: Annotated[Optional[str], typer.Option(
+        "--token", help="bearer token (default: TUNECACHE_TOKEN, else TUNECACHE_TOKEN_FILE, else the admin.token "
+                        "of a tunecache serve on this machine)")] = None,
+) -> None:
+    """Persistent autotune cache for LLM inference fleets: tune once per GPU node, install on every pod."""
+    global _token_option
+    _token_option = token
+
+
+def client_settings():
+    """The environment's :class:`~tunecache.client.settings.ClientSettings` with ``--token``,
+    or exit 2 naming a bad setting."""
     try:
-        return TunecacheClient.from_settings(load_client_settings(), server)
+        return load_client_settings(token=_token_option)
     except ValueError as exc:
         fail(ExitCode.USAGE, str(exc))
+
+
+def client_for(server: str) -> TunecacheClient:
+    """A client for ``server`` with the settings of the environment
+    (:class:`tunecache.client.settings.ClientSettings`); exit 2 naming a bad setting, 13
+    when a token would go in clear text to another machine."""
+    try:
+        return TunecacheClient.from_settings(client_settings(), server)
+    except ValueError as exc:
+        fail(ExitCode.NOT_AUTHORISED if isinstance(exc, InsecureTransport) else ExitCode.USAGE, str(exc))
 
 
 @app.command()
@@ -229,7 +263,8 @@ def pull(
     file_name: Annotated[Optional[str], typer.Option(help="file layout: the file's name (default: from the key)")] = None,
     jit: Annotated[bool, typer.Option("--jit", help="also install the tuning's FlashInfer JIT modules into this pod's FlashInfer workspace")] = False,
     jit_workspace: Annotated[
-        Optional[Path], typer.Option(help="install the JIT modules into this FlashInfer workspace directory instead")
+        Optional[Path], typer.Option(help="install the JIT modules into this FlashInfer workspace directory instead "
+                                      "(used as given; for a pod without FlashInfer, e.g. an init container)")
     ] = None,
 ) -> None:
     """Fetch the tuning matching this GPU and environment and install it where FlashInfer or vLLM read it.
@@ -253,26 +288,35 @@ def pull(
             "pass --environment FILE",
         )
     key = key_option(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization, tensor_parallel_size)
+    settings = client_settings()
+    try:
+        trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
+    except SigningError as exc:
+        fail(ExitCode.USAGE, str(exc))
     with client_for(server) as client:
         try:
             if layout is Layout.file:
-                installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit)
+                installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit, trusted)
                 paths, modules, workspace = [installed.path], installed.jit_modules, installed.jit_workspace
-                skipped = installed.jit_skipped
+                skipped, run_id, signed_by = installed.jit_skipped, installed.run_id, installed.signed_by
             else:
-                fetched = fetch_tuning(client, key, env, jit=bool(jit_workspace or jit))
+                fetched = fetch_tuning(client, key, env, jit=bool(jit_workspace or jit), trusted_keys=trusted)
+                run_id, signed_by = fetched.run.id, fetched.signed_by
+                # this pod's own root (never from the run), known before anything is written
+                root = dest or (vllm_autotune_root() if layout is Layout.vllm else flashinfer_v2_root())
                 modules, workspace, skipped = (install_jit_modules(fetched, jit_workspace or True)
                                                if (jit or jit_workspace) else ([], None, None))
                 if layout is Layout.vllm:
-                    root = dest or vllm_autotune_root(fetched.workspace_subdir)
                     # vLLM's world rank: data_parallel_rank * (tp * pp) + local rank
                     per_dp = tensor_parallel_size * pipeline_parallel_size
                     ranks = [(dp, dp * per_dp + rank) for dp in range(data_parallel_size) for rank in range(per_dp)]
                     paths = install_vllm_rank_files(fetched.autotune, root, vllm_config_hash, ranks)
                 else:
-                    paths = [install_v2_store(fetched.autotune, dest or flashinfer_v2_root())]
+                    paths = [install_v2_store(fetched.autotune, root)]
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
+        except UntrustedRun as exc:
+            fail(ExitCode.UNTRUSTED_RUN, f"refusing run: {exc}; nothing was installed")
         except BadJitArtifact as exc:
             fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; the tuning was not installed")
         except ImportError as exc:
@@ -283,6 +327,8 @@ def pull(
             fail(ExitCode.INSTALL_FAILED, f"cannot write the install: {exc}")
         except Exception as exc:
             client_errors(exc)
+    if signed_by:
+        typer.echo(f"run {run_id} is signed by trusted key {signed_by}", err=True)
     if modules:
         typer.echo(f"installed {len(modules)} FlashInfer JIT modules into {workspace}", err=True)
     if skipped:
@@ -346,7 +392,8 @@ def retune(
     quantization: QuantOpt = "auto",
     tensor_parallel_size: TpOpt = 1,
     config: Annotated[
-        Optional[Path], typer.Option(help="HF config.json (or its directory) to send with the job")
+        Optional[Path], typer.Option(help="HF config.json (or its directory) to send with the job (without it the GPU "
+                                      "node needs the model's config.json in its TUNECACHE_MODEL_CONFIG_DIR)")
     ] = None,
     gemm_backends: GemmBackendsOpt = None,
     stages: StagesOpt = None,
@@ -395,6 +442,74 @@ def retune(
     if job.status is JobStatus.FAILED:
         fail(ExitCode.TUNING_FAILED, f"job {job.id} failed: {job.error}")
     typer.echo(f"job {job.id}: succeeded in {job.duration_s or 0:.1f} s; run {job.run_id} is current")
+
+
+token_app = typer.Typer(help="Bearer tokens of a tunecache service (needs an admin token).", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    server: ServerOpt,
+    name: Annotated[str, typer.Option("--name", help="unique name, e.g. gpu-node-1 or pod-fleet")],
+    scope: Annotated[Scope, typer.Option("--scope", help="read, push (pods' push-back), tune (GPU nodes), admin")],
+) -> None:
+    """Create a token and print it (the service keeps only its hash: this is the one time it is shown)."""
+    try:
+        TokenCreate(name=name, scope=scope)
+    except ValidationError as exc:
+        fail(ExitCode.USAGE, f"invalid token: {first_error(exc)}")
+    with client_for(server) as client:
+        try:
+            created = client.create_token(name, scope)
+        except TunecacheError as exc:
+            client_errors(exc)
+    typer.echo(created.token)
+    typer.echo(f"token {created.name!r} ({created.scope}) created; store it now, it is not shown again", err=True)
+
+
+@token_app.command("list")
+def token_list(server: ServerOpt) -> None:
+    """List tokens: name, scope, created, last used, revoked (never secrets)."""
+    with client_for(server) as client:
+        try:
+            listed = client.list_tokens()
+        except TunecacheError as exc:
+            client_errors(exc)
+    for t in listed:
+        used = t.last_used_at.isoformat(timespec="minutes") if t.last_used_at else "never"
+        state = f"revoked {t.revoked_at.isoformat(timespec='seconds')}" if t.revoked_at else "live"
+        typer.echo(f"{t.name}\t{t.scope}\tcreated {t.created_at.isoformat(timespec='seconds')}\tlast used {used}\t{state}")
+
+
+@token_app.command("revoke")
+def token_revoke(server: ServerOpt, name: Annotated[str, typer.Argument(help="the token's name")]) -> None:
+    """Revoke a token: writes with it fail at once, reads within the service's token cache time."""
+    with client_for(server) as client:
+        try:
+            revoked = client.revoke_token(name)
+        except TunecacheError as exc:
+            client_errors(exc)
+    typer.echo(f"token {revoked.name!r} revoked")
+
+
+keys_app = typer.Typer(help="Ed25519 signing keys of tuner nodes (their public keys go to pods).", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("generate")
+def keys_generate(
+    out: Annotated[Path, typer.Option("--out", help="directory for signing.key (0600) and signing.pub")],
+) -> None:
+    """Make a tuner node's signing key. Give the node ``TUNECACHE_SIGNING_KEY=<out>/signing.key``
+    and the pods the line of ``signing.pub`` in ``TUNECACHE_TRUSTED_KEYS``. Never overwrites a key (exit 7)."""
+    try:
+        generated = generate_signing_key(out)
+    except (SigningError, OSError) as exc:
+        fail(ExitCode.BAD_INPUT, str(exc))
+    typer.echo(generated.public_path.read_text().strip())
+    typer.echo(f"key {generated.key_id}: private key in {generated.private_path} (keep it on the tuner node), "
+               f"public key in {generated.public_path}", err=True)
 
 
 def load_command_plugins(target: typer.Typer = app) -> list[str]:

@@ -291,6 +291,27 @@ class RunTrigger(StrEnum):
     POD = "pod"
 
 
+class Scope(StrEnum):
+    """What a token may do; each scope includes the ones before it.
+
+    * ``read``: lookups, artifact and history GETs (open to anyone unless the service sets
+      ``TUNECACHE_READ_TOKEN_REQUIRED``).
+    * ``push``: a pod's push-back: artifacts and runs stored unverified, never current.
+    * ``tune``: GPU nodes: runs that may become current.
+    * ``admin``: tokens, re-tune requests, the audit log.
+    """
+
+    READ = "read"
+    PUSH = "push"
+    TUNE = "tune"
+    ADMIN = "admin"
+
+    def includes(self, other: "Scope") -> bool:
+        """Whether a token of this scope may do what ``other`` allows."""
+        order = list(Scope)
+        return order.index(self) >= order.index(other)
+
+
 class JobStatus(StrEnum):
     """A tuning job's state; ``queued`` and ``running`` jobs occupy their key (single-flight)."""
 
@@ -379,11 +400,24 @@ def _storable_json(value: Any) -> str:
     return encoded
 
 
+class RunSignature(BaseModel):
+    """A detached Ed25519 signature over a run's manifest (:mod:`tunecache.signing`):
+    the tuning key, the environment and every artifact's kind, name and sha256."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="first 16 hex digits of sha256 of the raw public key")
+    signature: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9+/=]+$",
+                           description="base64 of the 64-byte Ed25519 signature")
+
+
 class TuningRunCreate(BaseModel):
     """Body of ``POST /v1/tunings``: one finished tuning run of a key in an environment.
 
     A succeeded run needs a ``flashinfer_autotune_v1`` artifact (FlashInfer's file).
-    ``trigger`` says who recorded it (:class:`RunTrigger`).
+    ``trigger`` says who recorded it (:class:`RunTrigger`); the service stores a run sent
+    with a ``push`` token as ``pod`` whatever it says, and only a ``tune`` (or ``admin``)
+    token's run is verified and may become current.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -398,6 +432,9 @@ class TuningRunCreate(BaseModel):
     error: Text | None = Field(default=None, max_length=65536)
     summary: dict[str, Any] = Field(default_factory=dict)
     artifacts: list[ArtifactCreate] = Field(default_factory=list, max_length=10000)
+    signature: RunSignature | None = None
+    """The tuner node's signature over the run's manifest; pods install JIT modules and
+    DeepGEMM caches only from runs signed by a key they trust."""
 
     @field_validator("summary")
     @classmethod
@@ -450,8 +487,10 @@ class TuningJobCreate(BaseModel):
     """Body of ``POST /v1/tuning-jobs``: tune this key on a GPU node that has its GPU.
 
     ``hf_config`` is the model's Hugging Face ``config.json`` (an object, at most
-    :data:`MAX_HF_CONFIG_BYTES` as JSON); without it the worker reads the config from
-    ``key.model`` on its node (a local path or a model type).
+    :data:`MAX_HF_CONFIG_BYTES` as JSON); without it the GPU node tunes with the
+    ``config.json`` of ``key.model`` (``org/name``) in its model config directory
+    (``TUNECACHE_MODEL_CONFIG_DIR``: ``<dir>/org/name/config.json``), and the job fails when
+    the node has none or the model is not in it. Nothing else on the node is read.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -529,9 +568,13 @@ class TuningRunRead(BaseModel):
     """What the tuner measured: ``entries``, ``tuning_seconds``, ``stages``,
     ``jit_modules``, ``flashinfer_jit`` (free-form JSON; ``entries`` for every run)."""
     verified: bool
+    """Recorded with a ``tune`` or ``admin`` token (or by a node on the database itself)."""
     is_current: bool
     created_at: dt.datetime
     artifacts: list[ArtifactRead]
+    signature: RunSignature | None = None
+    recorded_by: str | None = None
+    """The name of the token that recorded the run (``None``: recorded on the database)."""
 
     def artifact(self, kind: ArtifactKind) -> ArtifactRead | None:
         """The run's first artifact of ``kind``, or ``None``."""
@@ -601,12 +644,12 @@ class WorkerStatus(BaseModel):
 
 
 class Health(BaseModel):
-    """Answer of ``GET /v1/health``."""
+    """Answer of ``GET /v1/health``: only ``status`` without a token; the rest with one."""
 
     status: Literal["ok"]
-    database: str
-    schema_revision: str | None
-    worker: WorkerStatus
+    database: str | None = None
+    schema_revision: str | None = None
+    worker: WorkerStatus | None = None
 
 
 class TuningJobRead(BaseModel):
@@ -641,6 +684,56 @@ class TuningJobPage(BaseModel):
 
 # ---------------------------------------------------------------------- tuner events
 
+
+
+TOKEN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+
+
+class TokenCreate(BaseModel):
+    """Body of ``POST /v1/tokens``: a new token's name (unique) and scope."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=TOKEN_NAME_PATTERN, description="letters, digits, _ . @ -; at most 64")
+    scope: Scope
+
+
+class TokenRead(BaseModel):
+    """A token as listed (``GET /v1/tokens``): never its secret, which is stored as a hash only."""
+
+    name: str
+    scope: Scope
+    created_at: dt.datetime
+    last_used_at: dt.datetime | None
+    """Last use, to within a minute."""
+    revoked_at: dt.datetime | None
+    created_by: str | None
+
+
+class TokenCreated(TokenRead):
+    """Answer of ``POST /v1/tokens``: the secret, shown this once."""
+
+    token: str
+
+
+class AuditEventRead(BaseModel):
+    """One write to the service (``GET /v1/audit``): who (the token's name and scope), what
+    (method, path, and what it did), when."""
+
+    id: int
+    at: dt.datetime
+    token_name: str
+    scope: Scope
+    method: str
+    path: str
+    detail: str | None
+
+
+class AuditPage(BaseModel):
+    """A page of audit events, newest first; ``next_before`` continues it (``before=``)."""
+
+    events: list[AuditEventRead]
+    next_before: int | None
 
 class TunerStarted(BaseModel):
     """The tuner found its GPU and FlashInfer environment (``environment`` is FlashInfer's

@@ -13,6 +13,7 @@ from pathlib import Path
 from tunecache.client.environment import detect_environment, pod_key
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import InstalledTuning, pull_autotune_file
+from tunecache.signing import load_trusted_keys
 from tunecache.client.settings import load_client_settings
 
 
@@ -61,7 +62,9 @@ def install_tuning(
         dtype=dtype, quantization=quantization, tensor_parallel_size=tensor_parallel_size,
     )
     with TunecacheClient.from_settings(settings, server) as client:
-        installed = pull_autotune_file(client, key, environment, Path(dest_dir), jit_workspace=True if jit else None)
+        trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
+        installed = pull_autotune_file(client, key, environment, Path(dest_dir), jit_workspace=True if jit else None,
+                                       trusted_keys=trusted)
     loaded = False
     if load:
         from flashinfer.autotuner import AutoTuner

@@ -15,7 +15,9 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import hashlib
+import ipaddress
 import json
+import ssl
 import time
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +29,11 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 from tunecache.client.settings import ClientSettings
 from tunecache.contract import (
     ArtifactStored,
+    AuditPage,
+    Scope,
+    TokenCreate,
+    TokenCreated,
+    TokenRead,
     EnvironmentMetadata,
     LookupMiss,
     LookupRequest,
@@ -131,6 +138,19 @@ def _detail_of(body: bytes) -> Any:
     return parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
 
 
+class InsecureTransport(ValueError):
+    """A token would travel in clear text (``http://``) to a host that is not loopback."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class TunecacheClient:
     """Talks to one tunecache server; implements :class:`tunecache.store.TuningStore`.
 
@@ -143,10 +163,16 @@ class TunecacheClient:
             against this deadline too.
         max_retry_after_s: the longest a server's ``Retry-After`` is obeyed (30 s).
         token: sent as ``Authorization: Bearer <token>`` on every request.
+        ca_bundle: CA certificates (PEM file) to verify an https server with; TLS is always
+            verified (default: the system's CAs).
+        allow_insecure: allow ``token`` over plain ``http://`` to a host that is not loopback.
         transport: an httpx transport (tests).
 
     Raises:
-        ValueError: ``base_url`` is not an http(s) URL with a host.
+        InsecureTransport: a token would travel in clear text to another machine
+            (``http://`` to a non-loopback host without ``allow_insecure``).
+        ValueError: ``base_url`` is not an http(s) URL with a host; ``ca_bundle`` is not a
+            file.
     """
 
     def __init__(
@@ -159,6 +185,8 @@ class TunecacheClient:
         total_timeout_s: float = DEFAULT_TOTAL_TIMEOUT_S,
         max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S,
         token: str | None = None,
+        ca_bundle: Path | None = None,
+        allow_insecure: bool = False,
         transport: httpx.BaseTransport | None = None,
     ):
         try:
@@ -167,6 +195,11 @@ class TunecacheClient:
             raise ValueError(f"server URL {base_url!r} is not a URL: {exc}") from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"server URL {base_url!r} must look like http://host:port")
+        if token and url.scheme == "http" and not _is_loopback(url.host) and not allow_insecure:
+            raise InsecureTransport(f"refusing to send a token in clear text to {url.host}: use https:// "
+                             f"(or set TUNECACHE_ALLOW_INSECURE=1 on a network you trust)")
+        if ca_bundle is not None and not Path(ca_bundle).is_file():
+            raise ValueError(f"TUNECACHE_CA_BUNDLE={str(ca_bundle)!r} is not a file")
         self.base_url = base_url.rstrip("/")
         self.attempts = max(1, attempts)
         self.read_timeout_s = read_timeout_s
@@ -174,15 +207,18 @@ class TunecacheClient:
         self.max_retry_after_s = max_retry_after_s
         timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
+        verify = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle is not None else True
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers,
+                                  verify=verify)
 
     @classmethod
     def from_settings(cls, settings: ClientSettings, url: str | None = None, **kwargs: Any) -> "TunecacheClient":
         """A client for ``url`` (default ``settings.url``) with the settings' timeouts,
-        attempts and token.
+        attempts, token (:meth:`ClientSettings.resolved_token`) and TLS settings.
 
         Raises:
-            ValueError: no URL given or set (``TUNECACHE_URL``), or a bad one.
+            ValueError: no URL given or set (``TUNECACHE_URL``), or a bad one; a token file
+                that cannot be read; see the class.
         """
         base_url = url or settings.url
         if not base_url:
@@ -194,7 +230,9 @@ class TunecacheClient:
             total_timeout_s=settings.total_timeout,
             attempts=settings.attempts,
             max_retry_after_s=settings.max_retry_after,
-            token=settings.token.get_secret_value() if settings.token else None,
+            token=settings.resolved_token(),
+            ca_bundle=settings.ca_bundle,
+            allow_insecure=settings.allow_insecure,
             **kwargs,
         )
 
@@ -400,6 +438,36 @@ class TunecacheClient:
         response = self._request("POST", "/v1/tuning-jobs", content=job.model_dump_json(exclude_none=True),
                                  headers={"Content-Type": "application/json"})
         return self._answer(response, TuningJobRead)
+
+    def create_token(self, name: str, scope: Scope) -> TokenCreated:
+        """``POST /v1/tokens`` (admin): a new token; its secret is in the answer only.
+
+        Raises:
+            ServerError: 409 when the name is taken, 401/403 without an admin token.
+            ServerUnreachable.
+        """
+        body = TokenCreate(name=name, scope=scope).model_dump_json()
+        response = self._request("POST", "/v1/tokens", content=body, headers={"Content-Type": "application/json"})
+        return self._answer(response, TokenCreated)
+
+    def list_tokens(self) -> list[TokenRead]:
+        """``GET /v1/tokens`` (admin): every token, without secrets."""
+        response = self._request("GET", "/v1/tokens")
+        if response.status_code != 200:
+            raise ServerError(response.status_code, _detail(response))
+        try:
+            return [TokenRead.model_validate(item) for item in response.json()]
+        except (ValueError, ValidationError) as exc:
+            raise TunecacheError(f"unexpected answer from {self.base_url}: {str(exc).splitlines()[0]}") from None
+
+    def revoke_token(self, name: str) -> TokenRead:
+        """``DELETE /v1/tokens/{name}`` (admin). Raises ServerError (404: no such token)."""
+        return self._answer(self._request("DELETE", f"/v1/tokens/{name}"), TokenRead)
+
+    def list_audit_events(self, limit: int = 100, before: int | None = None) -> AuditPage:
+        """``GET /v1/audit`` (admin): writes, newest first."""
+        params = {"limit": limit} | ({"before": before} if before else {})
+        return self._answer(self._request("GET", "/v1/audit", params=params), AuditPage)
 
     def get_job(self, job_id: int) -> TuningJobRead:
         """``GET /v1/tuning-jobs/{id}``: status, stage, step/total, log tail, timings."""

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from tunecache.client.atomic import write_atomically
 from tunecache.client.http import TunecacheClient
 from tunecache.client.jit_install import (
     check_jit_module,
-    flashinfer_workspace_dir,
+    flashinfer_workspace,
     install_jit_module,
     jit_environment,
     jit_mismatches,
+    shown,
 )
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey, TuningRunRead
+from tunecache.signing import verify_run
 from tunecache.store import TunecacheError
 
 
@@ -29,7 +34,10 @@ class InstalledTuning:
     jit_modules: tuple[str, ...] = ()
     jit_workspace: Path | None = None
     jit_skipped: str | None = None
-    """Why the run's JIT modules were not installed (built with other paths or CUDA), if so."""
+    """Why the run's JIT modules were not installed (unsigned, built for another FlashInfer
+    version or arch, with other paths or CUDA, or this pod's FlashInfer workspace is unknown), if so."""
+    signed_by: str | None = None
+    """Id of the trusted key whose signature over the run checked (``None``: not checked)."""
 
 
 def default_file_name(key: TuningKey) -> str:
@@ -60,26 +68,51 @@ class FetchedTuning:
     jit_modules: tuple[bytes, ...] = ()
     deep_gemm: bytes | None = None
     """The run's DeepGEMM JIT cache tarball, when it has one and it was asked for."""
+    signed_by: str | None = None
+    """Id of the trusted key whose signature over the run's manifest checked, if any."""
+    executable_refused: str | None = None
+    """Why JIT modules / the DeepGEMM cache were asked for but not fetched (the run's
+    signature was not checked: no trusted keys are set)."""
 
     @property
     def workspace_subdir(self) -> str:
-        """FlashInfer's ``<version>/<arch dir>`` on the tuning node (``""`` if not recorded)."""
+        """FlashInfer's ``<version>/<arch dir>`` on the tuning node (``""`` if not recorded).
+
+        The server's word: compared with this pod's own (:func:`install_jit_modules`),
+        never made into a path."""
         layout = self.run.summary.get("flashinfer_jit")
         return str(layout.get("workspace_subdir", "")) if isinstance(layout, dict) else ""
 
 
 def fetch_tuning(
-    client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False, deep_gemm: bool = False
+    client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False, deep_gemm: bool = False,
+    trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
 ) -> FetchedTuning:
     """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
     JIT modules; with ``deep_gemm``, its DeepGEMM cache), each verified against its sha256.
 
+    Trust (:mod:`tunecache.signing`): with ``trusted_keys`` (the pod's
+    ``TUNECACHE_TRUSTED_KEYS``), the run's signature must check against one of them over
+    the manifest of *this pod's* key and environment and the run's artifacts, else nothing
+    is fetched; since every artifact is then checked against its sha256 in that manifest,
+    no byte the signer did not sign is installed. Without trusted keys, the tactics are
+    fetched but JIT modules and DeepGEMM caches (code the inference process loads) never
+    are: ``executable_refused`` says so.
+
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
         (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file;
-        BadJitArtifact when a JIT module's tarball is unusable (checked before any install).
+        UntrustedRun (:mod:`tunecache.signing`): trusted keys are set and the run is
+        unsigned, signed by another key, or its manifest does not match; BadJitArtifact when
+        a JIT module's tarball is unusable (checked before any install).
     """
     run = client.lookup(key, environment)
+    signed_by = verify_run(run.signature, key, environment, run.artifacts, trusted_keys) if trusted_keys else None
+    refused = None
+    if (jit or deep_gemm) and signed_by is None:
+        refused = ("JIT modules and DeepGEMM caches install only from a run signed by a trusted key, and no trusted "
+                   "keys are set (TUNECACHE_TRUSTED_KEYS)")
+        jit = deep_gemm = False
     artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
     if artifact is None:
         raise TunecacheError(f"tuning run {run.id} has no {ArtifactKind.FLASHINFER_AUTOTUNE} artifact")
@@ -89,30 +122,45 @@ def fetch_tuning(
         check_jit_module(module)
     dg = run.artifact(ArtifactKind.DEEP_GEMM_JIT_CACHE) if deep_gemm else None
     return FetchedTuning(
-        run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None
+        run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
+        signed_by=signed_by, executable_refused=refused,
     )
 
 
 def install_jit_modules(fetched: FetchedTuning, workspace: Path | bool) -> tuple[list[str], Path | None, str | None]:
-    """Unpack the fetched JIT modules into ``workspace`` (``True``: this pod's FlashInfer
-    workspace), after checking that they were built where they will load.
+    """Unpack the fetched JIT modules into ``workspace``: a directory this pod names
+    (``tunecache pull --jit-workspace DIR``; used as given), or ``True``: this pod's
+    FlashInfer workspace as this pod's FlashInfer says
+    (:func:`tunecache.client.jit_install.flashinfer_workspace`), after checking that the
+    modules were built where they will load.
 
-    Returns ``(modules, workspace, None)``, or ``([], None, reason)`` when installing into
-    this pod's workspace and a validity field the run recorded
-    (:data:`tunecache.client.jit_install.JIT_VALIDITY_FIELDS`) differs here: installed, ninja
-    would rebuild the modules or fail, so nothing of them is written (the tactics are
-    installed apart) and ``reason`` names each difference.
+    Nothing the run carries picks the directory: the node's ``workspace_subdir`` it records
+    is only compared with this pod's.
+
+    Returns ``(modules, workspace, None)``, or, with ``True``, ``([], None, reason)`` when
+    nothing of the modules is written (the tactics are installed apart) and ``reason`` is
+    one line saying why: FlashInfer is not importable here (this pod cannot tell its
+    workspace), or the run's ``workspace_subdir`` (FlashInfer version and arch) or a
+    validity field it recorded (:data:`tunecache.client.jit_install.JIT_VALIDITY_FIELDS`)
+    differs here, so ninja would rebuild the modules or fail; each difference is named.
     """
     if not fetched.jit_modules:
-        return [], None, None
-    if workspace is True:
-        recorded = fetched.run.summary.get("flashinfer_jit")
-        mismatches = jit_mismatches(recorded if isinstance(recorded, dict) else {}, jit_environment())
-        if mismatches:
-            return [], None, (f"{len(fetched.jit_modules)} FlashInfer JIT modules not installed, built elsewhere: "
-                              + "; ".join(mismatches))
-    target = flashinfer_workspace_dir(fetched.workspace_subdir) if workspace is True else Path(workspace)
-    return [install_jit_module(blob, target) for blob in fetched.jit_modules], target, None
+        return [], None, fetched.executable_refused
+    count = len(fetched.jit_modules)
+    if workspace is not True:
+        target = Path(workspace)
+        return [install_jit_module(blob, target) for blob in fetched.jit_modules], target, None
+    own = flashinfer_workspace()
+    if own is None:
+        return [], None, (f"{count} FlashInfer JIT modules not installed: FlashInfer is not importable here, so this "
+                          "pod's FlashInfer workspace is unknown (tunecache pull --jit-workspace DIR names one)")
+    recorded = fetched.run.summary.get("flashinfer_jit")
+    mismatches = jit_mismatches(recorded if isinstance(recorded, dict) else {}, jit_environment())
+    if fetched.workspace_subdir and fetched.workspace_subdir != own.subdir:
+        mismatches.insert(0, f"workspace_subdir: node {shown(fetched.workspace_subdir)}, here {own.subdir}")
+    if mismatches:
+        return [], None, f"{count} FlashInfer JIT modules not installed, built elsewhere: " + "; ".join(mismatches)
+    return [install_jit_module(blob, own.path) for blob in fetched.jit_modules], own.path, None
 
 
 def pull_autotune_file(
@@ -122,25 +170,28 @@ def pull_autotune_file(
     dest_dir: Path,
     file_name: str | None = None,
     jit_workspace: Path | bool | None = None,
+    trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
 ) -> InstalledTuning:
     """Fetch the current tuning and install it as a plain FlashInfer cache file in
     ``dest_dir``, for ``flashinfer.autotune(False, cache=PATH)``.
 
     ``jit_workspace``: also install the run's FlashInfer JIT modules, into this
-    FlashInfer workspace directory, or (``True``) into this pod's
-    (:func:`tunecache.client.jit_install.flashinfer_workspace_dir`). Every artifact is
-    downloaded and verified before anything is written.
+    FlashInfer workspace directory, or (``True``) into this pod's own
+    (:func:`install_jit_modules`); only from a run signed
+    by one of ``trusted_keys`` (:func:`fetch_tuning`). Every artifact is downloaded and
+    verified before anything is written.
 
     Raises:
-        as :func:`fetch_tuning`; ValueError for a ``file_name`` with directory parts;
+        as :func:`fetch_tuning` (UntrustedRun: nothing is written); ValueError for a
+        ``file_name`` with directory parts;
         BadJitArtifact; OSError when writing fails (nothing half-written is left).
     """
     path = Path(dest_dir) / (check_file_name(file_name) if file_name else default_file_name(key))
-    fetched = fetch_tuning(client, key, environment, jit=bool(jit_workspace))
+    fetched = fetch_tuning(client, key, environment, jit=bool(jit_workspace), trusted_keys=trusted_keys)
     modules, workspace, skipped = install_jit_modules(fetched, jit_workspace) if jit_workspace else ([], None, None)
     write_atomically(path, fetched.autotune)
     artifact = fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
     return InstalledTuning(
         path=path, run_id=fetched.run.id, sha256=artifact.sha256, entries=fetched.run.entries,
-        jit_modules=tuple(modules), jit_workspace=workspace, jit_skipped=skipped,
+        jit_modules=tuple(modules), jit_workspace=workspace, jit_skipped=skipped, signed_by=fetched.signed_by,
     )

@@ -5,6 +5,10 @@ Each artifact is one module's tarball (see ``tunecache.service.tuner.jit_artifac
 ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/<archs>``. FlashInfer then
 finds the built ``.so`` and ninja finds nothing to rebuild, provided the pod's
 workspace, FlashInfer and CUDA paths equal the tuning node's (same image).
+
+Where modules go is the pod's own business: its FlashInfer's workspace
+(:func:`flashinfer_workspace`) or a directory the pod names. What a run records about
+the tuning node's workspace is compared with the pod's, never made into a path.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from tunecache.client.atomic import directory_lock, swap_into_place
 
@@ -56,12 +61,19 @@ def jit_environment() -> dict[str, str] | None:
         return None
 
 
+def shown(value: object, limit: int = 200) -> str:
+    """A value a run recorded, fit for one log line: control characters escaped, at most
+    ``limit`` characters (it comes from the server, so it may hold anything)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def jit_mismatches(recorded: dict, here: dict[str, str] | None) -> list[str]:
     """``"field: node X, here Y"`` for every validity field recorded with a run that differs
     here (nothing when the run recorded none or this process cannot tell)."""
     if here is None:
         return []
-    return [f"{field}: node {recorded[field]}, here {here.get(field)}" for field in JIT_VALIDITY_FIELDS
+    return [f"{field}: node {shown(recorded[field])}, here {here.get(field)}" for field in JIT_VALIDITY_FIELDS
             if field in recorded and str(recorded[field]) != here.get(field)]
 
 
@@ -69,21 +81,34 @@ class BadJitArtifact(ValueError):
     """A JIT tarball with paths outside one module's directories, links, or special files."""
 
 
-def flashinfer_workspace_dir(recorded_subdir: str) -> Path:
-    """This pod's FlashInfer JIT workspace.
+class FlashInferWorkspace(NamedTuple):
+    """This process's FlashInfer JIT workspace."""
 
-    With FlashInfer importable: ``flashinfer.jit.env.FLASHINFER_WORKSPACE_DIR`` (exact).
-    Without: ``$FLASHINFER_WORKSPACE_BASE`` (default ``$HOME``) ``/.cache/flashinfer/`` +
-    the tuning node's ``<version>/<archs>`` (``recorded_subdir``), as
-    ``flashinfer/jit/env.py`` composes it.
+    path: Path
+    """``flashinfer.jit.env.FLASHINFER_WORKSPACE_DIR``."""
+    subdir: str
+    """Its ``<version>/<archs>`` part (relative to ``FLASHINFER_CACHE_DIR``), as the tuner
+    records a run's ``workspace_subdir``."""
+
+
+def flashinfer_workspace() -> FlashInferWorkspace | None:
+    """This pod's FlashInfer JIT workspace as this pod's FlashInfer composes it
+    (``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<its version>/<its archs>``), or
+    ``None`` when FlashInfer is not importable here: then this pod cannot tell its
+    workspace, and a caller either names a directory itself or installs no JIT module.
     """
     try:
         from flashinfer.jit import env as jit_env
 
-        return Path(jit_env.FLASHINFER_WORKSPACE_DIR)
-    except ImportError:
-        base = os.environ.get("FLASHINFER_WORKSPACE_BASE", str(Path.home()))
-        return Path(base) / ".cache" / "flashinfer" / recorded_subdir
+        path = Path(jit_env.FLASHINFER_WORKSPACE_DIR)
+        cache_dir = Path(jit_env.FLASHINFER_CACHE_DIR)
+    except Exception:  # no FlashInfer, or one that cannot load here
+        return None
+    try:
+        subdir = str(path.relative_to(cache_dir))
+    except ValueError:  # a FlashInfer that keeps its workspace elsewhere
+        subdir = str(Path(path.parent.name) / path.name)
+    return FlashInferWorkspace(path, subdir)
 
 
 def _module_of(tar: tarfile.TarFile) -> str:

@@ -19,8 +19,9 @@
   ``resolve_flashinfer_autotune_v2_root``), else FlashInfer's ``get_default_cache_root()``.
 
 With vllm importable, vLLM's own functions give the root and the hash; without it the
-root is composed as above (mirrored from vLLM 0.33.0) and the hash must be given (the
-plugin computes it inside vLLM; an init container gets it with ``--vllm-config-hash``).
+root is composed as above (mirrored from vLLM 0.33.0) from this pod's own environment and
+FlashInfer, and the hash must be given (the plugin computes it inside vLLM; an init
+container gets it with ``--vllm-config-hash``). Nothing a run carries becomes part of a path.
 Every install is all-or-nothing: written into a temporary directory beside the target
 and renamed into place.
 """
@@ -42,15 +43,17 @@ def vllm_rank_file_name(dp_rank: int, rank: int) -> str:
     return f"autotune_configs_dp{dp_rank}_rank{rank}.json"
 
 
-def vllm_autotune_root(workspace_subdir: str | None = None) -> Path:
-    """vLLM's per-rank autotune root for this process.
-
-    Args:
-        workspace_subdir: FlashInfer's ``<version>/<arch dir>`` (e.g. ``0.7.4/90a``), used
-            only when neither vllm nor flashinfer is importable (recorded by the tuner).
+def vllm_autotune_root() -> Path:
+    """vLLM's per-rank autotune root for this process, from this pod's own environment:
+    vLLM's ``flashinfer_autotune_root()``; without vllm,
+    ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``, else
+    ``$VLLM_CACHE_ROOT/flashinfer_autotune_cache/`` + the ``<version>/<arch dir>`` of this
+    pod's FlashInfer workspace.
 
     Raises:
-        ValueError: nothing tells the FlashInfer version and arch directory.
+        ValueError: neither vllm nor flashinfer is importable here and
+            ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` is unset, so nothing here tells the
+            FlashInfer version and arch directory.
     """
     try:
         from vllm.model_executor.warmup.flashinfer_autotune_cache import flashinfer_autotune_root
@@ -70,9 +73,8 @@ def vllm_autotune_root(workspace_subdir: str | None = None) -> Path:
         workspace = Path(jit_env.FLASHINFER_WORKSPACE_DIR)
         subdir = Path(workspace.parent.name) / workspace.name
     except ImportError:
-        if not workspace_subdir:
-            raise ValueError("cannot tell FlashInfer's version/arch directory here; set VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR") from None
-        subdir = Path(workspace_subdir)
+        raise ValueError("cannot tell FlashInfer's version/arch directory here (neither vllm nor flashinfer is "
+                         "importable); set VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR or pass --dest") from None
     return Path(cache_root).expanduser() / "flashinfer_autotune_cache" / subdir
 
 

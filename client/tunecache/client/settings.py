@@ -7,6 +7,18 @@ variable                        default      meaning
 ==============================  ===========  ==================================================
 ``TUNECACHE_URL``               (none)       the tunecache server, e.g. ``http://tunecache:8321``
 ``TUNECACHE_TOKEN``             (none)       sent as ``Authorization: Bearer <token>``
+``TUNECACHE_TOKEN_FILE``        see meaning  a file holding the token, read when
+                                             ``TUNECACHE_TOKEN`` is unset; default: the
+                                             ``admin.token`` that ``tunecache serve`` writes
+                                             in its data dir on this machine, if there is one
+``TUNECACHE_CA_BUNDLE``         (none)       CA certificates (PEM) to verify the server's TLS
+                                             certificate with (default: the system's)
+``TUNECACHE_ALLOW_INSECURE``    ``false``    allow sending a token over plain HTTP to a host
+                                             that is not loopback
+``TUNECACHE_TRUSTED_KEYS``      (none)       public keys of the fleet's tuner nodes: a file
+                                             (one ``ed25519:...`` per line) or a comma list;
+                                             runs signed by none of them install no JIT
+                                             module, no DeepGEMM cache, and no tactics
 ``TUNECACHE_CONNECT_TIMEOUT``   ``5``        seconds to connect
 ``TUNECACHE_READ_TIMEOUT``      ``30``       seconds to wait for each read
 ``TUNECACHE_TOTAL_TIMEOUT``     ``120``      seconds one attempt may take in all
@@ -22,10 +34,19 @@ variable                        default      meaning
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_token_file() -> Path:
+    """``admin.token`` in the data dir of a ``tunecache serve`` on this machine
+    (``$TUNECACHE_DATA_DIR``, else ``$XDG_DATA_HOME/tunecache`` or ``~/.local/share/tunecache``)."""
+    data_dir = os.environ.get("TUNECACHE_DATA_DIR") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"), "tunecache")
+    return Path(data_dir) / "admin.token"
 
 
 class ClientSettings(BaseSettings):
@@ -45,6 +66,26 @@ class ClientSettings(BaseSettings):
     dtype: str = "auto"
     quantization: str = "auto"
     environment_file: Path | None = None
+    token_file: Path = Field(default_factory=default_token_file)
+    ca_bundle: Path | None = None
+    allow_insecure: bool = False
+    trusted_keys: str | None = None
+
+    def resolved_token(self) -> str | None:
+        """``token``, else the first line of ``token_file`` when that file exists, else ``None``.
+
+        Raises:
+            ValueError: ``token_file`` exists but cannot be read.
+        """
+        if self.token is not None:
+            return self.token.get_secret_value()
+        try:
+            text = self.token_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ValueError(f"TUNECACHE_TOKEN_FILE={str(self.token_file)!r}: cannot read it: {exc.strerror}") from None
+        return text.splitlines()[0].strip() if text else None
 
     @field_validator("token")
     @classmethod

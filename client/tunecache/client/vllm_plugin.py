@@ -12,8 +12,10 @@ so that, in each worker, before FlashInfer's autotune step:
   ``flashinfer_autotune_root() / flashinfer_autotune_cache_hash(runner) /
   flashinfer_autotune_filename(dp_rank, rank)`` (vLLM's own functions), or FlashInfer's v2
   store when vLLM uses it (``use_flashinfer_autotune_v2()``: single-rank);
-* the tuning's FlashInfer JIT modules go into the FlashInfer workspace (``TUNECACHE_JIT=0``
-  turns that off), and a DeepGEMM JIT cache, when the run has one, is unpacked under
+* the tuning's FlashInfer JIT modules go into this worker's FlashInfer workspace, as its
+  own FlashInfer names it (modules built for another FlashInfer version or arch, or with
+  other paths, are skipped; ``TUNECACHE_JIT=0`` turns that off), and a DeepGEMM JIT cache,
+  when the run has one, is unpacked under
   ``$VLLM_CACHE_ROOT/tunecache/deep_gemm/<run>`` and added to ``DG_JIT_CACHE_DIR`` as a
   read-only root (set in this process before DeepGEMM first reads it).
 
@@ -144,13 +146,15 @@ def _install_safely(runner: Any, settings: Any) -> bool | None:
     from tunecache.client.atomic import write_atomically
     from tunecache.client.install import fetch_tuning, install_jit_modules
     from tunecache.client.layouts import deep_gemm_cache_dirs, flashinfer_v2_root, install_deep_gemm_cache, install_v2_store
+    from tunecache.signing import load_trusted_keys
 
     try:
         environment = _environment(settings)
         key = _key(runner, environment, settings)
         jit = settings.jit
+        trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
         with _client(settings) as client:
-            fetched = fetch_tuning(client, key, environment, jit=jit, deep_gemm=jit)
+            fetched = fetch_tuning(client, key, environment, jit=jit, deep_gemm=jit, trusted_keys=trusted)
         modules, _, skipped = install_jit_modules(fetched, True) if jit else ([], None, None)
         if fetched.deep_gemm is not None:
             directory = install_deep_gemm_cache(

@@ -16,20 +16,27 @@ from typing import IO
 
 import anyio.to_thread
 import limits
+from cachetools import TTLCache
 from fastapi import FastAPI
 from starlette.routing import compile_path
 from sqlalchemy import Engine
 
-from tunecache.service import db
+from tunecache.service import db, policy
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
 from tunecache.service.limits import BodySizeLimit, LoadShedding
-from tunecache.service.routes import artifacts, health, jobs, tunings
+from tunecache.service.routes import artifacts, audit, health, jobs, tokens, tunings
+
 from tunecache.contract import WorkerStatus
 from tunecache.service.settings import Settings
 from tunecache.service.worker import JobWorker, detect_gpu
+from tunecache.signing import load_signing_key
 
 log = logging.getLogger("tunecache")
+
+#: Every router of the API, mounted under ``/v1``; each of their routes declares a caller
+#: policy (:mod:`tunecache.service.policy`).
+API_ROUTERS = (health.router, tunings.router, artifacts.router, jobs.router, tokens.router, audit.router)
 
 
 def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
@@ -37,6 +44,7 @@ def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
 
     Raises:
         RuntimeError: ``worker == "on"`` and this node has no usable GPU.
+        SigningError (:mod:`tunecache.signing`): ``TUNECACHE_SIGNING_KEY`` is not a usable key.
     """
     if settings.worker == "off":
         app.state.worker_status = WorkerStatus(enabled=False, reason="disabled (TUNECACHE_WORKER=off)")
@@ -62,6 +70,8 @@ def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
         max_attempts=settings.job_max_attempts,
         poll_s=settings.worker_poll_seconds,
         work_root=settings.data_dir / "work",
+        model_config_dir=settings.model_config_dir,
+        signing_key=load_signing_key(settings.signing_key) if settings.signing_key else None,
     )
     (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
     worker.start()
@@ -108,6 +118,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.job_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
+        app.state.token_cache = TTLCache(maxsize=4096, ttl=settings.token_cache_seconds)
         worker = generation_connection = None
         try:
             db.check_schema(app.state.engine)
@@ -140,7 +151,28 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     # Added last, so it runs first: a saturated process answers 503 before doing any work.
     app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_seconds)
     app.state.path_methods = []  # (path regex, methods) of every route, for the Allow of a 405
-    for router in (health.router, tunings.router, artifacts.router, jobs.router):
+    for router in API_ROUTERS:
         app.include_router(router, prefix="/v1", responses=COMMON_ERRORS)
         app.state.path_methods += [(compile_path("/v1" + route.path)[0], frozenset(route.methods)) for route in router.routes]
+    _document_optional_tokens(app, settings)
     return app
+
+
+def _document_optional_tokens(app: FastAPI, settings: Settings) -> None:
+    """In the OpenAPI document, the routes anyone may call (``PUBLIC``, and ``READ`` unless
+    ``TUNECACHE_READ_TOKEN_REQUIRED``) take the bearer token as optional (``security: [{},
+    {"HTTPBearer": []}]``); the others require it, as FastAPI writes it."""
+    optional = {policy.PUBLIC} | (set() if settings.read_token_required else {policy.READ})
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = build()
+            for router in API_ROUTERS:
+                for route in router.routes:
+                    if policy.policy_of(route) in optional:
+                        for method in route.methods:
+                            schema["paths"]["/v1" + route.path_format][method.lower()]["security"] = [{}, {"HTTPBearer": []}]
+        return app.openapi_schema
+
+    app.openapi = openapi

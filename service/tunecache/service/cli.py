@@ -84,9 +84,13 @@ def serve(
     workers: Annotated[
         Optional[int], typer.Option(min=1, help="server processes (TUNECACHE_WORKERS, default 1); one runs the job worker")
     ] = None,
+    ssl_certfile: Annotated[Optional[Path], typer.Option(help="serve HTTPS with this certificate (PEM)")] = None,
+    ssl_keyfile: Annotated[Optional[Path], typer.Option(help="the certificate's private key (PEM)")] = None,
 ) -> None:
     """Run the HTTP service. On SQLite (the default) the schema is migrated first; on
-    PostgreSQL it must already be current (tunecache db upgrade)."""
+    PostgreSQL it must already be current (tunecache db upgrade). On a database with no
+    tokens at all, the first start creates an ``admin`` token and writes it to
+    ``<data dir>/admin.token`` (mode 0600); client commands on this machine read it."""
     import os
 
     import uvicorn
@@ -107,23 +111,43 @@ def serve(
         gpu, reason = detect_gpu()
         if gpu is None:
             fail(ExitCode.SERVE_FAILED, f"TUNECACHE_WORKER=on but this node cannot tune: {reason}")
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        fail(ExitCode.USAGE, "--ssl-certfile and --ssl-keyfile go together")
     engine = _ready_engine(settings.resolved_database_url())
     shown = engine.url.render_as_string(hide_password=True)
+    _bootstrap_admin_token(engine, settings.admin_token_file)
     engine.dispose()
     # Every process builds its app from the environment (uvicorn's factory mode).
     # (options override variables: write back what the processes' own Settings() will read)
     os.environ.update({"TUNECACHE_DATABASE_URL": settings.resolved_database_url(), "TUNECACHE_DATA_DIR": str(settings.data_dir),
                        "TUNECACHE_HOST": settings.host, "TUNECACHE_PORT": str(settings.port),
                        "TUNECACHE_WORKERS": str(settings.workers)})
-    typer.echo(f"tunecache starting on http://{settings.host}:{settings.port} with {settings.workers} process(es) "
+    scheme = "https" if ssl_certfile else "http"
+    typer.echo(f"tunecache starting on {scheme}://{settings.host}:{settings.port} with {settings.workers} process(es) "
                f"(database {shown})", err=True)
     try:
         uvicorn.run("tunecache.service.app:create_app", factory=True, host=settings.host, port=settings.port,
                     workers=settings.workers, log_level="info", access_log=settings.access_log,
-                    timeout_graceful_shutdown=10)
+                    timeout_graceful_shutdown=10,
+                    ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+                    ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
     except SystemExit as exc:  # uvicorn exits 3 when it cannot bind or start
         if exc.code not in (0, None):
             fail(ExitCode.SERVE_FAILED, f"could not serve on {settings.host}:{settings.port} (see the log above)")
+
+
+def _bootstrap_admin_token(engine, path: Path) -> None:
+    """Create the first admin token when the database has none, and say where it is."""
+    from tunecache.service import db, tokens
+
+    try:
+        with db.session_factory(engine).begin() as session:
+            created = tokens.bootstrap_admin_token(session, path)
+    except OSError as exc:
+        fail(ExitCode.SERVE_FAILED, f"cannot write the first admin token to {path}: {exc.strerror}")
+    if created:
+        typer.echo(f"tunecache: no tokens yet: created token 'admin' (scope admin) in {path} (mode 0600); "
+                   f"client commands on this machine read it, others need it in TUNECACHE_TOKEN", err=True)
 
 
 def db_upgrade(database: DatabaseOpt = None) -> None:
@@ -160,21 +184,30 @@ def tune(
     stages: StagesOpt = None,
     runner: Annotated[str, typer.Option(help="'native' (tunecache's stages) or 'vllm' (vLLM's own kernel_warmup; needs vllm and tp > 1)")] = "native",
     timeout: Annotated[float, typer.Option(min=1, help="seconds before the tuner process is killed")] = 3600.0,
+    signing_key: Annotated[
+        Optional[Path], typer.Option(envvar="TUNECACHE_SIGNING_KEY", help="sign the run with this Ed25519 key (tunecache keys generate)")
+    ] = None,
     work_dir: Annotated[Optional[Path], typer.Option(help="keep the tuner's files here (default: a temporary directory)")] = None,
 ) -> None:
     """On a GPU node: run FlashInfer's autotuner for a model in a child process and store the run
-    (on a server with --server, in a database with --database; a failure is stored as a failed run)."""
+    (on a server with --server, in a database with --database; a failure is stored as a failed run).
+    With --signing-key the run is signed: pods install its JIT modules only then."""
     from pydantic import ValidationError
 
     from tunecache.progress import ProgressDisplay
     from tunecache.service.tuner.model_config import ModelConfigError, load_hf_config
     from tunecache.service.tuner.runner import TunerFailed, run_tuner
     from tunecache.service.tuner.stages import TuneSpec
+    from tunecache.signing import SigningError, load_signing_key
 
     if runner not in ("native", "vllm"):
         fail(ExitCode.USAGE, "--runner must be 'native' or 'vllm'")
     if server is None and database is None:
         fail(ExitCode.USAGE, "give --server URL or --database URL (or set TUNECACHE_DATABASE_URL)")
+    try:
+        signer = load_signing_key(signing_key) if signing_key is not None else None
+    except SigningError as exc:
+        fail(ExitCode.BAD_INPUT, str(exc))
     try:
         hf_config = load_hf_config(config or model)
     except ModelConfigError as exc:
@@ -206,7 +239,7 @@ def tune(
                 if record is not None:
                     store.record_run(record)
                 fail(ExitCode.TUNING_FAILED, f"{failure.message}\n{failure.log_tail}".rstrip())
-            run = result.record(store, spec, RunTrigger.CLI, node)
+            run = result.record(store, spec, RunTrigger.CLI, node, signer)
     except typer.Exit:
         raise
     except Exception as exc:

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tunecache.contract import ErrorBody
+from tunecache.store import ArtifactsMissing
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -60,6 +61,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 #: The error answers every route may give, for the OpenAPI document (one body schema).
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The body is not JSON the service can read"},
+    401: {"model": ErrorBody, "description": "No token, or one that is unknown, revoked or malformed (WWW-Authenticate: Bearer)"},
+    403: {"model": ErrorBody, "description": "The token's scope does not allow this route; the answer names the scope needed"},
     413: {"model": ErrorBody, "description": "The body is over its limit (TUNECACHE_MAX_JSON_BYTES, TUNECACHE_MAX_UPLOAD_BYTES)"},
     422: {"model": ErrorBody, "description": "Invalid request: each invalid field, or the rule it breaks"},
     500: {"model": ErrorBody, "description": "Unexpected error (logged)"},
@@ -81,7 +84,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException):
 
 
 def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
-    """422 for invalid requests, 503 with ``Retry-After`` when the database is unreachable,
+    """422 for invalid requests (and for a run naming artifacts never uploaded: its
+    ``missing`` lists their sha256; raised, so the request's transaction rolls back), 503 with ``Retry-After`` when the database is unreachable,
     busy or too slow, 400 for values the database refuses, and a JSON 500 for anything
     else (never a bare text page)."""
     retry_after = {"Retry-After": str(retry_after_s)}
@@ -99,6 +103,10 @@ def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
         log.error("database refused a statement: %s", exc)
         return JSONResponse(status_code=400, content={"detail": "the database refused a value of the request"})
 
+    async def artifacts_missing(request: Request, exc: ArtifactsMissing) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": str(exc), "missing": exc.missing})
+
+    app.add_exception_handler(ArtifactsMissing, artifacts_missing)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, database_unavailable)

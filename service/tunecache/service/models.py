@@ -19,6 +19,9 @@ Tables:
   the same transaction that records a successful run.
 * ``tuning_generation``: one counter, moved in the transaction that moves a current
   tuning; processes cache lookup answers per generation.
+* ``api_tokens``: bearer tokens (name, scope, sha256 of the secret, creation, last use,
+  revocation); the secret itself is never stored.
+* ``audit_events``: every write, with the name and scope of the token that made it.
 * ``tuning_jobs``: the queue of requested tunings (HTTP-triggered re-tuning). At most one
   job per key is queued or running (a partial unique index: single-flight); a running
   job holds a lease that its worker renews.
@@ -50,7 +53,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from tunecache.contract import ACTIVE_JOB_STATUSES, KEY_FIELDS, JobStatus, RunStatus, RunTrigger, StrEnum
+from tunecache.contract import ACTIVE_JOB_STATUSES, KEY_FIELDS, JobStatus, RunStatus, RunTrigger, Scope, StrEnum
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -151,6 +154,10 @@ class TuningRun(Base):
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     verified: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
+    signing_key_id: Mapped[str | None] = mapped_column(String(16))
+    signature: Mapped[str | None] = mapped_column(String(128))
+    recorded_by: Mapped[str | None] = mapped_column(String(64))
+    """Name of the token that recorded the run; ``None`` for runs written on the database."""
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")
     environment: Mapped[Environment] = relationship(lazy="joined")
@@ -249,3 +256,36 @@ class TuningJob(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column()
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")
+
+
+class ApiToken(Base):
+    """A bearer token ``tc_<token_id>_<secret>``: looked up by ``token_id``, checked by
+    comparing sha256 of the secret in constant time."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (CheckConstraint(one_of("scope", Scope), name="scope"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_id: Mapped[str] = mapped_column(String(16), unique=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    created_by: Mapped[str | None] = mapped_column(String(64))
+    last_used_at: Mapped[dt.datetime | None] = mapped_column()
+    revoked_at: Mapped[dt.datetime | None] = mapped_column()
+
+
+class AuditEvent(Base):
+    """One write: which token (name and scope at the time), method, path, what it did."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (CheckConstraint(one_of("scope", Scope), name="scope"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    token_name: Mapped[str] = mapped_column(String(64), index=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(512))
+    detail: Mapped[str | None] = mapped_column(String(1024))

@@ -19,6 +19,7 @@ from tunecache.contract import (
     ClosestTuning,
     EnvironmentMetadata,
     LookupMiss,
+    RunSignature,
     RunStatus,
     RunTrigger,
     TuningKey,
@@ -108,6 +109,8 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
         verified=run.verified,
         is_current=is_current,
         created_at=run.created_at,
+        signature=RunSignature(key_id=run.signing_key_id, signature=run.signature) if run.signature else None,
+        recorded_by=run.recorded_by,
         artifacts=[
             ArtifactRead(
                 kind=a.kind,
@@ -122,14 +125,20 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
     )
 
 
-def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
+def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
+               recorded_by: str | None = None) -> TuningRunRead:
     """Record a finished run; a succeeded, verified run becomes current for its key and environment.
 
     Earlier runs are kept (history); only the ``current_tunings`` pointer moves, in the
     same transaction, and only forward (to a higher run id), so concurrent recordings
     leave the newest run current. A failed run never moves it, so the previous tuning
     stays current.
-    Runs with trigger ``pod`` are recorded unverified and do not become current.
+
+    ``trusted``: whether the recorder may make runs current (a ``tune`` or ``admin``
+    token, or a node on the database itself). An untrusted run is stored with trigger
+    ``pod``, whatever ``run.trigger`` says; runs with trigger ``pod`` are recorded
+    unverified and never become current. ``recorded_by``: the token's name, kept with
+    the run. The run's signature is stored as sent (pods check it).
 
     Raises:
         ArtifactsMissing: an artifact's sha256 has no uploaded bytes.
@@ -159,12 +168,13 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
         if run.started_at is not None and run.finished_at is not None
         else None
     )
-    verified = run.trigger is not RunTrigger.POD
+    trigger = run.trigger if trusted else RunTrigger.POD
+    verified = trigger is not RunTrigger.POD
     row = TuningRun(
         key=key_row,
         environment=env_row,
         status=run.status.value,
-        trigger=run.trigger.value,
+        trigger=trigger.value,
         node=run.node,
         started_at=run.started_at,
         finished_at=run.finished_at,
@@ -173,6 +183,9 @@ def record_run(session: Session, run: TuningRunCreate) -> TuningRunRead:
         summary=run.summary,
         verified=verified,
         created_at=utcnow(),
+        signing_key_id=run.signature.key_id if run.signature else None,
+        signature=run.signature.signature if run.signature else None,
+        recorded_by=recorded_by,
         artifacts=[
             RunArtifact(kind=a.kind.value, name=a.name, media_type=a.media_type, sha256=a.sha256, size_bytes=sizes[a.sha256])
             for a in run.artifacts

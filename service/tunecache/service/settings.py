@@ -45,8 +45,19 @@ class Settings(BaseSettings):
     * ``TUNECACHE_RETRY_AFTER_SECONDS``: the ``Retry-After`` of those answers.
     * ``TUNECACHE_LOOKUP_CACHE_ENTRIES``: lookup answers kept in memory per process.
     * ``TUNECACHE_MAX_JSON_BYTES``: largest body of the JSON routes (413 above it).
-    * ``TUNECACHE_JOB_REQUEST_RATE``: tuning-job requests one client address may make per
+    * ``TUNECACHE_JOB_REQUEST_RATE``: tuning-job requests one token may make per
       process, in the ``limits`` package's notation (``30/minute``); past it: 429.
+    * ``TUNECACHE_READ_TOKEN_REQUIRED``: reads (lookups, artifacts, history) need a token
+      of any scope; off by default (trusted in-cluster networks keep pod boots simple).
+      Writes always need one.
+    * ``TUNECACHE_TOKEN_CACHE_SECONDS``: how long a process trusts a token it checked for a
+      read (a revoked token still reads for at most this long; writes check every time).
+    * ``TUNECACHE_SIGNING_KEY``: this tuner node's Ed25519 private key (``tunecache keys
+      generate``); the job worker signs every run it records with it.
+    * ``TUNECACHE_MODEL_CONFIG_DIR``: a directory of model configs on this node, one
+      ``<org>/<name>/config.json`` per model: a tuning job that carries no ``hf_config``
+      is tuned with its model's file here (a name with ``..``, an absolute name or a
+      symlink out of the directory finds nothing). Unset: such a job fails at once.
     * ``TUNECACHE_ACCESS_LOG``: log every request (uvicorn's access log; off by default:
       under a boot storm it costs a fifth of the CPU).
     """
@@ -75,12 +86,21 @@ class Settings(BaseSettings):
     max_json_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     access_log: bool = False
     job_request_rate: str = "30/minute"
+    read_token_required: bool = False
+    signing_key: Path | None = None
+    model_config_dir: Path | None = None
+    token_cache_seconds: float = Field(default=10.0, gt=0, le=3600)
 
     @property
     def pool_size(self) -> int:
         """Connections per process: ``db_pool_size``, or one per thread so that a thread
         never waits for a connection another thread is not using."""
         return self.db_pool_size or self.threads
+
+    @property
+    def admin_token_file(self) -> Path:
+        """Where ``tunecache serve`` writes the admin token it creates on a service with none."""
+        return self.data_dir / "admin.token"
 
     @property
     def artifact_cache_dir(self) -> Path:

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import RunTrigger, StageChanged, StageProgress, TunerError, TunerEvent
 from tunecache.service import jobs
 from tunecache.service.store import SqlTuningStore
-from tunecache.service.tuner.model_config import ModelConfigError, load_hf_config
+from tunecache.service.tuner.model_config import ModelConfigUnavailable, load_job_model_config
 from tunecache.service.tuner.runner import TunerFailed, TunerResult, run_tuner
 from tunecache.service.tuner.stages import TuneSpec
 
@@ -81,6 +82,12 @@ class JobWorker:
         max_attempts: claims of one job before it is failed (its workers kept dying).
         poll_s: seconds between claim attempts when the queue is empty.
         work_root: where the tuner's per-job directories are made.
+        model_config_dir: the node's model config directory (``TUNECACHE_MODEL_CONFIG_DIR``):
+            a job without ``hf_config`` for model ``org/name`` is tuned with
+            ``<dir>/org/name/config.json`` and fails without this directory
+            (:func:`tunecache.service.tuner.model_config.load_job_model_config`).
+        signing_key: the node's Ed25519 key (``TUNECACHE_SIGNING_KEY``): every run it records
+            is signed (pods install JIT modules and DeepGEMM caches only from signed runs).
         tuner: the function that tunes (the real child-process runner by default).
     """
 
@@ -95,6 +102,8 @@ class JobWorker:
         max_attempts: int = 3,
         poll_s: float = 2.0,
         work_root: Path | None = None,
+        model_config_dir: Path | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
         tuner: Tuner = run_tuner,
     ):
         self.sessions = sessions
@@ -105,6 +114,8 @@ class JobWorker:
         self.max_attempts = max_attempts
         self.poll_s = poll_s
         self.work_root = work_root
+        self.model_config_dir = model_config_dir
+        self.signing_key = signing_key
         self.tuner = tuner
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,10 +148,13 @@ class JobWorker:
             key, hf_config, options = jobs.job_spec_inputs(session, job.id)
         log.info("worker %s: running job %d for %s", self.name, job.id, key.model)
         try:
-            config = hf_config if hf_config is not None else load_hf_config(key.model)
-        except ModelConfigError as exc:
+            config = hf_config if hf_config is not None else load_job_model_config(self.model_config_dir, key.model)
+        except ModelConfigUnavailable as exc:
+            # the job (and GET /v1/tuning-jobs) gets the public message; paths and OS errors stay in this log
+            log.warning("worker %s: job %d failed: %s%s", self.name, job.id, exc,
+                        f" ({exc.detail})" if exc.detail != str(exc) else "")
             with self.sessions.begin() as session:
-                jobs.finish(session, job.id, self.name, error=f"model config: {exc}")
+                jobs.finish(session, job.id, self.name, error=str(exc))
             return True
         spec = TuneSpec(
             model=key.model,
@@ -210,6 +224,6 @@ class JobWorker:
                 with self.sessions.begin() as session:
                     jobs.finish(session, job_id, self.name, run_id=run_id, error=failure.message, log_tail=tail)
             else:
-                run = result.record(store, spec, RunTrigger.HTTP, self.name)
+                run = result.record(store, spec, RunTrigger.HTTP, self.name, self.signing_key)
                 with self.sessions.begin() as session:
                     jobs.finish(session, job_id, self.name, run_id=run.id, log_tail=progress.get("log_tail"))

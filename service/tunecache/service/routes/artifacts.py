@@ -16,6 +16,7 @@ from tunecache.contract import SHA256_PATTERN, ArtifactStored, ErrorBody
 from tunecache.service import blobs
 from tunecache.service.deps import SessionDep
 from tunecache.service.hot_path import ArtifactFiles
+from tunecache.service.policy import PushCaller, ReadCaller
 
 router = APIRouter(prefix="/artifacts", tags=["artifacts"])
 
@@ -70,8 +71,10 @@ def _not_modified(if_none_match: str | None, sha256: str) -> bool:
     openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
         "schema": {"type": "string", "format": "binary"}}}}},
 )
-async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep, response: Response) -> ArtifactStored:
+async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep, response: Response,
+                          _caller: PushCaller) -> ArtifactStored:
     """Store the raw request body under its sha256, streamed (never whole in memory).
+    Needs a ``push`` token (bytes alone change nothing a pod installs: a run names them).
 
     Idempotent: 201 when stored now, 200 when the same bytes were already there.
     Errors: 422 when the body does not hash to ``sha256`` (the request's transaction is
@@ -87,6 +90,7 @@ async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep,
             raise HTTPException(422, detail=str(exc)) from None
     if not stored.created:
         response.status_code = 200
+    request.state.audit_detail = f"{stored.size_bytes} bytes ({'stored' if stored.created else 'already stored'})"
     return stored
 
 
@@ -101,7 +105,7 @@ async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep,
         416: {"description": "the requested range is outside the artifact"},
     },
 )
-async def download_artifact(sha256: Sha256, request: Request) -> Response:
+async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCaller) -> Response:
     """The bytes stored under ``sha256``.
 
     Served from the node's mirror (:class:`~tunecache.service.hot_path.ArtifactFiles`:
@@ -153,7 +157,7 @@ def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str
 
 @router.head("/{sha256}", responses={200: {"description": "stored: Content-Length and ETag"},
                                      404: {"description": "nothing is stored under this sha256"}})
-def artifact_exists(sha256: Sha256, session: SessionDep) -> Response:
+def artifact_exists(sha256: Sha256, session: SessionDep, _caller: ReadCaller) -> Response:
     """200 with ``Content-Length`` when the bytes are stored (uploaders skip them), else 404."""
     size = blobs.blob_size(session, sha256)
     if size is None:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tunecache.contract import (
     MAX_ID,
     ErrorBody,
+    Scope,
     LookupMiss,
     LookupRequest,
     TuningRunCreate,
@@ -22,26 +23,28 @@ from tunecache.contract import (
 )
 from tunecache.service import repository
 from tunecache.service.deps import SessionDep
-from tunecache.store import ArtifactsMissing
+from tunecache.service.policy import PushCaller, ReadCaller
 
 router = APIRouter(prefix="/tunings", tags=["tunings"])
 
 
 @router.post("", response_model=TuningRunRead, status_code=201)
-def record_tuning(body: TuningRunCreate, session: SessionDep) -> TuningRunRead:
+def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller, request: Request) -> TuningRunRead:
     """Record one tuning run with its artifacts (uploaded before with ``PUT /v1/artifacts/{sha256}``).
 
-    A succeeded run becomes the current tuning of its key and environment; earlier runs
-    stay in the history. Errors: 422 for an invalid body (pydantic names the field), for
+    Needs a ``push`` token. With a ``tune`` or ``admin`` token, a succeeded run becomes
+    the current tuning of its key and environment; with a ``push`` token it is stored as
+    a pod's run (trigger ``pod``, unverified) and never becomes current: the token decides,
+    never the body. Earlier runs stay in the history. Errors: 422 for an invalid body (pydantic names the field), for
     artifacts whose bytes were never uploaded (``missing`` lists their sha256), and for a
     succeeded run whose environment has fields FlashInfer reported as ``"unknown"``.
     """
-    try:
-        run = repository.record_run(session, body)
-    except ArtifactsMissing as exc:
-        return JSONResponse(status_code=422, content={"detail": str(exc), "missing": exc.missing})
+    try:  # ArtifactsMissing: 422 with "missing" (tunecache.service.errors)
+        run = repository.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name)
     except repository.IndeterminateEnvironment as exc:
         raise HTTPException(422, detail=str(exc)) from None
+    request.state.audit_detail = (f"run {run.id} ({run.trigger}, {'verified' if run.verified else 'unverified'}"
+                                  f"{', current' if run.is_current else ''}) of {run.key.model}")
     return run
 
 
@@ -53,7 +56,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep) -> TuningRunRead:
         503: {"model": ErrorBody, "description": "The database did not answer in time, or the service is saturated (Retry-After)"},
     },
 )
-async def lookup_tuning(body: LookupRequest, request: Request) -> Response:
+async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCaller) -> Response:
     """The current tuning for a pod's key and FlashInfer environment.
 
     Matching is exact on every key field and every field of FlashInfer's ``_metadata``
@@ -91,7 +94,7 @@ def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest) -> tupl
 
 
 @router.get("", response_model=TuningRunPage)
-def list_tunings(session: SessionDep, filters: Annotated[TuningRunQuery, Query()]) -> TuningRunPage:
+def list_tunings(session: SessionDep, filters: Annotated[TuningRunQuery, Query()], _caller: ReadCaller) -> TuningRunPage:
     """Tuning history, newest first, filtered by key fields and status
     (:class:`~tunecache.contract.TuningRunQuery`); ``current_only`` keeps the runs that are
     current for their key and environment. 422 names an unknown or invalid parameter."""
@@ -99,7 +102,7 @@ def list_tunings(session: SessionDep, filters: Annotated[TuningRunQuery, Query()
 
 
 @router.get("/{run_id:int}", response_model=TuningRunRead, responses={404: {"model": ErrorBody, "description": "no such run"}})
-def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep) -> TuningRunRead:
+def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, _caller: ReadCaller) -> TuningRunRead:
     """One run by id. 404 if there is none."""
     run = repository.get_run(session, run_id)
     if run is None:

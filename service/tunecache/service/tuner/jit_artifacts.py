@@ -104,7 +104,10 @@ def workspace_layout() -> dict[str, str]:
     """Where this process's FlashInfer keeps JIT modules, the workspace base
     (``FLASHINFER_WORKSPACE_BASE``, default ``$HOME``) and the directory under
     ``<base>/.cache/flashinfer/`` (``<version>/<archs>``, e.g. ``0.7.4/90a``), with what the
-    modules' validity depends on (:func:`tunecache.client.jit_install.jit_environment`)."""
+    modules' validity depends on (:func:`tunecache.client.jit_install.jit_environment`).
+
+    A pod compares these with its own before it installs the modules; it never makes a
+    path of them (it installs into its own FlashInfer's workspace)."""
     from flashinfer.jit import env as jit_env
 
     return {

@@ -1,20 +1,105 @@
 """GEMM shapes of a model's decoder layers, derived from its Hugging Face ``config.json``.
 
-No weights and no hub downloads: a directory or file with ``config.json``, or a model
-type ``transformers.AutoConfig.for_model`` knows (its defaults), when transformers is
-installed.
+No weights and no hub downloads. A node operator's ``tunecache tune`` reads a directory
+or file with ``config.json``, or a model type ``transformers.AutoConfig.for_model`` knows
+(its defaults), when transformers is installed (:func:`load_hf_config`). A tuning job
+from the API carries its config, or names a model whose ``config.json`` lies in the
+node's model config directory (:func:`load_job_model_config`): nothing a job says is
+read as a path of its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunecache.contract import MAX_HF_CONFIG_BYTES
+
 
 class ModelConfigError(ValueError):
     """The model config is missing, unreadable, or lacks a field the shapes need (named)."""
+
+
+class ModelConfigUnavailable(ModelConfigError):
+    """A job's model config cannot be had on this node.
+
+    ``str(error)`` is the public message a job stores and the API shows: it names the
+    model and never a path of the node nor the text of an error from reading its files;
+    ``detail`` says that, for the node's log only.
+    """
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail or message
+
+
+#: One part of a model name (``org`` or ``name`` of ``org/name``) that may name a
+#: directory in the node's model config directory: no ``..``, nothing hidden or empty.
+_NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+def model_config_path(config_dir: Path, model: str) -> Path:
+    """``<config_dir>/<org>/<name>/config.json`` for a model name ``org/name`` (or
+    ``name``), resolved, symlinks followed, and required to lie inside ``config_dir``.
+
+    Raises:
+        ModelConfigUnavailable: the name is not ``/``-separated parts of letters, digits,
+            ``.``, ``_`` and ``-`` starting with no ``.`` (an absolute name, ``..`` or a
+            backslash never is), or its ``config.json`` is missing, not a file, or (through a
+            symlink) outside ``config_dir``: all of these read "not found" to the public.
+    """
+    parts = model.split("/")
+    if not all(_NAME_PART.fullmatch(part) for part in parts):
+        raise ModelConfigUnavailable(
+            f"model name {model[:200]!r} cannot name a config in the node's model config directory "
+            "(it must be org/name: letters, digits, '.', '_' and '-', no part starting with '.')")
+    public = f"model config for {model!r} not found in the node's model config directory"
+    try:
+        root = Path(config_dir).resolve(strict=True)
+        path = root.joinpath(*parts, "config.json").resolve(strict=True)
+    except (OSError, RuntimeError) as exc:  # missing, unreadable, a symlink loop
+        raise ModelConfigUnavailable(public, f"{Path(config_dir).joinpath(*parts, 'config.json')}: {exc}") from None
+    if not path.is_relative_to(root):
+        raise ModelConfigUnavailable(public, f"{root.joinpath(*parts, 'config.json')} leads to {path}, outside {root}")
+    if not path.is_file():
+        raise ModelConfigUnavailable(public, f"{path} is not a file")
+    return path
+
+
+def load_job_model_config(config_dir: Path | None, model: str) -> dict[str, Any]:
+    """The config of a job's model when the job carries none: ``config.json`` of ``model``
+    in the node's model config directory (``TUNECACHE_MODEL_CONFIG_DIR``,
+    :func:`model_config_path`); no other local path, no model type, no download.
+
+    Raises:
+        ModelConfigUnavailable: the node has no model config directory, or the config is
+            not in it, or it is not a JSON object of at most ``MAX_HF_CONFIG_BYTES``.
+    """
+    if config_dir is None:
+        raise ModelConfigUnavailable(
+            f"the job carries no model config (hf_config) for {model[:200]!r} and this node has no model config "
+            "directory (TUNECACHE_MODEL_CONFIG_DIR); send the model's config.json with the job")
+    path = model_config_path(config_dir, model)
+    unreadable = f"model config for {model!r} in the node's model config directory is not a readable JSON object"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # resolved: a link now is a swap
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_HF_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ModelConfigUnavailable(unreadable, f"{path}: {exc}") from None
+    if len(data) > MAX_HF_CONFIG_BYTES:
+        raise ModelConfigUnavailable(unreadable, f"{path} is larger than {MAX_HF_CONFIG_BYTES} bytes")
+    try:
+        config = json.loads(data)
+    except ValueError as exc:  # not UTF-8, not JSON
+        raise ModelConfigUnavailable(unreadable, f"{path}: {exc}") from None
+    if not isinstance(config, dict):
+        raise ModelConfigUnavailable(unreadable, f"{path} is not a JSON object")
+    return config
 
 
 @dataclass(frozen=True)
@@ -30,7 +115,8 @@ class GemmShape:
 
 
 def load_hf_config(spec: str | Path) -> dict[str, Any]:
-    """The config dict of a model.
+    """The config dict of a model, for a node operator's own commands (never for what a
+    job names: see :func:`load_job_model_config`).
 
     Args:
         spec: a directory holding ``config.json``, a JSON file, or a model type

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
 from tunecache.contract import (
@@ -35,6 +36,7 @@ from tunecache.contract import (
     TuningRunRead,
 )
 from tunecache.service.tuner.stages import TuneSpec
+from tunecache.signing import sign_run
 from tunecache.store import TuningStore, file_sha256
 
 #: Lines of the child's stderr kept for error reports.
@@ -83,10 +85,14 @@ class TunerResult:
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
 
-    def run_record(self, spec: TuneSpec, trigger: RunTrigger, node: str | None) -> TuningRunCreate:
-        """The ``POST /v1/tunings`` body of this result (artifacts must be stored first)."""
+    def run_record(self, spec: TuneSpec, trigger: RunTrigger, node: str | None,
+                   signing_key: Ed25519PrivateKey | None = None) -> TuningRunCreate:
+        """The ``POST /v1/tunings`` body of this result (artifacts must be stored first),
+        signed with ``signing_key`` (:func:`tunecache.signing.sign_run`) when one is given."""
+        key = spec.key(self.gpu_name, self.arch)
+        artifacts = [a for a, _ in self.artifacts]
         return TuningRunCreate(
-            key=spec.key(self.gpu_name, self.arch),
+            key=key,
             environment=self.environment,
             status=RunStatus.SUCCEEDED,
             trigger=trigger,
@@ -94,19 +100,23 @@ class TunerResult:
             started_at=self.started_at,
             finished_at=self.finished_at,
             summary=self.summary,
-            artifacts=[a for a, _ in self.artifacts],
+            artifacts=artifacts,
+            signature=sign_run(signing_key, key, self.environment, artifacts) if signing_key is not None else None,
         )
 
-    def record(self, store: TuningStore, spec: TuneSpec, trigger: RunTrigger, node: str | None) -> TuningRunRead:
+    def record(self, store: TuningStore, spec: TuneSpec, trigger: RunTrigger, node: str | None,
+               signing_key: Ed25519PrivateKey | None = None) -> TuningRunRead:
         """Store the result in ``store`` (a server or the database: :class:`tunecache.store.TuningStore`):
-        every artifact's bytes first (streamed; skipped when the store has them), then the run.
+        every artifact's bytes first (streamed; skipped when the store has them), then the
+        run, signed with ``signing_key`` when given (pods install JIT modules and DeepGEMM
+        caches only from signed runs).
 
         Raises:
             whatever the store raises (ServerError, ServerUnreachable over HTTP; database errors).
         """
         for _artifact, path in self.artifacts:
             store.upload_file(path)
-        return store.record_run(self.run_record(spec, trigger, node))
+        return store.record_run(self.run_record(spec, trigger, node, signing_key))
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

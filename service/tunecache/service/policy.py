@@ -1,0 +1,145 @@
+"""Who may call each route: FastAPI security dependencies, one per route.
+
+Every route of the app declares exactly one :class:`CallerPolicy` (``tests/test_policy``
+enumerates the routes and fails on one without):
+
+* :data:`PUBLIC`: anyone (``GET /v1/health``, which says more to a caller with a token).
+* :data:`READ`: lookups, artifact and history GETs; open to anyone unless
+  ``TUNECACHE_READ_TOKEN_REQUIRED`` is set, then a token of any scope. Checked without
+  touching the database while a token's answer is cached (``TUNECACHE_TOKEN_CACHE_SECONDS``),
+  so a boot storm stays off the database.
+* :func:`requires` (``push``, ``tune``, ``admin``): writes. The token is checked against
+  the database on every request (a revoked token stops at once), in the request's own unit
+  of work, and the write is recorded in the audit log (``audit_events``) in that same
+  transaction: with the write, or not at all.
+
+Answers: 401 (no token, or one that is unknown, revoked or malformed; with
+``WWW-Authenticate: Bearer``) and 403 (a token whose scope is too small), both as JSON
+``{"detail": ...}`` naming the scope the route needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from cachetools import TTLCache
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from tunecache.contract import Scope
+from tunecache.service import audit, tokens
+from tunecache.service.deps import SessionDep
+from tunecache.service.tokens import ANONYMOUS, Caller
+
+bearer = HTTPBearer(auto_error=False, description="a tunecache token: tc_<id>_<secret>")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(401, detail=detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _invalid() -> HTTPException:
+    return _unauthorized("the bearer token is not valid (unknown, revoked or malformed)")
+
+
+def _check_scope(caller: Caller, needed: Scope, request: Request) -> None:
+    if caller.scope is None or not caller.scope.includes(needed):
+        raise HTTPException(403, detail=f"token {caller.name!r} has scope {caller.scope}; "
+                                        f"{request.method} {request.url.path} needs {needed!s}")
+
+
+class CallerPolicy:
+    """Base of the route policies: ``scope`` is what the route needs (``None``: nothing)."""
+
+    scope: Scope | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.scope})"
+
+
+class _Public(CallerPolicy):
+    """Anyone; a valid token makes the caller known (an invalid one is ignored)."""
+
+    def __call__(self, session: SessionDep, credentials: Credentials) -> Caller:
+        if credentials is None:
+            return ANONYMOUS
+        return tokens.authenticate(session, credentials.credentials) or ANONYMOUS
+
+
+class _Read(CallerPolicy):
+    """Reads: open unless ``read_token_required``; a presented token must be valid."""
+
+    scope = Scope.READ
+
+    async def __call__(self, request: Request, credentials: Credentials) -> Caller:
+        state = request.app.state
+        if credentials is None:
+            if state.settings.read_token_required:
+                raise _unauthorized("this service requires a token for reads: send Authorization: Bearer <token>")
+            return ANONYMOUS
+        presented = credentials.credentials
+        cache: TTLCache = state.token_cache
+        caller = cache.get(presented)
+        if caller is None:
+            caller = await run_in_threadpool(_authenticate_in_own_session, state.sessions, presented)
+            if caller is None:
+                raise _invalid()
+            cache[presented] = caller
+        return caller
+
+
+def _authenticate_in_own_session(sessions, presented: str) -> Caller | None:
+    session: Session
+    with sessions.begin() as session:
+        return tokens.authenticate(session, presented)
+
+
+class _Write(CallerPolicy):
+    """Writes (and admin reads): a token of ``scope`` or above, checked in the request's
+    unit of work; a write is audited in the same transaction when the route returns without an error."""
+
+    def __init__(self, scope: Scope):
+        self.scope = scope
+
+    def __call__(self, request: Request, session: SessionDep, credentials: Credentials) -> Iterator[Caller]:
+        if credentials is None:
+            raise _unauthorized(f"{request.method} {request.url.path} needs a token with scope {self.scope!s}: "
+                                f"send Authorization: Bearer <token>")
+        caller = tokens.authenticate(session, credentials.credentials)
+        if caller is None:
+            raise _invalid()
+        _check_scope(caller, self.scope, request)
+        yield caller
+        if request.method not in ("GET", "HEAD"):  # admin reads (tokens, the audit log) are not writes
+            audit.record(session, caller, request.method, request.url.path, getattr(request.state, "audit_detail", None))
+
+
+def policy_of(route) -> CallerPolicy | None:
+    """The caller policy a route declares (found among its dependencies), or ``None``."""
+    stack = [route.dependant]
+    while stack:
+        dependant = stack.pop()
+        if isinstance(dependant.call, CallerPolicy):
+            return dependant.call
+        stack.extend(dependant.dependencies)
+    return None
+
+
+PUBLIC = _Public()
+READ = _Read()
+_WRITES = {scope: _Write(scope) for scope in (Scope.PUSH, Scope.TUNE, Scope.ADMIN)}
+
+
+def requires(scope: Scope) -> CallerPolicy:
+    """The policy of a write that needs ``scope`` (``push``, ``tune`` or ``admin``)."""
+    return _WRITES[scope]
+
+
+PublicCaller = Annotated[Caller, Depends(PUBLIC)]
+ReadCaller = Annotated[Caller, Depends(READ)]
+PushCaller = Annotated[Caller, Depends(requires(Scope.PUSH), scope="function")]
+AdminCaller = Annotated[Caller, Depends(requires(Scope.ADMIN), scope="function")]

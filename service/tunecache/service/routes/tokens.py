@@ -1,0 +1,51 @@
+"""``/v1/tokens``: bearer tokens and their scopes (admin only)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Request
+
+from tunecache.contract import TOKEN_NAME_PATTERN, ErrorBody, TokenCreate, TokenCreated, TokenRead
+from tunecache.service import tokens
+from tunecache.service.deps import SessionDep
+from tunecache.service.policy import AdminCaller
+
+router = APIRouter(prefix="/tokens", tags=["tokens"])
+
+TokenName = Annotated[str, Path(pattern=TOKEN_NAME_PATTERN, description="the token's name")]
+
+
+@router.post("", response_model=TokenCreated, status_code=201,
+             responses={409: {"model": ErrorBody, "description": "a token of that name exists (live or revoked)"}})
+def create_token(body: TokenCreate, session: SessionDep, caller: AdminCaller, request: Request) -> TokenCreated:
+    """Create a token of ``scope`` (``read``, ``push``, ``tune``, ``admin``) named ``name``.
+
+    The answer carries the secret (``token``) this once; the service keeps only its sha256.
+    409 when the name is taken (names are never reused: the audit log refers to them).
+    """
+    try:
+        created = tokens.create_token(session, body.name, body.scope, created_by=caller.name)
+    except tokens.TokenNameTaken as exc:
+        raise HTTPException(409, detail=str(exc)) from None
+    request.state.audit_detail = f"created token {created.name!r} ({created.scope})"
+    return created
+
+
+@router.get("", response_model=list[TokenRead])
+def list_tokens(session: SessionDep, _caller: AdminCaller) -> list[TokenRead]:
+    """Every token, live and revoked, oldest first: name, scope, creation, last use
+    (to within a minute), revocation. Never a secret."""
+    return tokens.list_tokens(session)
+
+
+@router.delete("/{name}", response_model=TokenRead,
+               responses={404: {"model": ErrorBody, "description": "no token of that name"}})
+def revoke_token(name: TokenName, session: SessionDep, _caller: AdminCaller, request: Request) -> TokenRead:
+    """Revoke a token: writes with it fail at once, reads within
+    ``TUNECACHE_TOKEN_CACHE_SECONDS``. Revoking a revoked token changes nothing."""
+    revoked = tokens.revoke_token(session, name)
+    if revoked is None:
+        raise HTTPException(404, detail=f"no token named {name!r}")
+    request.state.audit_detail = f"revoked token {name!r}"
+    return revoked

@@ -1,0 +1,238 @@
+"""Who may call what: every route declares a policy, the 401/403 matrix over every route
+and scope (SQLite and PostgreSQL), tokens' life, the server deciding ``trigger`` and
+``verified`` from the token, the audit log, and reads behind a token."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from conftest import FIXTURES, make_token
+from tunecache.contract import Scope
+from tunecache.service.app import API_ROUTERS, create_app
+from tunecache.service.policy import PUBLIC, READ, CallerPolicy, requires
+from tunecache.service.settings import Settings
+
+AUTOTUNE_FILE = FIXTURES / "flashinfer-0.7.4-h200" / "mm_bf16-cudnn.json"
+
+#: What each route needs: the table an operator reads in the README. A new route fails
+#: test_every_route_declares_its_policy until it is added here with its policy.
+EXPECTED = {
+    ("GET", "/v1/health"): PUBLIC,
+    ("POST", "/v1/tunings/lookup"): READ,
+    ("GET", "/v1/tunings"): READ,
+    ("GET", "/v1/tunings/{run_id}"): READ,
+    ("GET", "/v1/artifacts/{sha256}"): READ,
+    ("HEAD", "/v1/artifacts/{sha256}"): READ,
+    ("GET", "/v1/tuning-jobs"): READ,
+    ("GET", "/v1/tuning-jobs/{job_id}"): READ,
+    ("PUT", "/v1/artifacts/{sha256}"): requires(Scope.PUSH),
+    ("POST", "/v1/tunings"): requires(Scope.PUSH),
+    ("POST", "/v1/tuning-jobs"): requires(Scope.ADMIN),
+    ("POST", "/v1/tokens"): requires(Scope.ADMIN),
+    ("GET", "/v1/tokens"): requires(Scope.ADMIN),
+    ("DELETE", "/v1/tokens/{name}"): requires(Scope.ADMIN),
+    ("GET", "/v1/audit"): requires(Scope.ADMIN),
+}
+#: Starlette routes FastAPI adds itself: the OpenAPI document and its viewers, open to all.
+FRAMEWORK_ROUTES = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+
+
+def _policies(dependant) -> list[CallerPolicy]:
+    found = [dependant.call] if isinstance(dependant.call, CallerPolicy) else []
+    for sub in dependant.dependencies:
+        found += _policies(sub)
+    return found
+
+
+def _route_path(route: APIRoute) -> str:
+    return route.path.replace(":int}", "}")
+
+
+def test_every_route_declares_its_policy():
+    seen = {}
+    for router in API_ROUTERS:
+        for route in router.routes:
+            assert isinstance(route, APIRoute), route
+            policies = _policies(route.dependant)
+            assert len(policies) == 1, f"{sorted(route.methods)} {route.path} declares {len(policies)} caller policies"
+            for method in route.methods:
+                seen[(method, "/v1" + _route_path(route))] = policies[0]
+    assert seen == EXPECTED
+    # ... and those routers are all the app serves: every operation of its OpenAPI document,
+    # and no route outside the document but FastAPI's own.
+    app = create_app(Settings(worker="off"))
+    documented = {(method.upper(), path) for path, item in app.openapi()["paths"].items() for method in item
+                  if method in HTTP_METHODS}
+    assert documented == set(EXPECTED)
+    undocumented = {r.path for r in app.routes if getattr(r, "path", None) and not getattr(r, "include_in_schema", True)}
+    assert undocumented <= FRAMEWORK_ROUTES
+
+
+SCOPES = [None, "invalid", "revoked", *Scope]
+
+
+def _request(client: TestClient, method: str, path: str, token: str | None):
+    concrete = (path.replace("{sha256}", "0" * 64).replace("{run_id}", "1").replace("{job_id}", "1")
+                .replace("{name}", "nobody"))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    body = b"{}" if method in ("POST", "PUT") else None
+    return client.request(method, concrete, content=body, headers={**headers, "Content-Type": "application/json"})
+
+
+def _expected_status(policy: CallerPolicy, presented: str | Scope | None, reads_need_token: bool) -> int | None:
+    """401/403 where the policy refuses, ``None`` where it lets the request through."""
+    if policy is PUBLIC:
+        return None
+    if presented in ("invalid", "revoked"):
+        return 401
+    if presented is None:
+        return 401 if policy is not READ or reads_need_token else None
+    return None if presented.includes(policy.scope) else 403
+
+
+@pytest.mark.parametrize("reads_need_token", [False, True], ids=["reads-open", "reads-need-token"])
+def test_the_401_403_matrix_over_every_route_and_scope(engine, tmp_path, reads_need_token):
+    tokens = {scope: make_token(engine, f"t-{scope}", scope) for scope in Scope}
+    tokens["invalid"] = "tc_0123456789abcdef_" + "x" * 43
+    tokens["revoked"] = make_token(engine, "t-revoked", "admin")
+    settings = Settings(database_url=str(engine.url), worker="off", data_dir=tmp_path / "data",
+                        read_token_required=reads_need_token)
+    with TestClient(create_app(settings, engine=engine)) as client:
+        admin = {"Authorization": f"Bearer {tokens[Scope.ADMIN]}"}
+        assert client.delete("/v1/tokens/t-revoked", headers=admin).status_code == 200
+        failures = []
+        for (method, path), policy in EXPECTED.items():
+            for presented in SCOPES:
+                token = tokens.get(presented) if presented is not None else None
+                answer = _request(client, method, path, token)
+                expected = _expected_status(policy, presented, reads_need_token)
+                got = answer.status_code
+                if (expected is None and got in (401, 403)) or (expected is not None and got != expected):
+                    failures.append(f"{method} {path} with {presented}: {got}, expected {expected or 'not 401/403'}")
+                if got in (401, 403) and method != "HEAD":  # a HEAD answer has no body
+                    detail = answer.json()["detail"]
+                    assert isinstance(detail, str) and detail, (method, path, presented)
+                    if got == 403:
+                        assert str(policy.scope) in detail  # names the scope the route needs
+                    if got == 401:
+                        assert answer.headers["WWW-Authenticate"] == "Bearer"
+        assert not failures, "\n".join(failures)
+
+
+def _upload(client: TestClient, data: bytes, token: str | None = None) -> str:
+    sha = hashlib.sha256(data).hexdigest()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    assert client.put(f"/v1/artifacts/{sha}", content=data, headers=headers).status_code in (200, 201)
+    return sha
+
+
+def _run_body(sha: str, trigger: str = "upload") -> dict:
+    metadata = json.loads(AUTOTUNE_FILE.read_text())["_metadata"]
+    return {
+        "key": {"gpu_name": "NVIDIA H200", "arch": "sm90", "model": "m/attack", "max_num_batched_tokens": 8192},
+        "environment": {k: str(v) for k, v in metadata.items()},
+        "trigger": trigger,
+        "node": "anywhere",
+        "artifacts": [{"kind": "flashinfer_autotune_v1", "name": "mm.json", "sha256": sha}],
+    }
+
+
+def test_the_token_decides_trigger_and_verified_never_the_body(app_client, engine):
+    push = make_token(engine, "pod-fleet", "push")
+    tune = make_token(engine, "gpu-node-1", "tune")
+    sha = _upload(app_client, AUTOTUNE_FILE.read_bytes(), push)
+
+    pushed = app_client.post("/v1/tunings", json=_run_body(sha, trigger="upload"), headers={"Authorization": f"Bearer {push}"})
+    assert pushed.status_code == 201
+    run = pushed.json()
+    assert (run["trigger"], run["verified"], run["is_current"], run["recorded_by"]) == ("pod", False, False, "pod-fleet")
+    body = {k: _run_body(sha)[k] for k in ("key", "environment")}
+    assert app_client.post("/v1/tunings/lookup", json=body).status_code == 404  # nothing became current
+
+    tuned = app_client.post("/v1/tunings", json=_run_body(sha, trigger="cli"), headers={"Authorization": f"Bearer {tune}"})
+    run = tuned.json()
+    assert (run["trigger"], run["verified"], run["is_current"], run["recorded_by"]) == ("cli", True, True, "gpu-node-1")
+    assert app_client.post("/v1/tunings/lookup", json=body).json()["id"] == run["id"]
+
+
+def test_token_life_create_list_use_revoke(app_client):
+    created = app_client.post("/v1/tokens", json={"name": "gpu-node-2", "scope": "tune"})
+    assert created.status_code == 201
+    secret = created.json()["token"]
+    assert secret.startswith("tc_") and created.json()["scope"] == "tune"
+    assert app_client.post("/v1/tokens", json={"name": "gpu-node-2", "scope": "read"}).status_code == 409
+    assert app_client.post("/v1/tokens", json={"name": "../etc", "scope": "read"}).status_code == 422
+    assert app_client.post("/v1/tokens", json={"name": "x", "scope": "root"}).status_code == 422
+
+    node = {"Authorization": f"Bearer {secret}"}
+    assert _upload(app_client, b"tuned bytes", secret)
+    listed = {t["name"]: t for t in app_client.get("/v1/tokens").json()}
+    assert "token" not in listed["gpu-node-2"] and secret not in json.dumps(listed)
+    assert listed["gpu-node-2"]["last_used_at"] is not None and listed["gpu-node-2"]["created_by"] == "test-admin"
+
+    assert app_client.delete("/v1/tokens/gpu-node-2").status_code == 200
+    refused = app_client.put(f"/v1/artifacts/{hashlib.sha256(b'more').hexdigest()}", content=b"more", headers=node)
+    assert refused.status_code == 401  # at once: writes check the database every time
+    assert app_client.delete("/v1/tokens/nobody").status_code == 404
+    assert app_client.get("/v1/tokens").json()[-1]["revoked_at"] is not None
+
+
+def test_a_node_token_cannot_make_tokens(app_client, engine):
+    tune = make_token(engine, "gpu-node-3", "tune")
+    answer = app_client.post("/v1/tokens", json={"name": "mine", "scope": "admin"}, headers={"Authorization": f"Bearer {tune}"})
+    assert answer.status_code == 403
+    assert "'gpu-node-3' has scope tune" in answer.json()["detail"] and "needs admin" in answer.json()["detail"]
+
+
+def test_every_write_is_audited_with_its_token_and_nothing_else_is(app_client, engine):
+    push = make_token(engine, "pod-7", "push")
+    sha = _upload(app_client, AUTOTUNE_FILE.read_bytes(), push)
+    run = app_client.post("/v1/tunings", json=_run_body(sha), headers={"Authorization": f"Bearer {push}"}).json()
+    bad = app_client.post("/v1/tunings", json=_run_body("f" * 64), headers={"Authorization": f"Bearer {push}"})
+    assert bad.status_code == 422  # refused writes leave no event (the transaction rolled back)
+    app_client.get("/v1/tunings")
+    app_client.post("/v1/tokens", json={"name": "later", "scope": "read"})
+
+    events = app_client.get("/v1/audit").json()["events"]
+    assert [(e["token_name"], e["scope"], e["method"], e["path"]) for e in events] == [
+        ("test-admin", "admin", "POST", "/v1/tokens"),
+        ("pod-7", "push", "POST", "/v1/tunings"),
+        ("pod-7", "push", "PUT", f"/v1/artifacts/{sha}"),
+    ]
+    assert events[1]["detail"].startswith(f"run {run['id']} (pod, unverified)")
+    assert events[0]["detail"] == "created token 'later' (read)"
+    page = app_client.get("/v1/audit", params={"limit": 2}).json()
+    assert len(page["events"]) == 2 and page["next_before"] == page["events"][-1]["id"]
+    rest = app_client.get("/v1/audit", params={"limit": 2, "before": page["next_before"]}).json()
+    assert [e["path"] for e in rest["events"]] == [f"/v1/artifacts/{sha}"] and rest["next_before"] is None
+
+
+def test_health_says_only_up_without_a_token(app_client):
+    anonymous = app_client.get("/v1/health", headers={"Authorization": ""})
+    assert anonymous.json() == {"status": "ok"}
+    assert app_client.get("/v1/health", headers={"Authorization": "Bearer tc_0123456789abcdef_" + "y" * 43}).json() == {
+        "status": "ok"}
+    detailed = app_client.get("/v1/health").json()
+    assert detailed["database"] in ("sqlite", "postgresql") and "worker" in detailed
+
+
+def test_reads_behind_a_token_and_the_read_cache(engine, tmp_path):
+    read = make_token(engine, "dashboard", "read")
+    admin = make_token(engine, "ops", "admin")
+    settings = Settings(database_url=str(engine.url), worker="off", data_dir=tmp_path / "data", read_token_required=True,
+                        token_cache_seconds=3600)
+    with TestClient(create_app(settings, engine=engine)) as client:
+        assert client.get("/v1/tunings").status_code == 401
+        assert client.get("/v1/tunings", headers={"Authorization": f"Bearer {read}"}).status_code == 200
+        client.delete("/v1/tokens/dashboard", headers={"Authorization": f"Bearer {admin}"})
+        # Reads trust a checked token for TUNECACHE_TOKEN_CACHE_SECONDS (here an hour) ...
+        assert client.get("/v1/tunings", headers={"Authorization": f"Bearer {read}"}).status_code == 200
+    with TestClient(create_app(settings, engine=engine)) as client:
+        # ... a process that has not seen it checks the database.
+        assert client.get("/v1/tunings", headers={"Authorization": f"Bearer {read}"}).status_code == 401
