@@ -224,6 +224,28 @@ def test_doctor_shows_environment_key_and_what_differs(server, tmp_path):
                         "--environment", str(other))
     assert missing.returncode == 3
     assert "run 1 (meta-llama/Llama-3.1-8B, NVIDIA H200): cudnn_version: stored 91900, yours 91700" in missing.stdout
+    # A pushed file has no finish time: doctor says when it was recorded, never "finished <creation>".
+    assert "recorded " in matching.stdout and "finished " not in matching.stdout
+
+
+def test_pull_says_what_it_did_not_install_and_why(server, tmp_path, monkeypatch):
+    from helpers import run_payload, signed
+    from tunecache.signing import generate_signing_key, load_signing_key
+
+    push(server)
+    unsigned = pull(server, tmp_path / "a", CUDNN_FILE, "--jit-workspace", str(tmp_path / "workspace"))
+    assert unsigned.returncode == 0 and "no trusted keys are set (TUNECACHE_TRUSTED_KEYS)" in unsigned.stderr
+    keys = generate_signing_key(tmp_path / "keys")
+    monkeypatch.setenv("TUNECACHE_TRUSTED_KEYS", str(keys.public_path))
+    assert as_admin.post(f"{server}/v1/tunings", json=signed(run_payload(CUDNN_FILE), load_signing_key(keys.private_path)))
+    no_modules = pull(server, tmp_path / "b", CUDNN_FILE, "--jit-workspace", str(tmp_path / "workspace"))
+    assert no_modules.returncode == 0
+    assert "run 2 is signed by trusted key" in no_modules.stderr
+    assert "run 2 has no FlashInfer JIT modules (the tactics are installed)" in no_modules.stderr
+    short_hash = tunecache("pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                           "--environment", str(CUDNN_FILE), "--layout", "vllm", "--vllm-config-hash", "abc123",
+                           "--dest", str(tmp_path / "b"))
+    assert short_hash.returncode == 2 and "'abc123' is not 64 lowercase hex digits" in short_hash.stderr
 
 
 def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path, node_signing_key):
@@ -252,6 +274,25 @@ def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path, node_sign
     assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
     pulled = pull(server, tmp_path / "dest", CUDNN_FILE, "--jit-workspace", str(tmp_path / "workspace"))
     assert pulled.returncode == 6 and "unsafe path" in pulled.stderr and "not installed" in pulled.stderr
+    assert not (tmp_path / "workspace").exists() and not (tmp_path / "dest").exists()
+
+
+def test_a_jit_module_with_a_bad_time_header_is_a_bad_artifact(server, tmp_path, node_signing_key):
+    """A module whose TUNECACHE.mtime_ns header is not a number: exit 6, nothing installed."""
+    import hashlib
+
+    from helpers import run_payload, signed
+    from test_jit_artifacts import tarball
+
+    bad = tarball([("cached_ops/m/m.so", "mtime_ns=not-a-number")])
+    payload = run_payload(CUDNN_FILE)
+    for blob in (bad, CUDNN_FILE.read_bytes()):
+        as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob)
+    payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "flashinfer-jit/m.tar.gz",
+                                 "media_type": "application/gzip", "sha256": hashlib.sha256(bad).hexdigest()})
+    assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
+    pulled = pull(server, tmp_path / "dest", CUDNN_FILE, "--jit-workspace", str(tmp_path / "workspace"))
+    assert pulled.returncode == 6 and "not a whole number" in pulled.stderr and "not installed" in pulled.stderr
     assert not (tmp_path / "workspace").exists() and not (tmp_path / "dest").exists()
 
 

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from tunecache.client.jit_install import BadJitArtifact, install_jit_module
+from tunecache.client.jit_install import MTIME_NS_HEADER, BadJitArtifact, install_jit_module
 from tunecache.service.tuner.jit_artifacts import module_tarball
 
 
@@ -64,6 +64,9 @@ def tarball(members):
             if kind == "link":
                 info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
                 tar.addfile(info)
+            elif kind.startswith("mtime_ns="):  # a file whose exact-time header is what follows
+                info.size, info.pax_headers = 1, {MTIME_NS_HEADER: kind.removeprefix("mtime_ns=")}
+                tar.addfile(info, io.BytesIO(b"x"))
             else:
                 info.size = 1
                 tar.addfile(info, io.BytesIO(b"x"))
@@ -78,6 +81,9 @@ def tarball(members):
         ([("elsewhere/m/file", "file")], "unexpected top-level"),
         ([("cached_ops/m/link", "link")], "link or special"),
         ([("cached_ops/a/x", "file"), ("cached_ops/b/y", "file")], "exactly one module"),
+        ([("cached_ops/m/m.so", "mtime_ns=soon")], "not a whole number"),
+        ([("cached_ops/m/m.so", "mtime_ns=-1")], "not a whole number"),
+        ([("cached_ops/m/m.so", "mtime_ns=1e30")], "not a whole number"),
     ],
 )
 def test_hostile_tarballs_are_refused_and_nothing_is_written(tmp_path, members, message):

@@ -162,3 +162,20 @@ def test_an_unexpected_vllm_layout_is_logged_not_raised(tmp_path):
                             env={**os.environ, "PYTHONPATH": str(stand_in), "TUNECACHE_URL": "http://127.0.0.1:1"})
     assert result.returncode == 0 and result.stdout.strip() == "booted"
     assert "tunecache: not installing tunings: cannot hook vLLM's kernel_warmup (AttributeError" in result.stderr
+
+
+def test_a_pod_that_trusts_keys_refuses_an_unsigned_run_in_one_line_and_boots(server, tmp_path, node_signing_key):
+    """TUNECACHE_TRUSTED_KEYS set (by the fixture): the unsigned current run installs nothing,
+    the worker logs why in one line and vLLM warms up as without tunecache; once the node's
+    signed run is current, the same pod installs it."""
+    from helpers import run_payload, signed
+
+    assert push(server).returncode == 0  # `tunecache push` records an unsigned run
+    seen, log = run_worker(tmp_path, TUNECACHE_URL=server)
+    assert seen == {"file_present_at_warmup": False}
+    [line] = [line for line in log.splitlines() if line.startswith("tunecache:")]
+    assert line == "tunecache: no tuning installed, vLLM will tune: UntrustedRun: tuning run 1 refused: run is unsigned"
+    assert as_admin.post(f"{server}/v1/tunings", json=signed(run_payload(CUDNN_FILE), node_signing_key)).status_code == 201
+    seen, log = run_worker(tmp_path, TUNECACHE_URL=server)
+    assert seen == {"file_present_at_warmup": True}
+    assert "tunecache: installed run 2" in log

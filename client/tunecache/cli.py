@@ -278,8 +278,11 @@ def pull(
             fail(ExitCode.USAGE, str(exc))
     if layout is Layout.file and dest is None:
         fail(ExitCode.USAGE, "--dest DIR is needed for --layout file")
-    if layout is Layout.vllm and not (vllm_config_hash and re.fullmatch(r"[0-9a-f]{64}", vllm_config_hash)):
+    if layout is Layout.vllm and not vllm_config_hash:
         fail(ExitCode.USAGE, "--layout vllm needs --vllm-config-hash (64 hex digits; the tunecache vLLM plugin computes it itself)")
+    if layout is Layout.vllm and not re.fullmatch(r"[0-9a-f]{64}", vllm_config_hash):
+        fail(ExitCode.USAGE, f"--vllm-config-hash {vllm_config_hash[:80]!r} is not 64 lowercase hex digits "
+                             "(sha256 of vLLM's VllmConfig.compute_hash())")
     env = environment_option(environment)
     if environment is None and env.indeterminate_fields():
         fail(
@@ -316,7 +319,7 @@ def pull(
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
         except UntrustedRun as exc:
-            fail(ExitCode.UNTRUSTED_RUN, f"refusing run: {exc}; nothing was installed")
+            fail(ExitCode.UNTRUSTED_RUN, f"{exc}; nothing was installed")
         except BadJitArtifact as exc:
             fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; the tuning was not installed")
         except ImportError as exc:
@@ -329,6 +332,8 @@ def pull(
             client_errors(exc)
     if signed_by:
         typer.echo(f"run {run_id} is signed by trusted key {signed_by}", err=True)
+    if (jit or jit_workspace) and not modules and not skipped:
+        typer.echo(f"tunecache: run {run_id} has no FlashInfer JIT modules (the tactics are installed)", err=True)
     if modules:
         typer.echo(f"installed {len(modules)} FlashInfer JIT modules into {workspace}", err=True)
     if skipped:
@@ -361,6 +366,9 @@ def doctor(
     typer.echo(f"  environment hash: {env.environment_hash()}")
     if env.indeterminate_fields():
         typer.echo(f"  undetected: {', '.join(env.indeterminate_fields())} (no tuning can match these)")
+        if environment is None:
+            fail(ExitCode.USAGE, f"FlashInfer could not detect {', '.join(env.indeterminate_fields())} here (no GPU?); "
+                                 "pass --environment FILE (a FlashInfer cache file written on the pod's GPU)")
     key = key_option(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization, tensor_parallel_size)
     typer.echo("key")
     for field, value in key.model_dump().items():
@@ -377,7 +385,8 @@ def doctor(
     kinds = sorted({a.kind for a in run.artifacts})
     typer.echo(
         f"server {server}: run {run.id} matches ({run.entries} entries, "
-        f"finished {run.finished_at or run.created_at}, artifacts: {', '.join(kinds)})"
+        f"{f'finished {run.finished_at}' if run.finished_at else f'recorded {run.created_at}'}, "
+        f"artifacts: {', '.join(kinds)})"
     )
 
 

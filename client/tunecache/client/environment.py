@@ -113,7 +113,8 @@ def detect_arch(gpu_name: str) -> str:
         pass
     arch = arch_for_gpu_name(gpu_name)
     if arch is None:
-        raise EnvironmentUnavailable(f"cannot tell the arch of GPU {gpu_name!r} without CUDA here; pass --arch (e.g. sm90)")
+        raise EnvironmentUnavailable(f"cannot tell the arch of GPU {gpu_name!r}: no CUDA device here and not a GPU "
+                                     "tunecache knows; give the arch (CLI: --arch sm90)")
     return arch
 
 

@@ -21,7 +21,7 @@ from tunecache.client.jit_install import (
     shown,
 )
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey, TuningRunRead
-from tunecache.signing import verify_run
+from tunecache.signing import UntrustedRun, verify_run
 from tunecache.store import TunecacheError
 
 
@@ -107,7 +107,10 @@ def fetch_tuning(
         a JIT module's tarball is unusable (checked before any install).
     """
     run = client.lookup(key, environment)
-    signed_by = verify_run(run.signature, key, environment, run.artifacts, trusted_keys) if trusted_keys else None
+    try:
+        signed_by = verify_run(run.signature, key, environment, run.artifacts, trusted_keys) if trusted_keys else None
+    except UntrustedRun as exc:
+        raise UntrustedRun(f"tuning run {run.id} refused: {exc}") from None
     refused = None
     if (jit or deep_gemm) and signed_by is None:
         refused = ("JIT modules and DeepGEMM caches install only from a run signed by a trusted key, and no trusted "

@@ -121,6 +121,10 @@ def _module_of(tar: tarfile.TarFile) -> str:
             raise BadJitArtifact(f"unexpected top-level directory in JIT artifact: {member.name!r}")
         if not (member.isfile() or member.isdir()):
             raise BadJitArtifact(f"JIT artifact holds a link or special file: {member.name!r}")
+        mtime_ns = member.pax_headers.get(MTIME_NS_HEADER)
+        if mtime_ns is not None and not (mtime_ns.isascii() and mtime_ns.isdigit() and len(mtime_ns) <= 20):
+            raise BadJitArtifact(f"JIT artifact entry {member.name!r}: {MTIME_NS_HEADER} is not a whole number of "
+                                 f"nanoseconds: {mtime_ns[:40]!r}")
         modules.add(path.parts[1])
     if len(modules) != 1:
         raise BadJitArtifact(f"a JIT artifact must hold exactly one module, found {sorted(modules)}")
@@ -131,7 +135,8 @@ def check_jit_module(data: bytes) -> str:
     """The module name of a JIT tarball, after checking every entry (nothing is written).
 
     Raises:
-        BadJitArtifact: not a gzip'd tar, or not one module's files.
+        BadJitArtifact: not a gzip'd tar, not one module's files, or an entry whose
+            ``TUNECACHE.mtime_ns`` header is not a whole number.
     """
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
