@@ -93,6 +93,21 @@ def test_the_token_comes_from_the_option_the_variable_or_the_file(tmp_path, monk
     assert ClientSettings(token_file=token_file, token="tc_given").resolved_token() == "tc_given"
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path))
     assert ClientSettings().resolved_token() == "tc_from_file"  # the admin.token of a local tunecache serve
+    monkeypatch.setenv("TUNECACHE_TOKEN", "")  # an optional Secret left empty: as if unset
+    assert ClientSettings().resolved_token() == "tc_from_file"
+    token_file.write_text("\n")
+    with pytest.raises(ValueError, match="TUNECACHE_TOKEN_FILE=.*the file is empty"):
+        ClientSettings(token_file=token_file).resolved_token()
+    token_file.write_bytes(b"\xd0\xcf\x11\xe0 binary")
+    with pytest.raises(ValueError, match="TUNECACHE_TOKEN_FILE=.*not ASCII text"):
+        ClientSettings(token_file=token_file).resolved_token()
+
+
+def test_a_ca_bundle_without_certificates_is_a_one_line_error(tmp_path):
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("{}")
+    with pytest.raises(ValueError, match="TUNECACHE_CA_BUNDLE=.*no usable PEM certificates"):
+        TunecacheClient.from_settings(ClientSettings(url="https://tunecache:8321", ca_bundle=not_pem))
 
 
 def test_retry_after_as_seconds_or_http_date():

@@ -254,3 +254,22 @@ def test_tls_is_verified_and_a_token_never_goes_out_in_clear_text(tmp_path):
                            env={**os.environ, "TUNECACHE_TOKEN": "tc_0123456789abcdef_" + "z" * 43},
                            capture_output=True, text=True, timeout=60)
     assert clear.returncode == 13 and "refusing to send a token in clear text to tunecache.example" in clear.stderr
+
+
+def test_bad_tls_files_and_token_names_are_one_line_errors(tmp_path):
+    missing = subprocess.run([tunecache_executable(), "serve", "--port", "1", "--ssl-certfile", str(tmp_path / "nope.pem"),
+                              "--ssl-keyfile", str(tmp_path / "nope.key")], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "TUNECACHE_WORKER": "off"})
+    assert missing.returncode == 11 and missing.stderr.strip().startswith("tunecache: error: cannot serve TLS with")
+    assert "Traceback" not in missing.stderr
+    _, cert, _ = _certificates(tmp_path)
+    (tmp_path / "other").mkdir()
+    _, _, other_key = _certificates(tmp_path / "other")  # a key that is not the certificate's
+    mismatched = subprocess.run([tunecache_executable(), "serve", "--port", "1", "--ssl-certfile", str(cert),
+                                 "--ssl-keyfile", str(other_key)], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "TUNECACHE_WORKER": "off"})
+    assert mismatched.returncode == 11 and "Traceback" not in mismatched.stderr, mismatched.stderr
+    for name in ("", "?x", "../x", "a/b", "."):
+        revoked = subprocess.run([tunecache_executable(), "token", "revoke", "--server", "http://127.0.0.1:1", name],
+                                 capture_output=True, text=True, timeout=60)
+        assert revoked.returncode == 2 and "token name" in revoked.stderr, (name, revoked.stderr)

@@ -54,7 +54,16 @@ from tunecache.client.install import check_file_name, fetch_tuning, install_jit_
 from tunecache.client.jit_install import BadJitArtifact
 from tunecache.client.layouts import flashinfer_v2_root, install_v2_store, install_vllm_rank_files, vllm_autotune_root
 from tunecache.client.settings import load_client_settings
-from tunecache.contract import TUNABLE_STAGES, JobStatus, RunTrigger, Scope, TokenCreate, TuningJobCreate, TuningKey
+from tunecache.contract import (
+    TOKEN_NAME_PATTERN,
+    TUNABLE_STAGES,
+    JobStatus,
+    RunTrigger,
+    Scope,
+    TokenCreate,
+    TuningJobCreate,
+    TuningKey,
+)
 from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_trusted_keys
 from tunecache.store import NoCompatibleTuning, TunecacheError
 
@@ -494,6 +503,8 @@ def token_list(server: ServerOpt) -> None:
 @token_app.command("revoke")
 def token_revoke(server: ServerOpt, name: Annotated[str, typer.Argument(help="the token's name")]) -> None:
     """Revoke a token: writes with it fail at once, reads within the service's token cache time."""
+    if not re.fullmatch(TOKEN_NAME_PATTERN, name):
+        fail(ExitCode.USAGE, f"token name {name[:80]!r}: letters, digits and _ . @ - only, at most 64, not starting with a symbol")
     with client_for(server) as client:
         try:
             revoked = client.revoke_token(name)
@@ -510,8 +521,8 @@ app.add_typer(keys_app, name="keys")
 def keys_generate(
     out: Annotated[Path, typer.Option("--out", help="directory for signing.key (0600) and signing.pub")],
 ) -> None:
-    """Make a tuner node's signing key. Give the node ``TUNECACHE_SIGNING_KEY=<out>/signing.key``
-    and the pods the line of ``signing.pub`` in ``TUNECACHE_TRUSTED_KEYS``. Never overwrites a key (exit 7)."""
+    """Make a tuner node's signing key. Give the node TUNECACHE_SIGNING_KEY=<out>/signing.key
+    and the pods the line of signing.pub in TUNECACHE_TRUSTED_KEYS. Never overwrites a key (exit 7)."""
     try:
         generated = generate_signing_key(out)
     except (SigningError, OSError) as exc:

@@ -172,7 +172,7 @@ class TunecacheClient:
         InsecureTransport: a token would travel in clear text to another machine
             (``http://`` to a non-loopback host without ``allow_insecure``).
         ValueError: ``base_url`` is not an http(s) URL with a host; ``ca_bundle`` is not a
-            file.
+            file of PEM certificates.
     """
 
     def __init__(
@@ -207,7 +207,10 @@ class TunecacheClient:
         self.max_retry_after_s = max_retry_after_s
         timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        verify = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle is not None else True
+        try:
+            verify = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle is not None else True
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"TUNECACHE_CA_BUNDLE={str(ca_bundle)!r} holds no usable PEM certificates: {exc}") from None
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers,
                                   verify=verify)
 

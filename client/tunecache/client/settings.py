@@ -75,22 +75,29 @@ class ClientSettings(BaseSettings):
         """``token``, else the first line of ``token_file`` when that file exists, else ``None``.
 
         Raises:
-            ValueError: ``token_file`` exists but cannot be read.
+            ValueError: ``token_file`` exists but cannot be read, is empty or is not text.
         """
         if self.token is not None:
             return self.token.get_secret_value()
+        where = f"TUNECACHE_TOKEN_FILE={str(self.token_file)!r}"
         try:
-            text = self.token_file.read_text().strip()
+            text = self.token_file.read_text(encoding="ascii").strip()
         except FileNotFoundError:
             return None
+        except UnicodeDecodeError:
+            raise ValueError(f"{where}: not a token (the file is not ASCII text)") from None
         except OSError as exc:
-            raise ValueError(f"TUNECACHE_TOKEN_FILE={str(self.token_file)!r}: cannot read it: {exc.strerror}") from None
-        return text.splitlines()[0].strip() if text else None
+            raise ValueError(f"{where}: cannot read it: {exc.strerror}") from None
+        if not text:
+            raise ValueError(f"{where}: the file is empty")
+        return text.splitlines()[0].strip()
 
     @field_validator("token")
     @classmethod
     def _token_fits_a_header(cls, token: SecretStr | None) -> SecretStr | None:
         value = token.get_secret_value() if token is not None else None
+        if value == "":  # set but empty (an optional Secret left blank): as if unset
+            return None
         if value is not None and not (value.isascii() and value.isprintable() and " " not in value and value):
             raise ValueError("must be printable ASCII without spaces (it is sent in an HTTP header)")
         return token

@@ -113,6 +113,14 @@ def serve(
             fail(ExitCode.SERVE_FAILED, f"TUNECACHE_WORKER=on but this node cannot tune: {reason}")
     if (ssl_certfile is None) != (ssl_keyfile is None):
         fail(ExitCode.USAGE, "--ssl-certfile and --ssl-keyfile go together")
+    if ssl_certfile is not None:  # refuse in one line now, not in a worker's traceback later
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(ssl_certfile, ssl_keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            fail(ExitCode.SERVE_FAILED, f"cannot serve TLS with {ssl_certfile} and {ssl_keyfile}: "
+                                        f"{getattr(exc, 'strerror', None) or exc}")
     engine = _ready_engine(settings.resolved_database_url())
     shown = engine.url.render_as_string(hide_password=True)
     _bootstrap_admin_token(engine, settings.admin_token_file)

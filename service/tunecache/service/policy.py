@@ -42,8 +42,9 @@ def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(401, detail=detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-def _invalid() -> HTTPException:
-    return _unauthorized("the bearer token is not valid (unknown, revoked or malformed)")
+def _invalid(needed: Scope) -> HTTPException:
+    return _unauthorized(f"the bearer token is not valid (unknown, revoked or malformed); this route needs a token "
+                         f"with scope {needed!s}")
 
 
 def _check_scope(caller: Caller, needed: Scope, request: Request) -> None:
@@ -79,7 +80,8 @@ class _Read(CallerPolicy):
         state = request.app.state
         if credentials is None:
             if state.settings.read_token_required:
-                raise _unauthorized("this service requires a token for reads: send Authorization: Bearer <token>")
+                raise _unauthorized("reads on this service need a token with scope read or above: "
+                                    "send Authorization: Bearer <token>")
             return ANONYMOUS
         presented = credentials.credentials
         cache: TTLCache = state.token_cache
@@ -87,7 +89,7 @@ class _Read(CallerPolicy):
         if caller is None:
             caller = await run_in_threadpool(_authenticate_in_own_session, state.sessions, presented)
             if caller is None:
-                raise _invalid()
+                raise _invalid(Scope.READ)
             cache[presented] = caller
         return caller
 
@@ -111,7 +113,7 @@ class _Write(CallerPolicy):
                                 f"send Authorization: Bearer <token>")
         caller = tokens.authenticate(session, credentials.credentials)
         if caller is None:
-            raise _invalid()
+            raise _invalid(self.scope)
         _check_scope(caller, self.scope, request)
         yield caller
         if request.method not in ("GET", "HEAD"):  # admin reads (tokens, the audit log) are not writes

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import exists, select
+from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from tunecache.contract import Scope, TokenCreated, TokenRead
@@ -77,11 +77,25 @@ def list_tokens(session: Session) -> list[TokenRead]:
     return [_read(row) for row in session.scalars(select(ApiToken).order_by(ApiToken.id))]
 
 
+class LastAdminToken(ValueError):
+    """Revoking this token would leave the service without a live admin token."""
+
+
 def revoke_token(session: Session, name: str) -> TokenRead | None:
-    """Revoke the token named ``name`` (already revoked: unchanged); ``None`` if there is none."""
+    """Revoke the token named ``name`` (already revoked: unchanged); ``None`` if there is none.
+
+    Raises:
+        LastAdminToken: it is the last live ``admin`` token (nobody could manage tokens or
+            request tunings after it); create another admin token first.
+    """
     row = session.scalar(select(ApiToken).where(ApiToken.name == name))
     if row is None:
         return None
+    if row.revoked_at is None and row.scope == Scope.ADMIN.value:
+        others = select(func.count()).where(ApiToken.scope == Scope.ADMIN.value, ApiToken.revoked_at.is_(None),
+                                            ApiToken.id != row.id)
+        if not session.scalar(others):
+            raise LastAdminToken(f"{name!r} is the last live admin token; create another admin token before revoking it")
     if row.revoked_at is None:
         row.revoked_at = utcnow()
         session.flush()
@@ -121,8 +135,12 @@ def bootstrap_admin_token(session: Session, path: Path) -> bool:
     created = create_token(session, "admin", Scope.ADMIN, created_by="tunecache serve (first start)")
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(created.token + "\n")
-    os.replace(partial, path)
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(created.token + "\n")
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)  # its token is rolled back with the transaction
+        raise
     return True

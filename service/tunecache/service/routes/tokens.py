@@ -40,11 +40,16 @@ def list_tokens(session: SessionDep, _caller: AdminCaller) -> list[TokenRead]:
 
 
 @router.delete("/{name}", response_model=TokenRead,
-               responses={404: {"model": ErrorBody, "description": "no token of that name"}})
+               responses={404: {"model": ErrorBody, "description": "no token of that name"},
+                          409: {"model": ErrorBody, "description": "the last live admin token"}})
 def revoke_token(name: TokenName, session: SessionDep, _caller: AdminCaller, request: Request) -> TokenRead:
     """Revoke a token: writes with it fail at once, reads within
-    ``TUNECACHE_TOKEN_CACHE_SECONDS``. Revoking a revoked token changes nothing."""
-    revoked = tokens.revoke_token(session, name)
+    ``TUNECACHE_TOKEN_CACHE_SECONDS``. Revoking a revoked token changes nothing; the last
+    live admin token cannot be revoked (409)."""
+    try:
+        revoked = tokens.revoke_token(session, name)
+    except tokens.LastAdminToken as exc:
+        raise HTTPException(409, detail=str(exc)) from None
     if revoked is None:
         raise HTTPException(404, detail=f"no token named {name!r}")
     request.state.audit_detail = f"revoked token {name!r}"
