@@ -37,6 +37,18 @@ def run_payload(path: Path, key: TuningKey | None = None, **overrides) -> dict:
     return body
 
 
+def pod_jit_environment(env: dict[str, str]) -> dict | None:
+    """``jit_environment()`` as a pod process with ``env`` sees it (``None``: FlashInfer
+    finds no CUDA toolkit there)."""
+    import json
+    import subprocess
+    import sys
+
+    here = subprocess.run([sys.executable, "-c", "import json; from tunecache.client.jit_install import jit_environment; "
+                           "print(json.dumps(jit_environment()))"], env=env, capture_output=True, text=True, check=True)
+    return json.loads(here.stdout)
+
+
 def signed(payload: dict, signing_key) -> dict:
     """``payload`` (a POST /v1/tunings body) with the signature of ``signing_key``, as a
     tuner node with ``TUNECACHE_SIGNING_KEY`` sends it."""

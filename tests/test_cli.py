@@ -313,16 +313,13 @@ def test_jit_modules_built_with_other_paths_are_skipped_and_the_tactics_installe
     CUDA home, nvcc, CUDA version); a pod where one differs installs the tactics and skips
     the modules with one line naming the difference; a pod where all match installs both."""
     import hashlib
-    import sys
 
-    from helpers import run_payload, signed
+    from helpers import pod_jit_environment, run_payload, signed
     from test_jit_artifacts import fake_workspace
     from tunecache.service.tuner.jit_artifacts import module_tarball
 
     env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "pod-home")}
-    here = subprocess.run([sys.executable, "-c", "import json; from tunecache.client.jit_install import jit_environment; "
-                           "print(json.dumps(jit_environment()))"], env=env, capture_output=True, text=True, check=True)
-    pod_environment = json.loads(here.stdout)
+    pod_environment = pod_jit_environment(env)
     if pod_environment is None:
         import pytest
 

@@ -12,7 +12,6 @@ and loaded with ``ctypes``, as FlashInfer loads a JIT module.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -23,10 +22,10 @@ import httpx
 import pytest
 
 from conftest import CUDNN_FILE, admin_headers, tunecache_executable
-from helpers import run_payload
+from helpers import pod_jit_environment, run_payload
 from test_jit_artifacts import MTIME_NS, fake_workspace
 from tunecache.client.jit_install import install_jit_module
-from tunecache.contract import ArtifactCreate, TuningRunCreate
+from tunecache.contract import TuningRunCreate
 from tunecache.service.tuner.jit_artifacts import module_tarball
 from tunecache.signing import generate_signing_key, load_signing_key, sign_run
 
@@ -95,9 +94,7 @@ def _post(server: str, run: TuningRunCreate, headers: dict) -> httpx.Response:
 
 def test_a_replaced_jit_library_never_loads_on_a_pod(server, tmp_path):
     pod_env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "pod-home")}
-    here = subprocess.run([sys.executable, "-c", "import json; from tunecache.client.jit_install import jit_environment; "
-                           "print(json.dumps(jit_environment()))"], env=pod_env, capture_output=True, text=True, check=True)
-    pod_jit = json.loads(here.stdout)
+    pod_jit = pod_jit_environment(pod_env)
     if pod_jit is None:
         pytest.skip("FlashInfer finds no CUDA toolkit here, so a pod cannot place JIT modules")
     workspace = Path(pod_jit["workspace_dir"])

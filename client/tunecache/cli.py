@@ -192,12 +192,11 @@ def client_settings():
         fail(ExitCode.USAGE, str(exc))
 
 
-def client_for(server: str) -> TunecacheClient:
-    """A client for ``server`` with the settings of the environment
-    (:class:`tunecache.client.settings.ClientSettings`); exit 2 naming a bad setting, 13
-    when a token would go in clear text to another machine."""
+def client_for(server: str, settings=None) -> TunecacheClient:
+    """A client for ``server`` with ``settings`` (default: :func:`client_settings`); exit 2
+    naming a bad setting, 13 when a token would go in clear text to another machine."""
     try:
-        return TunecacheClient.from_settings(client_settings(), server)
+        return TunecacheClient.from_settings(settings or client_settings(), server)
     except ValueError as exc:
         fail(ExitCode.NOT_AUTHORISED if isinstance(exc, InsecureTransport) else ExitCode.USAGE, str(exc))
 
@@ -305,7 +304,7 @@ def pull(
         trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
     except SigningError as exc:
         fail(ExitCode.USAGE, str(exc))
-    with client_for(server) as client:
+    with client_for(server, settings) as client:
         try:
             if layout is Layout.file:
                 installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit, trusted)

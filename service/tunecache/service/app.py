@@ -122,7 +122,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         worker = generation_connection = None
         try:
             db.check_schema(app.state.engine)
-            app.state.sessions = sessions = db.session_factory(app.state.engine)
+            app.state.sessions = db.session_factory(app.state.engine)
 
             generation_connection = GenerationConnection(app.state.engine)
             app.state.generation_reader = GenerationReader(generation_connection.read)

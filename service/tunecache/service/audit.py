@@ -18,9 +18,9 @@ _PATH_CHARS = 512
 
 
 def record(session: Session, caller: Caller, method: str, path: str, detail: str | None = None) -> None:
-    """Add one event: ``caller``'s token name and scope, the request's method and path, and
-    what the write did (``detail``, cut to 1,024 characters)."""
-    session.add(AuditEvent(at=utcnow(), token_name=caller.name, scope=(caller.scope or Scope.READ).value,
+    """Add one event: ``caller``'s token name and scope (a write's caller always has one),
+    the request's method and path, and what the write did (``detail``, cut to 1,024 characters)."""
+    session.add(AuditEvent(at=utcnow(), token_name=caller.name, scope=caller.scope.value,
                            method=method[:8], path=path[:_PATH_CHARS], detail=detail[:_DETAIL_CHARS] if detail else None))
     session.flush()
 

@@ -95,9 +95,11 @@ class LookupCache:
         Raises:
             whatever ``compute`` raises, to every request waiting on it (nothing is cached).
         """
+        if self._answers is None:
+            return await compute()
         cached = self.get(generation, key, environment)
-        if cached is not None or self._answers is None:
-            return cached if cached is not None else await compute()
+        if cached is not None:
+            return cached
 
         async def compute_and_keep() -> tuple[int, bytes]:
             status, body = await compute()
