@@ -63,6 +63,7 @@ from tunecache.contract import (
     TokenCreate,
     TuningJobCreate,
     TuningKey,
+    expert_parallel_size,
 )
 from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_trusted_keys
 from tunecache.store import NoCompatibleTuning, TunecacheError
@@ -110,6 +111,8 @@ MnbtOpt = Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="v
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="vLLM's --dtype ('auto': as the checkpoint says)")]
 QuantOpt = Annotated[str, typer.Option("--quantization", help="vLLM's --quantization ('auto': as the checkpoint says)")]
 TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1, help="tensor-parallel size")]
+DpOpt = Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1, help="vLLM's data-parallel size (it shards MoE layers)")]
+EpOpt = Annotated[bool, typer.Option("--enable-expert-parallel", help="vLLM's --enable-expert-parallel (experts split over tp x dp ranks)")]
 GpuNameOpt = Annotated[Optional[str], typer.Option("--gpu-name", help="GPU name (default: the environment's 'gpu')")]
 ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="GPU arch such as sm90 (default: detected)")]
 EnvironmentOpt = Annotated[
@@ -135,10 +138,12 @@ def first_error(exc: ValidationError) -> str:
     return f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
 
 
-def key_option(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: str, quantization: str, tp: int) -> TuningKey:
+def key_option(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: str, quantization: str, tp: int,
+               dp: int = 1, enable_expert_parallel: bool = False) -> TuningKey:
     """The key of the command's options (:func:`tunecache.client.environment.pod_key`), or exit 2 naming the bad field."""
     try:
-        return pod_key(gpu_name, model, mnbt, arch=arch, dtype=dtype, quantization=quantization, tensor_parallel_size=tp)
+        return pod_key(gpu_name, model, mnbt, arch=arch, dtype=dtype, quantization=quantization, tensor_parallel_size=tp,
+                       data_parallel_size=dp, expert_parallel_size=expert_parallel_size(tp, dp, enable_expert_parallel))
     except EnvironmentUnavailable as exc:
         fail(ExitCode.USAGE, str(exc))
     except ValidationError as exc:
@@ -212,6 +217,8 @@ def push(
     dtype: DtypeOpt = "auto",
     quantization: QuantOpt = "auto",
     tensor_parallel_size: TpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    enable_expert_parallel: EpOpt = False,
     trigger: Annotated[str, typer.Option(help="'upload', or 'pod' for a pod's own tuning (stored unverified)")] = "upload",
 ) -> None:
     """Upload a FlashInfer autotune cache file; its environment is read from its _metadata."""
@@ -227,7 +234,8 @@ def push(
              "where it was tuned, so no FlashInfer would load it; nothing was uploaded")
     if trigger not in (RunTrigger.UPLOAD, RunTrigger.POD):
         fail(ExitCode.USAGE, "--trigger must be 'upload' or 'pod'")
-    key = key_option(model, max_num_batched_tokens, gpu_name or parsed.environment.gpu, arch, dtype, quantization, tensor_parallel_size)
+    key = key_option(model, max_num_batched_tokens, gpu_name or parsed.environment.gpu, arch, dtype, quantization,
+                     tensor_parallel_size, data_parallel_size, enable_expert_parallel)
     with client_for(server) as client:
         try:
             stored = client.upload_artifact(data)
@@ -266,7 +274,8 @@ def pull(
     vllm_config_hash: Annotated[
         Optional[str], typer.Option(help="vllm layout: the <hash> directory (sha256 of VllmConfig.compute_hash) of the deployment")
     ] = None,
-    data_parallel_size: Annotated[int, typer.Option(min=1, help="vllm layout: data-parallel size")] = 1,
+    data_parallel_size: DpOpt = 1,
+    enable_expert_parallel: EpOpt = False,
     pipeline_parallel_size: Annotated[int, typer.Option(min=1, help="vllm layout: pipeline-parallel size (ranks per dp = tp x pp)")] = 1,
     file_name: Annotated[Optional[str], typer.Option(help="file layout: the file's name (default: from the key)")] = None,
     jit: Annotated[bool, typer.Option("--jit", help="also install the tuning's FlashInfer JIT modules into this pod's FlashInfer workspace")] = False,
@@ -298,7 +307,8 @@ def pull(
             f"FlashInfer could not detect {', '.join(env.indeterminate_fields())} here (no GPU?); "
             "pass --environment FILE",
         )
-    key = key_option(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization, tensor_parallel_size)
+    key = key_option(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization,
+                     tensor_parallel_size, data_parallel_size, enable_expert_parallel)
     settings = client_settings()
     try:
         trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
@@ -361,6 +371,8 @@ def doctor(
     dtype: DtypeOpt = "auto",
     quantization: QuantOpt = "auto",
     tensor_parallel_size: TpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    enable_expert_parallel: EpOpt = False,
 ) -> None:
     """Show this machine's FlashInfer environment, the key it would ask for, and what the
     server has for it: the matching run, or the closest ones and each field that differs.
@@ -377,7 +389,8 @@ def doctor(
         if environment is None:
             fail(ExitCode.USAGE, f"FlashInfer could not detect {', '.join(env.indeterminate_fields())} here (no GPU?); "
                                  "pass --environment FILE (a FlashInfer cache file written on the pod's GPU)")
-    key = key_option(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization, tensor_parallel_size)
+    key = key_option(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization,
+                     tensor_parallel_size, data_parallel_size, enable_expert_parallel)
     typer.echo("key")
     for field, value in key.model_dump().items():
         typer.echo(f"  {field}: {value}")
@@ -408,6 +421,8 @@ def retune(
     dtype: DtypeOpt = "auto",
     quantization: QuantOpt = "auto",
     tensor_parallel_size: TpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    enable_expert_parallel: EpOpt = False,
     config: Annotated[
         Optional[Path], typer.Option(help="HF config.json (or its directory) to send with the job (without it the GPU "
                                       "node needs the model's config.json in its TUNECACHE_MODEL_CONFIG_DIR)")
@@ -419,7 +434,8 @@ def retune(
     poll: Annotated[float, typer.Option(min=0.05, help="seconds between polls with --wait")] = 2.0,
 ) -> None:
     """Ask the service to (re-)tune a key on a GPU node; one job per key however many ask."""
-    key = key_option(model, max_num_batched_tokens, gpu_name, arch, dtype, quantization, tensor_parallel_size)
+    key = key_option(model, max_num_batched_tokens, gpu_name, arch, dtype, quantization,
+                     tensor_parallel_size, data_parallel_size, enable_expert_parallel)
     hf_config = None
     if config is not None:
         path = config / "config.json" if config.is_dir() else config

@@ -80,6 +80,8 @@ KEY_FIELDS: tuple[str, ...] = (
     "dtype",
     "quantization",
     "tensor_parallel_size",
+    "data_parallel_size",
+    "expert_parallel_size",
 )
 
 #: Largest ``max_num_batched_tokens`` accepted (16 Mi tokens).
@@ -184,6 +186,12 @@ class TuningKey(BaseModel):
     * ``dtype``: vLLM's ``--dtype`` (``"auto"``: as the checkpoint says).
     * ``quantization``: vLLM's ``--quantization`` (``"auto"``: as the checkpoint says).
     * ``tensor_parallel_size``: divides the GEMM shapes.
+    * ``data_parallel_size``: vLLM's ``--data-parallel-size``. vLLM shards a MoE layer over
+      tp x dp ranks (``vllm/config/parallel.py::ParallelConfig.data_parallel_size``; the
+      fused-MoE "flattened" tp), so it changes the tuned MoE shapes.
+    * ``expert_parallel_size``: 1, or with vLLM's ``--enable-expert-parallel`` the
+      number of ranks the experts are split over, tp x dp (x prefill-context parallel
+      size): each rank then runs whole experts, a share of them.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, from_attributes=True)
@@ -195,6 +203,27 @@ class TuningKey(BaseModel):
     dtype: Text = Field(default="auto", min_length=1, max_length=32)
     quantization: Text = Field(default="auto", min_length=1, max_length=32)
     tensor_parallel_size: WholeNumber = Field(default=1, gt=0, le=1024)
+    data_parallel_size: WholeNumber = Field(default=1, gt=0, le=1024)
+    expert_parallel_size: WholeNumber = Field(default=1, gt=0, le=1 << 20)
+
+    @model_validator(mode="after")
+    def _expert_parallel_spans_tp_and_dp(self) -> "TuningKey":
+        """vLLM splits experts over every tp x dp rank (``FusedMoEParallelConfig``), so an
+        expert-parallel size that is not a multiple of that cannot come from vLLM."""
+        ranks = self.tensor_parallel_size * self.data_parallel_size
+        if self.expert_parallel_size != 1 and self.expert_parallel_size % ranks:
+            raise ValueError(f"expert_parallel_size {self.expert_parallel_size} must be 1 or a multiple of "
+                             f"tensor_parallel_size x data_parallel_size ({ranks}), as vLLM's --enable-expert-parallel makes it")
+        return self
+
+
+def expert_parallel_size(tensor_parallel_size: int, data_parallel_size: int = 1,
+                         enable_expert_parallel: bool = False, prefill_context_parallel_size: int = 1) -> int:
+    """The key's ``expert_parallel_size`` for a vLLM deployment: tp x dp x pcp with
+    ``--enable-expert-parallel`` (vLLM's ``FusedMoEParallelConfig.make``: ``ep_size``), else 1."""
+    if not enable_expert_parallel:
+        return 1
+    return tensor_parallel_size * data_parallel_size * prefill_context_parallel_size
 
 
 assert tuple(TuningKey.model_fields) == KEY_FIELDS

@@ -127,10 +127,13 @@ def pod_key(
     dtype: str = "auto",
     quantization: str = "auto",
     tensor_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
 ) -> TuningKey:
     """The key a pod asks for: its GPU (``gpu_name`` as torch names it, e.g. a detected
     environment's ``gpu``; ``arch`` by default from :func:`detect_arch`) and the
-    deployment's model settings.
+    deployment's model settings (``expert_parallel_size``: see
+    :func:`tunecache.contract.expert_parallel_size`).
 
     The one place a pod-side key is built: ``tunecache pull``/``push``/``doctor``/
     ``retune``, the Python API and the vLLM plugin all call it.
@@ -147,4 +150,6 @@ def pod_key(
         dtype=dtype,
         quantization=quantization,
         tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
+        expert_parallel_size=expert_parallel_size,
     )

@@ -105,15 +105,24 @@ def _settings_safely():
 
 def _key(runner: Any, environment: Any, settings: Any):
     from tunecache.client.environment import pod_key
+    from tunecache.contract import expert_parallel_size
 
     config = runner.vllm_config
+    parallel = config.parallel_config  # vllm/config/parallel.py::ParallelConfig
+    tp = parallel.tensor_parallel_size
+    dp = getattr(parallel, "data_parallel_size", 1)
     return pod_key(
         environment.gpu,
         config.model_config.model,
         config.scheduler_config.max_num_batched_tokens,
         dtype=settings.dtype,
         quantization=settings.quantization,
-        tensor_parallel_size=config.parallel_config.tensor_parallel_size,
+        tensor_parallel_size=tp,
+        data_parallel_size=dp,
+        expert_parallel_size=expert_parallel_size(
+            tp, dp, bool(getattr(parallel, "enable_expert_parallel", False)),
+            getattr(parallel, "prefill_context_parallel_size", 1),
+        ),
     )
 
 

@@ -18,7 +18,9 @@ from typing import Annotated, Optional
 import typer
 
 from tunecache.cli import (
+    DpOpt,
     DtypeOpt,
+    EpOpt,
     ExitCode,
     GemmBackendsOpt,
     MnbtOpt,
@@ -32,7 +34,7 @@ from tunecache.cli import (
     fail,
     first_error,
 )
-from tunecache.contract import RunTrigger
+from tunecache.contract import RunTrigger, expert_parallel_size
 
 DatabaseOpt = Annotated[
     Optional[str], typer.Option("--database", envvar="TUNECACHE_DATABASE_URL", help="SQLAlchemy database URL")
@@ -183,6 +185,8 @@ def tune(
     dtype: DtypeOpt = "auto",
     quantization: QuantOpt = "auto",
     tensor_parallel_size: TpOpt = 1,
+    data_parallel_size: DpOpt = 1,
+    enable_expert_parallel: EpOpt = False,
     server: Annotated[Optional[str], typer.Option("--server", help="store the run on this tunecache server")] = None,
     database: Annotated[
         Optional[str],
@@ -226,6 +230,8 @@ def tune(
             hf_config=hf_config,
             max_num_batched_tokens=max_num_batched_tokens,
             tensor_parallel_size=tensor_parallel_size,
+            data_parallel_size=data_parallel_size,
+            expert_parallel_size=expert_parallel_size(tensor_parallel_size, data_parallel_size, enable_expert_parallel),
             dtype=dtype,
             quantization=quantization,
             gemm_backends=csv_option(gemm_backends),

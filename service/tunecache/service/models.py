@@ -131,6 +131,8 @@ class TuningKeyRow(Base):
     dtype: Mapped[str] = mapped_column(String(32))
     quantization: Mapped[str] = mapped_column(String(32))
     tensor_parallel_size: Mapped[int] = mapped_column(Integer)
+    data_parallel_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    expert_parallel_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 

@@ -161,6 +161,8 @@ class JobWorker:
             hf_config=config,
             max_num_batched_tokens=key.max_num_batched_tokens,
             tensor_parallel_size=key.tensor_parallel_size,
+            data_parallel_size=key.data_parallel_size,
+            expert_parallel_size=key.expert_parallel_size,
             dtype=key.dtype,
             quantization=key.quantization,
             gemm_backends=options.get("gemm_backends"),

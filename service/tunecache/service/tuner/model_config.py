@@ -245,11 +245,14 @@ class AttentionShape:
     head_dim: int
 
 
-def moe_shape(config: dict[str, Any], tensor_parallel_size: int = 1, expert_parallel_size: int = 1) -> MoeShape:
+def moe_shape(config: dict[str, Any], tensor_parallel_size: int = 1, expert_parallel_size: int = 1,
+              data_parallel_size: int = 1) -> MoeShape:
     """The per-rank fused-MoE shape of a MoE config.
 
     With expert parallelism (``expert_parallel_size > 1``) vLLM splits the experts and
-    keeps each expert's intermediate whole; otherwise it splits the intermediate by tp.
+    keeps each expert's intermediate whole; otherwise it splits the intermediate over the
+    flattened tp x dp ranks (vLLM's ``FusedMoEParallelConfig.make``: a MoE layer is sharded
+    over tensor x data parallel ranks).
 
     Raises:
         ModelConfigError: not a MoE config, a field is missing, or the split does not divide.
@@ -266,7 +269,7 @@ def moe_shape(config: dict[str, Any], tensor_parallel_size: int = 1, expert_para
         per_rank_intermediate = intermediate
     else:
         local = experts
-        per_rank_intermediate = _divide(intermediate, tensor_parallel_size, "moe_intermediate_size")
+        per_rank_intermediate = _divide(intermediate, tensor_parallel_size * data_parallel_size, "moe_intermediate_size")
     return MoeShape(experts, local, top_k, hidden, per_rank_intermediate, tensor_parallel_size, expert_parallel_size)
 
 

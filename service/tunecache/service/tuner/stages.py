@@ -48,7 +48,10 @@ class TuneSpec(BaseModel):
     quantization: str = "auto"
     gemm_backends: list[str] | None = None
     """Override the per-arch backends (e.g. ``["cublaslt"]`` for a fast run)."""
+    data_parallel_size: int = Field(default=1, gt=0)
+    """vLLM's data-parallel size: without expert parallelism a MoE layer is split over tp x dp ranks."""
     expert_parallel_size: int = Field(default=1, gt=0)
+    """1, or the ranks the experts are split over (tp x dp with vLLM's --enable-expert-parallel)."""
     page_size: int = Field(default=16, gt=0)
     """KV-cache page (block) size of the attention warmup; vLLM's default ``block_size``."""
     stages: list[TunableStage] | None = None
@@ -67,6 +70,8 @@ class TuneSpec(BaseModel):
             dtype=self.dtype,
             quantization=self.quantization,
             tensor_parallel_size=self.tensor_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+            expert_parallel_size=self.expert_parallel_size,
         )
 
     def resolved_quantization(self) -> str | None:
@@ -174,7 +179,7 @@ class FusedMoeStage:
 
         from flashinfer.fused_moe import cutlass_fused_moe
 
-        shape = moe_shape(spec.hf_config, spec.tensor_parallel_size, spec.expert_parallel_size)
+        shape = moe_shape(spec.hf_config, spec.tensor_parallel_size, spec.expert_parallel_size, spec.data_parallel_size)
         m = spec.max_num_batched_tokens
         x = torch.randn(m, shape.hidden, device="cuda", dtype=torch.bfloat16)
         # ranks route to experts anywhere; scales normalized like a softmax top-k

@@ -140,7 +140,12 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
         RuntimeError: vLLM exited non-zero, or wrote no per-rank FlashInfer file (a
             single-rank vLLM keeps FlashInfer's v2 store only; tunecache's runs need the
             v1 file, so use the native stages or tensor_parallel_size > 1).
+        ValueError: ``data_parallel_size`` > 1: one ``vllm.LLM`` engine runs a single
+            data-parallel rank, so the native stages tune those shapes.
     """
+    if spec.data_parallel_size > 1:
+        raise ValueError("the vLLM runner runs one engine (data_parallel_size 1); "
+                         "use the native stages for data_parallel_size > 1")
     command, env = vllm_command(spec, scratch, python)
     result = subprocess.run(command, env={**os.environ, **env}, stdout=sys.stderr, stderr=sys.stderr)
     if result.returncode != 0:
