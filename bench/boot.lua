@@ -1,8 +1,9 @@
 -- One pod boot per connection turn, as the vLLM plugin does it: POST the lookup, then GET
--- the artifact it names. Paths and body come from the environment (bench/boot_storm.py).
--- STATIC=1: both are GETs of files (the static servers serve the same bodies).
+-- the artifact it names, then (REPORT_BODY set) POST the pod's report of the install.
+-- Paths and bodies come from the environment (bench/boot_storm.py).
+-- STATIC=1: lookup and artifact are GETs of files (the static servers serve the same bodies).
 -- BOOTS_PER_S (optional): offered rate for the whole run; each thread sends its share of the
--- requests on a fixed schedule (2 requests a boot) instead of as fast as replies come back.
+-- requests on a fixed schedule (2 or 3 requests a boot) instead of as fast as replies come back.
 local ffi = require("ffi")
 ffi.cdef[[
 typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
@@ -20,6 +21,8 @@ local lookup_path = os.getenv("LOOKUP_PATH")
 local artifact_path = os.getenv("ARTIFACT_PATH")
 local body = os.getenv("LOOKUP_BODY")
 local static = os.getenv("STATIC") == "1"
+local report_body = os.getenv("REPORT_BODY") or ""
+local per_boot = report_body ~= "" and 3 or 2
 local counter = 0
 local statuses = {}
 
@@ -34,7 +37,7 @@ end
 if boots_per_s then
   -- wrk calls delay() before each request: the milliseconds until this thread's next slot.
   delay = function()
-    local interval = 1000 * threads / (2 * boots_per_s)
+    local interval = 1000 * threads / (per_boot * boots_per_s)
     local t = now_ms()
     if next_slot == nil or next_slot < t then
       next_slot = t
@@ -47,7 +50,11 @@ end
 
 request = function()
   counter = counter + 1
-  if counter % 2 == 1 then
+  local step = counter % per_boot
+  if per_boot == 3 and step == 0 then
+    return wrk.format("POST", "/v1/reports", {["Content-Type"] = "application/json"}, report_body)
+  end
+  if step == 1 then
     if static then
       return wrk.format("GET", lookup_path)
     end

@@ -25,7 +25,7 @@ fi_stack=(flashinfer-python==0.7.4 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/whl" "${fi_stack[@]}"
 # The project's own dependencies (client and server) and the GPU test's, with theirs.
 project=(httpx tenacity pydantic pydantic-settings typer rich fastapi uvicorn sqlalchemy alembic cachetools limits cryptography
-         jinja2 pytest pyyaml "$@")
+         jinja2 pytest pyyaml prometheus-client "$@")
 python3 -m pip download -q "${plat[@]}" -d "$work/whl" "${project[@]}"
 mkdir -p "$work/site" "$out"
 for w in "$work"/whl/*.whl; do (cd "$work/site" && python3 -m zipfile -e "$w" .); done

@@ -79,6 +79,9 @@ def verify(args: argparse.Namespace) -> None:
 
     shapes = dense_gemm_shapes(load_hf_config(args.config))
     backends = args.backends.split(",") if args.backends else BF16_BACKENDS["sm90"]
+    major, minor = torch.cuda.get_device_capability(0)
+    supported = getattr(flashinfer.mm_bf16, "is_backend_supported", None)  # FlashInfer's backend_requirement
+    backends = [b for b in backends if supported is None or supported(b, major * 10 + minor)]
     tokens = [m for m in VERIFY_TOKENS if m <= args.max_num_batched_tokens]
     weights = {s: torch.randn(s.n, s.k, device="cuda", dtype=torch.bfloat16).t() for s in shapes}
     inputs = {(s, m): torch.randn(m, s.k, device="cuda", dtype=torch.bfloat16) for s in shapes for m in tokens}
@@ -114,6 +117,8 @@ def verify(args: argparse.Namespace) -> None:
         "first_pass_s": round(first, 4),
         "per_pass_ms": round(per_pass * 1000, 3),
         "cache_misses": stats.cache_misses,
+        "backends": backends,
+        "flashinfer_version": flashinfer.__version__,
         "gpu": torch.cuda.get_device_name(0),
     }))
 
@@ -143,6 +148,8 @@ def end_to_end(args: argparse.Namespace) -> None:
                        "--work-dir", str(work / "tune"))
         if args.backends:
             tune_cmd += ["--gemm-backends", args.backends]
+        if args.stages:
+            tune_cmd += ["--stages", args.stages]
         tune_s, tuned = timed(tune_cmd, log)
         run = httpx.get(f"{url}/v1/tunings", params={"limit": 1}).json()["items"][0]  # the run just tuned
 
@@ -172,6 +179,7 @@ def end_to_end(args: argparse.Namespace) -> None:
         "installed_file": installed,
         "tuned": warm_r,
         "untuned": cold_r,
+        "environment": run["environment"],
     }
     (out / "gpu_e2e.json").write_text(json.dumps(summary, indent=2))
     rows = [
@@ -207,6 +215,7 @@ def main() -> None:
     parser.add_argument("--out", default="results")
     parser.add_argument("--work", default=None)
     parser.add_argument("--tune-timeout", type=float, default=540)
+    parser.add_argument("--stages", default=None, help="tuner stages (default: all that apply)")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     if args.command == "verify":

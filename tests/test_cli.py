@@ -15,6 +15,9 @@ import pytest
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, free_port, tunecache, tunecache_executable, as_admin
 
+# What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
+SERVER_DATABASE_INCIDENTAL = True
+
 MODEL = "meta-llama/Llama-3.1-8B"
 
 
@@ -182,7 +185,7 @@ def test_worker_on_without_a_gpu_is_refused_in_one_line(tmp_path):
 
 
 def test_init_container_installs_every_rank_for_vllm(server, tmp_path):
-    push(server, CUDNN_FILE, "--tensor-parallel-size", "2")
+    push(server, CUDNN_FILE, "--tensor-parallel-size", "2", "--data-parallel-size", "2")
     config_hash = "cd" * 32
     pulled = tunecache(
         "pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192", "--tensor-parallel-size", "2",

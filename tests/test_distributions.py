@@ -22,7 +22,7 @@ from conftest import CUDNN_FILE, tunecache
 ROOT = Path(__file__).resolve().parents[1]
 #: What a pod must never get from installing the client.
 SERVER_PACKAGES = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "psycopg-binary"}
-POD_COMMANDS = ("pull", "push", "doctor", "retune", "token", "keys")
+POD_COMMANDS = ("pull", "push", "doctor", "diff", "history", "fleet", "retune", "job", "token", "keys")
 SERVER_COMMANDS = ("serve", "tune", "db")
 
 

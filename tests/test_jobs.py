@@ -49,7 +49,7 @@ def enqueue(sessions, **key_fields):
 def stand_in_tuner(delay_s: float = 0.0):
     """Returns the real H200 file as the tuning result, with progress events like the child's."""
 
-    def tune(spec, work_dir, timeout_s, on_event):
+    def tune(spec, work_dir, timeout_s, on_event, cancel=None):
         on_event(StageChanged(stage="gemm", status="running"))
         for step in (1, 2):
             time.sleep(delay_s / 2)
@@ -201,7 +201,7 @@ def test_failing_job_keeps_the_previous_tuning_current(sessions):
 
 
 def test_failure_after_the_child_started_is_kept_in_history(sessions):
-    def crashing(spec, work_dir, timeout_s, on_event):
+    def crashing(spec, work_dir, timeout_s, on_event, cancel=None):
         started = TunerStarted(gpu_name=H200.gpu_name, arch=H200.arch, environment=file_environment(CUDNN_FILE).model_dump())
         on_event(started)
         raise TunerFailed("tuner process died with signal SIGSEGV", "Segmentation fault", started)
@@ -237,6 +237,10 @@ def test_retune_wait_follows_the_job_to_its_end(server, database_url):
     worker = JobWorker(db.session_factory(engine), H200, "test-worker", tuner=stand_in_tuner(1.0), poll_s=0.2)
     worker.start()
     try:
+        for _ in range(100):  # the worker's first heartbeat
+            if httpx.get(f"{server}/v1/workers").json()["items"]:
+                break
+            time.sleep(0.1)
         result = tunecache("retune", "--server", server, "--model", "meta-llama/Llama-3.1-8B",
                            "--max-num-batched-tokens", "8192", "--gpu-name", "NVIDIA H200",
                            "--config", str(LLAMA_CONFIG), "--wait", "--poll", "0.2")
@@ -246,11 +250,12 @@ def test_retune_wait_follows_the_job_to_its_end(server, database_url):
     assert result.returncode == 0, result.stderr
     assert "job 1: queued" in result.stdout and "succeeded" in result.stdout and "run 1 is current" in result.stdout
     assert "stage gemm" in result.stderr  # the progress lines (plain, no terminal here)
+    assert "no GPU worker" not in result.stderr  # a live worker for the GPU beats
 
 
 def test_retune_wait_timeout_exits_10(server):
     result = tunecache("retune", "--server", server, "--model", "m", "--max-num-batched-tokens", "8",
-                       "--gpu-name", "NVIDIA H200", "--wait", "--wait-timeout", "0.5", "--poll", "0.2")
+                       "--gpu-name", "NVIDIA H200", "--node-config", "--wait", "--wait-timeout", "0.5", "--poll", "0.2")
     assert result.returncode == 10 and "still queued" in result.stderr
 
 
@@ -282,9 +287,9 @@ def test_jobs_read_configs_only_from_the_model_config_dir_and_show_no_node_path(
     tuned = []
     tuner = stand_in_tuner()
 
-    def recording_tuner(spec, work_dir, timeout_s, on_event):
+    def recording_tuner(spec, work_dir, timeout_s, on_event, cancel=None):
         tuned.append((spec.model, spec.hf_config))
-        return tuner(spec, work_dir, timeout_s, on_event)
+        return tuner(spec, work_dir, timeout_s, on_event, cancel)
 
     worker = JobWorker(db.session_factory(engine), H200, "w", tuner=recording_tuner, model_config_dir=config_dir)
     with caplog.at_level("WARNING", logger="tunecache.worker"):

@@ -108,17 +108,27 @@ def deep_gemm_tarball(members):
     return raw.getvalue()
 
 
-def test_deep_gemm_cache_is_a_read_only_root_after_the_writable_one(tmp_path, monkeypatch):
-    from tunecache.client.layouts import deep_gemm_cache_dirs, install_deep_gemm_cache
+def test_deep_gemm_kernels_merge_into_the_pods_own_cache_directory(tmp_path, monkeypatch):
+    """DeepGEMM reads DG_JIT_CACHE_DIR as one directory (``cache/kernel.<name>.<hash>/``,
+    csrc/jit/compiler.hpp): a run's kernels are merged in, whole; kernels already there stay."""
+    from tunecache.client.layouts import deep_gemm_cache_dir, install_deep_gemm_cache
 
-    data = deep_gemm_tarball([("cache/kernel.abc/kernel.cubin", b"cubin")])  # the vLLM runner's harvest layout
-    installed = install_deep_gemm_cache(data, tmp_path / "dg" / "run-1")
-    assert (installed / "cache" / "kernel.abc" / "kernel.cubin").read_bytes() == b"cubin"
     monkeypatch.delenv("DG_JIT_CACHE_DIR", raising=False)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
-    assert deep_gemm_cache_dirs(installed) == f"{tmp_path / 'vllm' / 'deep_gemm'}:{installed}"  # vLLM's default first
-    monkeypatch.setenv("DG_JIT_CACHE_DIR", f"/w:{installed}")
-    assert deep_gemm_cache_dirs(installed) == f"/w:{installed}"  # not added twice
+    assert deep_gemm_cache_dir() == tmp_path / "vllm" / "deep_gemm"  # vLLM's default
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "dg"))
+    cache = deep_gemm_cache_dir()
+    assert cache == tmp_path / "dg"
+    own = cache / "cache" / "kernel.mine.11" / "kernel.cubin"
+    own.parent.mkdir(parents=True)
+    own.write_bytes(b"compiled here")
+    data = deep_gemm_tarball([("cache/kernel.a.22/kernel.cubin", b"a"), ("cache/kernel.a.22/kernel.cu", b"src"),
+                              ("cache/kernel.mine.11/kernel.cubin", b"the run's"), ("tmp/x/kernel.cubin", b"partial")])
+    assert install_deep_gemm_cache(data, cache) == ["kernel.a.22"]
+    assert (cache / "cache" / "kernel.a.22" / "kernel.cubin").read_bytes() == b"a"
+    assert own.read_bytes() == b"compiled here" and not (cache / "tmp").exists()
+    assert sorted(p.name for p in (cache / "cache").iterdir()) == ["kernel.a.22", "kernel.mine.11"]  # no staging left
+    assert install_deep_gemm_cache(data, cache) == []  # installing again changes nothing
     with pytest.raises(ValueError, match="unsafe entry"):
-        install_deep_gemm_cache(deep_gemm_tarball([("../escape", b"x")]), tmp_path / "dg" / "run-2")
-    assert not (tmp_path / "dg" / "run-2").exists()
+        install_deep_gemm_cache(deep_gemm_tarball([("../escape", b"x")]), tmp_path / "other")
+    assert not (tmp_path / "escape").exists()

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import as_admin
@@ -26,8 +27,12 @@ def test_schemathesis_finds_nothing(server):
     token = as_admin.post(f"{server}/v1/tokens", json={"name": "conformance-7c1f93b2d4e5a6f8", "scope": "admin"}).json()["token"]
     result = subprocess.run(
         [executable, "run", f"{server}/openapi.json", "--checks", "all", "--seed", "1", "--max-examples", "30",
+         # a cancelled job stays readable: DELETE /v1/tuning-jobs/{id} cancels (schemathesis.toml)
+         "--exclude-checks", "use_after_free",
          "--header", f"Authorization: Bearer {token}"],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "15 operations" in result.stdout or "Tested: 15" in result.stdout, result.stdout[-2000:]
+    # every operation of the document was tested (GET /metrics included)
+    operations = sum(len(item) for item in httpx.get(f"{server}/openapi.json").json()["paths"].values())
+    assert f"Tested: {operations}" in result.stdout, result.stdout[-2000:]

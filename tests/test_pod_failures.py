@@ -21,6 +21,9 @@ import pytest
 
 from conftest import CUDNN_FILE, free_port, tunecache_executable
 
+# What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
+SERVER_DATABASE_INCIDENTAL = True
+
 MODEL = "meta-llama/Llama-3.1-8B"
 FAST = {"TUNECACHE_CONNECT_TIMEOUT": "2", "TUNECACHE_READ_TIMEOUT": "2", "TUNECACHE_ATTEMPTS": "2"}
 

@@ -24,6 +24,9 @@ from helpers import run_payload, signed
 from test_jit_artifacts import fake_workspace
 from tunecache.service.tuner.jit_artifacts import module_tarball
 
+# What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
+SERVER_DATABASE_INCIDENTAL = True
+
 MODEL = "meta-llama/Llama-3.1-8B"
 MODULE = "batch_prefill_bf16_h128"
 CONFIG_HASH = "cd" * 32

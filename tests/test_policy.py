@@ -13,7 +13,9 @@ from fastapi.testclient import TestClient
 
 from conftest import FIXTURES, make_token
 from tunecache.contract import Scope
-from tunecache.service.app import API_ROUTERS, create_app
+from tunecache.service import dashboard
+from tunecache.service.app import MOUNTED_ROUTERS, create_app
+from tunecache.service.dashboard.security import CSRF_COOKIE, FORM_ADMIN, PAGE_READ, SESSION_COOKIE, form_csrf
 from tunecache.service.policy import PUBLIC, READ, CallerPolicy, requires
 from tunecache.service.settings import Settings
 
@@ -26,17 +28,25 @@ EXPECTED = {
     ("POST", "/v1/tunings/lookup"): READ,
     ("GET", "/v1/tunings"): READ,
     ("GET", "/v1/tunings/{run_id}"): READ,
+    ("GET", "/v1/tunings/{run_a}/diff/{run_b}"): READ,
     ("GET", "/v1/artifacts/{sha256}"): READ,
     ("HEAD", "/v1/artifacts/{sha256}"): READ,
     ("GET", "/v1/tuning-jobs"): READ,
     ("GET", "/v1/tuning-jobs/{job_id}"): READ,
+    ("GET", "/v1/workers"): READ,
+    # a pod's install report decides nothing (no path, tuning or token; rate-limited per
+    # address): pods with a read token, or none, send it (routes/reports.py says why)
+    ("POST", "/v1/reports"): READ,
+    ("GET", "/v1/fleet"): READ,
     ("PUT", "/v1/artifacts/{sha256}"): requires(Scope.PUSH),
     ("POST", "/v1/tunings"): requires(Scope.PUSH),
     ("POST", "/v1/tuning-jobs"): requires(Scope.ADMIN),
+    ("DELETE", "/v1/tuning-jobs/{job_id}"): requires(Scope.ADMIN),
     ("POST", "/v1/tokens"): requires(Scope.ADMIN),
     ("GET", "/v1/tokens"): requires(Scope.ADMIN),
     ("DELETE", "/v1/tokens/{name}"): requires(Scope.ADMIN),
     ("GET", "/v1/audit"): requires(Scope.ADMIN),
+    ("GET", "/metrics"): READ,
 }
 #: Starlette routes FastAPI adds itself: the OpenAPI document and its viewers, open to all.
 FRAMEWORK_ROUTES = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
@@ -56,13 +66,13 @@ def _route_path(route: APIRoute) -> str:
 
 def test_every_route_declares_its_policy():
     seen = {}
-    for router in API_ROUTERS:
+    for prefix, router in MOUNTED_ROUTERS:
         for route in router.routes:
             assert isinstance(route, APIRoute), route
             policies = _policies(route.dependant)
             assert len(policies) == 1, f"{sorted(route.methods)} {route.path} declares {len(policies)} caller policies"
             for method in route.methods:
-                seen[(method, "/v1" + _route_path(route))] = policies[0]
+                seen[(method, prefix + _route_path(route))] = policies[0]
     assert seen == EXPECTED
     # ... and those routers are all the app serves: every operation of its OpenAPI document,
     # and no route outside the document but FastAPI's own.
@@ -79,7 +89,7 @@ SCOPES = [None, "invalid", "revoked", *Scope]
 
 def _request(client: TestClient, method: str, path: str, token: str | None):
     concrete = (path.replace("{sha256}", "0" * 64).replace("{run_id}", "1").replace("{job_id}", "1")
-                .replace("{name}", "nobody"))
+                .replace("{name}", "nobody").replace("{run_a}", "1").replace("{run_b}", "2"))
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     body = b"{}" if method in ("POST", "PUT") else None
     return client.request(method, concrete, content=body, headers={**headers, "Content-Type": "application/json"})
@@ -122,6 +132,114 @@ def test_the_401_403_matrix_over_every_route_and_scope(engine, tmp_path, reads_n
                     if got == 401:
                         assert answer.headers["WWW-Authenticate"] == "Bearer"
         assert not failures, "\n".join(failures)
+
+
+#: The web dashboard's routes (HTML at the root, outside the OpenAPI document): pages follow
+#: the read policy (a browser presents a read token through the sign-in cookie), the re-tune
+#: button needs an admin token pasted into its form, the sign-in forms and the stylesheet are
+#: open. A new dashboard route fails test_every_dashboard_route_declares_its_policy until added.
+DASHBOARD_EXPECTED = {
+    ("GET", "/"): PAGE_READ,
+    ("GET", "/history"): PAGE_READ,
+    ("GET", "/reports"): PAGE_READ,
+    ("GET", "/jobs"): PAGE_READ,
+    ("GET", "/runs/{run_id}"): PAGE_READ,
+    ("GET", "/diff"): PAGE_READ,
+    ("GET", "/retune"): PAGE_READ,
+    ("POST", "/retune"): FORM_ADMIN,
+    ("GET", "/sign-in"): PUBLIC,
+    ("POST", "/sign-in"): PUBLIC,
+    ("POST", "/sign-out"): PUBLIC,
+    ("GET", "/static/{name}"): PUBLIC,
+}
+_KEY_QUERY = {"gpu_name": "NVIDIA H200", "arch": "sm90", "model": "m/dashboard", "max_num_batched_tokens": "8192"}
+
+
+def test_every_dashboard_route_declares_its_policy():
+    seen = {}
+    for route in dashboard.router.routes:
+        assert isinstance(route, APIRoute) and not route.include_in_schema, route
+        policies = _policies(route.dependant)
+        assert len(policies) == 1, f"{sorted(route.methods)} {route.path} declares {len(policies)} caller policies"
+        for method in route.methods:
+            seen[(method, _route_path(route))] = policies[0]
+    assert seen == DASHBOARD_EXPECTED
+    assert (PAGE_READ.scope, FORM_ADMIN.scope) == (Scope.READ, Scope.ADMIN)
+    # none of them is in the OpenAPI document (test_every_route_declares_its_policy: it lists EXPECTED only)
+    paths = create_app(Settings(worker="off")).openapi()["paths"]
+    assert not {path for _, path in DASHBOARD_EXPECTED} & set(paths)
+
+
+def _dashboard_request(client: TestClient, method: str, path: str, token: str | None, transport: str):
+    """A browser's request: a page with the sign-in cookie (or a bearer header, as curl
+    sends it), a form with this browser's CSRF field and the token in its ``token`` field."""
+    client.cookies.clear()
+    secret = "s" * 43
+    client.cookies.set(CSRF_COOKIE, secret)
+    concrete = path.replace("{run_id}", "1").replace("{name}", "dashboard.css")
+    if method == "GET":
+        params = {"/diff": {"a": 1, "b": 2}, "/retune": _KEY_QUERY}.get(path, {})
+        headers = {}
+        if token and transport == "cookie":
+            client.cookies.set(SESSION_COOKIE, token)
+        elif token:
+            headers["Authorization"] = f"Bearer {token}"
+        return client.get(concrete, params=params, headers=headers, follow_redirects=False)
+    form = {"/retune": "retune", "/sign-in": "sign-in", "/sign-out": "sign-out"}[path]
+    fields = {**(_KEY_QUERY if path == "/retune" else {}), "csrf": form_csrf(secret, form), "token": token or ""}
+    return client.post(concrete, data=fields, follow_redirects=False)
+
+
+def _dashboard_expected(policy: CallerPolicy, method: str, path: str, presented: str | Scope | None,
+                        reads_need_token: bool, transport: str) -> int | None:
+    """401/403 where the dashboard refuses, ``None`` where it lets the request through."""
+    if (method, path) == ("POST", "/sign-in"):  # open, but it signs in with a valid read token only
+        if presented in (None, "invalid", "revoked"):
+            return 401
+        return None if presented is Scope.READ else 403
+    if policy is PUBLIC:
+        return None
+    if policy is FORM_ADMIN:
+        if presented in (None, "invalid", "revoked"):
+            return 401
+        return None if presented is Scope.ADMIN else 403
+    if transport == "cookie" and not reads_need_token:
+        return None  # open reads never look at the cookie
+    if presented in ("invalid", "revoked") or (presented is None and reads_need_token):
+        return 401
+    return None
+
+
+@pytest.mark.parametrize("reads_need_token", [False, True], ids=["reads-open", "reads-need-token"])
+def test_the_dashboard_401_403_matrix(engine, tmp_path, reads_need_token):
+    tokens = {scope: make_token(engine, f"t-{scope}", scope) for scope in Scope}
+    tokens["invalid"] = "tc_0123456789abcdef_" + "x" * 43
+    tokens["revoked"] = make_token(engine, "t-revoked", "read")
+    settings = Settings(database_url=str(engine.url), worker="off", data_dir=tmp_path / "data",
+                        read_token_required=reads_need_token)
+    with TestClient(create_app(settings, engine=engine)) as client:
+        assert client.delete("/v1/tokens/t-revoked", headers={"Authorization": f"Bearer {tokens[Scope.ADMIN]}"}).status_code == 200
+        failures = []
+        for (method, path), policy in DASHBOARD_EXPECTED.items():
+            for transport in ("cookie", "bearer") if method == "GET" else ("form",):
+                for presented in SCOPES:
+                    token = tokens.get(presented) if presented is not None else None
+                    answer = _dashboard_request(client, method, path, token, transport)
+                    expected = _dashboard_expected(policy, method, path, presented, reads_need_token, transport)
+                    got = answer.status_code
+                    if (expected is None and got in (401, 403)) or (expected is not None and got != expected):
+                        failures.append(f"{method} {path} ({transport}) with {presented}: {got}, expected "
+                                        f"{expected or 'not 401/403'}")
+                    if got in (401, 403):  # a page that names the scope needed
+                        assert answer.headers["content-type"].startswith("text/html"), (method, path)
+                        assert f"scope {policy.scope or Scope.READ}" in answer.text or f"needs {policy.scope}" in answer.text, \
+                            answer.text
+                        if got == 401:
+                            assert answer.headers["WWW-Authenticate"] == "Bearer"
+        assert not failures, "\n".join(failures)
+        # the admin's form request queued the key's job (the matrix reached the route itself)
+        jobs = client.get("/v1/tuning-jobs", headers={"Authorization": f"Bearer {tokens[Scope.READ]}"}).json()["items"]
+        assert [job["key"]["model"] for job in jobs] == ["m/dashboard"]
 
 
 def _upload(client: TestClient, data: bytes, token: str | None = None) -> str:

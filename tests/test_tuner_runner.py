@@ -10,7 +10,8 @@ import pytest
 
 from conftest import LLAMA_CONFIG, QWEN3_CONFIG, tunecache_executable
 from tunecache.service.tuner.runner import TunerFailed, run_tuner
-from tunecache.service.tuner.stages import AttentionWarmupStage, DenseGemmStage, FusedMoeStage, TuneSpec, deep_gemm_skip_reason
+from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage, deep_gemm_shapes, warmup_m_values
+from tunecache.service.tuner.stages import AttentionWarmupStage, DenseGemmStage, FusedMoeStage, TuneSpec
 
 pytest.importorskip("torch", reason="torch is not installed")
 
@@ -71,5 +72,23 @@ def test_stage_choice_follows_the_model():
     assert "sm90 only" in FusedMoeStage().skip_reason(spec(hf_config=qwen), "sm100")
     assert "bf16 only" in FusedMoeStage().skip_reason(spec(hf_config=qwen, quantization="fp8"), "sm90")
     assert AttentionWarmupStage().skip_reason(spec(), "sm90") is None
-    assert deep_gemm_skip_reason(spec()) == "DeepGEMM warmup applies to fp8 (block-scaled) checkpoints only"
-    assert deep_gemm_skip_reason(spec(quantization="fp8")).startswith("deep_gemm is not importable")
+    fp8_only = "DeepGEMM warmup applies to fp8 checkpoints with 128x128 weight blocks only"
+    assert DeepGemmStage().skip_reason(spec(), "sm90") == fp8_only
+    assert DeepGemmStage().skip_reason(spec(quantization="fp8"), "sm90") == fp8_only  # per-tensor fp8: not DeepGEMM's
+    blocked = json.loads(LLAMA_CONFIG.read_text()) | {
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    assert DeepGemmStage().skip_reason(spec(hf_config=blocked), "sm90").startswith("deep_gemm is not importable")
+
+
+def test_deep_gemm_warmup_covers_vllms_m_values_and_shapes():
+    """vLLM 0.25's relax-mode M values for one GEMM (132 SMs on an H200): the small Ms, every
+    block-M multiple, and the wave boundaries; DeepGEMM takes Llama's per-rank GEMMs."""
+    values = warmup_m_values(8192, 4096, 132)
+    assert values[:7] == [1, 2, 4, 8, 16, 24, 32] and {40, 48, 56, 64} <= set(values)
+    assert set(range(64, 8193, 64)) <= set(values) and max(values) == 8192 and values == sorted(set(values))
+    assert 132 * 128 // (4096 // 256) in values  # one wave of 128x256 blocks
+    assert warmup_m_values(16, 4096, 132) == [1, 2, 4, 8, 16]
+    blocked = json.loads(LLAMA_CONFIG.read_text())
+    shapes = {(s.n, s.k) for s in deep_gemm_shapes(spec(hf_config=blocked, tensor_parallel_size=2))}
+    assert shapes and all(n % 64 == 0 and k % 128 == 0 for n, k in shapes)
+    assert (14336, 4096) in shapes and (4096, 7168) in shapes  # gate_up (2 x 14336 / 2) and down at tp=2

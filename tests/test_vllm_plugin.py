@@ -1,32 +1,58 @@
-"""The vLLM plugin in a real worker-like process, with a stand-in `vllm` package at the edge.
+"""The vLLM plugin in real worker-like processes, with a stand-in `vllm` package at the edge.
 
-The stand-in provides exactly the vLLM 0.33 names the plugin uses
-(``vllm.model_executor.warmup.kernel_warmup.flashinfer_autotune``,
-``flashinfer_autotune_cache.flashinfer_autotune_root`` / ``flashinfer_autotune_cache_hash`` /
-``flashinfer_autotune_filename``, ``vllm.distributed.parallel_state.get_world_group``); its
-``flashinfer_autotune`` records whether the rank file was present when it ran, as vLLM's
-loader would look for it.
+The stand-in provides exactly the vLLM 0.33 names the plugin uses, in vLLM 0.33's order:
+``vllm/v1/worker/gpu_worker.py`` binds ``kernel_warmup`` at import
+(``from vllm.model_executor.warmup.kernel_warmup import kernel_warmup``) and its
+``Worker.compile_or_warm_up_model()`` calls ``kernel_warmup(self)``, which runs
+``deep_gemm_warmup(model, max_num_batched_tokens)`` (recording ``DG_JIT_CACHE_DIR`` as it
+sees it) and then ``flashinfer_autotune(worker.model_runner)`` (recording whether this
+rank's file was present and whether vLLM's loader would take the rank set: every rank's
+file present with the same ``_metadata`` and entry count). ``flashinfer_autotune_cache``'s
+``flashinfer_autotune_root`` / ``flashinfer_autotune_cache_hash`` /
+``flashinfer_autotune_filename`` and ``vllm.distributed.parallel_state.get_world_group()``
+(``rank_in_group`` and ``world_size`` from ``RANK`` / ``WORLD_SIZE``) complete it. The
+worker script calls the plugin's ``register()`` first and imports ``gpu_worker`` after it,
+as ``WorkerWrapperBase.init_worker`` does; a pod is several such processes sharing one
+``vllm_config.instance_id``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
+import uuid
 from importlib.metadata import entry_points
+from pathlib import Path
 
-from conftest import CUDNN_FILE, free_port, as_admin
+import pytest
+
+from conftest import CUBLASLT_FILE, CUDNN_FILE, free_port, as_admin
 from test_cli import push
 
+# What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
+SERVER_DATABASE_INCIDENTAL = True
+
+CONFIG_HASH = "ef" * 32
+
 STAND_IN = {
+    "stand_in_record.py": textwrap.dedent('''
+        import json, sys
+        def record(step, **seen):
+            print(json.dumps({"step": step, **seen}), flush=True)
+    '''),
     "vllm/__init__.py": "",
     "vllm/distributed/__init__.py": "",
     "vllm/distributed/parallel_state.py": textwrap.dedent('''
         import os
         class _Group:
             rank_in_group = int(os.environ.get("RANK", "0"))
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
         def get_world_group():
             return _Group()
     '''),
@@ -42,48 +68,194 @@ STAND_IN = {
         def flashinfer_autotune_filename(dp_rank, rank):
             return f"autotune_configs_dp{dp_rank}_rank{rank}.json"
     '''),
+    "vllm/model_executor/warmup/deep_gemm_warmup.py": textwrap.dedent('''
+        import os
+        from stand_in_record import record
+        def deep_gemm_warmup(model, max_tokens):
+            record("deep_gemm_warmup", DG_JIT_CACHE_DIR=os.environ.get("DG_JIT_CACHE_DIR"))
+    '''),
     "vllm/model_executor/warmup/kernel_warmup.py": textwrap.dedent('''
         import json, os
+        from vllm.distributed.parallel_state import get_world_group
         from vllm.model_executor.warmup import flashinfer_autotune_cache as c
+        from vllm.model_executor.warmup.deep_gemm_warmup import deep_gemm_warmup
+        from stand_in_record import record
         def use_flashinfer_autotune_v2():
             return False
+        def _loadable(directory, world_size):
+            # vLLM takes the rank files only when every rank has one with the same _metadata and entry count
+            seen = set()
+            for rank in range(world_size):
+                try:
+                    doc = json.loads((directory / c.flashinfer_autotune_filename(0, rank)).read_bytes())
+                except (OSError, ValueError):
+                    return False
+                seen.add((json.dumps(doc.get("_metadata"), sort_keys=True), len(doc)))
+            return len(seen) == 1
         def flashinfer_autotune(runner):
-            path = c.flashinfer_autotune_root() / c.flashinfer_autotune_cache_hash(runner) / c.flashinfer_autotune_filename(0, 0)
-            out = {"file_present_at_warmup": path.is_file()}
+            group = get_world_group()
+            directory = c.flashinfer_autotune_root() / c.flashinfer_autotune_cache_hash(runner)
+            seen = {"file_present_at_warmup": (directory / c.flashinfer_autotune_filename(0, group.rank_in_group)).is_file(),
+                    "loadable": _loadable(directory, group.world_size)}
             if os.environ.get("DG_JIT_CACHE_DIR"):
-                out["DG_JIT_CACHE_DIR"] = os.environ["DG_JIT_CACHE_DIR"]
-            print(json.dumps(out))
+                seen["DG_JIT_CACHE_DIR"] = os.environ["DG_JIT_CACHE_DIR"]
+            record("flashinfer_autotune", **seen)
+        def kernel_warmup(worker):
+            deep_gemm_warmup(worker.get_model(), worker.scheduler_config.max_num_batched_tokens)
+            flashinfer_autotune(worker.model_runner)
+    '''),
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/worker/__init__.py": "",
+    "vllm/v1/worker/gpu_worker.py": textwrap.dedent('''
+        from vllm.model_executor.warmup.kernel_warmup import kernel_warmup
+        class Worker:
+            def __init__(self, model_runner):
+                self.model_runner = model_runner
+                self.scheduler_config = model_runner.vllm_config.scheduler_config
+            def get_model(self):
+                return object()
+            def compile_or_warm_up_model(self):
+                kernel_warmup(self)
     '''),
 }
 
 WORKER = textwrap.dedent('''
-    import logging, sys
+    import logging, os, sys, time
+    from pathlib import Path
     from types import SimpleNamespace as NS
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    if os.environ.get("STAND_IN_IMPORT_WORKER_FIRST"):  # a vLLM that imported gpu_worker before the plugins
+        import vllm.v1.worker.gpu_worker
     from importlib.metadata import entry_points
     [plugin] = [e for e in entry_points(group="vllm.general_plugins") if e.name == "tunecache"]
-    plugin.load()()   # what vllm.plugins.load_general_plugins does in each worker
-    from vllm.model_executor.warmup import kernel_warmup
-    runner = NS(vllm_config=NS(model_config=NS(model="meta-llama/Llama-3.1-8B"),
-                               scheduler_config=NS(max_num_batched_tokens=8192),
-                               parallel_config=NS(tensor_parallel_size=1, data_parallel_rank=0)))
-    kernel_warmup.flashinfer_autotune(runner)   # as kernel_warmup calls it
+    plugin.load()()   # what vllm.plugins.load_general_plugins does in each worker (WorkerWrapperBase.init_worker)
+    from vllm.v1.worker.gpu_worker import Worker   # imported after the plugins, as init_worker does
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    config = NS(model_config=NS(model="meta-llama/Llama-3.1-8B"),
+                scheduler_config=NS(max_num_batched_tokens=8192),
+                parallel_config=NS(tensor_parallel_size=world_size, data_parallel_rank=0))
+    if os.environ.get("STAND_IN_INSTANCE_ID"):
+        config.instance_id = os.environ["STAND_IN_INSTANCE_ID"]
+    worker = Worker(NS(vllm_config=config))
+    barrier = os.environ.get("STAND_IN_BARRIER")
+    if barrier:  # every worker of the pod reaches its warmup at the same moment
+        Path(f"{barrier}.ready{os.environ['RANK']}").touch()
+        while not Path(barrier).exists():
+            time.sleep(0.005)
+    worker.compile_or_warm_up_model()
+''')
+
+POD = textwrap.dedent('''
+    # Starts a pod's workers together, waits for them, and lists what they left in a directory.
+    import hashlib, json, subprocess, sys, time
+    from pathlib import Path
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(spec["out"])
+    processes = []
+    for rank, env in enumerate(spec["workers"]):
+        with open(out / f"stdout{rank}", "w") as stdout, open(out / f"stderr{rank}", "w") as stderr:
+            processes.append(subprocess.Popen([sys.executable, spec["script"]], env=env, stdout=stdout, stderr=stderr))
+    barrier = Path(spec["barrier"])
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up and not all(Path(f"{barrier}.ready{rank}").exists() for rank in range(len(processes))):
+        time.sleep(0.005)
+    barrier.touch()
+    codes = [process.wait(timeout=180) for process in processes]
+    files = {}
+    if spec.get("list"):
+        for path in sorted(Path(spec["list"]).rglob("*")):
+            if path.is_file():
+                files[str(path.relative_to(spec["list"]))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (out / "pod.json").write_text(json.dumps({"codes": codes, "files": files}))
 ''')
 
 
-def run_worker(tmp_path, **env):
+def write_stand_in(tmp_path: Path) -> Path:
     stand_in = tmp_path / "stand_in"
     for name, text in STAND_IN.items():
         (stand_in / name).parent.mkdir(parents=True, exist_ok=True)
         (stand_in / name).write_text(text)
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    base = {**os.environ, "PYTHONPATH": f"{stand_in}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "vllm-autotune"),
-            "TUNECACHE_ENVIRONMENT_FILE": str(CUDNN_FILE), "TUNECACHE_ATTEMPTS": "1", "TUNECACHE_CONNECT_TIMEOUT": "2"}
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env={**base, **env})
+    (tmp_path / "worker.py").write_text(WORKER)
+    return stand_in
+
+
+def worker_env(tmp_path: Path, rank: int = 0, world_size: int = 1, instance: str | None = None, **env: str) -> dict:
+    """A worker's environment: rank ``rank`` of ``world_size`` of the boot ``instance`` (a
+    fresh one when ``None``: each call is then a boot of its own)."""
+    stand_in = write_stand_in(tmp_path)
+    base = {key: value for key, value in os.environ.items() if key != "DG_JIT_CACHE_DIR"}
+    base.update({"PYTHONPATH": f"{stand_in}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                 "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "vllm-autotune"),
+                 "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+                 "TUNECACHE_ENVIRONMENT_FILE": str(CUDNN_FILE), "TUNECACHE_ATTEMPTS": "1", "TUNECACHE_CONNECT_TIMEOUT": "2",
+                 "RANK": str(rank), "WORLD_SIZE": str(world_size),
+                 "STAND_IN_INSTANCE_ID": instance if instance is not None else uuid.uuid4().hex})
+    return {**base, **env}
+
+
+def parse_seen(stdout: str) -> dict:
+    """``{step: what the stand-in's step saw}`` from a worker's stdout."""
+    seen = {}
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            seen[record.pop("step")] = record
+    return seen
+
+
+def tunecache_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if line.startswith("tunecache:")]
+
+
+def run_worker(tmp_path, rank=0, world_size=1, instance=None, **env):
+    """One worker process to its end: (what the stand-in's steps saw, its log)."""
+    result = subprocess.run([sys.executable, str(tmp_path / "worker.py")], capture_output=True, text=True, timeout=120,
+                            env=worker_env(tmp_path, rank, world_size, instance, **env))
     assert result.returncode == 0, result.stderr  # never raises into vLLM
-    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+    return parse_seen(result.stdout), result.stderr
+
+
+def run_pod(tmp_path, world_size, instance=None, prefix=(), list_dir=None, **env):
+    """``world_size`` workers of one boot, started together behind a barrier: a list of
+    (seen, log) by rank, and {path: sha256} of the files under ``list_dir`` when they ended.
+    ``prefix``: a command the pod runs under (e.g. in a mount namespace with a small tmpfs)."""
+    instance = instance or uuid.uuid4().hex
+    out = tmp_path / f"pod-{instance}"
+    out.mkdir()
+    spec = {"script": str(tmp_path / "worker.py"), "out": str(out), "barrier": str(out / "barrier"),
+            "list": str(list_dir) if list_dir else None,
+            "workers": [worker_env(tmp_path, rank, world_size, instance, STAND_IN_BARRIER=str(out / "barrier"), **env)
+                        for rank in range(world_size)]}
+    (out / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "pod.py").write_text(POD)
+    result = subprocess.run([*prefix, sys.executable, str(tmp_path / "pod.py"), str(out / "spec.json")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    pod = json.loads((out / "pod.json").read_text())
+    logs = [(out / f"stderr{rank}").read_text() for rank in range(world_size)]
+    assert pod["codes"] == [0] * world_size, logs  # never raises into vLLM
+    return [(parse_seen((out / f"stdout{rank}").read_text()), logs[rank]) for rank in range(world_size)], pod["files"]
+
+
+def rank_file(tmp_path, rank):
+    return tmp_path / "vllm-autotune" / CONFIG_HASH / f"autotune_configs_dp0_rank{rank}.json"
+
+
+def push_deep_gemm_run(server, signing_key, **key):
+    """Record a run as the vLLM runner does: the tactics plus vLLM's DeepGEMM JIT cache,
+    signed by the node's key. Returns the cache's tarball members."""
+    from helpers import h200_key, run_payload, signed
+    from test_layouts import deep_gemm_tarball
+
+    members = [("cache/kernel.abc/kernel.cubin", b"cubin")]
+    tarball = deep_gemm_tarball(members)
+    for blob in (tarball, CUDNN_FILE.read_bytes()):
+        assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code == 201
+    payload = run_payload(CUDNN_FILE, h200_key(**key))
+    payload["artifacts"].append({"kind": "deep_gemm_jit_cache", "name": "deep-gemm-jit-cache.tar.gz",
+                                 "media_type": "application/gzip", "sha256": hashlib.sha256(tarball).hexdigest()})
+    assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, signing_key)).status_code == 201
+    return members
 
 
 def test_entry_point_is_registered():
@@ -93,26 +265,25 @@ def test_entry_point_is_registered():
 def test_worker_finds_the_tuning_installed_before_warmup(server, tmp_path):
     assert push(server).returncode == 0
     seen, log = run_worker(tmp_path, TUNECACHE_URL=server)
-    assert seen == {"file_present_at_warmup": True}
-    installed = tmp_path / "vllm-autotune" / ("ef" * 32) / "autotune_configs_dp0_rank0.json"
-    assert installed.read_bytes() == CUDNN_FILE.read_bytes()
-    [line] = [line for line in log.splitlines() if line.startswith("tunecache:")]
+    assert seen == {"deep_gemm_warmup": {"DG_JIT_CACHE_DIR": None},
+                    "flashinfer_autotune": {"file_present_at_warmup": True, "loadable": True}}
+    assert rank_file(tmp_path, 0).read_bytes() == CUDNN_FILE.read_bytes()
+    [line] = tunecache_lines(log)
     assert line.startswith("tunecache: installed run 1 (42 entries, 0 JIT modules) for meta-llama/Llama-3.1-8B into")
 
 
 def test_miss_and_server_down_never_stop_the_worker(server, tmp_path):
     seen, log = run_worker(tmp_path, TUNECACHE_URL=server)  # nothing stored yet
-    assert seen == {"file_present_at_warmup": False}
+    assert seen["flashinfer_autotune"] == {"file_present_at_warmup": False, "loadable": False}
     assert "tunecache: no tuning installed, vLLM will tune: no tuning is stored yet" in log
     seen, log = run_worker(tmp_path, TUNECACHE_URL=f"http://127.0.0.1:{free_port()}")
-    assert seen == {"file_present_at_warmup": False}
+    assert seen["flashinfer_autotune"] == {"file_present_at_warmup": False, "loadable": False}
     assert "tunecache: no tuning installed, vLLM will tune: ServerUnreachable" in log
 
 
 def test_push_back_uploads_a_pod_tuning_unverified(server, tmp_path):
-    rank_file = tmp_path / "vllm-autotune" / ("ef" * 32) / "autotune_configs_dp0_rank0.json"
-    rank_file.parent.mkdir(parents=True)
-    rank_file.write_bytes(CUDNN_FILE.read_bytes())  # as if this worker had tuned locally after the miss
+    rank_file(tmp_path, 0).parent.mkdir(parents=True)
+    rank_file(tmp_path, 0).write_bytes(CUDNN_FILE.read_bytes())  # as if this worker had tuned locally after the miss
     _, log = run_worker(tmp_path, TUNECACHE_URL=server, TUNECACHE_PUSH_BACK="1")
     assert "tunecache: pushed this pod's tuning back as unverified run 1" in log
     import httpx
@@ -123,30 +294,20 @@ def test_push_back_uploads_a_pod_tuning_unverified(server, tmp_path):
 
 def test_without_tunecache_url_the_plugin_does_nothing(tmp_path):
     seen, log = run_worker(tmp_path)
-    assert seen == {"file_present_at_warmup": False} and "tunecache" not in log
+    assert seen["flashinfer_autotune"] == {"file_present_at_warmup": False, "loadable": False}
+    assert "tunecache" not in log
 
 
-def test_deep_gemm_cache_of_a_vllm_runner_run_becomes_a_read_only_root(server, tmp_path, node_signing_key):
-    """A run recorded by the vLLM runner carries vLLM's DeepGEMM cache; the plugin unpacks it
-    and puts it after DeepGEMM's writable directory before vLLM's warmup reads it."""
-    import hashlib
-
-    import httpx
-
-    from helpers import run_payload, signed
-    from test_layouts import deep_gemm_tarball
-
-    tarball = deep_gemm_tarball([("cache/kernel.abc/kernel.cubin", b"cubin")])
-    for blob in (tarball, CUDNN_FILE.read_bytes()):
-        assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code == 201
-    payload = run_payload(CUDNN_FILE)
-    payload["artifacts"].append({"kind": "deep_gemm_jit_cache", "name": "deep-gemm-jit-cache.tar.gz",
-                                 "media_type": "application/gzip", "sha256": hashlib.sha256(tarball).hexdigest()})
-    assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
-    seen, _ = run_worker(tmp_path, TUNECACHE_URL=server, VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
-    installed = tmp_path / "vllm-cache" / "tunecache" / "deep_gemm" / "1"
-    assert seen["file_present_at_warmup"] is True
-    assert seen["DG_JIT_CACHE_DIR"] == f"{tmp_path / 'vllm-cache' / 'deep_gemm'}:{installed}"
+def test_deep_gemm_cache_of_a_run_is_merged_into_the_pods_deep_gemm_directory(server, tmp_path, node_signing_key):
+    """A run with a DeepGEMM cache (the deep_gemm stage's, or the vLLM runner's): the plugin
+    merges its kernels into the pod's own DeepGEMM directory (vLLM's default here) and sets
+    DG_JIT_CACHE_DIR to it before vLLM's warmup reads it."""
+    push_deep_gemm_run(server, node_signing_key)
+    seen, _ = run_worker(tmp_path, TUNECACHE_URL=server)
+    installed = tmp_path / "vllm-cache" / "deep_gemm"  # vLLM's default DG_JIT_CACHE_DIR
+    expected = str(installed)
+    assert seen["deep_gemm_warmup"] == {"DG_JIT_CACHE_DIR": expected}
+    assert seen["flashinfer_autotune"] == {"file_present_at_warmup": True, "loadable": True, "DG_JIT_CACHE_DIR": expected}
     assert (installed / "cache" / "kernel.abc" / "kernel.cubin").read_bytes() == b"cubin"
 
 
@@ -172,10 +333,145 @@ def test_a_pod_that_trusts_keys_refuses_an_unsigned_run_in_one_line_and_boots(se
 
     assert push(server).returncode == 0  # `tunecache push` records an unsigned run
     seen, log = run_worker(tmp_path, TUNECACHE_URL=server)
-    assert seen == {"file_present_at_warmup": False}
-    [line] = [line for line in log.splitlines() if line.startswith("tunecache:")]
+    assert seen["flashinfer_autotune"] == {"file_present_at_warmup": False, "loadable": False}
+    [line] = tunecache_lines(log)
     assert line == "tunecache: no tuning installed, vLLM will tune: UntrustedRun: tuning run 1 refused: run is unsigned"
     assert as_admin.post(f"{server}/v1/tunings", json=signed(run_payload(CUDNN_FILE), node_signing_key)).status_code == 201
     seen, log = run_worker(tmp_path, TUNECACHE_URL=server)
-    assert seen == {"file_present_at_warmup": True}
+    assert seen["flashinfer_autotune"] == {"file_present_at_warmup": True, "loadable": True}
     assert "tunecache: installed run 2" in log
+
+
+# Issue 10: one run per pod boot, all ranks or none, before DeepGEMM warmup.
+
+
+def test_every_worker_of_a_pod_installs_the_run_its_first_worker_found(server, tmp_path):
+    """Run 2 is recorded after rank 0 of a TP=2 pod installed run 1 and before rank 1
+    reaches its warmup: rank 1 still gets run 1 (the pod's run), so vLLM takes the rank set.
+    The next boot (another instance id, same volume) looks up again and gets run 2."""
+    assert "current" in push(server, CUDNN_FILE, "--tensor-parallel-size", "2").stdout  # run 1
+    seen0, log0 = run_worker(tmp_path, rank=0, world_size=2, instance="boot-1", TUNECACHE_URL=server)
+    assert "current" in push(server, CUBLASLT_FILE, "--tensor-parallel-size", "2").stdout  # run 2, now current
+    seen1, log1 = run_worker(tmp_path, rank=1, world_size=2, instance="boot-1", TUNECACHE_URL=server)
+
+    assert rank_file(tmp_path, 0).read_bytes() == rank_file(tmp_path, 1).read_bytes() == CUDNN_FILE.read_bytes()
+    assert seen0["flashinfer_autotune"]["loadable"] and seen1["flashinfer_autotune"]["loadable"]
+    [line0], [line1] = tunecache_lines(log0), tunecache_lines(log1)
+    assert line0.startswith(f"tunecache: installed run 1 (42 entries, 0 JIT modules) for meta-llama/Llama-3.1-8B into "
+                            f"{tmp_path / 'vllm-autotune' / CONFIG_HASH} (ranks 0-1)")
+    assert line1 == (f"tunecache: run 1 installed for this pod by rank 0 (42 entries, 0 JIT modules) for "
+                     f"meta-llama/Llama-3.1-8B: {rank_file(tmp_path, 1)}")
+
+    for rank in (0, 1):  # the pod restarts on the same volume
+        seen, log = run_worker(tmp_path, rank=rank, world_size=2, instance="boot-2", TUNECACHE_URL=server)
+        assert seen["flashinfer_autotune"]["loadable"]
+    assert rank_file(tmp_path, 0).read_bytes() == rank_file(tmp_path, 1).read_bytes() == CUBLASLT_FILE.read_bytes()
+
+
+@pytest.fixture
+def logged_server(database_url, monkeypatch, request):
+    """`server` with uvicorn's access log on (``TUNECACHE_ACCESS_LOG``): one line per request in serve.log."""
+    monkeypatch.setenv("TUNECACHE_ACCESS_LOG", "true")
+    return request.getfixturevalue("server")
+
+
+def test_workers_reaching_warmup_together_look_up_once_and_install_the_same_bytes(logged_server, tmp_path):
+    """Four workers of one boot released at the same moment: the server sees one lookup
+    (its access log), every rank file holds the run, one worker says it installed it and
+    the three others that it was installed for the pod."""
+    server = logged_server
+    assert push(server, CUDNN_FILE, "--tensor-parallel-size", "4").returncode == 0
+    access = (tmp_path / "serve.log").read_text().count('"POST /v1/tunings/lookup HTTP/1.1"')
+    workers, _ = run_pod(tmp_path, 4, TUNECACHE_URL=server)
+
+    lookups = (tmp_path / "serve.log").read_text().count('"POST /v1/tunings/lookup HTTP/1.1"') - access
+    assert lookups == 1
+    assert {rank_file(tmp_path, rank).read_bytes() for rank in range(4)} == {CUDNN_FILE.read_bytes()}
+    assert all(seen["flashinfer_autotune"] == {"file_present_at_warmup": True, "loadable": True} for seen, _ in workers)
+    lines = [tunecache_lines(log) for _, log in workers]
+    assert all(len(one) == 1 for one in lines), lines
+    installer = [rank for rank, [line] in enumerate(lines) if line.startswith("tunecache: installed run 1 (42 entries")]
+    assert len(installer) == 1 and " (ranks 0-3)" in lines[installer[0]][0]
+    assert sorted(line for rank, [line] in enumerate(lines) if rank not in installer) == [
+        f"tunecache: run 1 installed for this pod by rank {installer[0]} (42 entries, 0 JIT modules) for "
+        f"meta-llama/Llama-3.1-8B: {rank_file(tmp_path, rank)}" for rank in range(4) if rank not in installer]
+
+
+def small_tmpfs(mountpoint: Path, size: str) -> list[str]:
+    """A command prefix that runs a command in a mount namespace of its own with a tmpfs of
+    ``size`` on ``mountpoint``, unmounted when the command ends (as root: ``unshare -m``;
+    otherwise in a user namespace, ``unshare -Urm``). Skips the test where neither can mount."""
+    # sh -c SCRIPT MOUNTPOINT SIZE COMMAND...: $0 is the mountpoint, $1 the size
+    script = 'mount -t tmpfs -o size="$1" tunecache-test "$0" || exit 97; shift; "$@"; rc=$?; umount "$0"; exit $rc'
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    if shutil.which("unshare") is None:
+        pytest.skip("a small tmpfs is needed and util-linux `unshare` is not installed")
+    tries = ([["unshare", "-m"]] if os.geteuid() == 0 else []) + [["unshare", "-Urm"]]
+    errors = []
+    for unshare in tries:
+        command = [*unshare, "sh", "-c", script, str(mountpoint), size]
+        probe = subprocess.run([*command, "true"], capture_output=True, text=True, timeout=30)
+        if probe.returncode == 0:
+            return command
+        errors.append(f"{' '.join(unshare)}: {probe.stderr.strip() or probe.returncode}")
+    pytest.skip(f"cannot mount a tmpfs here ({'; '.join(errors)})")
+
+
+def test_a_volume_with_room_for_one_rank_file_gets_no_rank_file(server, tmp_path):
+    """A TP=2 pod on a real tmpfs with room for one rank file but not two: no rank file is
+    left, both workers say why (no space), and vLLM's autotune finds nothing, as on a miss."""
+    assert push(server, CUDNN_FILE, "--tensor-parallel-size", "2").returncode == 0
+    pages = -(-len(CUDNN_FILE.read_bytes()) // 4096)  # 6 pages each; two rank files need 12
+    volume = tmp_path / "small-volume"
+    prefix = small_tmpfs(volume, f"{(pages + 3) * 4}k")
+    workers, files = run_pod(tmp_path, 2, prefix=prefix, list_dir=volume, TUNECACHE_URL=server,
+                             VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=str(volume))
+
+    assert [name for name in files if not name.startswith(".tunecache/")] == []  # no rank file, no staging left
+    for seen, log in workers:
+        assert seen["flashinfer_autotune"] == {"file_present_at_warmup": False, "loadable": False}
+        [line] = tunecache_lines(log)
+        assert line.startswith("tunecache: no tuning installed, vLLM will tune: ") and "No space left on device" in line
+
+
+def test_deep_gemm_cache_is_in_place_before_deep_gemm_warmup_in_every_worker(server, tmp_path, node_signing_key):
+    """A TP=2 pod and a run with a DeepGEMM cache: each worker's DeepGEMM warmup, which runs
+    before FlashInfer's autotune, sees the installed cache on DG_JIT_CACHE_DIR; also on a
+    boot whose vLLM imported gpu_worker (binding kernel_warmup) before loading the plugins."""
+    members = push_deep_gemm_run(server, node_signing_key, tensor_parallel_size=2)
+    installed = tmp_path / "vllm-cache" / "deep_gemm"  # vLLM's default DG_JIT_CACHE_DIR
+    expected = str(installed)
+    workers, _ = run_pod(tmp_path, 2, TUNECACHE_URL=server)
+    early, _ = run_pod(tmp_path, 2, TUNECACHE_URL=server, STAND_IN_IMPORT_WORKER_FIRST="1")
+
+    for seen, log in workers + early:
+        assert seen["deep_gemm_warmup"] == {"DG_JIT_CACHE_DIR": expected}, log
+        assert seen["flashinfer_autotune"]["loadable"] is True
+    [(name, data)] = members
+    assert (installed / name).read_bytes() == data
+
+
+def test_every_worker_reports_its_own_outcome(server, database_url, tmp_path):
+    """Issue 11: each worker of a pod reports what its install came to: the first worker
+    what its lookup found (``looked_up``), each other worker whether its own rank file holds
+    the pod's run; a miss carries the pod's environment."""
+    from helpers import file_environment, h200_key
+    from test_reports import stored_reports
+
+    run_worker(tmp_path, TUNECACHE_URL=server)  # nothing stored yet: a miss
+    [miss] = stored_reports(database_url, 1)
+    environment = file_environment(CUDNN_FILE)
+    assert (miss.outcome, miss.source, miss.rank, miss.looked_up, miss.run_id) == ("miss", "plugin", 0, True, None)
+    assert miss.environment == environment.model_dump() and miss.key_hash == h200_key().key_hash()
+
+    assert push(server, CUDNN_FILE, "--tensor-parallel-size", "2").returncode == 0
+    workers, _ = run_pod(tmp_path, 2, TUNECACHE_URL=server)
+    assert all(seen["flashinfer_autotune"]["loadable"] for seen, _ in workers)
+    installed = stored_reports(database_url, 3)[1:]
+    assert sorted((r.rank, r.outcome, r.run_id, r.source) for r in installed) == [(0, "installed", 1, "plugin"),
+                                                                                  (1, "installed", 1, "plugin")]
+    assert sorted(r.looked_up for r in installed) == [False, True]  # one lookup for the pod
+    key = h200_key(tensor_parallel_size=2)
+    for row in installed:
+        assert row.key_hash == key.key_hash() and row.environment_hash == environment.environment_hash()
+        assert row.environment is None and row.pod == socket.gethostname() and row.install_seconds > 0

@@ -13,7 +13,8 @@ Exit codes (also in the README):
 1     unexpected error
 2     usage error (bad or missing option)
 3     no compatible tuning on the server (``pull``); the closest ones are printed
-4     server unreachable (connection refused, DNS, timeout)
+4     server unreachable (connection refused, DNS, timeout), or ``pull``: the install
+      deadline (``TUNECACHE_INSTALL_DEADLINE``) passed; nothing was installed
 5     the server answered with an error (4xx/5xx other than a lookup miss)
 6     downloaded artifact corrupt (sha256 mismatch); nothing was installed
 7     bad input file (not a FlashInfer autotune file, unreadable environment file,
@@ -29,11 +30,18 @@ Exit codes (also in the README):
       (HTTP 401/403); or a token would travel in clear text to another machine
 14    ``pull``: the run is not signed by a trusted key (``TUNECACHE_TRUSTED_KEYS``) or its
       bytes do not match its signed manifest; nothing was installed
+15    ``retune``: a job for the key is already queued or running with other options (its
+      id and each difference are printed); ``job cancel``: the job already succeeded or
+      failed
+16    ``retune --wait``: the job was cancelled (``tunecache job cancel``) before it finished
+17    ``retune --require-worker``: no live GPU worker for the key's GPU; nothing was queued
+18    ``diff --fail-on-regression``: a changed entry is slower beyond its recorded margin
 ====  =====================================================================
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import json
 import re
@@ -49,20 +57,39 @@ from pydantic import ValidationError
 
 from tunecache.client.autotune_file import NotAnAutotuneFile, parse_autotune_file, pushed_run
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
-from tunecache.client.http import ArtifactCorrupt, InsecureTransport, ServerError, ServerUnreachable, TunecacheClient
-from tunecache.client.install import check_file_name, fetch_tuning, install_jit_modules, pull_autotune_file
+from tunecache.client.http import (
+    ArtifactCorrupt,
+    InsecureTransport,
+    InstallDeadlineExceeded,
+    JobConflictError,
+    ServerError,
+    ServerUnreachable,
+    TunecacheClient,
+)
+from tunecache.client.install import (
+    check_file_name,
+    fetch_tuning,
+    install_jit_modules,
+    jit_not_installed,
+    pull_autotune_file,
+)
+from tunecache.client.report import installing
 from tunecache.client.jit_install import BadJitArtifact
 from tunecache.client.layouts import flashinfer_v2_root, install_v2_store, install_vllm_rank_files, vllm_autotune_root
 from tunecache.client.settings import load_client_settings
 from tunecache.contract import (
     TOKEN_NAME_PATTERN,
     TUNABLE_STAGES,
+    ENVIRONMENT_FIELDS,
     JobStatus,
+    ReportSource,
     RunTrigger,
     Scope,
     TokenCreate,
     TuningJobCreate,
     TuningKey,
+    TuningRunDiff,
+    TuningRunQuery,
     expert_parallel_size,
 )
 from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_trusted_keys
@@ -88,6 +115,10 @@ class ExitCode(enum.IntEnum):
     INSTALL_FAILED = 12
     NOT_AUTHORISED = 13
     UNTRUSTED_RUN = 14
+    JOB_CONFLICT = 15
+    JOB_CANCELLED = 16
+    NO_WORKER = 17
+    REGRESSION = 18
 
 
 app = typer.Typer(
@@ -151,8 +182,10 @@ def key_option(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: st
 
 
 def client_errors(exc: Exception) -> NoReturn:
-    """Exit with the code of a client error (4 unreachable, 6 corrupt, 5 other server
-    trouble); re-raise anything else."""
+    """Exit with the code of a client error (4 unreachable or the install deadline passed,
+    6 corrupt, 5 other server trouble); re-raise anything else."""
+    if isinstance(exc, InstallDeadlineExceeded):  # raised before anything is written
+        fail(ExitCode.SERVER_UNREACHABLE, f"{exc}; nothing was installed")
     if isinstance(exc, ServerUnreachable):
         fail(ExitCode.SERVER_UNREACHABLE, str(exc))
     if isinstance(exc, ArtifactCorrupt):
@@ -315,25 +348,30 @@ def pull(
     except SigningError as exc:
         fail(ExitCode.USAGE, str(exc))
     with client_for(server, settings) as client:
-        try:
-            if layout is Layout.file:
-                installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit, trusted)
-                paths, modules, workspace = [installed.path], installed.jit_modules, installed.jit_workspace
-                skipped, run_id, signed_by = installed.jit_skipped, installed.run_id, installed.signed_by
-            else:
-                fetched = fetch_tuning(client, key, env, jit=bool(jit_workspace or jit), trusted_keys=trusted)
-                run_id, signed_by = fetched.run.id, fetched.signed_by
-                # this pod's own root (never from the run), known before anything is written
-                root = dest or (vllm_autotune_root() if layout is Layout.vllm else flashinfer_v2_root())
-                modules, workspace, skipped = (install_jit_modules(fetched, jit_workspace or True)
-                                               if (jit or jit_workspace) else ([], None, None))
-                if layout is Layout.vllm:
-                    # vLLM's world rank: data_parallel_rank * (tp * pp) + local rank
-                    per_dp = tensor_parallel_size * pipeline_parallel_size
-                    ranks = [(dp, dp * per_dp + rank) for dp in range(data_parallel_size) for rank in range(per_dp)]
-                    paths = install_vllm_rank_files(fetched.autotune, root, vllm_config_hash, ranks)
+        try:  # reported to the server when done, in the background (TUNECACHE_REPORT=0: not)
+            with installing(client, key, env, ReportSource.CLI) as report:
+                if layout is Layout.file:
+                    installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit, trusted,
+                                                   report_source=None)
+                    paths, modules, workspace = [installed.path], installed.jit_modules, installed.jit_workspace
+                    skipped, run_id, signed_by = installed.jit_skipped, installed.run_id, installed.signed_by
+                    not_installed = installed.jit_not_installed
                 else:
-                    paths = [install_v2_store(fetched.autotune, root)]
+                    fetched = fetch_tuning(client, key, env, jit=bool(jit_workspace or jit), trusted_keys=trusted)
+                    run_id, signed_by = fetched.run.id, fetched.signed_by
+                    # this pod's own root (never from the run), known before anything is written
+                    root = dest or (vllm_autotune_root() if layout is Layout.vllm else flashinfer_v2_root())
+                    modules, workspace, skipped = (install_jit_modules(fetched, jit_workspace or True)
+                                                   if (jit or jit_workspace) else ([], None, None))
+                    not_installed = jit_not_installed(fetched.run, modules) if (jit or jit_workspace) else 0
+                    if layout is Layout.vllm:
+                        # vLLM's world rank: data_parallel_rank * (tp * pp) + local rank
+                        per_dp = tensor_parallel_size * pipeline_parallel_size
+                        ranks = [(dp, dp * per_dp + rank) for dp in range(data_parallel_size) for rank in range(per_dp)]
+                        paths = install_vllm_rank_files(fetched.autotune, root, vllm_config_hash, ranks)
+                    else:
+                        paths = [install_v2_store(fetched.autotune, root)]
+                report.installed(run_id, len(modules), not_installed)
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
         except UntrustedRun as exc:
@@ -374,8 +412,9 @@ def doctor(
     data_parallel_size: DpOpt = 1,
     enable_expert_parallel: EpOpt = False,
 ) -> None:
-    """Show this machine's FlashInfer environment, the key it would ask for, and what the
-    server has for it: the matching run, or the closest ones and each field that differs.
+    """Show this machine's FlashInfer environment, its key, and the server's matching or closest runs.
+
+    What the server has for the key: the matching run, or the closest ones and each field that differs.
 
     Exit 0 when the server has a matching tuning, 3 when not (as pull), 4/5 for server trouble.
     """
@@ -411,6 +450,257 @@ def doctor(
     )
 
 
+def _tactic_text(tactic) -> str:
+    """A tactic as compact JSON (``[0,[[12,0]]]``); ``-`` for none."""
+    return "-" if tactic is None else json.dumps(tactic, separators=(",", ":"))
+
+
+def _diff_table(diff: TuningRunDiff) -> list[str]:
+    """The changed entries of a run diff as aligned text rows under a header: status, op,
+    runner, bucket (with the extras where two rows would read the same), tactic a -> b,
+    each run's recorded time (ms), the slowdown, each run's margin, and REGRESSION or why not."""
+    def pct(value: float | None, signed: bool = False) -> str:
+        return "-" if value is None else f"{value * 100:{'+' if signed else ''}.2f}%"
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.6g}"
+
+    seen: dict[tuple[str, str, str], int] = {}
+    for e in diff.entries:
+        seen[(e.op, e.runner, e.bucket)] = seen.get((e.op, e.runner, e.bucket), 0) + 1
+    rows = [("STATUS", "OP", "RUNNER", "BUCKET", "TACTIC A -> B", "A ms", "B ms", "CHANGE", "MARGIN A / B", "")]
+    for e in diff.entries:
+        bucket = e.bucket + (f" [{e.extras}]" if seen[(e.op, e.runner, e.bucket)] > 1 and e.extras else "")
+        margins = "-" if e.margin_a is None and e.margin_b is None else f"{pct(e.margin_a)} / {pct(e.margin_b)}"
+        mark = f"REGRESSION ({e.note})" if e.regression else (e.note or "")
+        rows.append((str(e.status), e.op, e.runner, bucket, f"{_tactic_text(e.tactic_a)} -> {_tactic_text(e.tactic_b)}",
+                     ms(e.time_ms_a), ms(e.time_ms_b), pct(e.slowdown, signed=True), margins, mark))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+@app.command()
+def diff(
+    run_a: Annotated[int, typer.Argument(min=1, help="run id a (e.g. the current tuning)")],
+    run_b: Annotated[int, typer.Argument(min=1, help="run id b, compared with a (e.g. a re-tune)")],
+    server: ServerOpt,
+    as_json: Annotated[bool, typer.Option("--json", help="print the diff as JSON (the API's TuningRunDiff)")] = False,
+    fail_on_regression: Annotated[bool, typer.Option(
+        "--fail-on-regression", help="exit 18 when a changed entry is slower beyond its recorded margin")] = False,
+) -> None:
+    """Which ops and buckets changed tactic between two stored runs' FlashInfer files.
+
+    One row per entry added, removed, or with another tactic in run B: op, runner, bucketed
+    shapes, tactic A -> B, FlashInfer's recorded times (ms) where the files have them, the
+    change, both margins, and REGRESSION when B's time is slower than A's beyond the larger
+    recorded margin (near-tied tactics flipping between tunings are not). Then one summary line.
+    Exit 0, or 18 with --fail-on-regression when there is a regression; 5 for an unknown run
+    or a run without a FlashInfer file (the server's reason in one line).
+    """
+    with client_for(server) as client:
+        try:
+            result = client.diff_runs(run_a, run_b)
+        except ServerError as exc:
+            if exc.status_code in (404, 422) and isinstance(exc.detail, str):
+                fail(ExitCode.SERVER_ERROR, exc.detail)
+            client_errors(exc)
+        except TunecacheError as exc:
+            client_errors(exc)
+    s = result.summary
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        key = result.key_a
+        typer.echo(f"run {run_a} -> run {run_b}: {key.model} on {key.gpu_name}, "
+                   f"max_num_batched_tokens {key.max_num_batched_tokens}")
+        for d in result.differences:
+            typer.echo(f"  differs: {d.field}: {d.stored} -> {d.yours}")
+        for line in _diff_table(result) if result.entries else ["no entry changed tactic"]:
+            typer.echo(line)
+        untimed = [run for run, timed in ((run_a, s.timed_a), (run_b, s.timed_b)) if timed == 0]
+        typer.echo(
+            f"{s.entries_a} entries in run {run_a}, {s.entries_b} in run {run_b}: {s.added} added, {s.removed} removed, "
+            f"{s.changed} changed tactic, {s.unchanged} unchanged; "
+            f"{s.regressions} regression{'' if s.regressions == 1 else 's'}"
+            + "".join(f"; run {run} has no recorded times" for run in untimed))
+    if fail_on_regression and s.regressions:
+        fail(ExitCode.REGRESSION, f"{s.regressions} regression{'' if s.regressions == 1 else 's'} (--fail-on-regression): "
+                                  f"run {run_b} is slower than run {run_a} beyond the recorded margin in "
+                                  f"{s.regressions} entr{'y' if s.regressions == 1 else 'ies'}")
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows of cells as text lines, each column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def _key_text(key: TuningKey) -> str:
+    """A key in one cell: model, GPU, max_num_batched_tokens, tp, and what else is not the default."""
+    extra = [f"{name}={getattr(key, name)}" for name, default in (("dtype", "auto"), ("quantization", "auto"),
+                                                                  ("data_parallel_size", 1), ("expert_parallel_size", 1))
+             if getattr(key, name) != default]
+    return " ".join([key.model, f"{key.gpu_name} ({key.arch})", f"mnbt={key.max_num_batched_tokens}",
+                     f"tp={key.tensor_parallel_size}", *extra])
+
+
+def _age(seconds: float) -> str:
+    """``45s``, ``12m``, ``5h 3m``, ``2d 4h``."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def _when(value: dt.datetime | None) -> str:
+    return "-" if value is None else value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def time_option(option: str, value: str | None) -> dt.datetime | None:
+    """``--since``/``--until``: an ISO 8601 time (UTC when it names no zone) or an age back
+    from now (``90m``, ``24h``, ``7d``, ``30s``); exit 2 naming the option otherwise."""
+    if value is None:
+        return None
+    age = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", value)
+    if age:
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[age.group(2)]
+        return dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=float(age.group(1)) * unit)
+    try:
+        when = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        fail(ExitCode.USAGE, f"{option} {value[:80]!r} is not an ISO 8601 time (2026-12-01T08:00:00Z) "
+                             "or an age (90m, 24h, 7d)")
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)
+
+
+def _query_error(exc: ValidationError) -> str:
+    """The first problem of a history query, naming the option it came from."""
+    error = exc.errors()[0]
+    where = [str(part) for part in error["loc"]]
+    message = error["msg"].removeprefix("Value error, ")
+    return f"--{where[0].replace('_', '-')}: {message}" if where else message
+
+
+@app.command()
+def history(
+    server: ServerOpt,
+    model: Annotated[Optional[str], typer.Option("--model", help="only runs of this model")] = None,
+    gpu_name: Annotated[Optional[str], typer.Option("--gpu-name", help="only runs for this GPU, e.g. 'NVIDIA H200'")] = None,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="only runs for this arch, e.g. sm90")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens", help="only this max_num_batched_tokens")] = None,
+    tensor_parallel_size: Annotated[Optional[int], typer.Option("--tensor-parallel-size", "-tp", help="only this tensor-parallel size")] = None,
+    status: Annotated[Optional[str], typer.Option("--status", help="succeeded or failed")] = None,
+    trigger: Annotated[Optional[str], typer.Option("--trigger", help="upload, cli, http or pod")] = None,
+    env: Annotated[Optional[list[str]], typer.Option(
+        "--env", help="FIELD=VALUE of the FlashInfer environment, e.g. flashinfer_version=0.7.4 (repeatable)")] = None,
+    since: Annotated[Optional[str], typer.Option(
+        "--since", help="recorded at or after: ISO 8601 (UTC when no zone is given) or an age such as 24h, 7d")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="recorded before: as --since")] = None,
+    current_only: Annotated[bool, typer.Option("--current-only", help="only runs that are current for their key")] = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500, help="runs per page")] = 50,
+    cursor: Annotated[Optional[str], typer.Option("--cursor", help="continue after a page (the cursor it printed)")] = None,
+    all_pages: Annotated[bool, typer.Option("--all", help="every matching run, page after page")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="every matching run as CSV (header first) on stdout")] = False,
+) -> None:
+    """The tuning history, newest first: id, recorded, status, trigger, key, FlashInfer version, entries, current.
+
+    Filters combine: key fields, --env FIELD=VALUE for any FlashInfer environment field, --status, --trigger, --since/--until, --current-only. One page of --limit runs, then the cursor of the next (--cursor); --all prints every page; --csv streams every matching run as the server's CSV export.
+
+    Exit 0; 2 for a bad option (named); 4 server unreachable; 5 server error; 13 not authorised.
+    """
+    params: dict[str, object] = {
+        "model": model, "gpu_name": gpu_name, "arch": arch, "max_num_batched_tokens": max_num_batched_tokens,
+        "tensor_parallel_size": tensor_parallel_size, "status": status, "trigger": trigger,
+        "since": time_option("--since", since), "until": time_option("--until", until), "current_only": current_only,
+        "limit": limit, "cursor": cursor,
+    }
+    for item in env or []:
+        field, sep, value = item.partition("=")
+        if not sep or field not in ENVIRONMENT_FIELDS:
+            fail(ExitCode.USAGE, f"--env {item[:80]!r}: give FIELD=VALUE with FIELD one of {', '.join(ENVIRONMENT_FIELDS)}")
+        params[field] = value
+    try:
+        query = TuningRunQuery(**{name: value for name, value in params.items() if value is not None})
+    except ValidationError as exc:
+        fail(ExitCode.USAGE, _query_error(exc))
+    with client_for(server) as client:
+        try:
+            if as_csv:
+                client.export_runs_csv(query, sys.stdout.buffer.write)
+                sys.stdout.buffer.flush()
+                return
+            pages = [client.list_runs(query)]
+            while all_pages and pages[-1].next_cursor:
+                pages.append(client.list_runs(query.model_copy(update={"cursor": pages[-1].next_cursor})))
+        except TunecacheError as exc:
+            client_errors(exc)
+    runs = [run for page in pages for run in page.items]
+    if not runs:
+        typer.echo("no tuning runs match")
+        return
+    rows = [("ID", "RECORDED (UTC)", "STATUS", "TRIGGER", "KEY", "FLASHINFER", "ENTRIES", "CURRENT")]
+    rows += [(str(r.id), _when(r.created_at), str(r.status), str(r.trigger), _key_text(r.key),
+              r.environment.flashinfer_version, "-" if r.entries is None else str(r.entries), "yes" if r.is_current else "")
+             for r in runs]
+    for line in _aligned(rows):
+        typer.echo(line)
+    last = pages[-1]
+    more = f"; next page: --cursor {last.next_cursor}" if last.next_cursor else ""
+    typer.echo(f"{len(runs)} of {last.total} matching run{'' if last.total == 1 else 's'}{more}", err=True)
+
+
+@app.command()
+def fleet(
+    server: ServerOpt,
+    hours: Annotated[float, typer.Option("--hours", min=0.001, help="the window of hit rates and wanted tunings")] = 24.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the API's FleetView as JSON")] = False,
+) -> None:
+    """What the fleet has and wants: every key with its current run (id, age, entries, trigger) and the share of pods' installs that found it over the last --hours; then the tunings pods asked for that have none (distinct pods, last asked, how the closest run differs).
+
+    Exit 0; 4 server unreachable; 5 server error; 13 not authorised.
+    """
+    with client_for(server) as client:
+        try:
+            view = client.fleet(hours)
+        except TunecacheError as exc:
+            client_errors(exc)
+    if as_json:
+        typer.echo(view.model_dump_json(indent=2))
+        return
+    typer.echo(f"fleet over the last {view.hours:g} h (since {_when(view.since)}): {len(view.keys)} keys, "
+               f"{len(view.wanted)} wanted" + (" (more not shown)" if view.truncated else ""))
+    rows = [("KEY", "RUN", "AGE", "ENTRIES", "TRIGGER", "FLASHINFER", "REPORTS", "HIT RATE", "MISSES", "ERRORS")]
+    for k in view.keys:
+        rate = "-" if k.hit_rate is None else f"{k.hit_rate * 100:.0f}%"
+        counts = (str(k.reports), rate, str(k.missed), str(k.errors))
+        if not k.current:
+            rows.append((_key_text(k.key), "none", "-", "-", "-", "-", *counts))
+        for i, run in enumerate(k.current):
+            rows.append((_key_text(k.key) if i == 0 else "", str(run.run_id), _age(run.age_s),
+                         "-" if run.entries is None else str(run.entries), str(run.trigger), run.flashinfer_version,
+                         *(counts if i == 0 else ("", "", "", ""))))
+    for line in _aligned(rows) if view.keys else ["no keys: nothing tuned and no reports in the window"]:
+        typer.echo(line)
+    typer.echo("")
+    if not view.wanted:
+        typer.echo("wanted: none (every key pods asked for in the window has a tuning)")
+        return
+    typer.echo("wanted (pods asked, no usable tuning):")
+    rows = [("KEY", "ENVIRONMENT", "PODS", "REPORTS", "LAST ASKED (UTC)", "CLOSEST", "DIFFERS")]
+    for w in view.wanted:
+        env_text = (f"flashinfer {w.environment.flashinfer_version}, cuda {w.environment.cuda_version}"
+                    if w.environment else w.environment_hash[:12])
+        differs = "; ".join(str(d) for d in w.differences) or "-"
+        rows.append((_key_text(w.key), env_text, str(w.pods), str(w.reports), _when(w.last_asked_at),
+                     "-" if w.closest_run_id is None else f"run {w.closest_run_id}", differs))
+    for line in _aligned(rows):
+        typer.echo(line)
+
+
 @app.command()
 def retune(
     server: ServerOpt,
@@ -424,16 +714,31 @@ def retune(
     data_parallel_size: DpOpt = 1,
     enable_expert_parallel: EpOpt = False,
     config: Annotated[
-        Optional[Path], typer.Option(help="HF config.json (or its directory) to send with the job (without it the GPU "
-                                      "node needs the model's config.json in its TUNECACHE_MODEL_CONFIG_DIR)")
+        Optional[Path], typer.Option(help="the model's HF config.json (or its directory), sent with the job; "
+                                      "this or --node-config is needed")
     ] = None,
+    node_config: Annotated[bool, typer.Option(
+        "--node-config", help="send no config: the GPU node has the model's config.json in its "
+                              "TUNECACHE_MODEL_CONFIG_DIR (<dir>/<org>/<name>/config.json)")] = False,
     gemm_backends: GemmBackendsOpt = None,
     stages: StagesOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="follow the job to its end with a progress bar")] = False,
     wait_timeout: Annotated[float, typer.Option(min=0, help="seconds to wait with --wait")] = 7200.0,
     poll: Annotated[float, typer.Option(min=0.05, help="seconds between polls with --wait")] = 2.0,
+    require_worker: Annotated[bool, typer.Option(
+        "--require-worker", help="queue nothing and exit 17 when no live GPU worker for the key's GPU has been "
+                                 "seen (default: say so in one line and queue the job anyway)")] = False,
 ) -> None:
-    """Ask the service to (re-)tune a key on a GPU node; one job per key however many ask."""
+    """Ask the service to (re-)tune a key on a GPU node; one job per key however many ask.
+
+    The GPU node needs the model's config.json: --config sends it with the job, --node-config says the node has it in its TUNECACHE_MODEL_CONFIG_DIR as <dir>/<org>/<name>/config.json (one of the two is required: exit 2).
+
+    A job already queued or running for the key is joined when it has the same options (config, --stages, --gemm-backends); with other options nothing is queued and the command names that job and what differs (exit 15): wait for it, or cancel it with `tunecache job cancel ID`.
+
+    When no live GPU worker for the key's GPU and arch has been seen, one line says so and the job stays queued; with --require-worker the command exits 17 instead and queues nothing.
+
+    --wait exits 0 when the job succeeded, 8 when it failed, 16 when it was cancelled, 10 when --wait-timeout passed (the job goes on).
+    """
     key = key_option(model, max_num_batched_tokens, gpu_name, arch, dtype, quantization,
                      tensor_parallel_size, data_parallel_size, enable_expert_parallel)
     hf_config = None
@@ -450,14 +755,35 @@ def retune(
     unknown = sorted(set(csv_option(stages) or []) - set(TUNABLE_STAGES))
     if unknown:
         fail(ExitCode.USAGE, f"unknown stages {', '.join(unknown)} (choose from {', '.join(TUNABLE_STAGES)})")
+    if config is not None and node_config:
+        fail(ExitCode.USAGE, "--config sends the model's config.json and --node-config says the node has it: give one")
+    if config is None and not node_config:
+        fail(ExitCode.USAGE, f"the GPU node needs the config.json of {key.model[:200]!r}: give --config FILE|DIR to send it "
+                             f"with the job, or --node-config if the node has it in its TUNECACHE_MODEL_CONFIG_DIR "
+                             f"(<dir>/{key.model[:200]}/config.json)")
     try:
         request = TuningJobCreate(key=key, hf_config=hf_config, gemm_backends=csv_option(gemm_backends), stages=csv_option(stages))
     except ValidationError as exc:
         fail(ExitCode.USAGE, f"invalid job: {first_error(exc)}")
+    gpu = f"{key.gpu_name} ({key.arch})"
     with client_for(server) as client:
         try:
-            job = client.create_job(request)
+            workers = None
+            if require_worker:
+                workers = client.workers(key.gpu_name, key.arch)
+                if not workers.live_for(key.gpu_name, key.arch):
+                    fail(ExitCode.NO_WORKER, f"no GPU worker for {gpu} has been seen in the last "
+                                             f"{workers.live_window_s:g} s; nothing was queued")
+            try:
+                job = client.create_job(request)
+            except JobConflictError as exc:
+                c = exc.conflict
+                fail(ExitCode.JOB_CONFLICT, f"job {c.job_id} is already {c.job_status} for this key with other options "
+                                            f"({'; '.join(str(d) for d in c.differences)}); wait for it, or cancel it "
+                                            f"(tunecache job cancel {c.job_id}) and ask again")
             typer.echo(f"job {job.id}: {job.status} ({key.model}, {key.gpu_name}, max_num_batched_tokens {key.max_num_batched_tokens})")
+            if job.status is JobStatus.QUEUED:
+                _say_when_no_worker_will_take(client, workers, key, node_config)
             if not wait:
                 return
             deadline = time.monotonic() + wait_timeout
@@ -474,7 +800,59 @@ def retune(
             client_errors(exc)
     if job.status is JobStatus.FAILED:
         fail(ExitCode.TUNING_FAILED, f"job {job.id} failed: {job.error}")
+    if job.status is JobStatus.CANCELLED:
+        by = f" by {job.cancelled_by}" if job.cancelled_by else ""
+        fail(ExitCode.JOB_CANCELLED, f"job {job.id} was cancelled{by} before it finished; the previous tuning stays current")
     typer.echo(f"job {job.id}: succeeded in {job.duration_s or 0:.1f} s; run {job.run_id} is current")
+
+
+def _say_when_no_worker_will_take(client: TunecacheClient, workers, key: TuningKey, node_config: bool) -> None:
+    """One line on stderr when no live GPU worker for the key's GPU has been seen (the job
+    stays queued), or, for a job without a config, when none of them has a model config
+    directory. Says nothing when the server cannot tell (an older server without
+    ``GET /v1/workers``)."""
+    gpu = f"{key.gpu_name} ({key.arch})"
+    if workers is None:
+        try:
+            workers = client.workers(key.gpu_name, key.arch)
+        except TunecacheError:
+            return
+    live = workers.live_for(key.gpu_name, key.arch)
+    if not live:
+        typer.echo(f"tunecache: no GPU worker for {gpu} has been seen in the last {workers.live_window_s:g} s; "
+                   f"the job stays queued", err=True)
+    elif node_config and not any(w.model_config_dir for w in live):
+        typer.echo(f"tunecache: warning: no live GPU worker for {gpu} has a model config directory "
+                   f"(TUNECACHE_MODEL_CONFIG_DIR): the job fails unless one with the config.json of {key.model[:200]!r} takes it",
+                   err=True)
+
+
+job_app = typer.Typer(help="Tuning jobs of a tunecache service (retune queues them).", no_args_is_help=True)
+app.add_typer(job_app, name="job")
+
+
+@job_app.command("cancel")
+def job_cancel(
+    server: ServerOpt,
+    job_id: Annotated[int, typer.Argument(min=1, help="the job's id (retune prints it)")],
+) -> None:
+    """Cancel a tuning job (needs an admin token).
+
+    A queued job is cancelled at once; a running one is stopped by its worker within seconds (the tuner's process is terminated), with no run recorded, so the previous tuning stays current. Cancelling a cancelled job changes nothing. Exit 15 when the job already succeeded or failed, 5 when there is no such job.
+    """
+    with client_for(server) as client:
+        try:
+            job = client.cancel_job(job_id)
+        except ServerError as exc:
+            if exc.status_code == 409:
+                fail(ExitCode.JOB_CONFLICT, str(exc.detail))
+            client_errors(exc)
+        except TunecacheError as exc:
+            client_errors(exc)
+    if job.status is JobStatus.RUNNING:
+        typer.echo(f"job {job.id}: running on {job.worker}; cancellation requested, its worker stops the tuner within seconds")
+    else:
+        typer.echo(f"job {job.id}: {job.status}")
 
 
 token_app = typer.Typer(help="Bearer tokens of a tunecache service (needs an admin token).", no_args_is_help=True)

@@ -8,10 +8,13 @@ Everything that crosses the wire between a pod (``tunecache-client``) and the se
 * names: :class:`ArtifactKind` with its media types, :class:`RunStatus`,
   :class:`RunTrigger`, :class:`JobStatus`, :class:`Stage`;
 * write models (``extra="forbid"``: a misspelt field is an error): :class:`ArtifactCreate`,
-  :class:`TuningRunCreate`, :class:`LookupRequest`, :class:`TuningRunQuery`, :class:`TuningJobCreate`;
+  :class:`TuningRunCreate`, :class:`LookupRequest`, :class:`TuningRunQuery`, :class:`TuningJobCreate`,
+  :class:`PodReportCreate` (a pod's install report);
 * read models (unknown fields ignored, so an older client reads a newer server):
   :class:`TuningRunRead`, :class:`TuningRunPage`, :class:`LookupMiss`,
-  :class:`TuningJobRead`, :class:`TuningJobPage`, :class:`ArtifactStored`, :class:`Health`;
+  :class:`TuningJobRead`, :class:`TuningJobPage`, :class:`JobConflict`, :class:`WorkerList`,
+  :class:`ArtifactStored`, :class:`Health`, :class:`TuningRunDiff` (a run diff),
+  :class:`FleetView` (the fleet matrix and the tunings pods want);
 * the tuner's progress events, one discriminated union (:data:`TunerEvent`), read by the
   service's worker and by the client's progress bar.
 
@@ -21,10 +24,12 @@ returns these models, never dicts. Pure Python: pydantic only.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import enum
 import hashlib
 import json
+import re
 from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import (
@@ -69,6 +74,15 @@ ENVIRONMENT_FIELDS: tuple[str, ...] = (
 #: files lack. ``load_configs`` treats them as a (soft) mismatch, so a tuning recorded
 #: with one can never be loaded: the service refuses to store it.
 INDETERMINATE_VALUES: frozenset[str] = frozenset({"unknown", ""})
+
+#: What tunecache records for a field the writing FlashInfer does not track at all (absent
+#: from its ``_metadata``: FlashInfer 0.6.13's ``_collect_metadata()`` has no
+#: ``cutlass_dsl_version``). ``AutoTuner.load_configs`` compares only the fields its own
+#: ``_collect_metadata()`` returns (0.6.13: ``load_configs``; 0.7.4:
+#: ``_classify_metadata_mismatches``), so a file without the field loads under a FlashInfer
+#: that does not track it either and never under one that does: equal markers match, the
+#: marker never equals a detected value.
+NOT_TRACKED = "(not tracked)"
 
 #: The fields of :class:`TuningKey`, in order. The service's ``tuning_keys`` unique
 #: constraint is built from this list.
@@ -123,7 +137,8 @@ Text = Annotated[str, AfterValidator(_no_nul), Field(json_schema_extra={"pattern
 class EnvironmentMetadata(BaseModel):
     """FlashInfer's environment metadata: the fields ``AutoTuner.load_configs`` checks.
 
-    Source: ``flashinfer.autotuner._collect_metadata`` (FlashInfer 0.7.4). Every value
+    Source: ``flashinfer.autotuner._collect_metadata`` (FlashInfer 0.7.4; 0.6.13 has no
+    ``cutlass_dsl_version``: :data:`NOT_TRACKED`). Every value
     is a string as FlashInfer writes it, e.g. ``cudnn_version="91900"``,
     ``gpu="NVIDIA H200"``. A stored tuning is usable by a pod only when every field is
     equal: matching on less would hand a pod a file that FlashInfer then rejects.
@@ -143,8 +158,9 @@ class EnvironmentMetadata(BaseModel):
     def from_flashinfer_metadata(cls, metadata: dict[str, Any]) -> "EnvironmentMetadata":
         """Build from a ``_metadata`` dict as FlashInfer writes it.
 
-        Keys FlashInfer may add in later versions are ignored; a missing field becomes
-        ``"unknown"``, which FlashInfer itself treats as indeterminate.
+        Keys FlashInfer may add in later versions are ignored; a field the writing
+        FlashInfer does not track (absent: ``cutlass_dsl_version`` before FlashInfer 0.7)
+        becomes :data:`NOT_TRACKED`.
 
         Raises:
             ValueError: ``metadata`` is not a JSON object, or a field is not a string or
@@ -154,7 +170,7 @@ class EnvironmentMetadata(BaseModel):
             raise ValueError("FlashInfer _metadata must be a JSON object")
         values = {}
         for field in ENVIRONMENT_FIELDS:
-            value = metadata.get(field, "unknown")
+            value = metadata.get(field, NOT_TRACKED)
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 raise ValueError(f"_metadata.{field} must be a string, not {type(value).__name__}")
             values[field] = str(value)
@@ -205,6 +221,12 @@ class TuningKey(BaseModel):
     tensor_parallel_size: WholeNumber = Field(default=1, gt=0, le=1024)
     data_parallel_size: WholeNumber = Field(default=1, gt=0, le=1024)
     expert_parallel_size: WholeNumber = Field(default=1, gt=0, le=1 << 20)
+
+    def key_hash(self) -> str:
+        """sha256 (64 hex chars) of the canonical JSON of every key field: how pod reports
+        and the fleet view name a key without a row in the service's key table."""
+        canonical = json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     @model_validator(mode="after")
     def _expert_parallel_spans_tp_and_dp(self) -> "TuningKey":
@@ -342,12 +364,17 @@ class Scope(StrEnum):
 
 
 class JobStatus(StrEnum):
-    """A tuning job's state; ``queued`` and ``running`` jobs occupy their key (single-flight)."""
+    """A tuning job's state; ``queued`` and ``running`` jobs occupy their key (single-flight).
+
+    ``cancelled``: stopped by ``DELETE /v1/tuning-jobs/{id}`` before it finished (no run
+    recorded); like ``succeeded`` and ``failed`` it frees the key.
+    """
 
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
     @property
     def active(self) -> bool:
@@ -361,8 +388,8 @@ ACTIVE_JOB_STATUSES: tuple[JobStatus, ...] = (JobStatus.QUEUED, JobStatus.RUNNIN
 class Stage(StrEnum):
     """Steps of a tuning, in the order vLLM 0.33's ``kernel_warmup`` runs them.
 
-    ``deep_gemm``, ``gemm``, ``moe`` and ``attention`` are the warmup stages (the last
-    three selectable with ``--stages``: :data:`TUNABLE_STAGES`); ``harvest`` collects the
+    ``deep_gemm``, ``gemm``, ``moe`` and ``attention`` are the warmup stages (selectable
+    with ``--stages``: :data:`TUNABLE_STAGES`); ``harvest`` collects the
     JIT modules afterwards; ``vllm`` is the whole of vLLM's own ``kernel_warmup`` (the
     ``vllm`` runner).
     """
@@ -375,7 +402,7 @@ class Stage(StrEnum):
     VLLM = "vllm"
 
 
-TunableStage = Literal["gemm", "moe", "attention"]
+TunableStage = Literal["deep_gemm", "gemm", "moe", "attention"]
 #: The stages a job or ``tune --stages`` may choose, in the order they run.
 TUNABLE_STAGES: tuple[str, ...] = get_args(TunableStage)
 
@@ -496,20 +523,118 @@ class LookupRequest(BaseModel):
     environment: EnvironmentMetadata
 
 
+def encode_run_cursor(created_at: dt.datetime, run_id: int) -> str:
+    """The opaque ``cursor`` of a history page that ends at the run ``(created_at, run_id)``:
+    URL-safe base64 (no padding) of ``["<created_at ISO 8601, UTC>", run_id]``."""
+    position = json.dumps([created_at.astimezone(dt.timezone.utc).isoformat(), run_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+
+
+def decode_run_cursor(cursor: str) -> tuple[dt.datetime, int]:
+    """``(created_at, run_id)`` of a cursor made by :func:`encode_run_cursor`.
+
+    Raises:
+        ValueError: not a cursor this service gives out.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, run_id = json.loads(raw)
+        when = dt.datetime.fromisoformat(created_at)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise ValueError("is not a cursor of this service (pass the next_cursor of a page as it is)") from None
+    if when.tzinfo is None or isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 < run_id <= MAX_ID:
+        raise ValueError("is not a cursor of this service (pass the next_cursor of a page as it is)")
+    return when, run_id
+
+
+_ISO_DATE_TIME = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}")
+
+
+def _iso_date_time(value: Any) -> Any:
+    """ISO 8601 text (or a datetime) only: pydantic alone would also take ``0.5`` as a Unix time."""
+    if isinstance(value, str) and not _ISO_DATE_TIME.match(value):
+        raise ValueError("must be an ISO 8601 date-time with a time zone, e.g. 2026-12-01T08:00:00Z")
+    if isinstance(value, (int, float)):
+        raise ValueError("must be an ISO 8601 date-time with a time zone, e.g. 2026-12-01T08:00:00Z")
+    return value
+
+
+#: A timezone-aware time given as ISO 8601 (``2026-12-01T08:00:00Z``), never as a number.
+IsoDateTime = Annotated[AwareDatetime, BeforeValidator(_iso_date_time)]
+
+
 class TuningRunQuery(BaseModel):
-    """Filters and page of the tuning history (``GET /v1/tunings`` query parameters):
-    key fields, status, ``current_only`` (runs current for their key and environment),
-    ``limit`` (1-500) and ``offset``."""
+    """Filters and page of the tuning history (``GET /v1/tunings`` query parameters).
+
+    Filters, all optional and combined (AND):
+
+    * every key field (:data:`KEY_FIELDS`: ``gpu_name``, ``arch``, ``model``,
+      ``max_num_batched_tokens``, ``dtype``, ``quantization``, the parallel sizes) and every
+      environment field (:data:`ENVIRONMENT_FIELDS`: ``flashinfer_version``, ``cuda_version``,
+      ..., ``gpu``), each equal to the value given;
+    * ``status``, ``trigger``; ``current_only``: runs current for their key and environment;
+    * ``since`` / ``until``: ``since <= created_at < until`` (ISO 8601 with a time zone).
+
+    Order: newest first, by ``created_at`` then ``id``. Pages of ``limit`` (1-500) runs:
+    ``cursor`` (the ``next_cursor`` of the page before; a page never shifts when runs are
+    recorded meanwhile) or ``offset`` (kept for existing callers); not both.
+
+    ``format``: ``json`` (a :class:`TuningRunPage`) or ``csv`` (every matching run, from
+    ``cursor`` on, streamed as CSV with a header row; ``limit`` and ``offset`` do not
+    apply); ``Accept: text/csv`` asks for CSV too.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
+    gpu_name: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
+    arch: str | None = Field(default=None, pattern=r"^sm[0-9]{2,3}[a-z]?$", max_length=16)
     model: str | None = Field(default=None, max_length=512, pattern=NO_NUL)
-    gpu_name: str | None = Field(default=None, max_length=128, pattern=NO_NUL)
     max_num_batched_tokens: int | None = Field(default=None, gt=0, le=MAX_NUM_BATCHED_TOKENS)
+    dtype: str | None = Field(default=None, min_length=1, max_length=32, pattern=NO_NUL)
+    quantization: str | None = Field(default=None, min_length=1, max_length=32, pattern=NO_NUL)
+    tensor_parallel_size: int | None = Field(default=None, gt=0, le=1024)
+    data_parallel_size: int | None = Field(default=None, gt=0, le=1024)
+    expert_parallel_size: int | None = Field(default=None, gt=0, le=1 << 20)
+    flashinfer_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
+    cuda_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
+    cublas_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
+    cudnn_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
+    cudnn_frontend_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
+    cutlass_dsl_version: str | None = Field(default=None, min_length=1, max_length=4096, pattern=NO_NUL)
+    gpu: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
     status: RunStatus | None = None
+    trigger: RunTrigger | None = None
+    since: IsoDateTime | None = None
+    until: IsoDateTime | None = None
     current_only: bool = False
     limit: int = Field(default=50, ge=1, le=500)
     offset: int = Field(default=0, ge=0, le=MAX_ID)
+    cursor: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_-]+$",
+                               description="next_cursor of the page before (opaque)")
+    format: Literal["json", "csv"] = "json"
+
+    @field_validator("cursor")
+    @classmethod
+    def _cursor_is_ours(cls, cursor: str | None) -> str | None:
+        if cursor is not None:
+            decode_run_cursor(cursor)
+        return cursor
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TuningRunQuery":
+        if self.since is not None and self.until is not None and self.until <= self.since:
+            raise ValueError(f"until ({self.until.isoformat()}) must be later than since ({self.since.isoformat()})")
+        if self.cursor is not None and self.offset:
+            raise ValueError("offset and cursor cannot be combined: a cursor already says where the page starts")
+        return self
+
+    def filters(self) -> dict[str, Any]:
+        """The key and environment fields this query filters on, ``{field: value}``."""
+        return {f: getattr(self, f) for f in (*KEY_FIELDS, *ENVIRONMENT_FIELDS) if getattr(self, f) is not None}
+
+    def position(self) -> tuple[dt.datetime, int] | None:
+        """``(created_at, id)`` of the run the page starts after (from ``cursor``), or ``None``."""
+        return decode_run_cursor(self.cursor) if self.cursor is not None else None
 
 
 class TuningJobCreate(BaseModel):
@@ -621,12 +746,50 @@ class TuningRunRead(BaseModel):
 
 
 class TuningRunPage(BaseModel):
-    """A page of ``GET /v1/tunings``, newest first."""
+    """A page of ``GET /v1/tunings``, newest first (``created_at``, then ``id``).
+
+    ``total``: runs matching the filters in all (not only from the cursor on).
+    ``next_cursor``: pass it as ``cursor`` for the next page; ``None`` on the last page.
+    """
 
     items: list[TuningRunRead]
     total: int
     limit: int
     offset: int
+    next_cursor: str | None = None
+
+
+#: The columns of the history's CSV export (``GET /v1/tunings?format=csv``), in order:
+#: the run, its key, its environment, then what was recorded with it. Times are ISO 8601
+#: (UTC); ``entries`` is the FlashInfer file's entry count; ``signing_key_id`` the key
+#: that signed the run (empty: unsigned).
+RUN_CSV_COLUMNS: tuple[str, ...] = (
+    "id", "created_at", "status", "trigger", "verified", "is_current", *KEY_FIELDS, "environment_hash",
+    *ENVIRONMENT_FIELDS, "node", "started_at", "finished_at", "duration_s", "entries", "recorded_by",
+    "signing_key_id", "error",
+)
+
+
+def run_csv_row(run: TuningRunRead) -> list[str]:
+    """The values of :data:`RUN_CSV_COLUMNS` for one run, as text (``""`` for none)."""
+
+    def text(value: Any) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, dt.datetime):
+            return value.astimezone(dt.timezone.utc).isoformat()
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+    values = {
+        "id": run.id, "created_at": run.created_at, "status": run.status, "trigger": run.trigger, "verified": run.verified,
+        "is_current": run.is_current, **run.key.model_dump(), "environment_hash": run.environment_hash,
+        **run.environment.model_dump(), "node": run.node, "started_at": run.started_at, "finished_at": run.finished_at,
+        "duration_s": run.duration_s, "entries": run.entries, "recorded_by": run.recorded_by,
+        "signing_key_id": run.signature.key_id if run.signature else None, "error": run.error,
+    }
+    return [text(values[column]) for column in RUN_CSV_COLUMNS]
 
 
 class ClosestTuning(BaseModel):
@@ -700,6 +863,79 @@ class TuningJobRead(BaseModel):
     finished_at: dt.datetime | None
     lease_expires_at: dt.datetime | None
     duration_s: float | None
+    cancel_requested_at: dt.datetime | None = None
+    """When ``DELETE /v1/tuning-jobs/{id}`` asked to stop this running job (its worker
+    stops the tuner within seconds and records it ``cancelled``)."""
+    cancelled_by: str | None = None
+    """The name of the token that cancelled the job (or asked to)."""
+
+
+class JobOptionDifference(BaseModel):
+    """One option in which a job request differs from the job already active for its key.
+
+    ``active`` and ``requested`` are the option's values (``stages`` and ``gemm_backends``:
+    sorted lists, ``None`` = the tuner's default); for ``hf_config`` they are
+    ``"sha256:<first 16 hex digits>"`` of the config's canonical JSON, or ``None`` (the
+    node's own config from its ``TUNECACHE_MODEL_CONFIG_DIR``), never the config itself.
+    """
+
+    field: str
+    active: Any = None
+    requested: Any = None
+
+    def __str__(self) -> str:
+        def shown(value: Any) -> str:
+            if value is None:
+                return "node's config" if self.field == "hf_config" else "default"
+            return ",".join(value) if isinstance(value, list) else str(value)
+
+        return f"{self.field}: job {shown(self.active)}, yours {shown(self.requested)}"
+
+
+class JobConflict(BaseModel):
+    """Body of a 409 of ``POST /v1/tuning-jobs``: a job for the key is already queued or
+    running with other options (single-flight holds only for identical requests). Wait for
+    job ``job_id`` or cancel it (``DELETE /v1/tuning-jobs/{job_id}``), then ask again."""
+
+    detail: str
+    job_id: int
+    job_status: JobStatus
+    differences: list[JobOptionDifference]
+
+
+class WorkerRead(BaseModel):
+    """A GPU job worker as its heartbeats describe it (``GET /v1/workers``).
+
+    ``live``: it has beaten within the service's live window (``WorkerList.live_window_s``)
+    and has not said it stopped; only a live worker of a job's ``gpu_name`` and ``arch``
+    will take the job. ``model_config_dir``: it has a ``TUNECACHE_MODEL_CONFIG_DIR``, so it
+    can tune jobs that carry no ``hf_config`` (for models whose config lies there).
+    """
+
+    name: str
+    gpu_name: str
+    arch: str
+    model_config_dir: bool
+    heartbeat_s: float
+    """Seconds between its heartbeats."""
+    started_at: dt.datetime
+    last_seen: dt.datetime
+    stopped_at: dt.datetime | None = None
+    seen_s_ago: float
+    """Seconds since its last heartbeat, by the service's clock."""
+    live: bool
+
+
+class WorkerList(BaseModel):
+    """Answer of ``GET /v1/workers``: the workers seen in the last day, latest heartbeat first."""
+
+    live_window_s: float
+    """A worker is live when its last heartbeat is at most this many seconds old."""
+    items: list[WorkerRead]
+
+    def live_for(self, gpu_name: str, arch: str) -> list[WorkerRead]:
+        """The live workers that take jobs for ``gpu_name`` on ``arch``."""
+        return [w for w in self.items if w.live and w.gpu_name == gpu_name and w.arch == arch]
 
 
 class TuningJobPage(BaseModel):
@@ -709,6 +945,287 @@ class TuningJobPage(BaseModel):
     total: int
     limit: int
     offset: int
+
+
+# ------------------------------------------------------------- pod reports, fleet view
+
+
+class ReportOutcome(StrEnum):
+    """How a pod's install ended (:class:`PodReportCreate`).
+
+    * ``installed``: the tuning (run ``run_id``) is in place for FlashInfer or vLLM;
+    * ``miss``: the server has no tuning for the pod's key and environment (a lookup's
+      404); vLLM tunes as without tunecache;
+    * ``error``: something on the pod kept the install from happening (an untrusted run, a
+      corrupt artifact, a full disk, ...): ``error_kind`` names it. (A server that could not
+      be reached or failed is not sent a report: it would not take one either.)
+    """
+
+    INSTALLED = "installed"
+    MISS = "miss"
+    ERROR = "error"
+
+
+class ReportSource(StrEnum):
+    """Which install reported: ``tunecache pull`` (``cli``), the Python API
+    (``install_tuning``, ``pull_autotune_file``: ``api``) or the vLLM plugin (``plugin``)."""
+
+    CLI = "cli"
+    API = "api"
+    PLUGIN = "plugin"
+
+
+#: Largest body of ``POST /v1/reports`` (bytes); a larger one is answered 413.
+MAX_REPORT_BYTES = 32 * 1024
+_FIELD_NAMES_PATTERN = "^(" + "|".join((*KEY_FIELDS, *ENVIRONMENT_FIELDS)) + ")$"
+
+
+class ReportedDifference(BaseModel):
+    """A field in which the closest stored tuning differs from what a pod asked for, as the
+    lookup's 404 named it (:class:`FieldDifference`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    field: str = Field(pattern=_FIELD_NAMES_PATTERN, description="a key or environment field")
+    stored: Text = Field(max_length=4096)
+    yours: Text = Field(max_length=4096)
+
+
+class PodReportCreate(BaseModel):
+    """Body of ``POST /v1/reports``: what one install on a pod came to, sent after it
+    finished (best-effort, in the background: it never delays or fails an install).
+
+    * ``key``, ``environment_hash``: what the pod asked for; ``environment``: the pod's
+      FlashInfer environment in full, sent with a ``miss`` (so the fleet view can show what
+      was wanted), optional otherwise; when given it must hash to ``environment_hash``;
+    * ``outcome`` (:class:`ReportOutcome`): ``installed`` needs ``run_id`` (the run
+      installed); ``miss`` may carry the closest run (``run_id``) and its ``differences``
+      as the lookup's 404 named them; ``error`` needs ``error_kind`` (the error's class,
+      e.g. ``UntrustedRun``, ``ArtifactCorrupt``, ``OSError``);
+    * ``install_seconds``: from the start of the install to its end, seconds;
+    * ``jit_modules`` / ``jit_skipped``: FlashInfer JIT modules installed, and those of the
+      run not installed (unsigned run, built elsewhere, no workspace);
+    * ``pod`` (the hostname), ``rank`` (vLLM's rank of the worker; ``None`` outside vLLM),
+      ``source`` (:class:`ReportSource`), ``looked_up``: whether this install asked the
+      server itself (``False``: a vLLM worker that took its pod's first worker's result).
+
+    Nothing in a report chooses a path, a tuning or a token: the service only counts it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: TuningKey
+    environment_hash: str = Field(pattern=SHA256_PATTERN)
+    environment: EnvironmentMetadata | None = None
+    outcome: ReportOutcome
+    run_id: WholeNumber | None = Field(default=None, ge=1, le=MAX_ID)
+    differences: list[ReportedDifference] = Field(default_factory=list, max_length=len(KEY_FIELDS) + len(ENVIRONMENT_FIELDS))
+    error_kind: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
+    install_seconds: float = Field(ge=0, le=86400)
+    jit_modules: WholeNumber = Field(default=0, ge=0, le=100_000)
+    jit_skipped: WholeNumber = Field(default=0, ge=0, le=100_000)
+    pod: Text = Field(min_length=1, max_length=255)
+    rank: WholeNumber | None = Field(default=None, ge=0, le=1 << 20)
+    source: ReportSource
+    looked_up: bool = True
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PodReportCreate":
+        if self.environment is not None and self.environment.environment_hash() != self.environment_hash:
+            raise ValueError("environment_hash is not the hash of environment")
+        if self.outcome is ReportOutcome.INSTALLED and self.run_id is None:
+            raise ValueError("an installed report needs run_id (the run installed)")
+        if self.outcome is ReportOutcome.ERROR and self.error_kind is None:
+            raise ValueError("an error report needs error_kind")
+        if self.outcome is not ReportOutcome.ERROR and self.error_kind is not None:
+            raise ValueError(f"error_kind belongs to error reports, not {self.outcome} ones")
+        if self.outcome is not ReportOutcome.MISS and self.differences:
+            raise ValueError("differences belong to miss reports")
+        return self
+
+
+class FleetRun(BaseModel):
+    """A key's current run in one environment (``GET /v1/fleet``)."""
+
+    run_id: int
+    environment_hash: str
+    flashinfer_version: str
+    created_at: dt.datetime
+    age_s: float
+    """Seconds since the run was recorded, by the service's clock."""
+    entries: int | None
+    trigger: RunTrigger
+
+
+class FleetKey(BaseModel):
+    """One row of the fleet matrix: a key with its current runs (one per environment that
+    has one; none when only pods' reports name the key) and what pods reported for it over
+    the window: ``reports`` in all, ``installed``, ``missed``, ``errors``, and ``hit_rate``
+    = ``installed / reports`` (``None`` without reports)."""
+
+    key: TuningKey
+    current: list[FleetRun]
+    reports: int
+    installed: int
+    missed: int
+    errors: int
+    hit_rate: float | None
+    last_report_at: dt.datetime | None
+
+
+class WantedTuning(BaseModel):
+    """A key and environment pods asked for in the window and that still has no current
+    tuning: from their ``miss`` reports. ``pods``: distinct pod names that asked;
+    ``reports``: miss reports; ``last_asked_at``: the latest; ``closest_run_id`` and
+    ``differences``: the closest stored run and how it differs, as the latest report carried
+    them; ``environment``: the pods' FlashInfer environment (when the report sent it)."""
+
+    key: TuningKey
+    environment_hash: str
+    environment: EnvironmentMetadata | None
+    pods: int
+    reports: int
+    last_asked_at: dt.datetime
+    closest_run_id: int | None
+    differences: list[FieldDifference]
+
+
+class FleetView(BaseModel):
+    """Answer of ``GET /v1/fleet``: the matrix of keys with their current runs and hit
+    rates over the last ``hours`` (from ``since``, by the pods' reports), and the tunings
+    pods want (:class:`WantedTuning`), most pods first. ``truncated``: more keys or wanted
+    tunings than an answer lists (:data:`FLEET_LIMIT` each)."""
+
+    hours: float
+    since: dt.datetime
+    generated_at: dt.datetime
+    keys: list[FleetKey]
+    wanted: list[WantedTuning]
+    truncated: bool = False
+
+
+#: The most keys, and the most wanted tunings, one ``GET /v1/fleet`` answer lists.
+FLEET_LIMIT = 2000
+
+
+# --------------------------------------------------------------------------- run diff
+
+
+class EntryChange(StrEnum):
+    """How one entry of FlashInfer's autotune file differs between run ``a`` and run ``b``
+    of a diff. Entries are matched by their exact file key, as ``AutoTuner`` looks them up.
+
+    * ``added``: only in ``b``; ``removed``: only in ``a`` (a pod of ``b`` runs that bucket
+      on FlashInfer's default tactic);
+    * ``changed``: in both, with another tactic. Entries with the same tactic in both are
+      only counted (:attr:`TuningRunDiffSummary.unchanged`).
+    """
+
+    ADDED = "added"
+    REMOVED = "removed"
+    CHANGED = "changed"
+
+
+class TacticChange(BaseModel):
+    """One entry of FlashInfer's autotune file that differs between the two runs of a diff.
+
+    Which entry, from its file key ``str((op, runner_class, nearest_profile, extras))``
+    (``flashinfer/autotuner/autotuner.py``: ``ProfilingCacheKey.file_key``, written by
+    ``AutoTuner.save_configs``), read without evaluating it:
+
+    * ``op``: FlashInfer's custom op, e.g. ``bf16_gemm``; ``runner``: the runner class,
+      e.g. ``CudnnBf16GemmRunner``;
+    * ``shapes``: ``nearest_profile``, the input shapes with each tuned dimension mapped to
+      its bucket (``-1``: a dimension a constraint derives); ``bucket``: the same, readable,
+      ``AxB`` per input (``1024x4096 4096x14336 0 0 -1x14336 -1``): the file does not say
+      which dimension is the tuned one, so every one is shown;
+    * ``extras``: the runner's further key fields as FlashInfer wrote them
+      (``torch.bfloat16, False, True, True``); ``file_key``: the key itself.
+
+    A key that cannot be read keeps ``op`` = ``file_key``, ``runner`` = the entry's runner
+    class, ``shapes`` = ``None``.
+
+    What each run chose and measured (``_a`` / ``_b``; ``None`` on the side without the
+    entry, and where the file records nothing: FlashInfer before 0.7.4 writes no
+    ``selection`` record):
+
+    * ``tactic``: FlashInfer's tactic as JSON (an int; a list for compound tactics);
+    * ``time_ms``: the chosen tactic's measured time, milliseconds;
+    * ``margin``: how far it was ahead of the fastest other candidate, relative
+      (``runner_up_ms / time_ms - 1``; negative when FlashInfer's tie tolerance kept an
+      earlier tactic over a slightly faster one; ``None`` with a single candidate).
+
+    ``slowdown``: ``time_ms_b / time_ms_a - 1`` when both times are recorded (``0.05``:
+    ``b`` is 5 % slower).
+
+    ``regression`` ("slower beyond its recorded margin"): ``status`` is ``changed``, both
+    times and at least one margin are recorded, both were measured under the same policy
+    (``[runner, tactic, policy, selection]``'s ``policy``: CUDA-graph replays, L2 cache),
+    and ``time_ms_b > time_ms_a * (1 + m)`` with ``m`` the larger of ``|margin_a|`` and
+    ``|margin_b|``. Why: each run's margin is how far apart its tuner itself measured its
+    best two candidates. A re-tune that picks another tactic whose time is within that gap
+    picked between candidates the tuner could not tell apart (two fresh tunings of one key
+    differ in many such near-tied entries, with margins well under 1 %); only a slowdown
+    beyond the larger of the two gaps is more than such a flip. The absolute value keeps a
+    negative margin's gap (a tie FlashInfer settled by tolerance) as wide as it was.
+    ``note`` says why a regression could not be decided, when it could not (e.g.
+    ``"no recorded times"``).
+    """
+
+    status: EntryChange
+    op: str
+    runner: str
+    bucket: str
+    shapes: list[list[int]] | None = None
+    extras: str = ""
+    file_key: str
+    tactic_a: Any = None
+    tactic_b: Any = None
+    time_ms_a: float | None = None
+    time_ms_b: float | None = None
+    margin_a: float | None = None
+    margin_b: float | None = None
+    slowdown: float | None = None
+    regression: bool = False
+    note: str | None = None
+
+
+class TuningRunDiffSummary(BaseModel):
+    """Counts of a run diff: entries in each file, how many were ``added``, ``removed``,
+    ``changed`` (another tactic) or ``unchanged`` (same tactic), how many changes are
+    ``regressions``, and how many entries of each file record a time (``timed_a``,
+    ``timed_b``; 0: the file has no recorded times, so nothing in it can be a regression)."""
+
+    entries_a: int
+    entries_b: int
+    added: int
+    removed: int
+    changed: int
+    unchanged: int
+    regressions: int
+    timed_a: int
+    timed_b: int
+
+
+class TuningRunDiff(BaseModel):
+    """Answer of ``GET /v1/tunings/{run_a}/diff/{run_b}``: how run ``b``'s FlashInfer
+    autotune file differs from run ``a``'s, entry by entry.
+
+    ``differences``: every key and environment field in which the runs differ
+    (:func:`differences` with ``a`` as ``stored`` and ``b`` as ``yours``): times measured in
+    different environments are not comparable one to one. ``entries``: the added, removed
+    and changed entries (:class:`TacticChange`), ordered by op, runner and shapes.
+    """
+
+    run_a: int
+    run_b: int
+    key_a: TuningKey
+    key_b: TuningKey
+    environment_hash_a: str
+    environment_hash_b: str
+    differences: list[FieldDifference]
+    entries: list[TacticChange]
+    summary: TuningRunDiffSummary
 
 
 # ---------------------------------------------------------------------- tuner events

@@ -15,6 +15,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +30,34 @@ def directory_lock(directory: Path) -> Iterator[None]:
     fd = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextmanager
+def file_lock(path: Path, timeout_s: float, poll_s: float = 0.05) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the file ``path`` (created, mode 0644, with its parent
+    directories, if missing; never removed) for the block, waiting at most ``timeout_s``
+    seconds for another process to release it (polled every ``poll_s`` seconds). The
+    kernel releases the lock when its holder exits, so a crashed holder never blocks anyone.
+
+    Raises:
+        TimeoutError: another process held the lock for all of ``timeout_s`` seconds.
+        OSError: the file cannot be created or opened (read-only or full volume, permissions).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{path} stayed locked by another process for {timeout_s:g} s") from None
+                time.sleep(poll_s)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -8,22 +8,33 @@ connect and a read timeout and a total deadline per attempt, and transient failu
 bounded number of times with jittered exponential backoff (tenacity), waiting at least
 what a server's ``Retry-After`` asks (up to ``max_retry_after_s``), before the typed error
 is raised.
+
+A pod's install (:func:`tunecache.client.install.fetch_tuning`: the lookup and every
+artifact download) also has one deadline for the whole, ``install_deadline_s``
+(``TUNECACHE_INSTALL_DEADLINE``, 30 s): every request in it shares that deadline
+(:meth:`TunecacheClient.deadline_scope`), and when it passes the install gives up with
+:class:`InstallDeadlineExceeded` before anything is written.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import email.utils
+import contextlib
 import hashlib
 import ipaddress
 import json
+import os
+import socket
 import ssl
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from tunecache.client.settings import ClientSettings
@@ -35,15 +46,20 @@ from tunecache.contract import (
     TokenCreated,
     TokenRead,
     EnvironmentMetadata,
+    FleetView,
+    JobConflict,
     LookupMiss,
     LookupRequest,
     TuningJobCreate,
     TuningJobRead,
+    WorkerList,
+    PodReportCreate,
     TuningKey,
     TuningRunCreate,
     TuningRunPage,
     TuningRunQuery,
     TuningRunRead,
+    TuningRunDiff,
 )
 from tunecache.store import NoCompatibleTuning, TunecacheError, file_sha256
 
@@ -58,11 +74,24 @@ DEFAULT_ATTEMPTS = 3
 DEFAULT_TOTAL_TIMEOUT_S = 120.0
 #: The most seconds a server's ``Retry-After`` is obeyed by default.
 DEFAULT_MAX_RETRY_AFTER_S = 30.0
+#: Seconds one install (the lookup and every artifact download together) may take, by default.
+DEFAULT_INSTALL_DEADLINE_S = 30.0
+#: Seconds one install report may take in all (``TUNECACHE_REPORT_TIMEOUT``), by default.
+DEFAULT_REPORT_TIMEOUT_S = 2.0
+#: A failure this close to the install deadline (seconds) is the deadline's doing.
+_DEADLINE_SLACK_S = 0.05
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 
 class ServerUnreachable(TunecacheError):
     """No connection, or the server did not answer in time."""
+
+
+class InstallDeadlineExceeded(ServerUnreachable):
+    """The install deadline (``TUNECACHE_INSTALL_DEADLINE``) passed before the lookup and
+    every download were done: the server did not answer, or answered too slowly. Raised
+    before anything is written, never retried. A :class:`ServerUnreachable`, so whoever
+    handles that handles this too (the CLI: exit 4)."""
 
 
 class ServerError(TunecacheError):
@@ -73,6 +102,15 @@ class ServerError(TunecacheError):
         super().__init__(f"server answered {status_code}: {shown[:300]}{'...' if len(shown) > 300 else ''}")
         self.status_code = status_code
         self.detail = detail
+
+
+class JobConflictError(ServerError):
+    """409 of ``POST /v1/tuning-jobs``: a job for the key is already queued or running with
+    other options; ``conflict`` names the job and each difference."""
+
+    def __init__(self, conflict: JobConflict):
+        super().__init__(409, conflict.detail)
+        self.conflict = conflict
 
 
 class ArtifactCorrupt(TunecacheError):
@@ -91,6 +129,24 @@ class _Transient(Exception):
         super().__init__(str(error))
         self.error = error
         self.retry_after_s = retry_after_s
+
+
+class _NoTimeToRetry(Exception):
+    """The next attempt would start past the install deadline: give up with ``transient``'s
+    error after ``attempts`` attempts."""
+
+    def __init__(self, transient: _Transient, attempts: int):
+        super().__init__(str(transient))
+        self.transient = transient
+        self.attempts = attempts
+
+
+def _shut_down(sock: socket.socket) -> None:
+    """Shut a connection's socket down (from another thread: a blocked read returns at once)."""
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
 
 
 def retry_after_seconds(value: str | None, now: dt.datetime | None = None) -> float | None:
@@ -142,6 +198,18 @@ class InsecureTransport(ValueError):
     """A token would travel in clear text (``http://``) to a host that is not loopback."""
 
 
+def reports_enabled_by_environment() -> bool:
+    """``TUNECACHE_REPORT`` as pydantic reads a boolean (unset: ``True``; a value that is not
+    a boolean: ``False``), for clients not made from :class:`ClientSettings`."""
+    value = next((v for k, v in os.environ.items() if k.upper() == "TUNECACHE_REPORT"), None)
+    if value is None:
+        return True
+    try:
+        return TypeAdapter(bool).validate_python(value)
+    except ValidationError:
+        return False
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -162,17 +230,24 @@ class TunecacheClient:
             sends a byte now and then never trips a read timeout, so bodies are read
             against this deadline too.
         max_retry_after_s: the longest a server's ``Retry-After`` is obeyed (30 s).
+        install_deadline_s: seconds one install may take in all, every request and wait
+            of it together (30 s; ``None``: no such deadline); applies inside
+            :meth:`deadline_scope`, which :func:`tunecache.client.install.fetch_tuning`
+            opens. The per-attempt timeouts and attempts above still hold within it.
         token: sent as ``Authorization: Bearer <token>`` on every request.
         ca_bundle: CA certificates (PEM file) to verify an https server with; TLS is always
             verified (default: the system's CAs).
         allow_insecure: allow ``token`` over plain ``http://`` to a host that is not loopback.
+        reports: whether installs made with this client report to the server (see
+            :mod:`tunecache.client.report`); ``None``: as ``TUNECACHE_REPORT`` says.
+        report_timeout_s: seconds one report may take in all (2 s).
         transport: an httpx transport (tests).
 
     Raises:
         InsecureTransport: a token would travel in clear text to another machine
             (``http://`` to a non-loopback host without ``allow_insecure``).
         ValueError: ``base_url`` is not an http(s) URL with a host; ``ca_bundle`` is not a
-            file of PEM certificates.
+            file of PEM certificates; ``install_deadline_s`` is not above 0.
     """
 
     def __init__(
@@ -184,11 +259,16 @@ class TunecacheClient:
         attempts: int = DEFAULT_ATTEMPTS,
         total_timeout_s: float = DEFAULT_TOTAL_TIMEOUT_S,
         max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S,
+        install_deadline_s: float | None = DEFAULT_INSTALL_DEADLINE_S,
         token: str | None = None,
         ca_bundle: Path | None = None,
         allow_insecure: bool = False,
+        reports: bool | None = None,
+        report_timeout_s: float = DEFAULT_REPORT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ):
+        if install_deadline_s is not None and not install_deadline_s > 0:
+            raise ValueError(f"install deadline {install_deadline_s!r} s must be above 0")
         try:
             url = httpx.URL(base_url)
         except httpx.InvalidURL as exc:
@@ -201,11 +281,19 @@ class TunecacheClient:
         if ca_bundle is not None and not Path(ca_bundle).is_file():
             raise ValueError(f"TUNECACHE_CA_BUNDLE={str(ca_bundle)!r} is not a file")
         self.base_url = base_url.rstrip("/")
+        self.reports = reports_enabled_by_environment() if reports is None else reports
+        self.report_timeout_s = report_timeout_s
+        # what a reporting client (another thread's) is made with: the same server, token and TLS
+        self._connection_options: dict[str, Any] = dict(token=token, ca_bundle=ca_bundle, allow_insecure=allow_insecure,
+                                                        transport=transport)
         self.attempts = max(1, attempts)
         self.read_timeout_s = read_timeout_s
         self.total_timeout_s = total_timeout_s
         self.max_retry_after_s = max_retry_after_s
-        timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        self.install_deadline_s = install_deadline_s
+        self._deadline: float | None = None  # monotonic seconds, inside a deadline_scope
+        self._deadline_s: float | None = None  # the seconds that scope was opened with
+        timeout = self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
             verify = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle is not None else True
@@ -217,7 +305,7 @@ class TunecacheClient:
     @classmethod
     def from_settings(cls, settings: ClientSettings, url: str | None = None, **kwargs: Any) -> "TunecacheClient":
         """A client for ``url`` (default ``settings.url``) with the settings' timeouts,
-        attempts, token (:meth:`ClientSettings.resolved_token`) and TLS settings.
+        attempts, install deadline, token (:meth:`ClientSettings.resolved_token`) and TLS settings.
 
         Raises:
             ValueError: no URL given or set (``TUNECACHE_URL``), or a bad one; a token file
@@ -233,9 +321,12 @@ class TunecacheClient:
             total_timeout_s=settings.total_timeout,
             attempts=settings.attempts,
             max_retry_after_s=settings.max_retry_after,
+            install_deadline_s=settings.install_deadline,
             token=settings.resolved_token(),
             ca_bundle=settings.ca_bundle,
             allow_insecure=settings.allow_insecure,
+            reports=settings.report,
+            report_timeout_s=settings.report_timeout,
             **kwargs,
         )
 
@@ -247,6 +338,101 @@ class TunecacheClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def deadline_scope(self, seconds: float | None = None) -> Iterator[None]:
+        """One deadline for every request made in the ``with`` block: ``seconds`` from now
+        (default ``install_deadline_s``; with both ``None``, no deadline).
+
+        Each request's connect, read, write and pool timeouts are clipped to the seconds
+        left, a body still arriving when the deadline comes is cut off (however the server
+        trickles it), and no retry is started that would begin after it (a ``Retry-After``
+        included: the last error is raised at once, naming the deadline). A scope opened
+        inside another keeps the earlier deadline. A client is one thread's at a time.
+        :func:`tunecache.client.install.fetch_tuning` opens one around each install.
+
+        Raises:
+            ValueError: ``seconds`` is not above 0.
+            InstallDeadlineExceeded: (from a request inside) the deadline passed first.
+        """
+        seconds = self.install_deadline_s if seconds is None else seconds
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"install deadline {seconds!r} s must be above 0")
+        outer = self._deadline, self._deadline_s
+        if seconds is not None:
+            end = time.monotonic() + seconds
+            if self._deadline is None or end < self._deadline:
+                self._deadline, self._deadline_s = end, seconds
+        try:
+            yield
+        finally:
+            self._deadline, self._deadline_s = outer
+
+    def _deadline_passed(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline - _DEADLINE_SLACK_S
+
+    def _deadline_error(self, method: str, path: str, answered: bool) -> InstallDeadlineExceeded:
+        what = "answered too slowly" if answered else "did not answer"
+        return InstallDeadlineExceeded(f"gave up after {self._deadline_s:g} s (TUNECACHE_INSTALL_DEADLINE): "
+                                       f"tunecache server {self.base_url} {what} ({method} {path})")
+
+    def _attempt_window(self, method: str, path: str) -> tuple[float, httpx.Timeout]:
+        """When one attempt must be over (monotonic seconds: ``total_timeout_s`` from now,
+        or the install deadline if sooner) and its httpx timeouts, clipped to the deadline."""
+        now = time.monotonic()
+        end = now + self.total_timeout_s
+        if self._deadline is None:
+            return end, self._timeout
+        left = self._deadline - now
+        if left <= _DEADLINE_SLACK_S:  # the install's earlier requests used it up
+            raise self._deadline_error(method, path, answered=True)
+
+        def clip(seconds: float | None) -> float:
+            return left if seconds is None else min(seconds, left)
+
+        t = self._timeout
+        return min(end, self._deadline), httpx.Timeout(connect=clip(t.connect), read=clip(t.read),
+                                                       write=clip(t.write), pool=clip(t.pool))
+
+    @contextlib.contextmanager
+    def _cut_at_deadline(self, response: httpx.Response) -> Iterator[None]:
+        """While a body is read under the install deadline, shut its connection down when
+        the deadline comes: httpx's read timeout counts per read, so a read begun before
+        the deadline could otherwise wait a whole read timeout past it."""
+        stream = response.extensions.get("network_stream") if self._deadline is not None else None
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if not isinstance(sock, socket.socket):  # no deadline, or not a socket (test transports)
+            yield
+            return
+        timer = threading.Timer(max(0.0, self._deadline - time.monotonic()), _shut_down, (sock,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def _exchange(self, method: str, path: str, read: Callable[[httpx.Response, float], Any], **kwargs: Any) -> Any:
+        """One attempt: send the request (timeouts clipped to the install deadline) and
+        return ``read(response, end)`` of the streamed response, ``end`` being when the
+        attempt must be over (monotonic seconds).
+
+        Raises:
+            _Transient: an httpx error (classified), worth another attempt.
+            InstallDeadlineExceeded: the install deadline passed first.
+            Whatever ``read`` raises.
+        """
+        end, timeout = self._attempt_window(method, path)
+        answered = False
+        try:
+            with self._http.stream(method, path, timeout=timeout, **kwargs) as response:
+                answered = True
+                with self._cut_at_deadline(response):
+                    return read(response, end)
+        except httpx.HTTPError as exc:
+            if self._deadline_passed():
+                raise self._deadline_error(method, path, answered) from None
+            raise _Transient(self._classify(exc)) from None
 
     def _classify(self, exc: httpx.HTTPError) -> TunecacheError:
         """Name the failure a pod hit, in words an operator can act on."""
@@ -264,12 +450,17 @@ class TunecacheClient:
     def _wait(self, state: RetryCallState) -> float:
         """Seconds before the next attempt: full-jitter exponential backoff (up to 0.5 s,
         1 s, 2 s, ... at most 4 s), or the server's ``Retry-After`` when it asked for longer
-        (capped at ``max_retry_after_s``)."""
+        (capped at ``max_retry_after_s``). Raises :class:`_NoTimeToRetry` when the next
+        attempt would start past the install deadline."""
         backoff = wait_random_exponential(multiplier=0.5, max=4)(state)
         failure = state.outcome.exception() if state.outcome is not None else None
+        wait = backoff
         if isinstance(failure, _Transient) and failure.retry_after_s is not None:
-            return max(backoff, min(failure.retry_after_s, self.max_retry_after_s))
-        return backoff
+            wait = max(backoff, min(failure.retry_after_s, self.max_retry_after_s))
+        if (isinstance(failure, _Transient) and self._deadline is not None and state.attempt_number < self.attempts
+                and time.monotonic() + wait >= self._deadline - _DEADLINE_SLACK_S):
+            raise _NoTimeToRetry(failure, state.attempt_number)
+        return wait
 
     def _retrying(self, attempt_once):
         """Run ``attempt_once`` with retries for :class:`_Transient`; raise its error at the end."""
@@ -287,12 +478,25 @@ class TunecacheClient:
             if self.attempts > 1:
                 error.args = (f"{error} (after {self.attempts} attempts)",)
             raise error from None
+        except _NoTimeToRetry as stop:
+            error = stop.transient.error
+            error.args = (f"{error} (after {stop.attempts} of {self.attempts} attempts: the next would start past "
+                          f"the {self._deadline_s:g} s TUNECACHE_INSTALL_DEADLINE)",)
+            raise error from None
 
     def _read_body(self, response: httpx.Response, deadline: float, sink=None) -> bytes:
-        """Read a streamed body before ``deadline`` (monotonic seconds); ``sink`` sees each part."""
+        """Read a streamed body before ``deadline`` (monotonic seconds: the attempt's end,
+        the install deadline's if sooner); ``sink`` sees each part.
+
+        Raises:
+            InstallDeadlineExceeded: the install deadline came first.
+            _Transient: the attempt's ``total_timeout_s`` did.
+        """
         parts = []
         for part in response.iter_bytes():
             if time.monotonic() > deadline:
+                if self._deadline_passed():
+                    raise self._deadline_error(response.request.method, response.request.url.path, answered=True)
                 raise _Transient(ServerUnreachable(
                     f"tunecache server {self.base_url} answered too slowly: no complete answer within {self.total_timeout_s:g} s"
                 ))
@@ -303,12 +507,8 @@ class TunecacheClient:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         def once() -> httpx.Response:
-            deadline = time.monotonic() + self.total_timeout_s
-            try:
-                with self._http.stream(method, path, **kwargs) as response:
-                    body = self._read_body(response, deadline)
-            except httpx.HTTPError as exc:
-                raise _Transient(self._classify(exc)) from None
+            response, body = self._exchange(method, path, lambda response, end: (response, self._read_body(response, end)),
+                                            **kwargs)
             headers = [(k, v) for k, v in response.headers.items() if k.lower() not in ("content-encoding", "content-length")]
             response = httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
             if response.status_code in _RETRY_STATUSES:
@@ -335,6 +535,7 @@ class TunecacheClient:
 
         Raises:
             NoCompatibleTuning: 404, with the closest stored tunings and their differences.
+            InstallDeadlineExceeded: inside :meth:`deadline_scope`, the deadline passed first.
             ServerUnreachable, ServerError.
         """
         request = LookupRequest(key=key, environment=environment)
@@ -349,13 +550,101 @@ class TunecacheClient:
         return self._answer(response, TuningRunRead)
 
     def list_runs(self, query: TuningRunQuery = TuningRunQuery()) -> TuningRunPage:
-        """``GET /v1/tunings``: tuning history, newest first, filtered by key fields and status."""
-        params = query.model_dump(mode="json", exclude_defaults=True)
+        """``GET /v1/tunings``: one page of the tuning history, newest first, filtered as
+        ``query`` says (any key or environment field, status, trigger, ``since``/``until``,
+        ``current_only``); from ``query.cursor`` (a page's ``next_cursor``) or ``offset``.
+
+        Raises:
+            ServerError: 422 naming an invalid parameter; ServerUnreachable.
+        """
+        params = query.model_dump(mode="json", exclude_defaults=True, exclude={"format"})
         return self._answer(self._request("GET", "/v1/tunings", params=params), TuningRunPage)
+
+    def iter_runs(self, query: TuningRunQuery = TuningRunQuery()) -> Iterator[TuningRunRead]:
+        """Every run matching ``query``'s filters, newest first, page after page
+        (``query.limit`` per request) by cursor: each run once, also while runs are
+        recorded meanwhile (those come before the first page and are not listed).
+
+        Raises:
+            as :meth:`list_runs`.
+        """
+        page = self.list_runs(query)
+        while True:
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            page = self.list_runs(query.model_copy(update={"cursor": page.next_cursor, "offset": 0}))
+
+    def export_runs_csv(self, query: TuningRunQuery, write: Callable[[bytes], Any]) -> None:
+        """``GET /v1/tunings?format=csv``: every run matching ``query``'s filters (from its
+        cursor on) as CSV, header first, handed to ``write`` part by part as it arrives
+        (never whole in memory). One attempt: a retry would repeat what was written.
+
+        Raises:
+            ServerError: 422 naming an invalid parameter, other error statuses;
+            ServerUnreachable (also when the answer stops short).
+        """
+        params = query.model_dump(mode="json", exclude_defaults=True, exclude={"limit", "offset", "format"})
+        params["format"] = "csv"
+
+        def read(response: httpx.Response, deadline: float) -> None:
+            if response.is_error:
+                raise ServerError(response.status_code, _detail_of(self._read_body(response, deadline)))
+            self._read_body(response, deadline, sink=write)
+
+        try:
+            self._exchange("GET", "/v1/tunings", read, params=params)
+        except _Transient as transient:
+            raise transient.error from None
+
+    def fleet(self, hours: float = 24) -> FleetView:
+        """``GET /v1/fleet``: the keys with their current runs and hit rates over the last
+        ``hours``, and the tunings pods want (miss reports without a current tuning).
+
+        Raises:
+            ServerError: 422 for a bad ``hours``, 404 from a server older than the route;
+            ServerUnreachable.
+        """
+        return self._answer(self._request("GET", "/v1/fleet", params={"hours": hours}), FleetView)
+
+    def send_report(self, report: PodReportCreate) -> None:
+        """``POST /v1/reports``: tell the server what an install came to (204). Installs
+        send it in the background (:mod:`tunecache.client.report`), through a
+        :meth:`reporting_client`.
+
+        Raises:
+            ServerError: 422 naming the invalid field, 429 past the server's report rate,
+                other error statuses; ServerUnreachable.
+        """
+        response = self._request("POST", "/v1/reports", content=report.model_dump_json(exclude_none=True),
+                                 headers={"Content-Type": "application/json"})
+        if response.is_error:
+            raise ServerError(response.status_code, _detail(response))
+
+    def reporting_client(self) -> "TunecacheClient":
+        """A client for sending one report from another thread: this client's server,
+        token and TLS, one attempt, and every timeout (and its deadline) at
+        ``report_timeout_s``. The caller closes it."""
+        timeout = self.report_timeout_s
+        return TunecacheClient(self.base_url, connect_timeout_s=timeout, read_timeout_s=timeout, total_timeout_s=timeout,
+                               attempts=1, max_retry_after_s=0, install_deadline_s=timeout, reports=False,
+                               report_timeout_s=timeout, **self._connection_options)
 
     def get_run(self, run_id: int) -> TuningRunRead:
         """``GET /v1/tunings/{id}``: one run. Raises ServerError (404 when there is none)."""
         return self._answer(self._request("GET", f"/v1/tunings/{run_id}"), TuningRunRead)
+
+    def diff_runs(self, run_a: int, run_b: int) -> TuningRunDiff:
+        """``GET /v1/tunings/{run_a}/diff/{run_b}``: which entries of FlashInfer's autotune
+        file run ``run_b`` added, removed or changed tactic in against run ``run_a``, with
+        the recorded times (ms), margins and regression flags, and the counts.
+
+        Raises:
+            ServerError: 404 naming the missing run; 422 when a run has no readable
+                FlashInfer autotune file (the detail says which and why).
+            ServerUnreachable.
+        """
+        return self._answer(self._request("GET", f"/v1/tunings/{run_a}/diff/{run_b}"), TuningRunDiff)
 
     def download_artifact(self, sha256: str) -> bytes:
         """``GET /v1/artifacts/{sha256}``, streamed and verified against ``sha256``.
@@ -363,22 +652,21 @@ class TunecacheClient:
         Raises:
             DownloadTruncated: the body stopped short (after retries).
             ArtifactCorrupt: the bytes hash to something else (nothing is returned).
+            InstallDeadlineExceeded: inside :meth:`deadline_scope`, the deadline passed first.
             ServerUnreachable, ServerError.
         """
 
         def once() -> bytes:
             digest = hashlib.sha256()
-            deadline = time.monotonic() + self.total_timeout_s
-            try:
-                with self._http.stream("GET", f"/v1/artifacts/{sha256}") as response:
-                    if response.status_code in _RETRY_STATUSES:
-                        raise _status_error(response, _detail_of(self._read_body(response, deadline)))
-                    if response.is_error:
-                        raise ServerError(response.status_code, _detail_of(self._read_body(response, deadline)))
-                    expected = response.headers.get("content-length")
-                    data = self._read_body(response, deadline, sink=digest.update)
-            except httpx.HTTPError as exc:
-                raise _Transient(self._classify(exc)) from None
+
+            def read(response: httpx.Response, deadline: float) -> tuple[str | None, bytes]:
+                if response.status_code in _RETRY_STATUSES:
+                    raise _status_error(response, _detail_of(self._read_body(response, deadline)))
+                if response.is_error:
+                    raise ServerError(response.status_code, _detail_of(self._read_body(response, deadline)))
+                return response.headers.get("content-length"), self._read_body(response, deadline, sink=digest.update)
+
+            expected, data = self._exchange("GET", f"/v1/artifacts/{sha256}", read)
             if expected is not None and len(data) != int(expected):
                 raise _Transient(DownloadTruncated(f"artifact {sha256}: received {len(data)} of {expected} bytes"))
             if digest.hexdigest() != sha256:
@@ -433,14 +721,44 @@ class TunecacheClient:
 
     def create_job(self, job: TuningJobCreate) -> TuningJobRead:
         """``POST /v1/tuning-jobs``: queue a tuning of ``job.key`` (or get the one already
-        queued or running for it).
+        queued or running for it with the same options).
 
         Raises:
+            JobConflictError: 409, the key's active job has other options (named).
             ServerUnreachable, ServerError.
         """
         response = self._request("POST", "/v1/tuning-jobs", content=job.model_dump_json(exclude_none=True),
                                  headers={"Content-Type": "application/json"})
+        if response.status_code == 409:
+            try:
+                conflict = JobConflict.model_validate_json(response.content)
+            except ValidationError:
+                raise ServerError(409, _detail(response)) from None
+            raise JobConflictError(conflict)
         return self._answer(response, TuningJobRead)
+
+    def cancel_job(self, job_id: int) -> TuningJobRead:
+        """``DELETE /v1/tuning-jobs/{id}`` (admin): cancel a job. Returns it: ``cancelled``
+        (it was queued), or ``running`` with ``cancel_requested_at`` set (its worker stops
+        the tuner within seconds). Cancelling a cancelled job returns it unchanged.
+
+        Raises:
+            ServerError: 404 no such job; 409 it already succeeded or failed (the detail
+                names its state); 401/403 without an admin token.
+            ServerUnreachable.
+        """
+        return self._answer(self._request("DELETE", f"/v1/tuning-jobs/{job_id}"), TuningJobRead)
+
+    def workers(self, gpu_name: str | None = None, arch: str | None = None) -> WorkerList:
+        """``GET /v1/workers``: the GPU job workers seen in the last day (of ``gpu_name`` and
+        ``arch`` when given), each with ``live``; :meth:`WorkerList.live_for` picks those
+        that would take a job of a key.
+
+        Raises:
+            ServerUnreachable, ServerError (404 from a server older than the route).
+        """
+        params = {k: v for k, v in {"gpu_name": gpu_name, "arch": arch}.items() if v is not None}
+        return self._answer(self._request("GET", "/v1/workers", params=params), WorkerList)
 
     def create_token(self, name: str, scope: Scope) -> TokenCreated:
         """``POST /v1/tokens`` (admin): a new token; its secret is in the answer only.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from collections.abc import Mapping
@@ -20,7 +21,8 @@ from tunecache.client.jit_install import (
     jit_mismatches,
     shown,
 )
-from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey, TuningRunRead
+from tunecache.client.report import installing
+from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportSource, TuningKey, TuningRunRead
 from tunecache.signing import UntrustedRun, verify_run
 from tunecache.store import TunecacheError
 
@@ -38,6 +40,8 @@ class InstalledTuning:
     version or arch, with other paths or CUDA, or this pod's FlashInfer workspace is unknown), if so."""
     signed_by: str | None = None
     """Id of the trusted key whose signature over the run checked (``None``: not checked)."""
+    jit_not_installed: int = 0
+    """How many of the run's JIT modules were asked for and not installed (``jit_skipped`` says why)."""
 
 
 def default_file_name(key: TuningKey) -> str:
@@ -99,35 +103,44 @@ def fetch_tuning(
     fetched but JIT modules and DeepGEMM caches (code the inference process loads) never
     are: ``executable_refused`` says so.
 
+    Deadline: the lookup and every download share the client's one install deadline
+    (``client.install_deadline_s`` seconds from the call, ``TUNECACHE_INSTALL_DEADLINE``
+    for a client made with :meth:`TunecacheClient.from_settings`; see
+    :meth:`TunecacheClient.deadline_scope`). Everything is fetched before anything is
+    written, so when it passes nothing has been installed.
+
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
-        (:mod:`tunecache.client.http`); ``TunecacheError`` if the run has no FlashInfer file;
+        (:mod:`tunecache.client.http`); InstallDeadlineExceeded (a ServerUnreachable) when
+        the install deadline passed first; ``TunecacheError`` if the run has no FlashInfer file;
         UntrustedRun (:mod:`tunecache.signing`): trusted keys are set and the run is
         unsigned, signed by another key, or its manifest does not match; BadJitArtifact when
         a JIT module's tarball is unusable (checked before any install).
     """
-    run = client.lookup(key, environment)
-    try:
-        signed_by = verify_run(run.signature, key, environment, run.artifacts, trusted_keys) if trusted_keys else None
-    except UntrustedRun as exc:
-        raise UntrustedRun(f"tuning run {run.id} refused: {exc}") from None
-    refused = None
-    if (jit or deep_gemm) and signed_by is None:
-        refused = ("JIT modules and DeepGEMM caches install only from a run signed by a trusted key, and no trusted "
-                   "keys are set (TUNECACHE_TRUSTED_KEYS)")
-        jit = deep_gemm = False
-    artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
-    if artifact is None:
-        raise TunecacheError(f"tuning run {run.id} has no {ArtifactKind.FLASHINFER_AUTOTUNE} artifact")
-    data = client.download_artifact(artifact.sha256)
-    modules = tuple(client.download_artifact(a.sha256) for a in run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE)) if jit else ()
-    for module in modules:  # every module checked before any is installed
-        check_jit_module(module)
-    dg = run.artifact(ArtifactKind.DEEP_GEMM_JIT_CACHE) if deep_gemm else None
-    return FetchedTuning(
-        run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
-        signed_by=signed_by, executable_refused=refused,
-    )
+    with client.deadline_scope():
+        run = client.lookup(key, environment)
+        try:
+            signed_by = verify_run(run.signature, key, environment, run.artifacts, trusted_keys) if trusted_keys else None
+        except UntrustedRun as exc:
+            raise UntrustedRun(f"tuning run {run.id} refused: {exc}") from None
+        refused = None
+        if (jit or deep_gemm) and signed_by is None:
+            refused = ("JIT modules and DeepGEMM caches install only from a run signed by a trusted key, and no trusted "
+                       "keys are set (TUNECACHE_TRUSTED_KEYS)")
+            jit = deep_gemm = False
+        artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
+        if artifact is None:
+            raise TunecacheError(f"tuning run {run.id} has no {ArtifactKind.FLASHINFER_AUTOTUNE} artifact")
+        data = client.download_artifact(artifact.sha256)
+        jit_artifacts = run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE) if jit else []
+        modules = tuple(client.download_artifact(a.sha256) for a in jit_artifacts)
+        for module in modules:  # every module checked before any is installed
+            check_jit_module(module)
+        dg = run.artifact(ArtifactKind.DEEP_GEMM_JIT_CACHE) if deep_gemm else None
+        return FetchedTuning(
+            run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
+            signed_by=signed_by, executable_refused=refused,
+        )
 
 
 def install_jit_modules(fetched: FetchedTuning, workspace: Path | bool) -> tuple[list[str], Path | None, str | None]:
@@ -174,9 +187,14 @@ def pull_autotune_file(
     file_name: str | None = None,
     jit_workspace: Path | bool | None = None,
     trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+    report_source: ReportSource | None = ReportSource.API,
 ) -> InstalledTuning:
     """Fetch the current tuning and install it as a plain FlashInfer cache file in
     ``dest_dir``, for ``flashinfer.autotune(False, cache=PATH)``.
+
+    ``report_source``: report the install to the server afterwards, as this source
+    (:mod:`tunecache.client.report`: in the background, best-effort, unless the client's
+    ``reports`` is off, ``TUNECACHE_REPORT=0``); ``None``: the caller reports (``tunecache pull``).
 
     ``jit_workspace``: also install the run's FlashInfer JIT modules, into this
     FlashInfer workspace directory, or (``True``) into this pod's own
@@ -190,11 +208,23 @@ def pull_autotune_file(
         BadJitArtifact; OSError when writing fails (nothing half-written is left).
     """
     path = Path(dest_dir) / (check_file_name(file_name) if file_name else default_file_name(key))
-    fetched = fetch_tuning(client, key, environment, jit=bool(jit_workspace), trusted_keys=trusted_keys)
-    modules, workspace, skipped = install_jit_modules(fetched, jit_workspace) if jit_workspace else ([], None, None)
-    write_atomically(path, fetched.autotune)
-    artifact = fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
-    return InstalledTuning(
-        path=path, run_id=fetched.run.id, sha256=artifact.sha256, entries=fetched.run.entries,
-        jit_modules=tuple(modules), jit_workspace=workspace, jit_skipped=skipped, signed_by=fetched.signed_by,
-    )
+    reporting = (installing(client, key, environment, report_source) if report_source is not None
+                 else contextlib.nullcontext())
+    with reporting as report:
+        fetched = fetch_tuning(client, key, environment, jit=bool(jit_workspace), trusted_keys=trusted_keys)
+        modules, workspace, skipped = install_jit_modules(fetched, jit_workspace) if jit_workspace else ([], None, None)
+        write_atomically(path, fetched.autotune)
+        artifact = fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
+        installed = InstalledTuning(
+            path=path, run_id=fetched.run.id, sha256=artifact.sha256, entries=fetched.run.entries,
+            jit_modules=tuple(modules), jit_workspace=workspace, jit_skipped=skipped, signed_by=fetched.signed_by,
+            jit_not_installed=jit_not_installed(fetched.run, modules) if jit_workspace else 0,
+        )
+        if report is not None:
+            report.installed(installed.run_id, len(modules), installed.jit_not_installed)
+    return installed
+
+
+def jit_not_installed(run: TuningRunRead, installed: list[str] | tuple[str, ...]) -> int:
+    """How many of ``run``'s FlashInfer JIT modules are not among the ``installed`` ones."""
+    return max(0, len(run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE)) - len(installed))

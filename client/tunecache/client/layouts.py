@@ -8,11 +8,12 @@
   ``<hash>`` is ``flashinfer_autotune_cache_hash(runner)``: sha256 of
   ``VllmConfig.compute_hash(include_version=False)``. vLLM loads them only when every rank
   has a file with the same ``_metadata`` and entry count, so all ranks get the same bytes.
-* DeepGEMM's JIT cache: ``DG_JIT_CACHE_DIR``. In the DeepGEMM build vLLM bundles the
-  variable is a colon-separated list whose later entries are read-only roots, so a fetched
-  cache is unpacked into its own directory and appended after the writable one (vLLM sets
-  ``$VLLM_CACHE_ROOT/deep_gemm`` only when the variable is unset:
-  ``vllm/utils/deep_gemm.py::_lazy_init``).
+* DeepGEMM's JIT cache: one directory, ``DG_JIT_CACHE_DIR`` (vLLM sets
+  ``$VLLM_CACHE_ROOT/deep_gemm`` when it is unset: ``vllm/utils/deep_gemm.py::_lazy_init``),
+  with a ``cache/kernel.<name>.<hash>/`` directory per compiled kernel
+  (``csrc/jit/compiler.hpp::Compiler::build``). A fetched cache's kernels are merged into
+  it. (Measured on an H200 with the DeepGEMM vLLM 0.25 ships: a colon-separated list is
+  taken as one path, so a second "read-only root" is never read.)
 * FlashInfer's v2 store (single-rank vLLM): ``<root>/v2/<env_hash>/manifest.json`` and
   ``entries/``, written here with FlashInfer's own ``ManagedAutotuneCache.publish``;
   ``<root>`` is ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` if set (vLLM's
@@ -155,41 +156,59 @@ def install_v2_store(data: bytes, root: Path) -> Path:
     return target
 
 
-def install_deep_gemm_cache(data: bytes, directory: Path) -> Path:
-    """Unpack a DeepGEMM JIT cache tarball (``deep_gemm_jit_cache`` artifact) into
-    ``directory``, all at once (staged beside it, renamed into place).
+def deep_gemm_cache_dir() -> Path:
+    """This pod's DeepGEMM JIT cache directory, where DeepGEMM looks up and writes kernels:
+    ``$DG_JIT_CACHE_DIR``, else vLLM's default ``$VLLM_CACHE_ROOT/deep_gemm``
+    (``vllm/utils/deep_gemm.py::_lazy_init`` sets the variable to it when unset; DeepGEMM's
+    ``Compiler`` reads the variable as one directory, ``csrc/jit/compiler.hpp``)."""
+    current = os.environ.get("DG_JIT_CACHE_DIR")
+    if current:
+        return Path(current).expanduser()
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm")
+    return Path(root).expanduser() / "deep_gemm"
+
+
+def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
+    """Merge the kernels of a DeepGEMM JIT cache tarball (``deep_gemm_jit_cache`` artifact:
+    ``cache/kernel.<name>.<hash>/`` directories, as DeepGEMM's ``Compiler::build`` writes
+    them) into ``cache_dir/cache/``.
+
+    DeepGEMM names a kernel's directory by the hash of its name, compiler signature (NVCC or
+    NVRTC version), flags without the library's include path, and code, and looks it up
+    there before compiling; it publishes a kernel by renaming a whole directory into place.
+    The same is done here: each kernel directory the pod lacks is staged beside and renamed
+    in; one it has (same name, so same kernel) is left as it is. Nothing else of the tarball
+    (DeepGEMM's ``tmp/``) is installed.
+
+    Returns the kernel directory names installed (possibly none).
 
     Raises:
         ValueError: the tarball holds absolute or ``..`` paths, links or special files.
+        OSError: writing failed (kernels already renamed in stay: each is whole).
     """
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         for member in tar.getmembers():
             path = PurePosixPath(member.name)
             if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
                 raise ValueError(f"unsafe entry in DeepGEMM cache artifact: {member.name!r}")
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=directory.parent))
+        kernels = cache_dir / "cache"
+        kernels.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=kernels))
         try:
             tar.extractall(staging, filter="data")
-            staging.chmod(0o755)
-            with directory_lock(directory.parent):
-                swap_into_place(staging, directory)
-        except BaseException:
+            installed = []
+            found = staging / "cache"
+            for kernel in sorted(found.iterdir()) if found.is_dir() else []:
+                if not (kernel.is_dir() and kernel.name.startswith("kernel.")) or (kernels / kernel.name).exists():
+                    continue
+                kernel.chmod(0o755)
+                try:
+                    kernel.rename(kernels / kernel.name)
+                except OSError:
+                    if not (kernels / kernel.name).is_dir():  # not another process's identical kernel
+                        raise
+                    continue
+                installed.append(kernel.name)
+        finally:
             shutil.rmtree(staging, ignore_errors=True)
-            raise
-    return directory
-
-
-def deep_gemm_cache_dirs(installed: Path, vllm_cache_root: Path | None = None) -> str:
-    """The ``DG_JIT_CACHE_DIR`` value that keeps DeepGEMM's writable cache first and adds
-    ``installed`` as a read-only root: the current value (or vLLM's default,
-    ``$VLLM_CACHE_ROOT/deep_gemm``) followed by ``:installed``."""
-    current = os.environ.get("DG_JIT_CACHE_DIR")
-    if not current:
-        root = vllm_cache_root or Path(
-            os.environ.get("VLLM_CACHE_ROOT")
-            or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm")
-        ).expanduser()
-        current = str(Path(root) / "deep_gemm")
-    entries = current.split(":")
-    return current if str(installed) in entries else f"{current}:{installed}"
+    return installed

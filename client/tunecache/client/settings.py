@@ -24,11 +24,18 @@ variable                        default      meaning
 ``TUNECACHE_TOTAL_TIMEOUT``     ``120``      seconds one attempt may take in all
 ``TUNECACHE_ATTEMPTS``          ``3``        tries per request for transient failures
 ``TUNECACHE_MAX_RETRY_AFTER``   ``30``       most seconds a server's ``Retry-After`` is obeyed
+``TUNECACHE_INSTALL_DEADLINE``  ``30``       seconds one install (the lookup and every
+                                             artifact download together) may take; past
+                                             it the pod gives up and installs nothing
 ``TUNECACHE_JIT``               ``true``     plugin: also install the run's JIT modules
 ``TUNECACHE_PUSH_BACK``         ``false``    plugin: upload a pod's own tuning after a miss
 ``TUNECACHE_DTYPE``             ``auto``     plugin: the key's dtype (vLLM's ``--dtype``)
 ``TUNECACHE_QUANTIZATION``      ``auto``     plugin: the key's quantization
 ``TUNECACHE_ENVIRONMENT_FILE``  (none)       plugin: environment from this file, not detected
+``TUNECACHE_REPORT``            ``true``     after each install (pull, the Python API, the
+                                             plugin) send the server a report of it, in the
+                                             background (``0``: never)
+``TUNECACHE_REPORT_TIMEOUT``    ``2``        seconds a report may take in all (one attempt)
 ==============================  ===========  ==================================================
 """
 
@@ -61,6 +68,7 @@ class ClientSettings(BaseSettings):
     total_timeout: float = Field(default=120.0, gt=0, le=86400)
     attempts: int = Field(default=3, gt=0, le=100)
     max_retry_after: float = Field(default=30.0, ge=0, le=3600)
+    install_deadline: float = Field(default=30.0, gt=0, le=3600)
     jit: bool = True
     push_back: bool = False
     dtype: str = "auto"
@@ -70,6 +78,8 @@ class ClientSettings(BaseSettings):
     ca_bundle: Path | None = None
     allow_insecure: bool = False
     trusted_keys: str | None = None
+    report: bool = True
+    report_timeout: float = Field(default=2.0, gt=0, le=60)
 
     def resolved_token(self) -> str | None:
         """``token``, else the first line of ``token_file`` when that file exists, else ``None``.

@@ -14,20 +14,24 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import IO
 
+import anyio
 import anyio.to_thread
 import limits
 from cachetools import TTLCache
 from fastapi import FastAPI
-from starlette.routing import compile_path
+from starlette.routing import Route, compile_path
 from sqlalchemy import Engine
 
-from tunecache.service import db, policy
+from tunecache.service import db, metrics, policy
+from tunecache.service import dashboard
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
 from tunecache.service.limits import BodySizeLimit, LoadShedding
-from tunecache.service.routes import artifacts, audit, health, jobs, tokens, tunings
+from tunecache.service.reports import Pruner
+from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
+from tunecache.service.routes import metrics as metrics_route
 
-from tunecache.contract import WorkerStatus
+from tunecache.contract import MAX_REPORT_BYTES, WorkerStatus
 from tunecache.service.settings import Settings
 from tunecache.service.worker import JobWorker, detect_gpu
 from tunecache.signing import load_signing_key
@@ -36,7 +40,12 @@ log = logging.getLogger("tunecache")
 
 #: Every router of the API, mounted under ``/v1``; each of their routes declares a caller
 #: policy (:mod:`tunecache.service.policy`).
-API_ROUTERS = (health.router, tunings.router, artifacts.router, jobs.router, tokens.router, audit.router)
+API_ROUTERS = (health.router, tunings.router, artifacts.router, jobs.router, jobs.workers_router, tokens.router, audit.router,
+               reports.router, reports.fleet_router)
+#: Routers mounted at the root, outside ``/v1``: ``GET /metrics``, where Prometheus looks by default.
+ROOT_ROUTERS = (metrics_route.router,)
+#: ``(prefix, router)`` of every router the app serves.
+MOUNTED_ROUTERS = tuple(("/v1", router) for router in API_ROUTERS) + tuple(("", router) for router in ROOT_ROUTERS)
 
 
 def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
@@ -116,6 +125,11 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.lookup_cache = LookupCache(settings.lookup_cache_entries)
         app.state.job_rate = limits.parse(settings.job_request_rate)
         app.state.job_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
+        app.state.report_rate = limits.parse(settings.report_rate)
+        app.state.report_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
+        # pod reports insert on at most a quarter of the database threads: lookups always find the rest
+        app.state.report_slots = anyio.Semaphore(max(1, settings.threads // 4))
+        app.state.report_pruner = Pruner()
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
         app.state.token_cache = TTLCache(maxsize=4096, ttl=settings.token_cache_seconds)
@@ -128,6 +142,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             app.state.generation_reader = GenerationReader(generation_connection.read)
             gc.freeze()  # what startup allocated is never collected: shorter GC pauses under load
             worker = _start_worker(app, settings)
+            metrics.set_job_worker(worker is not None)
             yield
         finally:
             if worker is not None:
@@ -138,6 +153,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
                 app.state.worker_lock.close()
             if own_engine:
                 app.state.engine.dispose()
+            metrics.process_exiting()
 
     app = FastAPI(
         title="tunecache",
@@ -147,15 +163,30 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     )
     app.state.settings = settings
     install_error_handlers(app, retry_after_s=settings.retry_after_seconds)
-    app.add_middleware(BodySizeLimit, max_upload_bytes=settings.max_upload_bytes, max_json_bytes=settings.max_json_bytes)
-    # Added last, so it runs first: a saturated process answers 503 before doing any work.
+    app.add_middleware(BodySizeLimit, max_upload_bytes=settings.max_upload_bytes, max_json_bytes=settings.max_json_bytes,
+                       max_report_bytes=MAX_REPORT_BYTES)
+    # Added late, so it runs early: a saturated process answers 503 before doing any work.
     app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_seconds)
     app.state.path_methods = []  # (path regex, methods) of every route, for the Allow of a 405
-    for router in API_ROUTERS:
-        app.include_router(router, prefix="/v1", responses=COMMON_ERRORS)
-        app.state.path_methods += [(compile_path("/v1" + route.path)[0], frozenset(route.methods)) for route in router.routes]
+    for prefix, router in MOUNTED_ROUTERS:
+        app.include_router(router, prefix=prefix, responses=COMMON_ERRORS)
+        app.state.path_methods += [(compile_path(prefix + route.path)[0], frozenset(route.methods)) for route in router.routes]
+    dashboard_templates = dashboard.install(app)  # the web dashboard at / (HTML; not in the OpenAPI document)
+    # Outermost: counts every answer, the 503s of load shedding too (one increment each).
+    app.add_middleware(metrics.RequestCounter, templates=_route_templates(app) | dashboard_templates)
     _document_optional_tokens(app, settings)
     return app
+
+
+def _route_templates(app: FastAPI) -> dict[int, str]:
+    """The full path template of every route, by the ``id`` of its endpoint (what routing
+    puts in a request's scope): FastAPI's own routes and those of :data:`MOUNTED_ROUTERS`,
+    with the prefix they are mounted under (the label ``route`` of
+    ``tunecache_http_requests_total``)."""
+    templates = {id(route.endpoint): route.path_format for route in app.routes if isinstance(route, Route)}
+    templates.update({id(route.endpoint): prefix + route.path_format
+                      for prefix, router in MOUNTED_ROUTERS for route in router.routes})
+    return templates
 
 
 def _document_optional_tokens(app: FastAPI, settings: Settings) -> None:
@@ -168,11 +199,11 @@ def _document_optional_tokens(app: FastAPI, settings: Settings) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = build()
-            for router in API_ROUTERS:
+            for prefix, router in MOUNTED_ROUTERS:
                 for route in router.routes:
                     if policy.policy_of(route) in optional:
                         for method in route.methods:
-                            schema["paths"]["/v1" + route.path_format][method.lower()]["security"] = [{}, {"HTTPBearer": []}]
+                            schema["paths"][prefix + route.path_format][method.lower()]["security"] = [{}, {"HTTPBearer": []}]
         return app.openapi_schema
 
     app.openapi = openapi

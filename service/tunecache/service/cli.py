@@ -89,7 +89,9 @@ def serve(
     ssl_certfile: Annotated[Optional[Path], typer.Option(help="serve HTTPS with this certificate (PEM)")] = None,
     ssl_keyfile: Annotated[Optional[Path], typer.Option(help="the certificate's private key (PEM)")] = None,
 ) -> None:
-    """Run the HTTP service. On SQLite (the default) the schema is migrated first; on
+    """Run the HTTP service.
+
+    On SQLite (the default) the schema is migrated first; on
     PostgreSQL it must already be current (tunecache db upgrade). On a database with no
     tokens at all, the first start creates an ``admin`` token and writes it to
     ``<data dir>/admin.token`` (mode 0600); client commands on this machine read it."""
@@ -135,6 +137,7 @@ def serve(
     scheme = "https" if ssl_certfile else "http"
     typer.echo(f"tunecache starting on {scheme}://{settings.host}:{settings.port} with {settings.workers} process(es) "
                f"(database {shown})", err=True)
+    metrics_dir = _metrics_multiprocess_dir(settings.workers)
     try:
         uvicorn.run("tunecache.service.app:create_app", factory=True, host=settings.host, port=settings.port,
                     workers=settings.workers, log_level="info", access_log=settings.access_log,
@@ -144,6 +147,33 @@ def serve(
     except SystemExit as exc:  # uvicorn exits 3 when it cannot bind or start
         if exc.code not in (0, None):
             fail(ExitCode.SERVE_FAILED, f"could not serve on {settings.host}:{settings.port} (see the log above)")
+    finally:
+        if metrics_dir is not None:
+            import shutil
+
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _metrics_multiprocess_dir(workers: int) -> str | None:
+    """Prometheus metrics of several processes (``GET /metrics``, :mod:`tunecache.service.metrics`):
+    prometheus-client's multiprocess mode, where each process counts into files of its own in
+    ``PROMETHEUS_MULTIPROC_DIR`` and a scrape adds them up. With more than one process and
+    the variable unset (or empty), a private directory is made and set for the processes;
+    returns it, for removal at exit. A set variable is used as it is (it must be a
+    directory, emptied by whoever runs the service before each start); exits 2 when it is not.
+    """
+    import os
+
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        if not Path(given).is_dir():
+            fail(ExitCode.USAGE, f"PROMETHEUS_MULTIPROC_DIR={given} is not a directory (unset it: serve makes its own)")
+        return None
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # empty counts as unset
+    if workers == 1:
+        return None
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = made = tempfile.mkdtemp(prefix="tunecache-metrics-")
+    return made
 
 
 def _bootstrap_admin_token(engine, path: Path) -> None:
@@ -201,9 +231,12 @@ def tune(
     ] = None,
     work_dir: Annotated[Optional[Path], typer.Option(help="keep the tuner's files here (default: a temporary directory)")] = None,
 ) -> None:
-    """On a GPU node: run FlashInfer's autotuner for a model in a child process and store the run
-    (on a server with --server, in a database with --database; a failure is stored as a failed run).
-    With --signing-key the run is signed: pods install its JIT modules only then."""
+    """On a GPU node: run the warmup and autotune stages for a model and store the run.
+
+    The stages run in a child process; the run is stored (on a server with --server, in a database with --database). A failure after the tuner found
+    its GPU is stored as a failed run with the reason; before that (no CUDA device, no torch)
+    nothing is stored, since without the GPU there is no key to file it under. Either way it
+    exits 8 and says which. With --signing-key the run is signed: pods install its JIT modules only then."""
     from pydantic import ValidationError
 
     from tunecache.progress import ProgressDisplay
@@ -251,8 +284,10 @@ def tune(
             except TunerFailed as failure:
                 record = failure.run_record(spec, RunTrigger.CLI, node)
                 if record is not None:
-                    store.record_run(record)
-                fail(ExitCode.TUNING_FAILED, f"{failure.message}\n{failure.log_tail}".rstrip())
+                    kept = f"recorded as failed run {store.record_run(record).id}"
+                else:
+                    kept = "no run recorded: the tuner failed before it found its GPU, so there is no key to file it under"
+                fail(ExitCode.TUNING_FAILED, f"{failure.message} ({kept})\n{failure.log_tail}".rstrip())
             run = result.record(store, spec, RunTrigger.CLI, node, signer)
     except typer.Exit:
         raise

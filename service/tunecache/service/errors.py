@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tunecache.contract import ErrorBody
+from tunecache.service.jobs import JobOptionsConflict
 from tunecache.store import ArtifactsMissing
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -85,7 +86,9 @@ async def _http_error(request: Request, exc: StarletteHTTPException):
 
 def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
     """422 for invalid requests (and for a run naming artifacts never uploaded: its
-    ``missing`` lists their sha256; raised, so the request's transaction rolls back), 503 with ``Retry-After`` when the database is unreachable,
+    ``missing`` lists their sha256; raised, so the request's transaction rolls back), 409
+    with a :class:`~tunecache.contract.JobConflict` body for a job request whose options
+    differ from its key's active job (raised too: nothing written, nothing audited), 503 with ``Retry-After`` when the database is unreachable,
     busy or too slow, 400 for values the database refuses, and a JSON 500 for anything
     else (never a bare text page)."""
     retry_after = {"Retry-After": str(retry_after_s)}
@@ -106,7 +109,11 @@ def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
     async def artifacts_missing(request: Request, exc: ArtifactsMissing) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": str(exc), "missing": exc.missing})
 
+    async def job_options_conflict(request: Request, exc: JobOptionsConflict) -> JSONResponse:
+        return JSONResponse(status_code=409, content=exc.conflict.model_dump(mode="json"))
+
     app.add_exception_handler(ArtifactsMissing, artifacts_missing)
+    app.add_exception_handler(JobOptionsConflict, job_options_conflict)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, database_unavailable)

@@ -6,6 +6,11 @@
   one worker (PostgreSQL ``FOR UPDATE SKIP LOCKED``; SQLite one writer), as a lease.
 * A worker renews its lease (:func:`heartbeat`) while the tuner runs; a job whose lease
   expired (its worker died) is claimable again, up to ``max_attempts`` claims.
+* :func:`cancel` cancels a queued job at once and marks a running one; its worker sees
+  the mark (:func:`cancel_requested`), stops the tuner and records it
+  (:func:`finish_cancelled`).
+* GPU workers announce themselves (:func:`announce_worker`, the ``workers`` table), so
+  :func:`list_workers` tells whether any live worker will take a job.
 
 Like :mod:`tunecache.service.repository`, functions take a session whose transaction
 the caller owns (the request's unit of work, or one ``with sessions.begin()`` per worker
@@ -15,14 +20,27 @@ step: claim, heartbeat, finish) and return the contract's read models; none comm
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session, defer
 
-from tunecache.contract import ACTIVE_JOB_STATUSES, JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead, TuningKey
+from tunecache.contract import (
+    ACTIVE_JOB_STATUSES,
+    JobConflict,
+    JobOptionDifference,
+    JobStatus,
+    TuningJobCreate,
+    TuningJobPage,
+    TuningJobRead,
+    TuningKey,
+    WorkerList,
+    WorkerRead,
+)
 from tunecache.service import dialect, repository
-from tunecache.service.models import ACTIVE_JOB_CONDITION, TuningJob, TuningKeyRow, utcnow
+from tunecache.service.models import ACTIVE_JOB_CONDITION, TuningJob, TuningKeyRow, Worker, utcnow
 
 #: Characters of tuner output kept on a job for ``GET /v1/tuning-jobs/{id}``.
 LOG_TAIL_CHARS = 4000
@@ -49,6 +67,64 @@ def _to_read(job: TuningJob) -> TuningJobRead:
         finished_at=job.finished_at,
         lease_expires_at=job.lease_expires_at,
         duration_s=duration,
+        cancel_requested_at=job.cancel_requested_at,
+        cancelled_by=job.cancelled_by,
+    )
+
+
+class JobOptionsConflict(Exception):
+    """A job for the key is already queued or running with other options; ``conflict`` is
+    the 409 body naming it and each differing option."""
+
+    def __init__(self, conflict: JobConflict):
+        super().__init__(conflict.detail)
+        self.conflict = conflict
+
+
+class JobAlreadyFinished(Exception):
+    """The job to cancel has already succeeded or failed; ``job`` is it as it is."""
+
+    def __init__(self, job: TuningJobRead):
+        what = f"succeeded (run {job.run_id})" if job.status is JobStatus.SUCCEEDED else str(job.status)
+        super().__init__(f"job {job.id} already {what}; there is nothing to cancel")
+        self.job = job
+
+
+def config_digest(config: dict[str, Any] | None) -> str | None:
+    """``"sha256:<16 hex digits>"`` of a model config's canonical JSON (keys sorted), or
+    ``None``: how a 409 names a config without sending it back."""
+    if config is None:
+        return None
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _option_values(hf_config: dict[str, Any] | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    """A job's options as compared for single-flight: the config's digest, and the
+    backends and stages as sorted lists (order and repeats do not change a tuning)."""
+    options = options or {}
+
+    def as_set(values: list[str] | None) -> list[str] | None:
+        return None if values is None else sorted(set(values))
+
+    return {"hf_config": config_digest(hf_config), "gemm_backends": as_set(options.get("gemm_backends")),
+            "stages": as_set(options.get("stages"))}
+
+
+def _conflict(active: TuningJob, request: TuningJobCreate) -> JobConflict | None:
+    """The 409 body when ``request`` asks for other options than the ``active`` job has, else ``None``."""
+    had = _option_values(active.hf_config, active.options)
+    asked = _option_values(request.hf_config, {"gemm_backends": request.gemm_backends, "stages": request.stages})
+    differences = [JobOptionDifference(field=f, active=had[f], requested=asked[f]) for f in had if had[f] != asked[f]]
+    if not differences:
+        return None
+    return JobConflict(
+        detail=(f"job {active.id} is already {active.status} for this key with other options "
+                f"({'; '.join(str(d) for d in differences)}); wait for it, or cancel it "
+                f"(DELETE /v1/tuning-jobs/{active.id}) and ask again"),
+        job_id=active.id,
+        job_status=JobStatus(active.status),
+        differences=differences,
     )
 
 
@@ -59,12 +135,18 @@ def _active_job(session: Session, key_id: int) -> TuningJob | None:
 
 
 def enqueue(session: Session, request: TuningJobCreate, requested_by: str | None = None) -> tuple[TuningJobRead, bool]:
-    """Queue a job for the key, or return the one already queued or running.
+    """Queue a job for the key, or return the one already queued or running when it has
+    the same options (single-flight).
 
     Returns ``(job, created)``. Safe under concurrency without a retry: the insert is
     ``ON CONFLICT DO NOTHING`` on the partial unique index of active jobs, so the loser
     of a race inserts nothing (PostgreSQL waits for the winner's commit) and reads the
     winner's job.
+
+    Raises:
+        JobOptionsConflict: the active job of the key has another ``hf_config`` (compared
+            as canonical JSON), ``gemm_backends`` or ``stages`` (compared as sets);
+            its ``conflict`` names the job and each difference.
     """
     key_row = repository.get_or_create_key(session, request.key)
     values = {
@@ -84,13 +166,29 @@ def enqueue(session: Session, request: TuningJobCreate, requested_by: str | None
         existing = _active_job(session, key_row.id)
         if existing is None:  # the active job finished between the insert and this read
             raise RuntimeError(f"job for key {key_row.id} neither created nor found; retry")
+        conflict = _conflict(existing, request)
+        if conflict is not None:
+            raise JobOptionsConflict(conflict)
         return _to_read(existing), False
     return job, True
 
 
 def _claimable(now: dt.datetime, max_attempts: int):
-    expired = and_(TuningJob.status == JobStatus.RUNNING.value, TuningJob.lease_expires_at < now, TuningJob.attempts < max_attempts)
+    expired = and_(TuningJob.status == JobStatus.RUNNING.value, TuningJob.lease_expires_at < now,
+                   TuningJob.attempts < max_attempts, TuningJob.cancel_requested_at.is_(None))
     return or_(TuningJob.status == JobStatus.QUEUED.value, expired)
+
+
+def settle_cancelled(session: Session) -> int:
+    """Record ``cancelled`` the running jobs that were asked to stop and whose lease
+    expired (their worker died before it could). Returns how many."""
+    now = utcnow()
+    return session.execute(
+        update(TuningJob)
+        .where(TuningJob.status == JobStatus.RUNNING.value, TuningJob.lease_expires_at < now,
+               TuningJob.cancel_requested_at.is_not(None))
+        .values(status=JobStatus.CANCELLED.value, finished_at=now, lease_expires_at=None)
+    ).rowcount
 
 
 def fail_exhausted(session: Session, max_attempts: int) -> int:
@@ -116,6 +214,7 @@ def claim(
     claims so far (its worker died; the job is requeued). The claim sets ``status =
     'running'``, the worker, a lease of ``lease_s`` seconds and ``attempts + 1``.
     """
+    settle_cancelled(session)
     fail_exhausted(session, max_attempts)
     now = utcnow()
     candidate = dialect.lock_for_claim(
@@ -192,6 +291,97 @@ def finish(
         update(TuningJob).where(*_held_by(job_id, worker)).values(**values)
     ).rowcount
     return done == 1
+
+
+def cancel(session: Session, job_id: int, cancelled_by: str | None = None) -> tuple[TuningJobRead, bool] | None:
+    """Cancel a job: a queued one (or a running one whose lease expired: its worker is
+    gone) becomes ``cancelled`` at once; a running one is marked (``cancel_requested_at``)
+    and its worker stops the tuner and records it ``cancelled`` (:func:`finish_cancelled`).
+
+    Returns ``(job, changed)``, or ``None`` when there is no such job. Cancelling a job
+    that is already cancelled, or marked, changes nothing (``changed`` is False). Each
+    step is a conditional ``UPDATE``, so a worker claiming the job at the same moment
+    either finds it cancelled or is the one that gets the mark.
+
+    Raises:
+        JobAlreadyFinished: the job succeeded or failed.
+    """
+    now = utcnow()
+    stop = {"status": JobStatus.CANCELLED.value, "finished_at": now, "lease_expires_at": None,
+            "cancel_requested_at": now, "cancelled_by": cancelled_by}
+    running = TuningJob.status == JobStatus.RUNNING.value
+    for condition, values in (
+        (TuningJob.status == JobStatus.QUEUED.value, stop),
+        (and_(running, TuningJob.lease_expires_at < now), stop),
+        (and_(running, TuningJob.cancel_requested_at.is_(None)), {"cancel_requested_at": now, "cancelled_by": cancelled_by}),
+    ):
+        if session.execute(update(TuningJob).where(TuningJob.id == job_id, condition).values(**values)).rowcount == 1:
+            return get_job(session, job_id), True
+    job = get_job(session, job_id)
+    if job is None:
+        return None
+    if job.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        raise JobAlreadyFinished(job)
+    return job, False
+
+
+def cancel_requested(session: Session, job_id: int) -> bool:
+    """Whether the job has been asked to stop (a worker polls this while its tuner runs)."""
+    return session.scalar(select(TuningJob.cancel_requested_at).where(TuningJob.id == job_id)) is not None
+
+
+def finish_cancelled(session: Session, job_id: int, worker: str, log_tail: str | None = None) -> bool:
+    """Record a running job ``cancelled`` once ``worker`` has stopped its tuner (no run is
+    recorded). Returns False when ``worker`` no longer holds the job."""
+    values: dict[str, Any] = {"status": JobStatus.CANCELLED.value, "finished_at": utcnow(), "lease_expires_at": None}
+    if log_tail is not None:
+        values["log_tail"] = log_tail[-LOG_TAIL_CHARS:]
+    return session.execute(update(TuningJob).where(*_held_by(job_id, worker)).values(**values)).rowcount == 1
+
+
+#: A worker is live while its last heartbeat is at most this many seconds old (or three of
+#: its heartbeats, if it beats more slowly).
+WORKER_LIVE_WINDOW_S = 60.0
+#: Workers not seen for this long are left out of :func:`list_workers`; a week: deleted.
+WORKER_LISTED_S = 24 * 3600.0
+WORKER_KEPT_S = 7 * 24 * 3600.0
+
+
+def announce_worker(
+    session: Session, name: str, gpu_name: str, arch: str, *, model_config_dir: bool, heartbeat_s: float,
+    started_at: dt.datetime,
+) -> None:
+    """Upsert ``name``'s heartbeat (``last_seen`` = now, ``stopped_at`` cleared) and forget
+    workers not seen for a week. Called by the worker every ``heartbeat_s`` seconds."""
+    now = utcnow()
+    values = {"name": name, "gpu_name": gpu_name, "arch": arch, "model_config_dir": model_config_dir,
+              "heartbeat_s": heartbeat_s, "started_at": started_at, "last_seen": now, "stopped_at": None}
+    dialect.upsert_if_newer(session, Worker.__table__, values, conflict=["name"], newer="last_seen")
+    session.execute(delete(Worker).where(Worker.last_seen < now - dt.timedelta(seconds=WORKER_KEPT_S)))
+
+
+def worker_stopped(session: Session, name: str) -> None:
+    """Record that worker ``name`` stopped (a graceful shutdown): it is no longer live."""
+    session.execute(update(Worker).where(Worker.name == name).values(stopped_at=utcnow()))
+
+
+def list_workers(session: Session, gpu_name: str | None = None, arch: str | None = None) -> WorkerList:
+    """The workers seen in the last day (of ``gpu_name`` and ``arch`` when given), latest
+    heartbeat first, each with whether it is live (:data:`WORKER_LIVE_WINDOW_S`)."""
+    now = utcnow()
+    query = select(Worker).where(Worker.last_seen >= now - dt.timedelta(seconds=WORKER_LISTED_S))
+    if gpu_name is not None:
+        query = query.where(Worker.gpu_name == gpu_name)
+    if arch is not None:
+        query = query.where(Worker.arch == arch)
+    items = []
+    for row in session.scalars(query.order_by(Worker.last_seen.desc(), Worker.name)):
+        ago = max(0.0, (now - row.last_seen).total_seconds())
+        live = row.stopped_at is None and ago <= max(WORKER_LIVE_WINDOW_S, 3 * row.heartbeat_s)
+        items.append(WorkerRead(name=row.name, gpu_name=row.gpu_name, arch=row.arch, model_config_dir=row.model_config_dir,
+                                heartbeat_s=row.heartbeat_s, started_at=row.started_at, last_seen=row.last_seen,
+                                stopped_at=row.stopped_at, seen_s_ago=round(ago, 3), live=live))
+    return WorkerList(live_window_s=WORKER_LIVE_WINDOW_S, items=items)
 
 
 def get_job(session: Session, job_id: int) -> TuningJobRead | None:

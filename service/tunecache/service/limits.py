@@ -13,26 +13,31 @@ class _BodyTooLarge(Exception):
 
 class BodySizeLimit:
     """ASGI middleware: answer 413 with a JSON body when a request body exceeds its limit:
-    ``max_upload_bytes`` for artifact uploads (``PUT /v1/artifacts/...``), ``max_json_bytes``
-    for every other route.
+    ``max_upload_bytes`` for artifact uploads (``PUT /v1/artifacts/...``),
+    ``max_report_bytes`` for pod reports (``POST /v1/reports``; at most ``max_json_bytes``),
+    ``max_json_bytes`` for every other route.
 
     A ``Content-Length`` above the limit is refused before the body is read; a body
     without one is counted as it streams in.
     """
 
-    def __init__(self, app: ASGIApp, max_upload_bytes: int, max_json_bytes: int):
+    def __init__(self, app: ASGIApp, max_upload_bytes: int, max_json_bytes: int, max_report_bytes: int | None = None):
         self.app = app
         self.max_upload_bytes = max_upload_bytes
         self.max_json_bytes = max_json_bytes
+        self.max_report_bytes = min(max_report_bytes or max_json_bytes, max_json_bytes)
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
+        """The limit of this request's body and why: ``(bytes, "setting NAME")``."""
         if scope.get("method") == "PUT" and scope.get("path", "").startswith("/v1/artifacts/"):
-            return self.max_upload_bytes, "TUNECACHE_MAX_UPLOAD_BYTES"
-        return self.max_json_bytes, "TUNECACHE_MAX_JSON_BYTES"
+            return self.max_upload_bytes, "setting TUNECACHE_MAX_UPLOAD_BYTES"
+        if scope.get("method") == "POST" and scope.get("path", "") == "/v1/reports":
+            return self.max_report_bytes, "the most a pod report may be"
+        return self.max_json_bytes, "setting TUNECACHE_MAX_JSON_BYTES"
 
-    async def _reject(self, send: Send, received: str, limit: int, setting: str) -> None:
+    async def _reject(self, send: Send, received: str, limit: int, why: str) -> None:
         body = json.dumps(
-            {"detail": f"request body {received} exceeds the limit of {limit} bytes (setting {setting})"}
+            {"detail": f"request body {received} exceeds the limit of {limit} bytes ({why})"}
         ).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})

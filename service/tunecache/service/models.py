@@ -24,7 +24,13 @@ Tables:
 * ``audit_events``: every write, with the name and scope of the token that made it.
 * ``tuning_jobs``: the queue of requested tunings (HTTP-triggered re-tuning). At most one
   job per key is queued or running (a partial unique index: single-flight); a running
-  job holds a lease that its worker renews.
+  job holds a lease that its worker renews, and a cancelled one carries
+  ``cancel_requested_at`` until its worker has stopped it.
+* ``workers``: the GPU job workers' heartbeats (name, GPU, arch, last seen), so that a
+  request can tell whether any live worker will take its job.
+* ``pod_reports``: what each install on a pod came to (``POST /v1/reports``), kept
+  ``TUNECACHE_REPORT_RETENTION_DAYS``; the key is stored by value (and ``key_hash``), never
+  as a ``tuning_keys`` row, so a report cannot add keys.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from tunecache.contract import ACTIVE_JOB_STATUSES, KEY_FIELDS, JobStatus, RunStatus, RunTrigger, Scope, StrEnum
+from tunecache.contract import (ACTIVE_JOB_STATUSES, KEY_FIELDS, JobStatus, ReportOutcome, ReportSource, RunStatus,
+                                RunTrigger, Scope, StrEnum)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -141,6 +148,10 @@ class TuningRun(Base):
     __table_args__ = (
         CheckConstraint(one_of("status", RunStatus), name="status"),
         CheckConstraint(one_of("trigger", RunTrigger), name="trigger"),
+        # the history's order and cursor, newest first; and the same within a key, an environment
+        Index("ix_tuning_runs_created_id", "created_at", "id"),
+        Index("ix_tuning_runs_key_created", "key_id", "created_at", "id"),
+        Index("ix_tuning_runs_environment_created", "environment_id", "created_at", "id"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -256,8 +267,28 @@ class TuningJob(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column()
     finished_at: Mapped[dt.datetime | None] = mapped_column()
+    cancel_requested_at: Mapped[dt.datetime | None] = mapped_column()
+    """Set by a cancel of a running job; its worker stops the tuner and records ``cancelled``."""
+    cancelled_by: Mapped[str | None] = mapped_column(String(64))
+    """Name of the token that cancelled the job."""
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")
+
+
+class Worker(Base):
+    """A GPU job worker's latest heartbeat (upserted every ``heartbeat_s`` by its node)."""
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpu_name: Mapped[str] = mapped_column(String(128))
+    arch: Mapped[str] = mapped_column(String(16))
+    model_config_dir: Mapped[bool] = mapped_column(Boolean, default=False)
+    """Whether the node has a ``TUNECACHE_MODEL_CONFIG_DIR`` (jobs without ``hf_config``)."""
+    heartbeat_s: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[dt.datetime] = mapped_column()
+    last_seen: Mapped[dt.datetime] = mapped_column(index=True)
+    stopped_at: Mapped[dt.datetime | None] = mapped_column()
 
 
 class ApiToken(Base):
@@ -291,3 +322,50 @@ class AuditEvent(Base):
     method: Mapped[str] = mapped_column(String(8))
     path: Mapped[str] = mapped_column(String(512))
     detail: Mapped[str | None] = mapped_column(String(1024))
+
+
+class PodReport(Base):
+    """One install on a pod (:class:`tunecache.contract.PodReportCreate`), as received.
+
+    The key's fields are copied (reports name keys that were never tuned) and grouped by
+    ``key_hash`` (:meth:`tunecache.contract.TuningKey.key_hash`). Indexes serve the fleet
+    view's two queries and the retention delete: ``(received_at, key_hash, outcome)`` (hit
+    rates over a window; rows older than the retention) and ``(outcome, received_at,
+    key_hash, environment_hash)`` (the misses of a window, by key and environment).
+    """
+
+    __tablename__ = "pod_reports"
+    __table_args__ = (
+        CheckConstraint(one_of("outcome", ReportOutcome), name="outcome"),
+        CheckConstraint(one_of("source", ReportSource), name="source"),
+        Index("ix_pod_reports_received_key", "received_at", "key_hash", "outcome"),
+        Index("ix_pod_reports_outcome_received", "outcome", "received_at", "key_hash", "environment_hash"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    received_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    key_hash: Mapped[str] = mapped_column(String(64))
+    gpu_name: Mapped[str] = mapped_column(String(128))
+    arch: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(512))
+    max_num_batched_tokens: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(32))
+    quantization: Mapped[str] = mapped_column(String(32))
+    tensor_parallel_size: Mapped[int] = mapped_column(Integer)
+    data_parallel_size: Mapped[int] = mapped_column(Integer)
+    expert_parallel_size: Mapped[int] = mapped_column(Integer)
+    environment_hash: Mapped[str] = mapped_column(String(64))
+    environment: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """The pod's FlashInfer environment, when the report carried it (misses)."""
+    outcome: Mapped[str] = mapped_column(String(16))
+    run_id: Mapped[int | None] = mapped_column(Integer)
+    """The run installed, or the closest run of a miss: the pod's word, not a foreign key."""
+    differences: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    error_kind: Mapped[str | None] = mapped_column(String(64))
+    install_seconds: Mapped[float] = mapped_column(Float)
+    jit_modules: Mapped[int] = mapped_column(Integer, default=0)
+    jit_skipped: Mapped[int] = mapped_column(Integer, default=0)
+    pod: Mapped[str] = mapped_column(String(255))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(String(16))
+    looked_up: Mapped[bool] = mapped_column(Boolean, default=True)

@@ -1,5 +1,6 @@
-"""Storage of tunings: the only module (with :mod:`~tunecache.service.blobs` for bytes and
-:mod:`~tunecache.service.jobs` for the queue) that touches ORM rows.
+"""Storage of tunings: the only module (with :mod:`~tunecache.service.blobs` for bytes,
+:mod:`~tunecache.service.jobs` for the queue and :mod:`~tunecache.service.reports` for pod
+reports) that touches ORM rows.
 
 Every function takes a :class:`~sqlalchemy.orm.Session` whose transaction the caller
 owns: the request's unit of work (``tunecache.service.deps.SessionDep``) or one call of
@@ -9,7 +10,9 @@ Results are the contract's read models (:mod:`tunecache.contract`), never rows.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, func, select, update
+import datetime as dt
+
+from sqlalchemy import Connection, Select, func, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from tunecache.contract import (
@@ -28,6 +31,7 @@ from tunecache.contract import (
     TuningRunQuery,
     TuningRunRead,
     differences,
+    encode_run_cursor,
 )
 from tunecache.service import dialect
 from tunecache.service.models import (
@@ -222,21 +226,71 @@ def get_run(session: Session, run_id: int) -> TuningRunRead | None:
     return _to_read(run, is_current=bool(_current_run_ids(session, [run.id])))
 
 
-def list_runs(session: Session, filters: TuningRunQuery = TuningRunQuery()) -> TuningRunPage:
-    """Runs, newest first, filtered by key fields and status (tuning history)."""
-    query = select(TuningRun).join(TuningRun.key)
-    for field in ("model", "gpu_name", "max_num_batched_tokens"):
-        if getattr(filters, field) is not None:
-            query = query.where(getattr(TuningKeyRow, field) == getattr(filters, field))
+#: The history's order: newest first, ``id`` deciding between runs recorded at the same
+#: instant (the index ``ix_tuning_runs_created_id``, and ``ix_tuning_runs_key_created``
+#: within a key, serve it).
+NEWEST_FIRST = (TuningRun.created_at.desc(), TuningRun.id.desc())
+
+
+def filtered_runs(filters: TuningRunQuery) -> Select:
+    """``SELECT`` of the runs matching ``filters``' filters (no order, no page): key fields
+    and environment fields pick key and environment ids from their (small) tables, so
+    ``tuning_runs`` is read through its ``(key_id, created_at, id)`` or ``(created_at, id)``
+    index; ``since``/``until`` bound ``created_at``."""
+    query = select(TuningRun)
+    given = filters.filters()
+    key_fields = {f: v for f, v in given.items() if f in KEY_FIELDS}
+    environment_fields = {f: v for f, v in given.items() if f in ENVIRONMENT_FIELDS}
+    if key_fields:
+        keys = select(TuningKeyRow.id).where(*(getattr(TuningKeyRow, f) == v for f, v in key_fields.items()))
+        query = query.where(TuningRun.key_id.in_(keys))
+    if environment_fields:
+        environments = select(Environment.id).where(*(getattr(Environment, f) == v for f, v in environment_fields.items()))
+        query = query.where(TuningRun.environment_id.in_(environments))
     if filters.status is not None:
         query = query.where(TuningRun.status == filters.status.value)
+    if filters.trigger is not None:
+        query = query.where(TuningRun.trigger == filters.trigger.value)
+    if filters.since is not None:
+        query = query.where(TuningRun.created_at >= filters.since)
+    if filters.until is not None:
+        query = query.where(TuningRun.created_at < filters.until)
     if filters.current_only:
         query = query.where(TuningRun.id.in_(select(CurrentTuning.run_id)))
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    runs = list(session.scalars(query.order_by(TuningRun.id.desc()).limit(filters.limit).offset(filters.offset)).unique())
+    return query
+
+
+def history_page_query(filters: TuningRunQuery, after: tuple[dt.datetime, int] | None, limit: int, offset: int = 0) -> Select:
+    """``SELECT`` of one page of the history: runs matching ``filters`` that come after the
+    run ``after`` (``(created_at, id)``) in :data:`NEWEST_FIRST` order, ``limit`` of them
+    from ``offset``."""
+    query = filtered_runs(filters)
+    if after is not None:
+        query = query.where(tuple_(TuningRun.created_at, TuningRun.id) < tuple_(after[0], after[1]))
+    return query.order_by(*NEWEST_FIRST).limit(limit).offset(offset)
+
+
+def runs_page(session: Session, filters: TuningRunQuery, after: tuple[dt.datetime, int] | None, limit: int,
+              offset: int = 0) -> tuple[list[TuningRunRead], tuple[dt.datetime, int] | None]:
+    """Up to ``limit`` runs of the history after the run ``after`` (see
+    :func:`history_page_query`), and the position of the last one when more follow
+    (``None`` on the last page)."""
+    runs = list(session.scalars(history_page_query(filters, after, limit + 1, offset)).unique())
+    more, runs = len(runs) > limit, runs[:limit]
     current = _current_run_ids(session, [r.id for r in runs])
-    return TuningRunPage(items=[_to_read(r, r.id in current) for r in runs], total=total, limit=filters.limit,
-                         offset=filters.offset)
+    position = (runs[-1].created_at, runs[-1].id) if more and runs else None
+    return [_to_read(r, r.id in current) for r in runs], position
+
+
+def list_runs(session: Session, filters: TuningRunQuery = TuningRunQuery()) -> TuningRunPage:
+    """One page of the tuning history, newest first (:data:`NEWEST_FIRST`), filtered as
+    :class:`~tunecache.contract.TuningRunQuery` says; from its ``cursor`` or ``offset``.
+    ``total`` counts every run matching the filters; ``next_cursor`` continues after the
+    page's last run (``None``: it was the last page)."""
+    total = session.scalar(select(func.count()).select_from(filtered_runs(filters).subquery())) or 0
+    items, position = runs_page(session, filters, filters.position(), filters.limit, filters.offset)
+    return TuningRunPage(items=items, total=total, limit=filters.limit, offset=filters.offset,
+                         next_cursor=encode_run_cursor(*position) if position else None)
 
 
 def lookup(session: Session, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead | LookupMiss:

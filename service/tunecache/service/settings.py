@@ -60,6 +60,10 @@ class Settings(BaseSettings):
       symlink out of the directory finds nothing). Unset: such a job fails at once.
     * ``TUNECACHE_ACCESS_LOG``: log every request (uvicorn's access log; off by default:
       under a boot storm it costs a fifth of the CPU).
+    * ``TUNECACHE_REPORT_RETENTION_DAYS``: pod reports (``POST /v1/reports``) older than
+      this are deleted (each process checks at most once a minute, after a report).
+    * ``TUNECACHE_REPORT_RATE``: pod reports accepted per client address and token, per
+      process, in the ``limits`` package's notation (``600/minute``); past it: 429.
     """
 
     model_config = SettingsConfigDict(env_prefix="TUNECACHE_", extra="ignore")
@@ -90,6 +94,8 @@ class Settings(BaseSettings):
     signing_key: Path | None = None
     model_config_dir: Path | None = None
     token_cache_seconds: float = Field(default=10.0, gt=0, le=3600)
+    report_retention_days: float = Field(default=14.0, gt=0, le=3650)
+    report_rate: str = "600/minute"
 
     @property
     def pool_size(self) -> int:
@@ -107,7 +113,7 @@ class Settings(BaseSettings):
         """Where downloaded artifacts are mirrored as files (content-addressed, immutable)."""
         return self.data_dir / "artifact-cache"
 
-    @field_validator("job_request_rate")
+    @field_validator("job_request_rate", "report_rate")
     @classmethod
     def _rate(cls, value: str) -> str:
         from limits import parse_many

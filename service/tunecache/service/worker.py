@@ -3,7 +3,10 @@
 It runs as a thread of the service process on a GPU node. The tuning itself runs in a
 child process (:func:`tunecache.service.tuner.runner.run_tuner`) with a timeout, so the
 API keeps serving whatever the tuner does. While it runs, a heartbeat renews the job's
-lease and stores its progress; if the lease is lost the result is dropped. Each step
+lease and stores its progress; if the lease is lost the result is dropped; if the job is
+cancelled (``DELETE /v1/tuning-jobs/{id}``) the tuner's child is terminated and the job
+recorded ``cancelled``, with no run. The worker itself beats too (the ``workers`` table),
+so that clients can tell whether any live worker will take a job for its GPU. Each step
 (claim, heartbeat, finish) is one transaction of its own; the result is recorded through
 :class:`tunecache.service.store.SqlTuningStore`, as ``tunecache tune --database`` records it.
 """
@@ -26,9 +29,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import RunTrigger, StageChanged, StageProgress, TunerError, TunerEvent
 from tunecache.service import jobs
+from tunecache.service import metrics
 from tunecache.service.store import SqlTuningStore
 from tunecache.service.tuner.model_config import ModelConfigUnavailable, load_job_model_config
-from tunecache.service.tuner.runner import TunerFailed, TunerResult, run_tuner
+from tunecache.service.tuner.runner import TunerCancelled, TunerFailed, TunerResult, run_tuner
 from tunecache.service.tuner.stages import TuneSpec
 
 log = logging.getLogger("tunecache.worker")
@@ -36,7 +40,10 @@ log = logging.getLogger("tunecache.worker")
 #: Seconds within which a running job's progress is written to the database.
 PROGRESS_FLUSH_S = 1.0
 
-#: run_tuner's signature: (spec, work_dir, timeout_s, on_event) -> TunerResult.
+#: Seconds between a worker's heartbeats (``workers.last_seen``), by default.
+WORKER_HEARTBEAT_S = 15.0
+
+#: run_tuner's signature: (spec, work_dir, timeout_s, on_event, cancel=threading.Event) -> TunerResult.
 Tuner = Callable[..., TunerResult]
 
 
@@ -88,7 +95,12 @@ class JobWorker:
             (:func:`tunecache.service.tuner.model_config.load_job_model_config`).
         signing_key: the node's Ed25519 key (``TUNECACHE_SIGNING_KEY``): every run it records
             is signed (pods install JIT modules and DeepGEMM caches only from signed runs).
-        tuner: the function that tunes (the real child-process runner by default).
+        tuner: the function that tunes (the real child-process runner by default); it is
+            called as ``tuner(spec, work_dir, timeout_s, on_event, cancel=event)`` and must
+            stop (raising :class:`~tunecache.service.tuner.runner.TunerCancelled`) once
+            ``event`` is set.
+        heartbeat_s: seconds between the worker's own heartbeats (``workers`` table),
+            written from :meth:`start` to :meth:`stop`.
     """
 
     def __init__(
@@ -105,6 +117,7 @@ class JobWorker:
         model_config_dir: Path | None = None,
         signing_key: Ed25519PrivateKey | None = None,
         tuner: Tuner = run_tuner,
+        heartbeat_s: float = WORKER_HEARTBEAT_S,
     ):
         self.sessions = sessions
         self.gpu = gpu
@@ -117,17 +130,46 @@ class JobWorker:
         self.model_config_dir = model_config_dir
         self.signing_key = signing_key
         self.tuner = tuner
+        self.heartbeat_s = heartbeat_s
+        self.started_at = jobs.utcnow()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._beat: threading.Thread | None = None
 
     def start(self) -> None:
+        """Run the claim loop and the worker's heartbeat, each on a daemon thread."""
+        self._beat = threading.Thread(target=self._beat_forever, name=f"tunecache-worker-beat-{self.name}", daemon=True)
+        self._beat.start()
         self._thread = threading.Thread(target=self.run_forever, name=f"tunecache-worker-{self.name}", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop claiming and beating; the worker is recorded stopped (no longer live)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for thread in (self._thread, self._beat):
+            if thread is not None:
+                thread.join(timeout)
+        if self._beat is not None:
+            try:
+                with self.sessions.begin() as session:
+                    jobs.worker_stopped(session, self.name)
+            except Exception:  # the database may be gone at shutdown; the row then ages out
+                log.warning("worker %s: could not record its stop", self.name, exc_info=True)
+
+    def announce(self) -> None:
+        """Write one heartbeat of this worker (its GPU, whether it has a model config dir)."""
+        with self.sessions.begin() as session:
+            jobs.announce_worker(session, self.name, self.gpu.gpu_name, self.gpu.arch,
+                                 model_config_dir=self.model_config_dir is not None, heartbeat_s=self.heartbeat_s,
+                                 started_at=self.started_at)
+
+    def _beat_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.announce()
+            except Exception:  # a database hiccup must not stop the heartbeat
+                log.warning("worker %s: heartbeat not written", self.name, exc_info=True)
+            self._stop.wait(self.heartbeat_s)
 
     def run_forever(self) -> None:
         while not self._stop.is_set():
@@ -172,15 +214,19 @@ class JobWorker:
         return True
 
     def _run_job(self, job_id: int, spec: TuneSpec) -> None:
+        started = time.monotonic()  # for tunecache_job_duration_seconds
         progress: dict[str, Any] = {}
         lines: list[str] = []
         lease_lost = threading.Event()
+        cancel = threading.Event()  # set when the job is cancelled: the tuner stops its child
         done = threading.Event()
 
         def on_event(event: TunerEvent) -> None:
             if isinstance(event, StageChanged):
                 progress.update(stage=event.stage.value, step=None, total=None)
                 lines.append(f"stage {event.stage}: {event.status}" + (f" ({event.reason})" if event.reason else ""))
+                if event.status == "done" and event.seconds is not None:
+                    metrics.observe_stage(event.stage.value, event.seconds)
             elif isinstance(event, StageProgress):
                 progress.update(stage=event.stage.value, step=event.step, total=event.total)
                 lines.append(f"{event.stage} {event.step}/{event.total} {event.detail}")
@@ -190,10 +236,14 @@ class JobWorker:
 
         def heartbeat() -> None:
             # Progress reaches the database within PROGRESS_FLUSH_S; the lease is renewed
-            # at least every third of its length.
+            # at least every third of its length; a cancellation is seen within PROGRESS_FLUSH_S.
             written: dict[str, Any] = {}
             renewed = time.monotonic()
             while not done.wait(min(self.lease_s / 3, PROGRESS_FLUSH_S)):
+                if not cancel.is_set():
+                    with self.sessions.begin() as session:
+                        if jobs.cancel_requested(session, job_id):
+                            cancel.set()
                 snapshot = dict(progress)
                 if snapshot == written and time.monotonic() - renewed < self.lease_s / 3:
                     continue
@@ -208,8 +258,11 @@ class JobWorker:
         beat.start()
         with tempfile.TemporaryDirectory(prefix=f"tunecache-job-{job_id}-", dir=self.work_root) as work:
             try:
-                result = self.tuner(spec, Path(work), self.job_timeout_s, on_event)
+                result = self.tuner(spec, Path(work), self.job_timeout_s, on_event, cancel=cancel)
                 failure = None
+            except TunerCancelled:
+                cancel.set()
+                result = failure = None
             except TunerFailed as exc:
                 result, failure = None, exc
             finally:
@@ -217,6 +270,17 @@ class JobWorker:
                 beat.join()
             if lease_lost.is_set():
                 log.warning("worker %s: lease of job %d was lost; its result is dropped", self.name, job_id)
+                metrics.observe_job("lost", time.monotonic() - started)
+                return
+            if not cancel.is_set():  # a last look: a cancel may have come after the heartbeat's
+                with self.sessions.begin() as session:
+                    if jobs.cancel_requested(session, job_id):
+                        cancel.set()
+            if cancel.is_set():
+                log.info("worker %s: job %d cancelled; tuner stopped, nothing recorded", self.name, job_id)
+                with self.sessions.begin() as session:
+                    jobs.finish_cancelled(session, job_id, self.name, log_tail=progress.get("log_tail"))
+                metrics.observe_job("cancelled", time.monotonic() - started)
                 return
             store = SqlTuningStore(self.sessions)
             if failure is not None:
@@ -225,7 +289,9 @@ class JobWorker:
                 tail = "\n".join([progress.get("log_tail") or "", failure.log_tail]).strip()
                 with self.sessions.begin() as session:
                     jobs.finish(session, job_id, self.name, run_id=run_id, error=failure.message, log_tail=tail)
+                metrics.observe_job("failed", time.monotonic() - started)
             else:
                 run = result.record(store, spec, RunTrigger.HTTP, self.name, self.signing_key)
                 with self.sessions.begin() as session:
                     jobs.finish(session, job_id, self.name, run_id=run.id, log_tail=progress.get("log_tail"))
+                metrics.observe_job("succeeded", time.monotonic() - started)

@@ -16,6 +16,7 @@ from tunecache.contract import SHA256_PATTERN, ArtifactStored, ErrorBody
 from tunecache.service import blobs
 from tunecache.service.deps import SessionDep
 from tunecache.service.hot_path import ArtifactFiles
+from tunecache.service.metrics import ArtifactFileResponse, ArtifactResponse
 from tunecache.service.policy import PushCaller, ReadCaller
 
 router = APIRouter(prefix="/artifacts", tags=["artifacts"])
@@ -135,12 +136,13 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
             return JSONResponse(status_code=416, content={"detail": f"no requested range starts within the {size} bytes"},
                                 headers={**headers, "Content-Range": f"bytes */{size}"})
         if use_range:
-            return FileResponse(path, media_type="application/octet-stream", headers=headers)
+            return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers)
         # ignored: FileResponse must not see it either
         request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"range"]
+    # the bytes sent are counted (tunecache_artifact_bytes_served_total)
     if data is not None:
-        return Response(content=data, media_type="application/octet-stream", headers=headers)
-    return FileResponse(path, media_type="application/octet-stream", headers=headers)
+        return ArtifactResponse(content=data, media_type="application/octet-stream", headers=headers)
+    return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers)
 
 
 def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str) -> FilePath | None:

@@ -1,17 +1,21 @@
-"""``/v1/tunings``: record runs, look up the current tuning for a pod, list history."""
+"""``/v1/tunings``: record runs, look up the current tuning for a pod, list history, diff two runs."""
 
 from __future__ import annotations
 
+import csv
+import io
+from collections.abc import Iterator
 from typing import Annotated
 
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (
     MAX_ID,
+    RUN_CSV_COLUMNS,
     ErrorBody,
     Scope,
     LookupMiss,
@@ -20,8 +24,14 @@ from tunecache.contract import (
     TuningRunPage,
     TuningRunQuery,
     TuningRunRead,
+    ArtifactKind,
+    TuningRunDiff,
+    run_csv_row,
 )
-from tunecache.service import repository
+from tunecache.client import run_diff
+from tunecache.client.autotune_file import NotAnAutotuneFile
+from tunecache.service import blobs, repository
+from tunecache.service import metrics
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import PushCaller, ReadCaller
 
@@ -77,12 +87,19 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     try:
         with anyio.fail_after(settings.db_statement_timeout + settings.db_pool_timeout):
             generation = await state.generation_reader.current()
-            answer = await state.lookup_cache.answer(
-                generation, body.key, body.environment,
-                lambda: anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, abandon_on_cancel=True))
+            answer = cached = state.lookup_cache.get(generation, body.key, body.environment)
+            if cached is None:
+                answer = await state.lookup_cache.answer(
+                    generation, body.key, body.environment,
+                    lambda: anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, abandon_on_cancel=True))
     except TimeoutError:  # a frozen database: the pod comes back later, the service stays up
+        metrics.count_lookup_error()
         return JSONResponse(status_code=503, content={"detail": "database did not answer in time, try again"},
                             headers={"Retry-After": str(settings.retry_after_seconds)})
+    except Exception:  # the database failed (503 by the error handlers), or anything else (500)
+        metrics.count_lookup_error()
+        raise
+    metrics.count_lookup(answer[0], from_cache=cached is not None)
     return Response(content=answer[1], status_code=answer[0], media_type="application/json")
 
 
@@ -93,12 +110,67 @@ def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest) -> tupl
     return 404 if isinstance(result, LookupMiss) else 200, result.model_dump_json().encode()
 
 
-@router.get("", response_model=TuningRunPage)
-def list_tunings(session: SessionDep, filters: Annotated[TuningRunQuery, Query()], _caller: ReadCaller) -> TuningRunPage:
-    """Tuning history, newest first, filtered by key fields and status
-    (:class:`~tunecache.contract.TuningRunQuery`); ``current_only`` keeps the runs that are
-    current for their key and environment. 422 names an unknown or invalid parameter."""
-    return repository.list_runs(session, filters)
+#: Runs read per transaction of a CSV export.
+CSV_CHUNK = 500
+
+
+@router.get("", response_model=TuningRunPage,
+            responses={200: {"description": "A page of the history (JSON), or with format=csv / Accept: text/csv every "
+                                            "matching run as CSV, a header row first",
+                             "content": {"text/csv": {"schema": {"type": "string"}}}}})
+def list_tunings(filters: Annotated[TuningRunQuery, Query()], request: Request, _caller: ReadCaller) -> Response:
+    """Tuning history, newest first (``created_at``, then ``id``), filtered by any key or
+    environment field, ``status``, ``trigger``, ``since``/``until`` and ``current_only``
+    (:class:`~tunecache.contract.TuningRunQuery`).
+
+    JSON (default): a :class:`~tunecache.contract.TuningRunPage` of ``limit`` runs from
+    ``cursor`` (the ``next_cursor`` of the page before) or ``offset``; ``total`` counts
+    every match. CSV (``format=csv``, or ``Accept: text/csv`` without ``format``): every
+    matching run from ``cursor`` on, streamed: a header row of
+    :data:`~tunecache.contract.RUN_CSV_COLUMNS`, then one row per run, read
+    :data:`CSV_CHUNK` runs per short transaction (no connection is held while rows are
+    sent); a database failure after the header ends the body early (the client sees it cut
+    short). 422 names an unknown or invalid parameter (``cursor`` not one this service gave
+    out, ``until`` not after ``since``, ``offset`` with ``cursor``).
+    """
+    sessions: sessionmaker[Session] = request.app.state.sessions
+    if _wants_csv(filters, request.headers.get("accept", "")):
+        return StreamingResponse(_csv_rows(sessions, filters), media_type="text/csv; charset=utf-8",
+                                 headers={"Content-Disposition": 'attachment; filename="tunecache-history.csv"'})
+    with sessions.begin() as session:
+        page = repository.list_runs(session, filters)
+    return Response(page.model_dump_json(), media_type="application/json")
+
+
+def _wants_csv(filters: TuningRunQuery, accept: str) -> bool:
+    """``format`` decides when given; else ``Accept`` when it names ``text/csv`` before any JSON type."""
+    if "format" in filters.model_fields_set:
+        return filters.format == "csv"
+    for part in accept.split(","):
+        media_type = part.split(";")[0].strip().lower()
+        if media_type == "text/csv":
+            return True
+        if media_type in ("application/json", "application/*", "*/*"):
+            return False
+    return False
+
+
+def _csv_rows(sessions: sessionmaker[Session], filters: TuningRunQuery) -> Iterator[str]:
+    """The CSV export: header, then every run matching ``filters`` from its cursor on,
+    :data:`CSV_CHUNK` per transaction (each chunk read in a thread by Starlette)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(RUN_CSV_COLUMNS)
+    position = filters.position()
+    while True:
+        with sessions.begin() as session:
+            runs, position = repository.runs_page(session, filters, position, CSV_CHUNK)
+        writer.writerows(run_csv_row(run) for run in runs)
+        yield out.getvalue()
+        out.seek(0)
+        out.truncate()
+        if position is None:
+            return
 
 
 @router.get("/{run_id:int}", response_model=TuningRunRead, responses={404: {"model": ErrorBody, "description": "no such run"}})
@@ -108,3 +180,70 @@ def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDe
     if run is None:
         raise HTTPException(404, detail=f"no tuning run {run_id}")
     return run
+
+
+#: Largest FlashInfer file a diff reads, in bytes (they are a few hundred KB to a few MB):
+#: the route's memory and time stay bounded whatever was stored.
+MAX_DIFF_FILE_BYTES = 16 * 1024 * 1024
+
+RunId = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+
+@router.get(
+    "/{run_a:int}/diff/{run_b:int}",
+    response_model=TuningRunDiff,
+    responses={
+        404: {"model": ErrorBody, "description": "no such run: the detail names each missing one"},
+        422: {"model": ErrorBody, "description": "a run has no FlashInfer autotune file, or one that cannot be read "
+                                                 "or is over the size a diff reads; the detail names the run"},
+    },
+)
+def diff_tunings(run_a: RunId, run_b: RunId, request: Request, _caller: ReadCaller) -> TuningRunDiff:
+    """Which entries of FlashInfer's autotune file changed between run ``run_a`` and run
+    ``run_b`` (:class:`~tunecache.contract.TuningRunDiff`).
+
+    Reads each run's ``flashinfer_autotune_v1`` artifact (FlashInfer's v1 file,
+    ``flashinfer/autotuner/autotuner.py`` ``AutoTuner.save_configs``) from the blob store,
+    matches entries by their exact key, and lists every entry added, removed, or with
+    another tactic: op, runner, bucketed shapes, tactic in each run, FlashInfer's recorded
+    ``time_ms`` (milliseconds) and ``margin`` (relative) in each where the file has them,
+    and ``regression`` when a changed entry is slower beyond its recorded margin (the rule:
+    :class:`~tunecache.contract.TacticChange`); plus the key and environment fields in
+    which the runs differ and the counts. Files without FlashInfer's selection records
+    (before 0.7.4) give no times and no regressions.
+
+    Bounded: each file is read only up to :data:`MAX_DIFF_FILE_BYTES`, in one short
+    transaction; the comparison runs after it, holding no database connection.
+
+    Errors: 404 ``{"detail": "no tuning run 7"}`` (every missing id named); 422 when a run
+    has no FlashInfer autotune artifact (e.g. a failed run), one over the size limit, or
+    one that is not a FlashInfer autotune file.
+    """
+    sessions: sessionmaker[Session] = request.app.state.sessions
+    with sessions.begin() as session:
+        runs = {run_id: repository.get_run(session, run_id) for run_id in (run_a, run_b)}
+        missing = [run_id for run_id, run in runs.items() if run is None]
+        if missing:
+            raise HTTPException(404, detail=f"no tuning run{'s' if len(missing) > 1 else ''} "
+                                            f"{' and '.join(str(run_id) for run_id in missing)}")
+        files = {run_id: _autotune_file(session, run) for run_id, run in runs.items()}
+    try:
+        return run_diff.diff_runs(runs[run_a], files[run_a], runs[run_b], files[run_b])
+    except NotAnAutotuneFile as exc:
+        raise HTTPException(422, detail=str(exc)) from None
+
+
+def _autotune_file(session: Session, run: TuningRunRead) -> bytes:
+    """The bytes of the run's FlashInfer autotune file; 422 (naming the run) when it has
+    none, they are not stored, or they are over :data:`MAX_DIFF_FILE_BYTES`."""
+    artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
+    if artifact is None:
+        raise HTTPException(422, detail=f"run {run.id} ({run.status}) has no FlashInfer autotune file "
+                                        f"({ArtifactKind.FLASHINFER_AUTOTUNE} artifact) to diff")
+    size = blobs.blob_size(session, artifact.sha256)
+    if size is None:
+        raise HTTPException(422, detail=f"run {run.id}'s FlashInfer autotune file (sha256 {artifact.sha256}) is not stored")
+    if size > MAX_DIFF_FILE_BYTES:
+        raise HTTPException(422, detail=f"run {run.id}'s FlashInfer autotune file is {size} bytes; "
+                                        f"a diff reads at most {MAX_DIFF_FILE_BYTES}")
+    return blobs.read_blob(session, artifact.sha256) or b""

@@ -39,7 +39,8 @@ from tunecache.contract import (
     TunerFinished,
     TunerStarted,
 )
-from tunecache.service.tuner.stages import STAGES, TuneSpec, deep_gemm_skip_reason
+from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage
+from tunecache.service.tuner.stages import STAGES, TunerStage, TuneSpec
 
 #: emit(event): write one event to the parent.
 Emit = Callable[[TunerEvent], None]
@@ -70,7 +71,7 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
 
     from tunecache.client.autotune_file import parse_autotune_file
     from tunecache.client.environment import arch_from_capability
-    from tunecache.service.tuner.jit_artifacts import harvest_flashinfer_jit, workspace_layout
+    from tunecache.service.tuner.jit_artifacts import deep_gemm_artifact, harvest_flashinfer_jit, workspace_layout
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: this node cannot tune (it can still serve lookups)")
@@ -81,37 +82,26 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
     if spec.runner == "vllm":
         return run_vllm(spec, out_dir, emit, gpu_name, arch)
     cache = out_dir / AUTOTUNE_FILE
-    stages: dict[str, Any] = {Stage.DEEP_GEMM.value: {"status": "skipped", "reason": deep_gemm_skip_reason(spec)}}
-    emit(StageChanged(stage=Stage.DEEP_GEMM, status="skipped", reason=stages[Stage.DEEP_GEMM.value]["reason"]))
+    stages: dict[str, Any] = {}
     started = time.perf_counter()
+    # vLLM's kernel_warmup order: DeepGEMM's warmup first, compiling into DG_JIT_CACHE_DIR
+    # (this run's own directory, harvested below), then FlashInfer's autotune.
+    deep_gemm_cache = out_dir / "deep_gemm"
+    os.environ["DG_JIT_CACHE_DIR"] = str(deep_gemm_cache)
+    _run_stage(DeepGemmStage(), spec, arch, stages, emit)
     # As vLLM's kernel_warmup (_run_flashinfer_autotune_dummy_runs): FlashInfer's hybrid
     # buckets up to max_num_batched_tokens for every op, runtime sizes rounded up.
     buckets = get_hybrid_num_tokens_buckets(spec.max_num_batched_tokens)
     with flashinfer.autotune(True, cache=str(cache), tuning_buckets=buckets, round_up=True):
         for stage in STAGES:
-            reason = stage.skip_reason(spec, arch)
-            if reason is None and spec.stages is not None and stage.name not in spec.stages:
-                reason = "not requested"
-            if reason is not None:
-                stages[stage.name] = {"status": "skipped", "reason": reason}
-                emit(StageChanged(stage=stage.name, status="skipped", reason=reason))
-                continue
-            emit(StageChanged(stage=stage.name, status="running"))
-            stage_started = time.perf_counter()
-
-            def report(step: int, total: int, detail: str, _name: str = stage.name) -> None:
-                emit(StageProgress(stage=_name, step=step, total=total, detail=detail))
-
-            details = stage.run(spec, arch, report)
-            seconds = round(time.perf_counter() - stage_started, 3)
-            stages[stage.name] = {"status": "done", "seconds": seconds, **details}
-            emit(StageChanged(stage=stage.name, status="done", seconds=seconds))
+            _run_stage(stage, spec, arch, stages, emit)
     tuning_seconds = round(time.perf_counter() - started, 3)
     if not cache.is_file():
         raise RuntimeError("FlashInfer wrote no autotune cache file: no stage ran a tunable op")
     parsed = parse_autotune_file(cache.read_bytes(), source=str(cache))
     harvest_started = time.perf_counter()
     jit = harvest_flashinfer_jit(out_dir)
+    deep_gemm = deep_gemm_artifact(deep_gemm_cache, out_dir)
     emit(StageChanged(stage=Stage.HARVEST, status="done", seconds=round(time.perf_counter() - harvest_started, 3),
                       modules=[a["module"] for a in jit]))
     return {
@@ -126,8 +116,31 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
         "artifacts": [
             _autotune_artifact(),
             *({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in jit),
+            *deep_gemm,
         ],
     }
+
+
+def _run_stage(stage: TunerStage, spec: TuneSpec, arch: str, stages: dict[str, Any], emit: Emit) -> None:
+    """Run one stage (or record why it is skipped: not applicable, or not in ``spec.stages``)
+    into ``stages[name]``, emitting its events."""
+    reason = stage.skip_reason(spec, arch)
+    if reason is None and spec.stages is not None and stage.name not in spec.stages:
+        reason = "not requested"
+    if reason is not None:
+        stages[stage.name] = {"status": "skipped", "reason": reason}
+        emit(StageChanged(stage=stage.name, status="skipped", reason=reason))
+        return
+    emit(StageChanged(stage=stage.name, status="running"))
+    stage_started = time.perf_counter()
+
+    def report(step: int, total: int, detail: str) -> None:
+        emit(StageProgress(stage=stage.name, step=step, total=total, detail=detail))
+
+    details = stage.run(spec, arch, report)
+    seconds = round(time.perf_counter() - stage_started, 3)
+    stages[stage.name] = {"status": "done", "seconds": seconds, **details}
+    emit(StageChanged(stage=stage.name, status="done", seconds=seconds))
 
 
 def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str) -> dict[str, Any]:

@@ -100,6 +100,31 @@ def harvest_flashinfer_jit(out_dir: Path) -> list[dict[str, Any]]:
     return artifacts
 
 
+def tar_directory(directory: Path) -> bytes:
+    """Every file under ``directory`` (paths relative to it, sorted) as a gzipped tarball."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file():
+                tar.add(str(path), arcname=str(path.relative_to(directory)))
+    return raw.getvalue()
+
+
+#: The name of a run's DeepGEMM JIT cache among its artifacts.
+DEEP_GEMM_CACHE_NAME = "deep-gemm-jit-cache.tar.gz"
+
+
+def deep_gemm_artifact(cache_dir: Path, out_dir: Path) -> list[dict[str, Any]]:
+    """DeepGEMM's JIT cache directory (``DG_JIT_CACHE_DIR`` of the tuner) as one
+    ``deep_gemm_jit_cache`` artifact written to ``out_dir``; ``[]`` when DeepGEMM compiled
+    nothing there. Returns artifact descriptions (``path`` relative to ``out_dir``)."""
+    if not cache_dir.is_dir() or not any(p.is_file() for p in cache_dir.rglob("*")):
+        return []
+    (out_dir / DEEP_GEMM_CACHE_NAME).write_bytes(tar_directory(cache_dir))
+    kind = ArtifactKind.DEEP_GEMM_JIT_CACHE
+    return [{"kind": kind.value, "name": DEEP_GEMM_CACHE_NAME, "media_type": kind.media_type, "path": DEEP_GEMM_CACHE_NAME}]
+
+
 def workspace_layout() -> dict[str, str]:
     """Where this process's FlashInfer keeps JIT modules, the workspace base
     (``FLASHINFER_WORKSPACE_BASE``, default ``$HOME``) and the directory under

@@ -41,6 +41,19 @@ from tunecache.store import TuningStore, file_sha256
 
 #: Lines of the child's stderr kept for error reports.
 LOG_TAIL_LINES = 40
+#: Seconds a cancelled child gets to exit after SIGTERM before its process group is killed.
+CANCEL_GRACE_S = 5.0
+
+
+class TunerCancelled(RuntimeError):
+    """The tuning was cancelled (``run_tuner``'s ``cancel`` was set): the child's process
+    group was terminated and nothing it made is kept. ``log_tail``: the child's last
+    lines of stderr."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.log_tail = log_tail
 
 
 @dataclass
@@ -119,6 +132,21 @@ class TunerResult:
         return store.record_run(self.run_record(spec, trigger, node, signing_key))
 
 
+def _terminate(child: subprocess.Popen) -> None:
+    """SIGTERM the child's process group; SIGKILL it after :data:`CANCEL_GRACE_S` seconds."""
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+    except ProcessLookupError:  # already gone
+        return
+    try:
+        child.wait(CANCEL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -131,6 +159,7 @@ def run_tuner(
     work_dir: Path,
     timeout_s: float,
     on_event: Callable[[TunerEvent], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> TunerResult:
     """Tune ``spec`` in a child process whose files go to ``work_dir``.
 
@@ -141,9 +170,12 @@ def run_tuner(
         timeout_s: wall-clock limit in seconds; the child's process group is killed after it.
         on_event: called with every event the child emits (progress bars, job status);
             lines that are not a :data:`tunecache.contract.TunerEvent` are skipped.
+        cancel: when set (checked at least once a second), the child's process group gets
+            SIGTERM, and SIGKILL after :data:`CANCEL_GRACE_S` seconds if it is still there.
 
     Raises:
         TunerFailed: the child reported an error, died (e.g. a CUDA fault), or timed out.
+        TunerCancelled: ``cancel`` was set before the child finished.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     spec_path = work_dir / "spec.json"
@@ -176,8 +208,12 @@ def run_tuner(
     first: TunerStarted | None = None
     result: TunerFinished | None = None
     error: str | None = None
-    timed_out = False
+    timed_out = cancelled = False
     while True:
+        if cancel is not None and cancel.is_set():
+            cancelled = True
+            _terminate(child)
+            break
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
@@ -204,6 +240,8 @@ def run_tuner(
     def failed(message: str) -> TunerFailed:
         return TunerFailed(message, _tail(log_path), first, started_at, finished_at)
 
+    if cancelled:
+        raise TunerCancelled(f"tuning cancelled after {(finished_at - started_at).total_seconds():.1f} s", _tail(log_path))
     if timed_out:
         raise failed(f"tuning timed out after {timeout_s:g} s")
     if returncode != 0 or result is None:

@@ -3,8 +3,9 @@ context, so every tunable FlashInfer op it calls is profiled and its winning tac
 lands in the one cache file FlashInfer writes on exit.
 
 A stage (:class:`TunerStage`) is a unit with a ``name`` (:class:`tunecache.contract.Stage`), ``skip_reason(spec)`` (``None`` when it applies) and
-``run(spec, report)``; the child runs :data:`STAGES` in order. DeepGEMM's warmup is not a
-stage yet: every run records it as skipped with :func:`deep_gemm_skip_reason`.
+``run(spec, report)``; the child runs DeepGEMM's warmup
+(:class:`tunecache.service.tuner.deep_gemm_stage.DeepGemmStage`) first, then :data:`STAGES`
+in order inside FlashInfer's autotune context.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ class DenseGemmStage:
     profile every token bucket of ``flashinfer.fused_moe.utils.get_hybrid_num_tokens_buckets(M)``
     (powers of 2 up to 256, steps of 256 up to 2048, of 512 up to 4096, then powers of 2),
     so one call covers 1..M; at run time ``map_to_hybrid_bucket_uncapped`` maps a token
-    count to its bucket.
+    count to its bucket. A backend this FlashInfer refuses on the arch
+    (``flashinfer.utils.BackendSupportedError``: FlashInfer 0.6.13 has no sm90 ``cublaslt``
+    ``mm_bf16``) is left out and named in the result (``unsupported_backends``).
     """
 
     name = Stage.GEMM
@@ -118,26 +121,35 @@ class DenseGemmStage:
         import torch
 
         import flashinfer
+        from flashinfer.utils import BackendSupportedError
 
         fp8 = spec.resolved_quantization() == "fp8"
-        backends = spec.gemm_backends or (FP8_BACKENDS if fp8 else BF16_BACKENDS)[arch]
+        backends = list(spec.gemm_backends or (FP8_BACKENDS if fp8 else BF16_BACKENDS)[arch])
         shapes = self.shapes(spec)
         total = len(shapes) * len(backends)
         m = spec.max_num_batched_tokens
         step = 0
         calls: list[dict[str, Any]] = []
+        unsupported: dict[str, str] = {}
         for shape in shapes:
             for backend in backends:
+                if backend in unsupported:
+                    continue
                 started = time.perf_counter()
-                if fp8:
-                    a = torch.randn(1, m, shape.k, device="cuda").to(torch.float8_e4m3fn)
-                    b = torch.randn(1, shape.n, shape.k, device="cuda").to(torch.float8_e4m3fn).transpose(1, 2)
-                    one = torch.tensor(1.0, device="cuda")
-                    flashinfer.bmm_fp8(a, b, one, one, torch.bfloat16, backend=backend)
-                else:
-                    a = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16)
-                    b = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16).t()
-                    flashinfer.mm_bf16(a, b, backend=backend)
+                try:
+                    if fp8:
+                        a = torch.randn(1, m, shape.k, device="cuda").to(torch.float8_e4m3fn)
+                        b = torch.randn(1, shape.n, shape.k, device="cuda").to(torch.float8_e4m3fn).transpose(1, 2)
+                        one = torch.tensor(1.0, device="cuda")
+                        flashinfer.bmm_fp8(a, b, one, one, torch.bfloat16, backend=backend)
+                    else:
+                        a = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16)
+                        b = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16).t()
+                        flashinfer.mm_bf16(a, b, backend=backend)
+                except BackendSupportedError as exc:  # e.g. mm_bf16 cublaslt on sm90 in FlashInfer 0.6.13
+                    unsupported[backend] = str(exc)
+                    total -= len(shapes)
+                    continue
                 torch.cuda.synchronize()
                 seconds = time.perf_counter() - started
                 step += 1
@@ -145,7 +157,10 @@ class DenseGemmStage:
                 report(step, total, f"{shape.name} n={shape.n} k={shape.k} {backend}")
                 del a, b
         op = "bmm_fp8" if fp8 else "mm_bf16"
-        return {"op": op, "max_m": m, "calls": calls}
+        if not calls:
+            raise RuntimeError(f"this FlashInfer runs {op} with none of the backends {', '.join(backends)} here: "
+                               + "; ".join(unsupported.values()))
+        return {"op": op, "max_m": m, "calls": calls, **({"unsupported_backends": unsupported} if unsupported else {})}
 
 
 class FusedMoeStage:
@@ -252,22 +267,6 @@ class AttentionWarmupStage:
         return {"page_size": page, "num_qo_heads": shape.num_qo_heads, "num_kv_heads": shape.num_kv_heads,
                 "head_dim": shape.head_dim, "decode_tensor_cores": tensor_cores,
                 "seconds": round(time.perf_counter() - started, 3)}
-
-
-def deep_gemm_skip_reason(spec: TuneSpec) -> str:
-    """Why the DeepGEMM warmup (vLLM's ``deep_gemm_warmup``) did not run for ``spec``.
-
-    It is not implemented: the published ``deep_gemm`` build (sgl-deep-gemm 0.2.5) does not
-    load against the project GPU machine's torch 2.11, so no warmup could be written and
-    checked on hardware. Every run records this stage as skipped with the reason.
-    """
-    if spec.resolved_quantization() != "fp8":
-        return "DeepGEMM warmup applies to fp8 (block-scaled) checkpoints only"
-    try:
-        import deep_gemm  # noqa: F401
-    except Exception as exc:  # ImportError, or an ABI mismatch raising OSError/RuntimeError
-        return f"deep_gemm is not importable: {type(exc).__name__}: {exc}"
-    return "DeepGEMM warmup is not implemented in this tunecache (it could not be run on the test hardware)"
 
 
 #: In vLLM's kernel_warmup order (after its DeepGEMM warmup): FlashInfer autotune (GEMM, MoE), attention.

@@ -21,17 +21,16 @@ The native stages (:mod:`tunecache.service.tuner.stages`) are what runs on nodes
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
 from tunecache.contract import ArtifactKind
+from tunecache.service.tuner.jit_artifacts import deep_gemm_artifact, tar_directory
 from tunecache.service.tuner.stages import TuneSpec
 
 _RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
@@ -85,15 +84,6 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
     return [python, "-c", _SCRIPT, json.dumps(llm_args)], env
 
 
-def _tar_directory(directory: Path) -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        for path in sorted(directory.rglob("*")):
-            if path.is_file():
-                tar.add(str(path), arcname=str(path.relative_to(directory)))
-    return raw.getvalue()
-
-
 def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
     """Collect what vLLM wrote under ``scratch`` (see :func:`vllm_command`) into ``out_dir``.
 
@@ -118,11 +108,12 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
         kind = ArtifactKind.VLLM_RANK_FILE
         artifacts.append({"kind": kind.value, "name": f"vllm/{path.parent.name}/{path.name}",
                           "media_type": kind.media_type, "path": str(target.relative_to(out_dir))})
-    for kind, directory, name in ((ArtifactKind.FLASHINFER_V2_STORE, root / "v2", "flashinfer-autotune-v2.tar.gz"),
-                                  (ArtifactKind.DEEP_GEMM_JIT_CACHE, scratch / "deep_gemm", "deep-gemm-jit-cache.tar.gz")):
-        if directory.is_dir() and any(p.is_file() for p in directory.rglob("*")):
-            (out_dir / name).write_bytes(_tar_directory(directory))
-            artifacts.append({"kind": kind.value, "name": name, "media_type": kind.media_type, "path": name})
+    v2 = root / "v2"
+    if v2.is_dir() and any(p.is_file() for p in v2.rglob("*")):
+        kind, name = ArtifactKind.FLASHINFER_V2_STORE, "flashinfer-autotune-v2.tar.gz"
+        (out_dir / name).write_bytes(tar_directory(v2))
+        artifacts.append({"kind": kind.value, "name": name, "media_type": kind.media_type, "path": name})
+    artifacts.extend(deep_gemm_artifact(scratch / "deep_gemm", out_dir))
     rank_files.sort()
     return {
         "autotune_file": rank_files[0][2] if rank_files else None,

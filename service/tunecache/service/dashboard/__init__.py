@@ -1,0 +1,26 @@
+"""The web dashboard, served by the service at ``/``: server-rendered HTML (Jinja2, autoescape
+on), charts as inline SVG drawn on the server, no script and no front-end build.
+
+Pages: the fleet matrix and the wanted list (``/``), the run history with the tuning time
+per stage (``/history``), pod install reports (``/reports``), tuning jobs (``/jobs``), a run
+(``/runs/{id}``), a run diff (``/diff?a=&b=``) and a key's re-tune form (``/retune``). Each
+route declares its caller policy (:mod:`~tunecache.service.dashboard.security`; the table:
+:mod:`~tunecache.service.dashboard.pages`) and stays out of the OpenAPI document, which
+remains the API's.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.routing import compile_path
+
+from tunecache.service.dashboard.pages import router
+
+
+def install(app: FastAPI) -> dict[int, str]:
+    """Serve the dashboard on ``app``, at the root. Returns the path template of each of its
+    routes by the ``id`` of its endpoint, for ``tunecache_http_requests_total``'s ``route``
+    label; its paths join ``app.state.path_methods`` (the ``Allow`` of a 405)."""
+    app.include_router(router)
+    app.state.path_methods += [(compile_path(route.path)[0], frozenset(route.methods)) for route in router.routes]
+    return {id(route.endpoint): route.path_format for route in router.routes}
