@@ -30,21 +30,29 @@ its route runs it, JSON body included:
   :func:`tunecache.service.reports.fleet_view` in a transaction and ``model_dump_json``;
   ``GET /v1/tunings`` and ``GET /v1/tunings/{a}/diff/{b}`` = the route functions of
   :mod:`tunecache.service.routes.tunings` themselves (``list_tunings``, ``diff_tunings``);
+  after the setup the process freezes its objects out of the garbage collector's passes
+  (``gc.freeze()``), as the service does after its startup;
 * ``http``: the same requests to a live ``tunecache serve`` (one process, no job worker) on
   the database, over HTTP/1.1 keep-alive with httpx: routing, validation, FastAPI's
   serialization and the socket included.
 
+The fleet view keeps the current tunings it read until the tuning generation moves
+(:func:`tunecache.service.reports.current_tunings`); ``fleet ... cold`` moves the generation
+before each call (untimed, as recording a tuning does, changing nothing else), so every
+call reads them again: the first view after a tuning became current.
+
 Prints the data sizes, the machine (nproc, CPU, PostgreSQL version, load average, whether a
-pytest run was going on) and a table of n, p50, p95, max (milliseconds; nearest-rank
-percentiles) and the answer's size per query; ``--json PATH`` writes the same as JSON. A
-figure here is a measurement of this machine, not a test: nothing is asserted but that
-every answer is a 200.
+pytest run was going on, a CPU probe: this machine is shared and its speed varies) and a
+table of n, p50, p95, max (milliseconds; nearest-rank percentiles) and the answer's size per
+query; ``--json PATH`` writes the same as JSON. A figure here is a measurement of this
+machine, not a test: nothing is asserted but that every answer is a 200.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import hashlib
 import io
 import json
@@ -57,7 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -459,13 +467,18 @@ class Timing:
                 "p95_ms": round(self.percentile(95), 2), "max_ms": round(max(self.times_s) * 1000, 2), "bytes": self.size}
 
 
-def measure(path: str, query: str, call: Callable[[int], bytes], warmup: int, repeat: int) -> Timing:
+def measure(path: str, query: str, call: Callable[[int], bytes], warmup: int, repeat: int,
+            before: Callable[[], None] | None = None) -> Timing:
     """Run ``call(i)`` ``warmup`` times untimed, then ``repeat`` times timed (perf_counter);
-    ``call`` returns the answer's body."""
+    ``call`` returns the answer's body. ``before`` runs before each call, untimed."""
     for i in range(warmup):
+        if before is not None:
+            before()
         call(i)
     timing = Timing(path, query)
     for i in range(repeat):
+        if before is not None:
+            before()
         started = time.perf_counter()
         body = call(i)
         timing.times_s.append(time.perf_counter() - started)
@@ -473,6 +486,14 @@ def measure(path: str, query: str, call: Callable[[int], bytes], warmup: int, re
     print(f"  {path:6} {query:50} p50 {timing.percentile(50):8.2f} ms  p95 {timing.percentile(95):8.2f} ms",
           file=sys.stderr, flush=True)
     return timing
+
+
+def move_generation(sessions) -> None:
+    """Move the tuning generation, as recording a current tuning does, without changing any
+    tuning: the next fleet view reads the current tunings again (its cold case; lookups'
+    caches are dropped too)."""
+    with sessions.begin() as session:
+        session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
 
 
 class RouteRequest:
@@ -492,7 +513,7 @@ class Workload:
     diff_pairs: list[tuple[int, int]]
 
 
-def workload(engine: Engine, sessions) -> Workload:
+def workload(sessions) -> Workload:
     """History filters over the seeded data (its most-run model, a GPU, FlashInfer 0.6.13,
     failed runs, the second page after a cursor) and 50 pairs of consecutive succeeded runs of
     one key and environment whose files differ."""
@@ -536,7 +557,9 @@ def time_direct(sessions, load: Workload, hours: float, warmup: int, repeat: int
         run_a, run_b = load.diff_pairs[i % len(load.diff_pairs)]
         return tuning_routes.diff_tunings(run_a, run_b, request, None).model_dump_json().encode()
 
-    timings = [measure("direct", f"fleet (hours={hours:g})", fleet, warmup, repeat)]
+    timings = [measure("direct", f"fleet (hours={hours:g})", fleet, warmup, repeat),
+               measure("direct", f"fleet (hours={hours:g}) cold", fleet, warmup, repeat,
+                       before=lambda: move_generation(sessions))]
     timings += [measure("direct", f"history {name}", history(params), warmup, repeat) for name, params in load.history]
     timings.append(measure("direct", f"diff ({len(load.diff_pairs)} run pairs)", diff, warmup, repeat))
     return timings
@@ -548,7 +571,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def time_http(url: str, load: Workload, hours: float, warmup: int, repeat: int) -> list[Timing]:
+def time_http(url: str, sessions, load: Workload, hours: float, warmup: int, repeat: int) -> list[Timing]:
     """The same requests to a live ``tunecache serve`` (one process, no job worker) on the database."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="tunecache-bench-") as data_dir:
@@ -577,8 +600,10 @@ def time_http(url: str, load: Workload, hours: float, warmup: int, repeat: int) 
                         raise SystemExit(f"GET {path} {params}: {answer.status_code} {answer.text[:300]}")
                     return answer.content
 
-                timings = [measure("http", f"fleet (hours={hours:g})", lambda _i: get("/v1/fleet", {"hours": hours}),
-                                   warmup, repeat)]
+                fleet = lambda _i: get("/v1/fleet", {"hours": hours})  # noqa: E731
+                timings = [measure("http", f"fleet (hours={hours:g})", fleet, warmup, repeat),
+                           measure("http", f"fleet (hours={hours:g}) cold", fleet, warmup, repeat,
+                                   before=lambda: move_generation(sessions))]
                 for name, params in load.history:
                     timings.append(measure("http", f"history {name}", lambda _i, p=params: get("/v1/tunings", p),
                                            warmup, repeat))
@@ -611,6 +636,19 @@ def pytest_running() -> list[str]:
         if "pytest" in cmdline:
             found.append(f"{proc.name}: {cmdline[:120]}")
     return found
+
+
+def cpu_probe() -> float:
+    """Milliseconds this machine takes for 1,000,000 Python integer additions (best of 5):
+    how fast the (shared, possibly throttled) CPU was around the timings."""
+    best = math.inf
+    for _ in range(5):
+        started = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
 
 
 def data_sizes(engine: Engine, hours: float) -> dict:
@@ -699,13 +737,15 @@ def main(argv: list[str] | None = None) -> int:
     sessions = db.session_factory(engine)
     sizes_now = data_sizes(engine, args.hours)
     about = {"machine": machine(engine), "data": sizes_now, "load_before": os.getloadavg(),
+             "cpu_probe_before_ms": cpu_probe(),
              "pytest_before": pytest_running(), "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
              "repeat": args.repeat, "warmup": args.warmup, "hours": args.hours}
-    load = workload(engine, sessions)
+    load = workload(sessions)
+    gc.freeze()  # as the service does after startup (tunecache.service.app): GC passes skip what is loaded
     timings = time_direct(sessions, load, args.hours, args.warmup, args.repeat)
     if not args.no_http:
-        timings += time_http(args.database_url, load, args.hours, args.warmup, args.repeat)
-    about.update(load_after=os.getloadavg(), pytest_after=pytest_running())
+        timings += time_http(args.database_url, sessions, load, args.hours, args.warmup, args.repeat)
+    about.update(load_after=os.getloadavg(), pytest_after=pytest_running(), cpu_probe_after_ms=cpu_probe())
     engine.dispose()
 
     m, d = about["machine"], about["data"]
@@ -714,7 +754,8 @@ def main(argv: list[str] | None = None) -> int:
           f"Python {m['python']}")
     print(f"load average before {' '.join(f'{x:.2f}' for x in about['load_before'])}, after "
           f"{' '.join(f'{x:.2f}' for x in about['load_after'])}; pytest running: "
-          f"{'yes' if about['pytest_before'] or about['pytest_after'] else 'no'}")
+          f"{'yes' if about['pytest_before'] or about['pytest_after'] else 'no'}; CPU probe (1e6 Python additions, "
+          f"best of 5) {about['cpu_probe_before_ms']} ms before, {about['cpu_probe_after_ms']} ms after")
     print(f"data: {d['keys']} keys, {d['environments']} environments, {d['runs']} runs, {d['current_tunings']} current "
           f"tunings, {d['distinct_blobs']} distinct FlashInfer files; {d['reports']} reports "
           f"({d['reported_keys']} keys, {d['pods']} pods, oldest {d['oldest_report_days']} days), "

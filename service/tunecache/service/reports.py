@@ -2,21 +2,24 @@
 
 A pod sends one report after each install (:class:`tunecache.contract.PodReportCreate`,
 ``POST /v1/reports``); :func:`record_report` stores it in one short insert. The fleet view
-(:func:`fleet_view`, ``GET /v1/fleet``) puts three reads together:
+(:func:`fleet_view`, ``GET /v1/fleet``) puts three reads together, as plain columns (never
+ORM rows):
 
-* :data:`CURRENT_RUNS`: the current tunings (``current_tunings`` and the run, key and
-  environment of each: one row per key and environment that has one), as plain columns;
+* :func:`current_tunings`: the current tunings (``current_tunings`` with the run, key and
+  environment of each: one per key and environment that has one; :data:`CURRENT_KEYS`,
+  :data:`CURRENT_ENVIRONMENTS`, :data:`CURRENT_RUNS`), each key built and hashed once. They
+  only change with the tuning generation, so they are read once per generation and kept;
 * :func:`report_counts`: reports of the window by key and outcome, from the index
   ``(received_at, key_hash, outcome)`` alone (an index-only scan): the hit rate of each key;
-* :func:`miss_groups`: miss reports of the window by key and environment (distinct pods,
-  count, latest), from the index ``(outcome, received_at, key_hash, environment_hash)``;
-  those whose key and environment have a current tuning by now are not wanted any more.
+* :func:`wanted_rows`: :func:`miss_groups` (miss reports of the window by key and
+  environment: distinct pods, count, latest; from the index ``(outcome, received_at,
+  key_hash, environment_hash)``) each with its latest report, read by primary key; those
+  whose key and environment have a current tuning by now are not wanted any more. Their rows
+  also name the reported keys that have no current tuning (:func:`report_keys` names any
+  other, rare: a key with error reports only).
 
-and then reads a few report rows by id (:func:`report_keys`, :func:`latest_misses`): the key
-of each reported key without a current tuning, the latest report of each wanted tuning. It
-reads columns, never ORM rows, and builds each key (and its ``key_hash``) once: at 1,000
-keys, 2,700 current tunings and 100,000 reports (14,000 in a day) it answers in about 30 ms
-on 2 cores (``bench/fleet_queries.py``).
+The answer is validated once, as a whole. ``bench/fleet_queries.py`` times it on PostgreSQL
+with 1,000 keys, 10,000 runs and 100,000 reports (README, "Fleet queries").
 
 Reports are kept ``TUNECACHE_REPORT_RETENTION_DAYS``; :func:`prune_reports` deletes older
 ones (the ``received_at`` index again), run by :class:`Pruner` at most once a minute per
@@ -28,26 +31,28 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import threading
 import time
+import weakref
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Select, Text, cast, delete, func, select
+from sqlalchemy import Connection, Engine, Select, Text, bindparam, cast, delete, func, select
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import BindParameter
 
 from tunecache.contract import (
     FLEET_LIMIT,
     KEY_FIELDS,
-    EnvironmentMetadata,
-    FieldDifference,
-    FleetKey,
-    FleetRun,
     FleetView,
     PodReportCreate,
     ReportOutcome,
     TuningKey,
     WantedTuning,
 )
-from tunecache.service.models import CurrentTuning, Environment, PodReport, TuningKeyRow, TuningRun, utcnow
+from tunecache.service.models import (CurrentTuning, Environment, PodReport, TuningGeneration, TuningKeyRow, TuningRun,
+                                      utcnow)
 
 #: The key fields of a report row, in :data:`tunecache.contract.KEY_FIELDS` order.
 _KEY_COLUMNS = tuple(getattr(PodReport, f) for f in KEY_FIELDS)
@@ -101,7 +106,7 @@ class Pruner:
         return True
 
 
-def report_counts(since: dt.datetime) -> Select:
+def report_counts(since: dt.datetime | BindParameter) -> Select:
     """Reports received since ``since`` by key and outcome: ``(key_hash, outcome, count,
     latest received_at)``. Every column is in the index ``(received_at, key_hash, outcome)``,
     so PostgreSQL answers from the index alone."""
@@ -110,7 +115,7 @@ def report_counts(since: dt.datetime) -> Select:
             .group_by(PodReport.key_hash, PodReport.outcome))
 
 
-def miss_groups(since: dt.datetime) -> Select:
+def miss_groups(since: dt.datetime | BindParameter) -> Select:
     """Miss reports received since ``since`` by key and environment: ``(key_hash,
     environment_hash, distinct pods, count, latest received_at, latest id)``."""
     return (select(PodReport.key_hash, PodReport.environment_hash, func.count(PodReport.pod.distinct()), func.count(),
@@ -128,7 +133,7 @@ def report_keys(since: dt.datetime, key_hashes: list[str]) -> Select:
     return select(PodReport.key_hash, *_KEY_COLUMNS).where(PodReport.id.in_(latest.scalar_subquery()))
 
 
-def wanted_rows(since: dt.datetime) -> Select:
+def wanted_rows(since: dt.datetime | BindParameter) -> Select:
     """Each group of :func:`miss_groups` with what the wanted list shows of its latest
     report: ``(key_hash, environment_hash, distinct pods, count, latest received_at,
     environment, closest run_id, differences, *KEY_FIELDS)``, ``environment`` and
@@ -159,8 +164,22 @@ CURRENT_KEYS = select(TuningKeyRow.id, *(getattr(TuningKeyRow, f) for f in KEY_F
 CURRENT_ENVIRONMENTS = select(Environment.id, Environment.env_hash, Environment.flashinfer_version).where(
     Environment.id.in_(select(CurrentTuning.environment_id)))
 
+#: The tuning generation (:func:`tunecache.service.repository.generation`); ``None`` without its row.
+GENERATION = select(TuningGeneration.value).where(TuningGeneration.id == 1)
+
 #: A JSON integer as JSON writes it (what ``json.loads`` reads as an ``int``).
 _JSON_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+
+#: Key hashes per ``IN (...)`` of :func:`report_keys`.
+_IN_CHUNK = 500
+
+#: The outcomes' values (an enum member's ``.value`` is a property call: the matrix reads three per key).
+_INSTALLED, _MISS, _ERROR = ReportOutcome.INSTALLED.value, ReportOutcome.MISS.value, ReportOutcome.ERROR.value
+
+#: :func:`report_counts` and :func:`wanted_rows` built once, the window's start a parameter.
+_SINCE = bindparam("since")
+_REPORT_COUNTS = report_counts(_SINCE)
+_WANTED_ROWS = wanted_rows(_SINCE)
 
 
 def _entries(text: str | None) -> int | None:
@@ -173,13 +192,84 @@ def _entries(text: str | None) -> int | None:
     return {"true": 1, "false": 0}.get(text)
 
 
-#: Key hashes per ``IN (...)`` of :func:`report_keys`.
-_IN_CHUNK = 500
-
-
 def _key(values) -> TuningKey:
     """The key of a row's key columns (in :data:`~tunecache.contract.KEY_FIELDS` order)."""
     return TuningKey.model_validate(dict(zip(KEY_FIELDS, values)))
+
+
+@dataclass(frozen=True)
+class CurrentTunings:
+    """What the fleet matrix shows of the current tunings, as read at tuning generation
+    ``generation``. Shared between requests: never changed once built.
+
+    * ``keys``: ``key_hash`` -> key, every key with a current tuning;
+    * ``runs``: ``key_hash`` -> its current runs, newest first, each the fields of a
+      :class:`~tunecache.contract.FleetRun` but ``age_s`` (which depends on the request's time);
+    * ``pairs``: ``(key_hash, environment_hash)`` of every current tuning.
+    """
+
+    generation: int | None
+    keys: dict[str, TuningKey]
+    runs: dict[str, tuple[dict[str, Any], ...]]
+    pairs: frozenset[tuple[str, str]]
+
+
+def read_current_tunings(connection: Connection, generation: int | None) -> CurrentTunings:
+    """Read the current tunings on ``connection``, labelled ``generation`` (read before them):
+    :data:`CURRENT_RUNS` first, then :data:`CURRENT_KEYS` and :data:`CURRENT_ENVIRONMENTS`
+    (rows never deleted: every key and environment of the runs read is there; ones that
+    became current after that read are left out, as in one joined read)."""
+    current_runs = connection.execute(CURRENT_RUNS).all()
+    key_ids = {row[0] for row in current_runs}
+    keys: dict[str, TuningKey] = {}
+    hash_of_key_id: dict[int, str] = {}
+    for key_id, *values in connection.execute(CURRENT_KEYS):
+        if key_id in key_ids:
+            key = _key(values)
+            hash_of_key_id[key_id] = key_hash = key.key_hash()
+            keys[key_hash] = key
+    environments = {environment_id: (env_hash, flashinfer_version)
+                    for environment_id, env_hash, flashinfer_version in connection.execute(CURRENT_ENVIRONMENTS)}
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    pairs: set[tuple[str, str]] = set()
+    for key_id, environment_id, run_id, created_at, entries, trigger in current_runs:
+        key_hash = hash_of_key_id[key_id]
+        env_hash, flashinfer_version = environments[environment_id]
+        pairs.add((key_hash, env_hash))
+        runs[key_hash].append({"run_id": run_id, "environment_hash": env_hash, "flashinfer_version": flashinfer_version,
+                               "created_at": created_at, "entries": _entries(entries), "trigger": trigger})
+    return CurrentTunings(
+        generation=generation, keys=keys,
+        runs={h: tuple(sorted(r, key=lambda run: run["created_at"], reverse=True)) for h, r in runs.items()},
+        pairs=frozenset(pairs))
+
+
+#: The latest :class:`CurrentTunings` read per engine (see :func:`current_tunings`).
+_current_by_engine: weakref.WeakKeyDictionary[Engine, CurrentTunings] = weakref.WeakKeyDictionary()
+_current_lock = threading.Lock()
+
+
+def current_tunings(session: Session) -> CurrentTunings:
+    """The current tunings, read from the database once per tuning generation (per engine).
+
+    Exact, not a time-limited cache: every change of ``current_tunings`` moves the
+    generation in the same transaction (:func:`tunecache.service.repository.record_run`),
+    runs, keys and environments never change once recorded, and the generation is read
+    first: a value read at generation ``g`` is one the tables held at ``g`` or later. Without
+    a generation row nothing is kept.
+    """
+    connection = session.connection()
+    generation = connection.scalar(GENERATION)
+    engine = connection.engine
+    with _current_lock:
+        kept = _current_by_engine.get(engine)
+    if kept is not None and generation is not None and kept.generation == generation:
+        return kept
+    current = read_current_tunings(connection, generation)
+    if generation is not None:
+        with _current_lock:
+            _current_by_engine[engine] = current
+    return current
 
 
 def fleet_view(session: Session, hours: float, now: dt.datetime | None = None) -> FleetView:
@@ -194,42 +284,30 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None) -
     """
     now = now or utcnow()
     since = now - dt.timedelta(hours=hours)
-    keys: dict[str, TuningKey] = {}
-    hash_of_key_id: dict[int, str] = {}
-    for key_id, *values in session.execute(CURRENT_KEYS):
-        key = _key(values)
-        hash_of_key_id[key_id] = key_hash = key.key_hash()
-        keys[key_hash] = key
-    environments = {environment_id: (env_hash, flashinfer_version)
-                    for environment_id, env_hash, flashinfer_version in session.execute(CURRENT_ENVIRONMENTS)}
-    runs: dict[str, list[FleetRun]] = defaultdict(list)
-    current_pairs: set[tuple[str, str]] = set()
-    for key_id, environment_id, run_id, created_at, entries, trigger in session.execute(CURRENT_RUNS):
-        key_hash = hash_of_key_id[key_id]
-        env_hash, flashinfer_version = environments[environment_id]
-        current_pairs.add((key_hash, env_hash))
-        runs[key_hash].append(FleetRun(
-            run_id=run_id, environment_hash=env_hash, flashinfer_version=flashinfer_version, created_at=created_at,
-            age_s=max(0.0, (now - created_at).total_seconds()), entries=_entries(entries), trigger=trigger))
+    if session.autoflush:  # as session.execute would: rows added to the session count
+        session.flush()
+    current = current_tunings(session)
+    connection = session.connection()
+    keys = dict(current.keys)
 
     counts: dict[str, dict[str, int]] = defaultdict(dict)
     last_report: dict[str, dt.datetime] = {}
-    for key_hash, outcome, count, latest in session.execute(report_counts(since)):
+    for key_hash, outcome, count, latest in connection.execute(_REPORT_COUNTS, {"since": since}):
         counts[key_hash][outcome] = count
         last_report[key_hash] = max(latest, last_report.get(key_hash, latest))
 
     # Wanted: groups whose key and environment have no current tuning. Their rows also name
     # the reported keys without a current tuning; any others are read by key hash.
     groups = []
-    for row in session.execute(wanted_rows(since)):
+    for row in connection.execute(_WANTED_ROWS, {"since": since}):
         key_hash = row[0]
         if key_hash not in keys and key_hash in counts:
             keys[key_hash] = _key(row[8:])
-        if (key_hash, row[1]) not in current_pairs:
+        if (key_hash, row[1]) not in current.pairs:
             groups.append(row)
     unnamed = [h for h in counts if h not in keys]
     for start in range(0, len(unnamed), _IN_CHUNK):
-        for key_hash, *values in session.execute(report_keys(since, unnamed[start:start + _IN_CHUNK])):
+        for key_hash, *values in connection.execute(report_keys(since, unnamed[start:start + _IN_CHUNK])):
             keys[key_hash] = _key(values)
 
     order = []
@@ -241,22 +319,26 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None) -
     for minus_total, _model, _gpu_name, _tokens, key_hash in order[:FLEET_LIMIT]:
         by_outcome = counts.get(key_hash, {})
         total = -minus_total
-        installed = by_outcome.get(ReportOutcome.INSTALLED.value, 0)
-        matrix.append(FleetKey(
-            key=keys[key_hash], current=sorted(runs.get(key_hash, []), key=lambda r: r.created_at, reverse=True),
-            reports=total, installed=installed, missed=by_outcome.get(ReportOutcome.MISS.value, 0),
-            errors=by_outcome.get(ReportOutcome.ERROR.value, 0), hit_rate=installed / total if total else None,
-            last_report_at=last_report.get(key_hash)))
+        installed = by_outcome.get(_INSTALLED, 0)
+        matrix.append({
+            "key": keys[key_hash],
+            "current": [{**run, "age_s": max(0.0, (now - run["created_at"]).total_seconds())}
+                        for run in current.runs.get(key_hash, ())],
+            "reports": total, "installed": installed, "missed": by_outcome.get(_MISS, 0),
+            "errors": by_outcome.get(_ERROR, 0), "hit_rate": installed / total if total else None,
+            "last_report_at": last_report.get(key_hash)})
 
     groups.sort(key=lambda g: (-g[2], -g[3], -g[4].timestamp()))
     wanted = []
     for key_hash, env_hash, pods, count, last, environment, closest_run_id, found, *values in groups[:FLEET_LIMIT]:
         environment = json.loads(environment) if environment is not None else None
         found = json.loads(found) if found is not None else None
-        wanted.append(WantedTuning(
-            key=keys.get(key_hash) or _key(values), environment_hash=env_hash,
-            environment=EnvironmentMetadata.model_validate(environment) if environment else None,
-            pods=pods, reports=count, last_asked_at=last, closest_run_id=closest_run_id,
-            differences=[FieldDifference.model_validate(d) for d in found or []]))
-    return FleetView(hours=hours, since=since, generated_at=now, keys=matrix, wanted=wanted,
-                     truncated=len(keys) > FLEET_LIMIT or len(groups) > FLEET_LIMIT)
+        wanted.append({
+            "key": keys.get(key_hash) or _key(values), "environment_hash": env_hash,
+            "environment": environment or None, "pods": pods, "reports": count, "last_asked_at": last,
+            "closest_run_id": closest_run_id, "differences": found or []})
+    # one validation of the whole answer (pydantic's core): the same checks as building each
+    # FleetKey, FleetRun and WantedTuning on its own, without a Python call per object
+    return FleetView.model_validate({
+        "hours": hours, "since": since, "generated_at": now, "keys": matrix, "wanted": wanted,
+        "truncated": len(keys) > FLEET_LIMIT or len(groups) > FLEET_LIMIT})
