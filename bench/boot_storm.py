@@ -104,7 +104,7 @@ def wrk(url: str, pods: int, seconds: int, env: dict[str, str]) -> dict:
     shed = statuses.get(503, 0) + statuses.get(429, 0)
     socket_errors = raw["connect_errors"] + raw["read_errors"] + raw["write_errors"] + raw["timeouts"]
     seconds_run = raw["duration_us"] / 1e6
-    ok = statuses.get(200, 0) + statuses.get(204, 0)  # 204: a stored report
+    ok = statuses.get(200, 0) + statuses.get(202, 0)  # 202: a report taken
     per_boot = 3 if env.get("REPORT_BODY") else 2
     return {
         "pods": pods,

@@ -36,10 +36,15 @@ its route runs it, JSON body included:
   the database, over HTTP/1.1 keep-alive with httpx: routing, validation, FastAPI's
   serialization and the socket included.
 
+The fleet view is paged (:data:`FLEET_PAGES`): its first page (100 keys, 100 wanted), a
+deep one (keys from offset 900, the second page of the wanted list) and, for scale, one page
+of 1,000 keys (the whole matrix at once, as ``GET /v1/fleet`` answered before it was paged).
+Every page counts and orders every key of the window; only the page's rows are built.
+
 The fleet view keeps the current tunings it read until the tuning generation moves
 (:func:`tunecache.service.reports.current_tunings`); ``fleet ... cold`` moves the generation
 before each call (untimed, as recording a tuning does, changing nothing else), so every
-call reads them again: the first view after a tuning became current.
+call reads them again: the first view after a tuning became current (first page).
 
 Prints the data sizes, the machine (nproc, CPU, PostgreSQL version, load average, whether a
 pytest run was going on, a CPU probe: this machine is shared and its speed varies) and a
@@ -146,6 +151,12 @@ ERROR_KINDS = ("UntrustedRun", "ArtifactCorrupt", "OSError", "TimeoutError")
 RUN_ERRORS = ("tuner child exited with code -9 (killed: out of memory)", "CUDA error: out of memory",
               "tuner child timed out after 3600 s", "RuntimeError: cuDNN engine config failed")
 BATCH = 5000
+#: The fleet pages timed: (name, ``GET /v1/fleet`` paging parameters).
+FLEET_PAGES = (
+    ("first page", {"limit": 100, "offset": 0, "wanted_limit": 100, "wanted_offset": 0}),
+    ("deep page (offset 900, wanted 100)", {"limit": 100, "offset": 900, "wanted_limit": 100, "wanted_offset": 100}),
+    ("limit=1000 (whole matrix)", {"limit": 1000, "offset": 0, "wanted_limit": 1000, "wanted_offset": 0}),
+)
 #: The summary a tuner node records (``tunecache.service.tuner``: entries, seconds, stages,
 #: JIT modules, JIT workspace), as in results/gpu/2026-11-30-qwen3-30b-a3b-jobs/tune.json;
 #: uploaded files have ``{"entries": N}`` only.
@@ -544,10 +555,12 @@ def time_direct(sessions, load: Workload, hours: float, warmup: int, repeat: int
     """The routes' code in this process (see the module)."""
     request = RouteRequest(sessions)
 
-    def fleet(_i: int) -> bytes:
-        with sessions.begin() as session:
-            view = reports.fleet_view(session, hours)
-        return view.model_dump_json().encode()
+    def fleet(page: dict) -> Callable[[int], bytes]:
+        def call(_i: int) -> bytes:
+            with sessions.begin() as session:
+                view = reports.fleet_view(session, hours, **page)
+            return view.model_dump_json().encode()
+        return call
 
     def history(params: dict) -> Callable[[int], bytes]:
         query = TuningRunQuery(**params)
@@ -557,9 +570,9 @@ def time_direct(sessions, load: Workload, hours: float, warmup: int, repeat: int
         run_a, run_b = load.diff_pairs[i % len(load.diff_pairs)]
         return tuning_routes.diff_tunings(run_a, run_b, request, None).model_dump_json().encode()
 
-    timings = [measure("direct", f"fleet (hours={hours:g})", fleet, warmup, repeat),
-               measure("direct", f"fleet (hours={hours:g}) cold", fleet, warmup, repeat,
-                       before=lambda: move_generation(sessions))]
+    timings = [measure("direct", f"fleet {name}", fleet(page), warmup, repeat) for name, page in FLEET_PAGES]
+    timings.append(measure("direct", f"fleet {FLEET_PAGES[0][0]} cold", fleet(FLEET_PAGES[0][1]), warmup, repeat,
+                           before=lambda: move_generation(sessions)))
     timings += [measure("direct", f"history {name}", history(params), warmup, repeat) for name, params in load.history]
     timings.append(measure("direct", f"diff ({len(load.diff_pairs)} run pairs)", diff, warmup, repeat))
     return timings
@@ -600,10 +613,12 @@ def time_http(url: str, sessions, load: Workload, hours: float, warmup: int, rep
                         raise SystemExit(f"GET {path} {params}: {answer.status_code} {answer.text[:300]}")
                     return answer.content
 
-                fleet = lambda _i: get("/v1/fleet", {"hours": hours})  # noqa: E731
-                timings = [measure("http", f"fleet (hours={hours:g})", fleet, warmup, repeat),
-                           measure("http", f"fleet (hours={hours:g}) cold", fleet, warmup, repeat,
-                                   before=lambda: move_generation(sessions))]
+                def fleet(page: dict) -> Callable[[int], bytes]:
+                    return lambda _i: get("/v1/fleet", {"hours": hours, **page})
+
+                timings = [measure("http", f"fleet {name}", fleet(page), warmup, repeat) for name, page in FLEET_PAGES]
+                timings.append(measure("http", f"fleet {FLEET_PAGES[0][0]} cold", fleet(FLEET_PAGES[0][1]), warmup,
+                                       repeat, before=lambda: move_generation(sessions)))
                 for name, params in load.history:
                     timings.append(measure("http", f"history {name}", lambda _i, p=params: get("/v1/tunings", p),
                                            warmup, repeat))
@@ -760,7 +775,8 @@ def main(argv: list[str] | None = None) -> int:
           f"tunings, {d['distinct_blobs']} distinct FlashInfer files; {d['reports']} reports "
           f"({d['reported_keys']} keys, {d['pods']} pods, oldest {d['oldest_report_days']} days), "
           f"{d['reports_in_window']} in the last {args.hours:g} h ({d['misses_in_window']} misses)")
-    print(f"each query: {args.warmup} untimed, then {args.repeat} timed; percentiles nearest-rank; "
+    print(f"fleet pages over the last {args.hours:g} h; each query: {args.warmup} untimed, then {args.repeat} timed; "
+          "percentiles nearest-rank; "
           f"direct = the route's code in process, http = GET to a live tunecache serve (1 process)")
     print(table(timings))
     if args.json:

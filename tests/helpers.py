@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
+
+from sqlalchemy import select
 
 from tunecache.client.autotune_file import parse_autotune_file
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey
+from tunecache.service import db
+from tunecache.service.models import PodReport
 
 
 def h200_key(**overrides) -> TuningKey:
@@ -66,3 +71,21 @@ def store_file(session, path: Path) -> str:
     data = path.read_bytes()
     with path.open("rb") as stream:
         return blobs.store_blob(session, stream, hashlib.sha256(data).hexdigest()).sha256
+
+
+def stored_reports(database_url: str, expected: int, timeout: float = 15.0) -> list[PodReport]:
+    """The reports in the database, oldest first, once there are ``expected`` of them (pods
+    send them in the background, the service stores them in batches); fails after
+    ``timeout`` seconds."""
+    engine = db.create_db_engine(database_url)
+    try:
+        give_up = time.monotonic() + timeout
+        while True:
+            with db.session_factory(engine)() as session:
+                rows = list(session.scalars(select(PodReport).order_by(PodReport.id)))
+            if len(rows) >= expected or time.monotonic() > give_up:
+                assert len(rows) == expected, [(r.outcome, r.source, r.rank) for r in rows]
+                return rows
+            time.sleep(0.1)
+    finally:
+        engine.dispose()

@@ -36,7 +36,7 @@ import pytest
 from sqlalchemy import event, text
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, admin_token, as_admin, make_token
-from helpers import file_environment, h200_key, run_payload
+from helpers import file_environment, h200_key, run_payload, stored_reports
 from tunecache.client.run_diff import parse_file_key
 from tunecache.contract import (
     EnvironmentMetadata,
@@ -142,7 +142,7 @@ def _report(key: TuningKey, outcome: ReportOutcome, pod: str, environment: Envir
 def _send_report(server: str, report: PodReportCreate) -> None:
     answer = httpx.post(f"{server}/v1/reports", content=report.model_dump_json(), timeout=30,
                         headers={"Content-Type": "application/json"})
-    assert answer.status_code == 204, answer.text
+    assert answer.status_code == 202, answer.text
 
 
 def _stages(**seconds: float | str) -> dict:
@@ -174,7 +174,7 @@ class Retuned:
 # ------------------------------------------------------------ fleet, history, diff
 
 
-def test_fleet_matrix_wanted_list_chart_and_diff_in_a_browser(server, page, tmp_path):
+def test_fleet_matrix_wanted_list_chart_and_diff_in_a_browser(server, database_url, page, tmp_path):
     retuned = Retuned(tmp_path)
     llama, qwen = h200_key(model=MODEL), h200_key(model=QWEN, tensor_parallel_size=2)
     wanted = h200_key(model=MODEL, max_num_batched_tokens=16384)
@@ -188,6 +188,7 @@ def test_fleet_matrix_wanted_list_chart_and_diff_in_a_browser(server, page, tmp_
     differences = [{"field": "max_num_batched_tokens", "stored": "8192", "yours": "16384"}]
     for pod in ("pod-d", "pod-e"):
         _send_report(server, _report(wanted, ReportOutcome.MISS, pod, run_id=run_c, differences=differences))
+    stored_reports(database_url, 5)  # the service stores reports in batches
 
     # the matrix: both tuned keys and the key pods asked for; the llama key's current run and hit rate
     assert page.goto(f"{server}/").status == 200
@@ -315,13 +316,14 @@ EVIL_POD = "<img src=x onerror=alert('pod')>"
 
 
 @sqlite_only
-def test_markup_from_pods_is_shown_as_text(server, page, tmp_path):
+def test_markup_from_pods_is_shown_as_text(server, database_url, page, tmp_path):
     evil = h200_key(model=EVIL_MODEL)
     run = _record(server, CUDNN_FILE, evil, _stages(**{"<b onmouseover=alert(3)>gemm</b>": 12.5}))
     _send_report(server, _report(evil, ReportOutcome.INSTALLED, EVIL_POD, run_id=run))
     wanted = h200_key(model=EVIL_MODEL, max_num_batched_tokens=4096)
     _send_report(server, _report(wanted, ReportOutcome.MISS, EVIL_POD, run_id=run, differences=[
         {"field": "max_num_batched_tokens", "stored": "8192", "yours": "<script>alert(4)</script>"}]))
+    stored_reports(database_url, 2)
     key_query = httpx.QueryParams(evil.model_dump())
     for path in ("/", f"/history?{key_query}", "/reports", f"/runs/{run}", f"/retune?{key_query}", f"/diff?a={run}&b={run}"):
         assert page.goto(f"{server}{path}").status == 200, path
@@ -413,6 +415,9 @@ def test_a_thousand_keys_and_every_report_page_by_page(engine, tmp_path):
         assert first.text.count('<tr data-model="') == 100
         last = client.get("/", params={"page": 11})
         assert last.text.count('<tr data-model="') == 60
+        assert "No keys on page 12: 1060 in all." in client.get("/", params={"page": 12}).text
+        assert "Wanted <span class=\"count\">60</span>" in first.text and "wanted page" not in first.text
+        assert "No wanted tunings on page 2: 60 in all." in client.get("/", params={"wanted_page": 2}).text
         one = client.get("/", params={"q": "MODEL-0999"})  # case-insensitive, model or GPU
         assert one.text.count('<tr data-model="') == 1 and "org/model-0999" in one.text
 

@@ -235,6 +235,10 @@ def test_bad_parameters_are_422_naming_them(app_client):
     assert "offset" in message and "cursor" in message
     assert problem("/v1/fleet", hours=0)[0] == ["query", "hours"]
     assert problem("/v1/fleet", hours="a day")[0] == ["query", "hours"]
+    for name, value in (("limit", 0), ("limit", 1001), ("limit", "all"), ("offset", -1), ("wanted_limit", 0),
+                        ("wanted_limit", 1001), ("wanted_offset", -1)):
+        assert problem("/v1/fleet", **{name: value})[0] == ["query", name], (name, value)
+    assert app_client.get("/v1/fleet", params={"limit": 1000, "wanted_limit": 1}).status_code == 200
 
 
 def test_history_cli_filters_pages_and_says_what_is_wrong(seeded):
@@ -334,12 +338,40 @@ def test_fleet_matrix_hit_rates_and_wanted_list_from_seeded_reports(server, data
     assert [(w["key"]["model"]) for w in view["wanted"]] == [wanted_key.model]
     assert len(next(k for k in view["keys"] if k["key"]["model"] == tuned_key.model)["current"]) == 2
 
+    assert (view["total_keys"], view["limit"], view["offset"]) == (2, 100, 0)
+    assert (view["total_wanted"], view["wanted_limit"], view["wanted_offset"]) == (1, 100, 0)
+
+    # pages: one key each, in the matrix's order (in 48 h: 6 reports of the tuned key, 4 of the other)
+    pages = [httpx.get(f"{server}/v1/fleet", params={"hours": 48, "limit": 1, "offset": offset, "wanted_limit": 1,
+                                                      "wanted_offset": offset}, timeout=30).json()
+             for offset in range(3)]
+    assert [[k["key"]["model"] for k in page["keys"]] for page in pages] == [[tuned_key.model], [wanted_key.model], []]
+    assert [len(page["wanted"]) for page in pages] == [1, 0, 0]
+    assert {(page["total_keys"], page["total_wanted"]) for page in pages} == {(2, 1)}
+    assert [page["offset"] for page in pages] == [0, 1, 2] and {page["limit"] for page in pages} == {1}
+
     printed = tunecache("fleet", "--server", server, check=True).stdout
     assert "fleet over the last 24 h" in printed and "wanted (pods asked, no usable tuning):" in printed
+    assert ": 2 keys, 1 wanted tuning" in printed.splitlines()[0]
     matrix_row = next(line for line in printed.splitlines() if line.startswith(wanted_key.model)).split()
     assert "none" in matrix_row and "0%" in matrix_row  # reported, never installed
     assert "model: stored meta-llama/Llama-3.1-8B, yours Qwen/Qwen3-30B-A3B" in printed.splitlines()[-1]
     assert json.loads(tunecache("fleet", "--server", server, "--json", "--hours", "48", check=True).stdout)["hours"] == 48
+
+    first = tunecache("fleet", "--server", server, "--hours", "48", "--limit", "1", check=True)
+    assert "keys 1-1 of 2, 1 wanted tuning" in first.stdout.splitlines()[0]
+    assert "next page: --offset 1 --limit 1" in first.stderr
+    second = tunecache("fleet", "--server", server, "--hours", "48", "--limit", "1", "--offset", "1", check=True)
+    assert "keys 2-2 of 2, no wanted tunings past 1 of 1" in second.stdout.splitlines()[0]
+    assert "wanted: none past 1 of 1" in second.stdout and "next page" not in second.stderr
+    assert next(line for line in second.stdout.splitlines()[1:] if line.strip()).startswith("KEY")
+    assert wanted_key.model in second.stdout and tuned_key.model not in second.stdout
+    whole = json.loads(tunecache("fleet", "--server", server, "--hours", "48", "--all", "--json", check=True).stdout)
+    assert [k["key"]["model"] for k in whole["keys"]] == [tuned_key.model, wanted_key.model]
+    assert (whole["total_keys"], whole["offset"], len(whole["wanted"]), whole["total_wanted"]) == (2, 0, 1, 1)
+    both = tunecache("fleet", "--server", server, "--all", "--offset", "1")
+    assert both.returncode == 2 and "--offset" in both.stderr and "--all" in both.stderr
+    assert tunecache("fleet", "--server", server, "--limit", "1001").returncode == 2
 
 
 def _plan(connection, statement) -> list[str]:

@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select, text
 
 from conftest import CUDNN_FILE
-from helpers import file_environment, h200_key
+from helpers import file_environment, h200_key, stored_reports
 from test_cli import MODEL, pull, push
 from test_metrics import scrape
 from tunecache.client import report as reporting
@@ -38,27 +38,11 @@ from tunecache.contract import (
 from tunecache.service import db, reports
 from tunecache.service.app import create_app
 from tunecache.service.models import PodReport
+from tunecache.service.report_intake import BATCH_ROWS, ReportIntake
 from tunecache.service.settings import Settings
 from tunecache.signing import UntrustedRun, generate_signing_key, load_trusted_keys
 
 POD = socket.gethostname()
-
-
-def stored_reports(database_url: str, expected: int, timeout: float = 15.0) -> list[PodReport]:
-    """The reports in the database, oldest first, once there are ``expected`` of them (they
-    are sent in the background); fails after ``timeout`` seconds."""
-    engine = db.create_db_engine(database_url)
-    try:
-        give_up = time.monotonic() + timeout
-        while True:
-            with db.session_factory(engine)() as session:
-                rows = list(session.scalars(select(PodReport).order_by(PodReport.id)))
-            if len(rows) >= expected or time.monotonic() > give_up:
-                assert len(rows) == expected, [(r.outcome, r.source, r.rank) for r in rows]
-                return rows
-            time.sleep(0.1)
-    finally:
-        engine.dispose()
 
 
 def test_pull_reports_installed_and_miss_with_their_fields(server, database_url, tmp_path):
@@ -261,12 +245,12 @@ def test_the_server_deletes_old_reports_after_a_report(server, database_url):
             kept = reports.record_report(session, _report(pod="kept"), received_at=now - dt.timedelta(days=13))
         answer = httpx.post(f"{server}/v1/reports", content=_report(pod="new").model_dump_json(),
                             headers={"Content-Type": "application/json"}, timeout=30)
-        assert answer.status_code == 204 and answer.content == b""
+        assert answer.status_code == 202 and answer.content == b""
         give_up = time.monotonic() + 15
         while True:
             with sessions.begin() as session:
                 pods = dict(session.execute(select(PodReport.id, PodReport.pod)).all())
-            if old not in pods or time.monotonic() > give_up:
+            if (old not in pods and "new" in pods.values()) or time.monotonic() > give_up:  # stored in a batch
                 break
             time.sleep(0.1)
         assert old not in pods and pods[kept] == "kept" and sorted(pods.values()) == ["kept", "new"]
@@ -284,7 +268,7 @@ def test_reports_feed_the_prometheus_metrics(server):
             extra["environment"] = file_environment(CUDNN_FILE)
         body = _report(outcome, install_seconds=seconds, **extra).model_dump_json(exclude_none=True)
         answer = httpx.post(f"{server}/v1/reports", content=body, headers={"Content-Type": "application/json"})
-        assert answer.status_code == 204, answer.text
+        assert answer.status_code == 202, answer.text
     after = scrape(server)
     for outcome in ReportOutcome:
         mine = [s for o, s in sent if o is outcome]
@@ -321,7 +305,7 @@ def test_bad_big_and_too_many_reports_are_refused_naming_why(engine, tmp_path):
         assert "'token'" in refused({**good, "token": "x"})  # unknown fields are refused
         assert str(MAX_REPORT_BYTES) in refused({**good, "pod": "p" * MAX_REPORT_BYTES}, status=413)
         for _ in range(5):
-            assert client.post("/v1/reports", json=good).status_code == 204
+            assert client.post("/v1/reports", json=good).status_code == 202
         too_many = client.post("/v1/reports", json=good)
         assert too_many.status_code == 429 and int(too_many.headers["Retry-After"]) >= 1
         assert "too many pod reports" in too_many.json()["detail"]
@@ -329,7 +313,7 @@ def test_bad_big_and_too_many_reports_are_refused_naming_why(engine, tmp_path):
         from conftest import make_token
 
         other = make_token(engine, "pods-b", "read")
-        assert client.post("/v1/reports", json=good, headers={"Authorization": f"Bearer {other}"}).status_code == 204
+        assert client.post("/v1/reports", json=good, headers={"Authorization": f"Bearer {other}"}).status_code == 202
     with db.session_factory(engine)() as session:
         assert session.scalar(select(func.count()).select_from(PodReport)) == 6  # nothing refused was stored
 
@@ -341,7 +325,55 @@ def test_reports_need_a_token_only_where_reads_do(engine, tmp_path):
         from conftest import make_token
 
         token = make_token(engine, "pod-fleet", "read")
-        assert client.post("/v1/reports", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 204
+        assert client.post("/v1/reports", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 202
         admin = make_token(engine, "ops", "admin")
         audit = client.get("/v1/audit", headers={"Authorization": f"Bearer {admin}"}).json()["events"]
         assert audit == []  # a report is not a write to tunings: not audited
+
+
+def test_reports_are_stored_in_batches_and_kept_while_the_database_refuses(engine):
+    """The intake on the real database: 1,200 reports are stored in three inserts of at most
+    BATCH_ROWS; a batch the database refuses (its table renamed away) stays in the intake,
+    in order, and is stored once the database takes it again; nothing is stored twice."""
+    inserts = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def count_inserts(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("INSERT INTO POD_REPORTS"):
+            inserts.append(len(parameters) if executemany else 1)
+
+    intake = ReportIntake(db.session_factory(engine), flush_interval_s=60)
+    now = dt.datetime.now(dt.timezone.utc)
+    for i in range(1200):
+        assert intake.offer(_report(pod=f"pod-{i}"), now)
+    while intake.pending():
+        assert intake.store_batch()
+    assert sum(inserts) == 1200 and len(inserts) == 3 and max(inserts) == BATCH_ROWS
+
+    with engine.begin() as connection:
+        connection.execute(text("ALTER TABLE pod_reports RENAME TO pod_reports_away"))
+    for i in range(3):
+        intake.offer(_report(pod=f"late-{i}"), now)
+    assert not intake.store_batch() and intake.pending() == 3
+    with engine.begin() as connection:
+        connection.execute(text("ALTER TABLE pod_reports_away RENAME TO pod_reports"))
+    assert intake.store_batch() and intake.pending() == 0
+    with db.session_factory(engine)() as session:
+        pods = list(session.scalars(select(PodReport.pod).order_by(PodReport.id)))
+    assert len(pods) == 1203 and pods[-3:] == ["late-0", "late-1", "late-2"]
+    event.remove(engine, "before_cursor_execute", count_inserts)
+
+
+def test_a_full_intake_answers_503_and_a_stop_stores_what_it_took(engine, tmp_path):
+    """Past TUNECACHE_REPORT_INTAKE_MAX reports not yet stored, POST /v1/reports answers 503
+    with Retry-After and takes nothing; what was taken is stored when the process stops."""
+    body = json.loads(_report().model_dump_json())
+    with _app(engine, tmp_path, report_intake_max=2, report_flush_seconds=60) as client:
+        assert [client.post("/v1/reports", json=body).status_code for _ in range(2)] == [202, 202]
+        full = client.post("/v1/reports", json=body)
+        assert full.status_code == 503 and int(full.headers["Retry-After"]) >= 1
+        assert "waiting to be stored" in full.json()["detail"]
+        with db.session_factory(engine)() as session:
+            assert session.scalar(select(func.count()).select_from(PodReport)) == 0  # not stored yet (60 s)
+    with db.session_factory(engine)() as session:
+        assert session.scalar(select(func.count()).select_from(PodReport)) == 2

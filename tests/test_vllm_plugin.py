@@ -456,7 +456,7 @@ def test_every_worker_reports_its_own_outcome(server, database_url, tmp_path):
     what its lookup found (``looked_up``), each other worker whether its own rank file holds
     the pod's run; a miss carries the pod's environment."""
     from helpers import file_environment, h200_key
-    from test_reports import stored_reports
+    from helpers import stored_reports
 
     run_worker(tmp_path, TUNECACHE_URL=server)  # nothing stored yet: a miss
     [miss] = stored_reports(database_url, 1)

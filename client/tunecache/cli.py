@@ -81,6 +81,8 @@ from tunecache.contract import (
     TOKEN_NAME_PATTERN,
     TUNABLE_STAGES,
     ENVIRONMENT_FIELDS,
+    FLEET_PAGE_DEFAULT,
+    FLEET_PAGE_MAX,
     JobStatus,
     ReportSource,
     RunTrigger,
@@ -657,22 +659,32 @@ def history(
 def fleet(
     server: ServerOpt,
     hours: Annotated[float, typer.Option("--hours", min=0.001, help="the window of hit rates and wanted tunings")] = 24.0,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=FLEET_PAGE_MAX,
+                                       help="keys, and wanted tunings, per page")] = FLEET_PAGE_DEFAULT,
+    offset: Annotated[int, typer.Option("--offset", min=0, help="rows of each list before the page")] = 0,
+    all_pages: Annotated[bool, typer.Option("--all", help="every key and wanted tuning, page after page")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the API's FleetView as JSON")] = False,
 ) -> None:
-    """What the fleet has and wants: every key with its current run (id, age, entries, trigger) and the share of pods' installs that found it over the last --hours; then the tunings pods asked for that have none (distinct pods, last asked, how the closest run differs).
+    """What the fleet has and wants: keys with their current run (id, age, entries, trigger) and the share of pods' installs that found it over the last --hours, most reports first; then the tunings pods asked for that have none (distinct pods, last asked, how the closest run differs), most pods first.
 
-    Exit 0; 4 server unreachable; 5 server error; 13 not authorised.
+    One page: --limit rows of each list from --offset (the next page's --offset is printed); --all walks every page (1000 rows a request) and prints them as one.
+
+    Exit 0; 2 for a bad option; 4 server unreachable; 5 server error; 13 not authorised.
     """
+    if all_pages and offset:
+        fail(ExitCode.USAGE, "--offset and --all cannot be combined: --all lists every page from the first")
     with client_for(server) as client:
         try:
-            view = client.fleet(hours)
+            view = client.fleet_all(hours) if all_pages else client.fleet(
+                hours, limit=limit, offset=offset, wanted_limit=limit, wanted_offset=offset)
         except TunecacheError as exc:
             client_errors(exc)
     if as_json:
         typer.echo(view.model_dump_json(indent=2))
         return
-    typer.echo(f"fleet over the last {view.hours:g} h (since {_when(view.since)}): {len(view.keys)} keys, "
-               f"{len(view.wanted)} wanted" + (" (more not shown)" if view.truncated else ""))
+    typer.echo(f"fleet over the last {view.hours:g} h (since {_when(view.since)}): "
+               f"{_shown(len(view.keys), view.offset, view.total_keys, 'key')}, "
+               f"{_shown(len(view.wanted), view.wanted_offset, view.total_wanted, 'wanted tuning')}")
     rows = [("KEY", "RUN", "AGE", "ENTRIES", "TRIGGER", "FLASHINFER", "REPORTS", "HIT RATE", "MISSES", "ERRORS")]
     for k in view.keys:
         rate = "-" if k.hit_rate is None else f"{k.hit_rate * 100:.0f}%"
@@ -683,22 +695,39 @@ def fleet(
             rows.append((_key_text(k.key) if i == 0 else "", str(run.run_id), _age(run.age_s),
                          "-" if run.entries is None else str(run.entries), str(run.trigger), run.flashinfer_version,
                          *(counts if i == 0 else ("", "", "", ""))))
-    for line in _aligned(rows) if view.keys else ["no keys: nothing tuned and no reports in the window"]:
-        typer.echo(line)
+    if view.keys:
+        for line in _aligned(rows):
+            typer.echo(line)
+    else:
+        typer.echo(f"no keys past {view.offset} of {view.total_keys}" if view.total_keys
+                   else "no keys: nothing tuned and no reports in the window")
     typer.echo("")
-    if not view.wanted:
+    if view.wanted:
+        typer.echo("wanted (pods asked, no usable tuning):")
+        rows = [("KEY", "ENVIRONMENT", "PODS", "REPORTS", "LAST ASKED (UTC)", "CLOSEST", "DIFFERS")]
+        for w in view.wanted:
+            env_text = (f"flashinfer {w.environment.flashinfer_version}, cuda {w.environment.cuda_version}"
+                        if w.environment else w.environment_hash[:12])
+            differs = "; ".join(str(d) for d in w.differences) or "-"
+            rows.append((_key_text(w.key), env_text, str(w.pods), str(w.reports), _when(w.last_asked_at),
+                         "-" if w.closest_run_id is None else f"run {w.closest_run_id}", differs))
+        for line in _aligned(rows):
+            typer.echo(line)
+    elif view.total_wanted:
+        typer.echo(f"wanted: none past {view.wanted_offset} of {view.total_wanted}")
+    else:
         typer.echo("wanted: none (every key pods asked for in the window has a tuning)")
-        return
-    typer.echo("wanted (pods asked, no usable tuning):")
-    rows = [("KEY", "ENVIRONMENT", "PODS", "REPORTS", "LAST ASKED (UTC)", "CLOSEST", "DIFFERS")]
-    for w in view.wanted:
-        env_text = (f"flashinfer {w.environment.flashinfer_version}, cuda {w.environment.cuda_version}"
-                    if w.environment else w.environment_hash[:12])
-        differs = "; ".join(str(d) for d in w.differences) or "-"
-        rows.append((_key_text(w.key), env_text, str(w.pods), str(w.reports), _when(w.last_asked_at),
-                     "-" if w.closest_run_id is None else f"run {w.closest_run_id}", differs))
-    for line in _aligned(rows):
-        typer.echo(line)
+    following = view.offset + view.limit
+    if not all_pages and following < max(view.total_keys, view.total_wanted):
+        more = "" if view.limit == FLEET_PAGE_DEFAULT else f" --limit {view.limit}"
+        typer.echo(f"next page: --offset {following}{more}", err=True)
+
+
+def _shown(listed: int, offset: int, total: int, noun: str) -> str:
+    """``3 keys`` when a list is whole, ``keys 101-200 of 1074`` when it is a page of more."""
+    if offset == 0 and listed == total:
+        return f"{total} {noun}{'' if total == 1 else 's'}"
+    return f"{noun}s {offset + 1}-{offset + listed} of {total}" if listed else f"no {noun}s past {offset} of {total}"
 
 
 @app.command()

@@ -1090,22 +1090,40 @@ class WantedTuning(BaseModel):
     differences: list[FieldDifference]
 
 
+#: Keys (``limit``), and wanted tunings (``wanted_limit``), of a ``GET /v1/fleet`` page
+#: when not given.
+FLEET_PAGE_DEFAULT = 100
+#: The most keys, and the most wanted tunings, one ``GET /v1/fleet`` page lists.
+FLEET_PAGE_MAX = 1000
+
+
 class FleetView(BaseModel):
-    """Answer of ``GET /v1/fleet``: the matrix of keys with their current runs and hit
-    rates over the last ``hours`` (from ``since``, by the pods' reports), and the tunings
-    pods want (:class:`WantedTuning`), most pods first. ``truncated``: more keys or wanted
-    tunings than an answer lists (:data:`FLEET_LIMIT` each)."""
+    """Answer of ``GET /v1/fleet``: one page of the fleet matrix and one page of the wanted
+    list over the last ``hours`` (from ``since``, by the pods' reports; ``generated_at``:
+    the service's clock when it answered, which ``age_s`` counts from).
+
+    * ``keys``: at most ``limit`` rows of the matrix (:class:`FleetKey`) from ``offset``
+      (0-based) of ``total_keys`` in all; order: most reports in the window first, then
+      ``model``, ``gpu_name``, ``max_num_batched_tokens``, key hash;
+    * ``wanted``: at most ``wanted_limit`` tunings pods want (:class:`WantedTuning`) from
+      ``wanted_offset`` of ``total_wanted`` in all; order: most distinct pods first, then
+      most reports, latest asked, key hash, environment hash.
+
+    Both orders are total, so pages of one window do not overlap; counts move as reports
+    arrive, so a page asked later may start at another key. A page past the end is empty.
+    """
 
     hours: float
     since: dt.datetime
     generated_at: dt.datetime
+    total_keys: int
+    limit: int
+    offset: int
     keys: list[FleetKey]
+    total_wanted: int
+    wanted_limit: int
+    wanted_offset: int
     wanted: list[WantedTuning]
-    truncated: bool = False
-
-
-#: The most keys, and the most wanted tunings, one ``GET /v1/fleet`` answer lists.
-FLEET_LIMIT = 2000
 
 
 # --------------------------------------------------------------------------- run diff

@@ -46,6 +46,8 @@ from tunecache.contract import (
     TokenCreated,
     TokenRead,
     EnvironmentMetadata,
+    FLEET_PAGE_DEFAULT,
+    FLEET_PAGE_MAX,
     FleetView,
     JobConflict,
     LookupMiss,
@@ -597,24 +599,66 @@ class TunecacheClient:
         except _Transient as transient:
             raise transient.error from None
 
-    def fleet(self, hours: float = 24) -> FleetView:
-        """``GET /v1/fleet``: the keys with their current runs and hit rates over the last
-        ``hours``, and the tunings pods want (miss reports without a current tuning).
+    def fleet(self, hours: float = 24, *, limit: int = FLEET_PAGE_DEFAULT, offset: int = 0,
+              wanted_limit: int = FLEET_PAGE_DEFAULT, wanted_offset: int = 0) -> FleetView:
+        """``GET /v1/fleet``: one page of the fleet view over the last ``hours``: at most
+        ``limit`` keys (1-1000) from ``offset`` (0-based) of ``total_keys``, with their
+        current runs and hit rates, most reports first; at most ``wanted_limit`` tunings
+        pods want (miss reports without a current tuning) from ``wanted_offset`` of
+        ``total_wanted``, most pods first. :meth:`fleet_all` walks every page.
 
         Raises:
-            ServerError: 422 for a bad ``hours``, 404 from a server older than the route;
-            ServerUnreachable.
+            ServerError: 422 naming a bad ``hours``, limit or offset; 404 from a server
+                older than the route; ServerUnreachable.
         """
-        return self._answer(self._request("GET", "/v1/fleet", params={"hours": hours}), FleetView)
+        params = {"hours": hours, "limit": limit, "offset": offset, "wanted_limit": wanted_limit,
+                  "wanted_offset": wanted_offset}
+        return self._answer(self._request("GET", "/v1/fleet", params=params), FleetView)
+
+    def fleet_all(self, hours: float = 24, page_size: int = FLEET_PAGE_MAX) -> FleetView:
+        """The whole fleet view over the last ``hours``: pages of ``page_size`` keys and
+        ``page_size`` wanted tunings (both lists in the same requests), request after
+        request until both are listed, put into one :class:`FleetView`: ``offset`` 0,
+        ``limit`` and ``wanted_limit`` the rows asked for in all, ``since`` and
+        ``generated_at`` of the first page, ``total_keys`` and ``total_wanted`` of the last.
+
+        The pages are read one after another, not at one instant: a key whose report count
+        changes meanwhile may move between pages; one seen twice is listed once (its first
+        row), one that moved to a page already read is missed (then fewer rows than the
+        totals).
+
+        Raises:
+            as :meth:`fleet`.
+        """
+        pages = [self.fleet(hours, limit=page_size, wanted_limit=page_size)]
+        while (len(pages) * page_size < max(pages[-1].total_keys, pages[-1].total_wanted)
+               and (pages[-1].keys or pages[-1].wanted)):
+            start = len(pages) * page_size
+            pages.append(self.fleet(hours, limit=page_size, offset=start, wanted_limit=page_size, wanted_offset=start))
+        keys = {}
+        wanted = {}
+        for page in pages:
+            for row in page.keys:
+                keys.setdefault(row.key.key_hash(), row)
+            for want in page.wanted:
+                wanted.setdefault((want.key.key_hash(), want.environment_hash), want)
+        first, last = pages[0], pages[-1]
+        asked = len(pages) * page_size
+        return FleetView(hours=first.hours, since=first.since, generated_at=first.generated_at,
+                         total_keys=last.total_keys, limit=asked, offset=0, keys=list(keys.values()),
+                         total_wanted=last.total_wanted, wanted_limit=asked, wanted_offset=0,
+                         wanted=list(wanted.values()))
 
     def send_report(self, report: PodReportCreate) -> None:
-        """``POST /v1/reports``: tell the server what an install came to (204). Installs
+        """``POST /v1/reports``: tell the server what an install came to (202: taken, stored
+        in a batch within the server's ``TUNECACHE_REPORT_FLUSH_SECONDS``). Installs
         send it in the background (:mod:`tunecache.client.report`), through a
         :meth:`reporting_client`.
 
         Raises:
             ServerError: 422 naming the invalid field, 429 past the server's report rate,
-                other error statuses; ServerUnreachable.
+                503 when the server holds too many reports not yet stored, other error
+                statuses; ServerUnreachable.
         """
         response = self._request("POST", "/v1/reports", content=report.model_dump_json(exclude_none=True),
                                  headers={"Content-Type": "application/json"})

@@ -27,6 +27,7 @@ from tunecache.service import dashboard
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
 from tunecache.service.limits import BodySizeLimit, LoadShedding
+from tunecache.service.report_intake import ReportIntake
 from tunecache.service.reports import Pruner
 from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
 from tunecache.service.routes import metrics as metrics_route
@@ -127,16 +128,17 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.job_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
         app.state.report_rate = limits.parse(settings.report_rate)
         app.state.report_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
-        # pod reports insert on at most a quarter of the database threads: lookups always find the rest
-        app.state.report_slots = anyio.Semaphore(max(1, settings.threads // 4))
         app.state.report_pruner = Pruner()
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
         app.state.token_cache = TTLCache(maxsize=4096, ttl=settings.token_cache_seconds)
-        worker = generation_connection = None
+        worker = generation_connection = report_intake = None
         try:
             db.check_schema(app.state.engine)
             app.state.sessions = db.session_factory(app.state.engine)
+            app.state.report_intake = report_intake = ReportIntake(
+                app.state.sessions, settings.report_flush_seconds, settings.report_intake_max)
+            report_intake.start()
 
             generation_connection = GenerationConnection(app.state.engine)
             app.state.generation_reader = GenerationReader(generation_connection.read)
@@ -147,6 +149,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         finally:
             if worker is not None:
                 worker.stop()
+            if report_intake is not None:
+                await anyio.to_thread.run_sync(report_intake.stop)
             if generation_connection is not None:
                 generation_connection.close()
             if getattr(app.state, "worker_lock", None) is not None:

@@ -1,7 +1,8 @@
 """Storage of pod reports (table ``pod_reports``) and the fleet view read from them.
 
 A pod sends one report after each install (:class:`tunecache.contract.PodReportCreate`,
-``POST /v1/reports``); :func:`record_report` stores it in one short insert. The fleet view
+``POST /v1/reports``); the service takes it in memory and stores it in a batch
+(:mod:`tunecache.service.report_intake`, rows by :func:`report_row`). The fleet view
 (:func:`fleet_view`, ``GET /v1/fleet``) puts three reads together, as plain columns (never
 ORM rows):
 
@@ -18,8 +19,12 @@ ORM rows):
   also name the reported keys that have no current tuning (:func:`report_keys` names any
   other, rare: a key with error reports only).
 
-The answer is validated once, as a whole. ``bench/fleet_queries.py`` times it on PostgreSQL
-with 1,000 keys, 10,000 runs and 100,000 reports (README, "Fleet queries").
+Every key and wanted group of the window is counted and ordered, but the answer is a page
+(``limit`` keys from ``offset``, ``wanted_limit`` wanted tunings from ``wanted_offset``):
+only the page's rows are built, then validated once, as a whole. (A whole matrix of 1,000
+keys was a 1.2 MB answer whose validation and encoding cost more than its reads.)
+``bench/fleet_queries.py`` times the first and a deep page on PostgreSQL with 1,000 keys,
+10,000 runs and 100,000 reports (README, "Fleet queries").
 
 Reports are kept ``TUNECACHE_REPORT_RETENTION_DAYS``; :func:`prune_reports` deletes older
 ones (the ``received_at`` index again), run by :class:`Pruner` at most once a minute per
@@ -43,7 +48,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
 from tunecache.contract import (
-    FLEET_LIMIT,
+    FLEET_PAGE_DEFAULT,
     KEY_FIELDS,
     FleetView,
     PodReportCreate,
@@ -58,10 +63,12 @@ from tunecache.service.models import (CurrentTuning, Environment, PodReport, Tun
 _KEY_COLUMNS = tuple(getattr(PodReport, f) for f in KEY_FIELDS)
 
 
-def record_report(session: Session, report: PodReportCreate, received_at: dt.datetime | None = None) -> int:
-    """Store one report (received now, or at ``received_at``); returns its id. One insert."""
-    row = PodReport(
-        received_at=received_at or utcnow(),
+def report_row(report: PodReportCreate, received_at: dt.datetime) -> dict:
+    """The ``pod_reports`` columns of one report received at ``received_at`` (UTC), as a
+    dict for an insert (one row of :func:`record_report` or of a batch,
+    :mod:`tunecache.service.report_intake`)."""
+    return dict(
+        received_at=received_at,
         key_hash=report.key.key_hash(),
         **report.key.model_dump(),
         environment_hash=report.environment_hash,
@@ -78,6 +85,12 @@ def record_report(session: Session, report: PodReportCreate, received_at: dt.dat
         source=report.source.value,
         looked_up=report.looked_up,
     )
+
+
+def record_report(session: Session, report: PodReportCreate, received_at: dt.datetime | None = None) -> int:
+    """Store one report (received now, or at ``received_at``); returns its id. One insert.
+    (The service stores the reports pods send in batches: :mod:`tunecache.service.report_intake`.)"""
+    row = PodReport(**report_row(report, received_at or utcnow()))
     session.add(row)
     session.flush()
     return row.id
@@ -272,16 +285,57 @@ def current_tunings(session: Session) -> CurrentTunings:
     return current
 
 
-def fleet_view(session: Session, hours: float, now: dt.datetime | None = None) -> FleetView:
-    """The fleet matrix and the wanted list over the last ``hours`` (see the module).
+def _holds(needle: str, model: str, gpu_name: str) -> bool:
+    """Whether ``model`` or ``gpu_name`` holds ``needle`` (lower case; empty: always)."""
+    return not needle or needle in model.lower() or needle in gpu_name.lower()
 
-    Keys: every key with a current tuning, and every key pods reported in the window,
-    most reports first, then by model; each with its current runs (newest first), its
-    report counts and ``hit_rate`` = installed / all reports. Wanted: each key and
-    environment with miss reports in the window and no current tuning now, most distinct
-    pods first, with the latest report's closest run and differences. At most
-    :data:`~tunecache.contract.FLEET_LIMIT` of each (``truncated`` says when there were more).
+
+#: Where a :data:`_WANTED_ROWS` row holds the key's ``model`` and ``gpu_name``.
+_WANTED_MODEL, _WANTED_GPU_NAME = (8 + KEY_FIELDS.index(f) for f in ("model", "gpu_name"))
+
+
+def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *,
+               limit: int = FLEET_PAGE_DEFAULT, offset: int = 0,
+               wanted_limit: int = FLEET_PAGE_DEFAULT, wanted_offset: int = 0, contains: str = "") -> FleetView:
+    """One page of the fleet matrix and one page of the wanted list over the last ``hours``
+    before ``now`` (see the module): what ``GET /v1/fleet`` answers.
+
+    Keys: every key with a current tuning, and every key pods reported in the window, most
+    reports first, then ``model``, ``gpu_name``, ``max_num_batched_tokens``, key hash; each
+    with its current runs (newest first, ``age_s`` in seconds before ``now``), its report
+    counts and ``hit_rate`` = installed / all reports. Wanted: each key and environment with
+    miss reports in the window and no current tuning now, most distinct pods first, then
+    most reports, latest asked, key hash, environment hash; each with the latest report's
+    closest run and differences. Both orders are total: the pages of one window neither
+    overlap nor leave a row out.
+
+    Every key and group is counted and ordered (the three reads of the module, then a sort
+    in Python), but only the page's rows are built and validated: the cost grows with the
+    page, not with the fleet.
+
+    Args:
+        session: the caller's session (not committed; reads only).
+        hours: the window, hours (> 0; the route checks the range).
+        now: the end of the window and the clock of ``age_s`` (timezone-aware); default now.
+        limit, offset: at most ``limit`` (>= 1) keys, from position ``offset`` (>= 0, 0-based)
+            of the order; past the end, none.
+        wanted_limit, wanted_offset: the same for the wanted list.
+        contains: keep only keys, and wanted tunings, whose ``model`` or ``gpu_name``
+            holds it, ignoring case (blank: all); ``total_keys`` and ``total_wanted`` count
+            those kept.
+
+    Returns:
+        :class:`~tunecache.contract.FleetView` with ``total_keys`` and ``total_wanted`` (rows
+        in all) and the page asked for (``limit``, ``offset``, ``wanted_limit``,
+        ``wanted_offset`` as given).
+
+    Raises:
+        ValueError: ``limit`` or ``wanted_limit`` under 1, or a negative offset.
     """
+    if limit < 1 or wanted_limit < 1:
+        raise ValueError(f"limit and wanted_limit must be at least 1, not {limit} and {wanted_limit}")
+    if offset < 0 or wanted_offset < 0:
+        raise ValueError(f"offset and wanted_offset must be at least 0, not {offset} and {wanted_offset}")
     now = now or utcnow()
     since = now - dt.timedelta(hours=hours)
     if session.autoflush:  # as session.execute would: rows added to the session count
@@ -298,12 +352,13 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None) -
 
     # Wanted: groups whose key and environment have no current tuning. Their rows also name
     # the reported keys without a current tuning; any others are read by key hash.
+    needle = contains.strip().lower()
     groups = []
     for row in connection.execute(_WANTED_ROWS, {"since": since}):
         key_hash = row[0]
         if key_hash not in keys and key_hash in counts:
             keys[key_hash] = _key(row[8:])
-        if (key_hash, row[1]) not in current.pairs:
+        if (key_hash, row[1]) not in current.pairs and _holds(needle, row[_WANTED_MODEL], row[_WANTED_GPU_NAME]):
             groups.append(row)
     unnamed = [h for h in counts if h not in keys]
     for start in range(0, len(unnamed), _IN_CHUNK):
@@ -312,11 +367,12 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None) -
 
     order = []
     for key_hash, key in keys.items():
-        by_outcome = counts.get(key_hash, {})
-        order.append((-sum(by_outcome.values()), key.model, key.gpu_name, key.max_num_batched_tokens, key_hash))
+        if _holds(needle, key.model, key.gpu_name):
+            by_outcome = counts.get(key_hash, {})
+            order.append((-sum(by_outcome.values()), key.model, key.gpu_name, key.max_num_batched_tokens, key_hash))
     order.sort()
     matrix = []
-    for minus_total, _model, _gpu_name, _tokens, key_hash in order[:FLEET_LIMIT]:
+    for minus_total, _model, _gpu_name, _tokens, key_hash in order[offset:offset + limit]:
         by_outcome = counts.get(key_hash, {})
         total = -minus_total
         installed = by_outcome.get(_INSTALLED, 0)
@@ -328,17 +384,19 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None) -
             "errors": by_outcome.get(_ERROR, 0), "hit_rate": installed / total if total else None,
             "last_report_at": last_report.get(key_hash)})
 
-    groups.sort(key=lambda g: (-g[2], -g[3], -g[4].timestamp()))
+    groups.sort(key=lambda g: (-g[2], -g[3], -g[4].timestamp(), g[0], g[1]))
     wanted = []
-    for key_hash, env_hash, pods, count, last, environment, closest_run_id, found, *values in groups[:FLEET_LIMIT]:
+    for (key_hash, env_hash, pods, count, last, environment, closest_run_id, found,
+         *values) in groups[wanted_offset:wanted_offset + wanted_limit]:
         environment = json.loads(environment) if environment is not None else None
         found = json.loads(found) if found is not None else None
         wanted.append({
             "key": keys.get(key_hash) or _key(values), "environment_hash": env_hash,
             "environment": environment or None, "pods": pods, "reports": count, "last_asked_at": last,
             "closest_run_id": closest_run_id, "differences": found or []})
-    # one validation of the whole answer (pydantic's core): the same checks as building each
+    # one validation of the page (pydantic's core): the same checks as building each
     # FleetKey, FleetRun and WantedTuning on its own, without a Python call per object
     return FleetView.model_validate({
-        "hours": hours, "since": since, "generated_at": now, "keys": matrix, "wanted": wanted,
-        "truncated": len(keys) > FLEET_LIMIT or len(groups) > FLEET_LIMIT})
+        "hours": hours, "since": since, "generated_at": now,
+        "total_keys": len(order), "limit": limit, "offset": offset, "keys": matrix,
+        "total_wanted": len(groups), "wanted_limit": wanted_limit, "wanted_offset": wanted_offset, "wanted": wanted})

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
       this are deleted (each process checks at most once a minute, after a report).
     * ``TUNECACHE_REPORT_RATE``: pod reports accepted per client address and token, per
       process, in the ``limits`` package's notation (``600/minute``); past it: 429.
+    * ``TUNECACHE_REPORT_FLUSH_SECONDS``: pod reports are taken in memory and stored in
+      batches at least this often (0.5 s; ``tunecache.service.report_intake``).
+    * ``TUNECACHE_REPORT_INTAKE_MAX``: reports a process holds not yet stored at most
+      (20,000); past it ``POST /v1/reports`` answers 503 with ``Retry-After``.
     """
 
     model_config = SettingsConfigDict(env_prefix="TUNECACHE_", extra="ignore")
@@ -96,6 +100,10 @@ class Settings(BaseSettings):
     token_cache_seconds: float = Field(default=10.0, gt=0, le=3600)
     report_retention_days: float = Field(default=14.0, gt=0, le=3650)
     report_rate: str = "600/minute"
+    #: Pod reports are stored in batches at least this often, seconds (tunecache.service.report_intake).
+    report_flush_seconds: float = Field(default=0.5, gt=0, le=60)
+    #: Reports a process holds not yet stored at most; past it POST /v1/reports answers 503.
+    report_intake_max: int = Field(default=20_000, ge=1, le=10_000_000)
 
     @property
     def pool_size(self) -> int:

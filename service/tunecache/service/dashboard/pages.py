@@ -123,20 +123,15 @@ def fleet_page(
     current run per environment, its age, the hit rate over the window) and the wanted
     list (keys and environments pods asked for with no tuning, how many pods, the closest
     run's differences), from ``GET /v1/fleet``'s function; ``q`` keeps rows whose model or
-    GPU holds it; :data:`FLEET_PAGE` rows per page of each."""
-    view = reports.fleet_view(session, hours)
-    needle = q.strip().lower()
-
-    def kept(key: TuningKey) -> bool:
-        return not needle or needle in key.model.lower() or needle in key.gpu_name.lower()
-
-    keys = [k for k in view.keys if kept(k.key)]
-    wanted = [w for w in view.wanted if kept(w.key)]
+    GPU holds it. Page ``page`` of the matrix and ``wanted_page`` of the wanted list,
+    :data:`FLEET_PAGE` rows each: only those rows are read into the page."""
+    view = reports.fleet_view(session, hours, limit=FLEET_PAGE, offset=(page_number - 1) * FLEET_PAGE,
+                              wanted_limit=FLEET_PAGE, wanted_offset=(wanted_page - 1) * FLEET_PAGE, contains=q)
     return page(request, "fleet.html", view=view, q=q, hours=hours,
-                keys=keys[(page_number - 1) * FLEET_PAGE:page_number * FLEET_PAGE], keys_total=len(keys),
-                keys_page=page_number, keys_pages=max(1, -(-len(keys) // FLEET_PAGE)),
-                wanted=wanted[(wanted_page - 1) * FLEET_PAGE:wanted_page * FLEET_PAGE], wanted_total=len(wanted),
-                wanted_page=wanted_page, wanted_pages=max(1, -(-len(wanted) // FLEET_PAGE)), key_params=_key_params)
+                keys=view.keys, keys_total=view.total_keys,
+                keys_page=page_number, keys_pages=max(1, -(-view.total_keys // FLEET_PAGE)),
+                wanted=view.wanted, wanted_total=view.total_wanted,
+                wanted_page=wanted_page, wanted_pages=max(1, -(-view.total_wanted // FLEET_PAGE)), key_params=_key_params)
 
 
 # ---------------------------------------------------------------------------- history

@@ -6,9 +6,9 @@ decides nothing: it never chooses a path, a key row, a tuning or a token, is nev
 back by a pod, and only feeds counts (the fleet view, ``tunecache_pod_*`` metrics). What
 keeps it cheap and bounded instead of a token scope: a body of at most
 :data:`~tunecache.contract.MAX_REPORT_BYTES`, ``TUNECACHE_REPORT_RATE`` reports per client
-address and token per process (429 past it), at most a quarter of the process's database
-threads inserting reports at once (the others wait without holding a thread, so lookups
-that miss the cache always find threads), one short insert per report, and retention
+address and token per process (429 past it), no database work on the request (reports are
+stored in batches by :class:`~tunecache.service.report_intake.ReportIntake`, which holds at
+most ``TUNECACHE_REPORT_INTAKE_MAX`` of them: 503 past it), and retention
 (``TUNECACHE_REPORT_RETENTION_DAYS``). Reports are not audited (they are not writes to
 tunings; a boot storm would flood the audit log).
 """
@@ -21,11 +21,11 @@ import math
 import time
 from typing import Annotated
 
-import anyio.to_thread
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Query, Request, Response
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunecache.contract import MAX_REPORT_BYTES, ErrorBody, FleetView, PodReportCreate
+from tunecache.contract import (FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_REPORT_BYTES, ErrorBody, FleetView,
+                                PodReportCreate)
 from tunecache.service import metrics, reports
 from tunecache.service.deps import SessionDep
 from tunecache.service.models import utcnow
@@ -38,26 +38,31 @@ router = APIRouter(prefix="/reports", tags=["fleet"])
 
 @router.post(
     "",
-    status_code=204,
+    status_code=202,
     response_class=Response,
     responses={
         413: {"model": ErrorBody, "description": f"The report is over {MAX_REPORT_BYTES} bytes"},
         429: {"model": ErrorBody, "description": "Too many reports from this address and token (Retry-After)"},
+        503: {"model": ErrorBody, "description": "The process holds as many reports not yet stored as it may "
+                                                 "(TUNECACHE_REPORT_INTAKE_MAX): the database is behind (Retry-After)"},
     },
 )
 async def report_install(body: PodReportCreate, request: Request, background: BackgroundTasks, caller: ReadCaller) -> Response:
-    """Store what one install on a pod came to (:class:`~tunecache.contract.PodReportCreate`):
-    204, no body.
+    """Take what one install on a pod came to (:class:`~tunecache.contract.PodReportCreate`):
+    202, no body. The report is stored with others in one insert within
+    ``TUNECACHE_REPORT_FLUSH_SECONDS`` (:mod:`tunecache.service.report_intake`); the request
+    does no database work.
 
     The ``read`` policy (see the module: a report decides nothing). Errors: 422 naming the
     invalid field or the rule broken (an ``installed`` report without ``run_id``, an
     ``error`` one without ``error_kind``, an environment that does not hash to
     ``environment_hash``); 413 over :data:`~tunecache.contract.MAX_REPORT_BYTES`; 429 with
     ``Retry-After`` past ``TUNECACHE_REPORT_RATE`` reports from one client address with one
-    token; 503 when the database is down or busy. Counted in
-    ``tunecache_pod_reports_total`` and ``tunecache_pod_install_seconds`` once stored.
-    Reports older than ``TUNECACHE_REPORT_RETENTION_DAYS`` are deleted after the answer, at
-    most once a minute per process.
+    token; 503 with ``Retry-After`` when the process already holds
+    ``TUNECACHE_REPORT_INTAKE_MAX`` reports not yet stored (the database is down or behind).
+    Counted in ``tunecache_pod_reports_total`` and ``tunecache_pod_install_seconds`` once
+    taken. Reports older than ``TUNECACHE_REPORT_RETENTION_DAYS`` are deleted after the
+    answer, at most once a minute per process.
     """
     state = request.app.state
     who = f"{request.client.host if request.client else '-'} {caller.name}"
@@ -66,17 +71,14 @@ async def report_install(body: PodReportCreate, request: Request, background: Ba
         raise HTTPException(429, detail=f"too many pod reports from this address with token {caller.name!r}: at most "
                                         f"{state.settings.report_rate}",
                             headers={"Retry-After": str(max(1, math.ceil(reset - time.time())))})
-    async with state.report_slots:
-        await anyio.to_thread.run_sync(_store, state.sessions, body)
+    if not state.report_intake.offer(body, utcnow()):
+        raise HTTPException(503, detail=f"{state.report_intake.max_rows} pod reports are waiting to be stored; "
+                                        "try again later",
+                            headers={"Retry-After": str(state.settings.retry_after_seconds)})
     metrics.observe_pod_report(body.outcome.value, body.install_seconds)
     if state.report_pruner.due():
         background.add_task(_prune, state.sessions, state.settings.report_retention_days)
-    return Response(status_code=204)
-
-
-def _store(sessions: sessionmaker[Session], body: PodReportCreate) -> None:
-    with sessions.begin() as session:
-        reports.record_report(session, body)
+    return Response(status_code=202)
 
 
 def _prune(sessions: sessionmaker[Session], retention_days: float) -> None:
@@ -98,19 +100,39 @@ fleet_router = APIRouter(prefix="/fleet", tags=["fleet"])
 def fleet(
     session: SessionDep,
     _caller: ReadCaller,
-    hours: Annotated[float, Query(gt=0, le=24 * 3650, description="the window of the hit rates and the wanted list")] = 24,
+    hours: Annotated[float, Query(gt=0, le=24 * 3650, description="the window of the hit rates and the wanted list, "
+                                                                   "hours back from now")] = 24,
+    limit: Annotated[int, Query(ge=1, le=FLEET_PAGE_MAX, description="keys on the page")] = FLEET_PAGE_DEFAULT,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID, description="keys before the page, in the matrix's order")] = 0,
+    wanted_limit: Annotated[int, Query(ge=1, le=FLEET_PAGE_MAX,
+                                       description="wanted tunings on the page")] = FLEET_PAGE_DEFAULT,
+    wanted_offset: Annotated[int, Query(ge=0, le=MAX_ID,
+                                        description="wanted tunings before the page, in the list's order")] = 0,
 ) -> FleetView:
-    """The fleet view (:class:`~tunecache.contract.FleetView`), from pods' reports of the
-    last ``hours`` (default 24; reports older than ``TUNECACHE_REPORT_RETENTION_DAYS`` are
-    gone):
+    """One page of the fleet view (:class:`~tunecache.contract.FleetView`), from pods'
+    reports of the last ``hours`` (default 24; reports older than
+    ``TUNECACHE_REPORT_RETENTION_DAYS`` are gone):
 
-    * ``keys``: every key with a current tuning or with reports in the window: its current
+    * ``keys``: ``limit`` (1-1000, default 100) rows from ``offset`` (0-based) of the
+      ``total_keys`` keys with a current tuning or with reports in the window, most reports
+      first, then model, GPU name, ``max_num_batched_tokens``, key hash: each key's current
       run in each environment (id, ``created_at``, ``age_s`` seconds, entries, trigger) and
       its reports: ``installed``, ``missed``, ``errors``, ``hit_rate`` = installed / all;
-    * ``wanted``: keys and environments pods asked for in the window that still have no
-      current tuning: distinct ``pods``, ``reports``, ``last_asked_at``, and the closest run
-      and its differing fields as the latest report carried them.
+    * ``wanted``: ``wanted_limit`` (1-1000, default 100) from ``wanted_offset`` of the
+      ``total_wanted`` keys and environments pods asked for in the window that still have
+      no current tuning, most distinct pods first (then most reports, latest asked, key
+      hash, environment hash): ``pods``, ``reports``, ``last_asked_at``, and the closest
+      run and its differing fields as the latest report carried them.
 
-    Three indexed reads in one transaction. 422 names an invalid ``hours``.
+    Pages by offset, not by cursor: the order is by report counts, which move as reports
+    arrive, so no position in it lasts; a client walks ``offset`` = 0, ``limit``, ... while
+    below ``total_keys`` (an offset past the end: an empty page, 200). Within one window the
+    pages neither overlap nor leave a key out; a key whose count changes between two
+    requests may move to another page.
+
+    Three indexed reads in one transaction; every key is counted and ordered, only the
+    page's rows are built. 422 names the parameter out of range (``hours``, ``limit``,
+    ``offset``, ``wanted_limit``, ``wanted_offset``).
     """
-    return reports.fleet_view(session, hours)
+    return reports.fleet_view(session, hours, limit=limit, offset=offset,
+                              wanted_limit=wanted_limit, wanted_offset=wanted_offset)
