@@ -6,7 +6,7 @@ import hashlib
 import time
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from tunecache.client.autotune_file import parse_autotune_file
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey
@@ -89,3 +89,15 @@ def stored_reports(database_url: str, expected: int, timeout: float = 15.0) -> l
             time.sleep(0.1)
     finally:
         engine.dispose()
+
+
+def plan_of(connection, statement) -> list[str]:
+    """The database's plan of ``statement`` (its parameters bound, as the service runs it), one step a line."""
+    compiled = statement.compile(dialect=connection.dialect)
+    params = compiled.construct_params()
+    if connection.dialect.name == "sqlite":
+        rows = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled.string}",
+                                          tuple(params[name] for name in compiled.positiontup))
+        return [str(row[-1]).strip() for row in rows]
+    connection.execute(text("SET LOCAL enable_seqscan = off"))  # tiny tables are read whole otherwise
+    return [row[0].strip() for row in connection.exec_driver_sql(f"EXPLAIN {compiled.string}", params)]

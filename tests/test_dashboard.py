@@ -36,7 +36,7 @@ import pytest
 from sqlalchemy import event, text
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, admin_token, as_admin, make_token
-from helpers import file_environment, h200_key, run_payload, stored_reports
+from helpers import file_environment, h200_key, plan_of, run_payload, stored_reports
 from tunecache.client.run_diff import parse_file_key
 from tunecache.contract import (
     EnvironmentMetadata,
@@ -476,17 +476,6 @@ def test_pages_make_as_many_queries_for_12_keys_as_for_3(engine, tmp_path):
     assert counts[0] == counts[1]
 
 
-def _plan(connection, statement) -> list[str]:
-    compiled = statement.compile(dialect=connection.dialect)
-    params = compiled.construct_params()
-    if connection.dialect.name == "sqlite":
-        rows = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled.string}",
-                                          tuple(params[name] for name in compiled.positiontup))
-        return [str(row[-1]).strip() for row in rows]
-    connection.execute(text("SET LOCAL enable_seqscan = off"))  # a tiny table is read whole otherwise
-    return [row[0].strip() for row in connection.exec_driver_sql(f"EXPLAIN {compiled.string}", params)]
-
-
 def test_the_reports_page_query_reads_an_index(engine):
     """The dashboard's own query (the others are the API's, checked in test_history.py)
     reaches ``pod_reports`` through an index, never by reading it whole."""
@@ -499,7 +488,7 @@ def test_the_reports_page_query_reads_an_index(engine):
     }
     with engine.begin() as connection:
         for name, query in queries.items():
-            plan = _plan(connection, query)
+            plan = plan_of(connection, query)
             assert any("ix_pod_reports" in step for step in plan), (name, plan)
             assert not any(step.startswith("Seq Scan") or step == "SCAN pod_reports" for step in plan), (name, plan)
 

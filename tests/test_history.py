@@ -15,10 +15,10 @@ import json
 
 import httpx
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import update
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, as_admin, tunecache
-from helpers import file_environment, h200_key, run_payload
+from helpers import file_environment, h200_key, plan_of, run_payload
 from tunecache.client.http import TunecacheClient
 from tunecache.contract import (
     RUN_CSV_COLUMNS,
@@ -224,6 +224,11 @@ def test_bad_parameters_are_422_naming_them(app_client):
 
     assert problem("/v1/tunings", cursor="not-a-cursor")[0] == ["query", "cursor"]
     assert problem("/v1/tunings", since="2026-12-01T08:00:00")[0] == ["query", "since"]  # no time zone
+    # outside the years 1-9999 once in UTC (was a 500 from the database layer; the CSV export an empty body)
+    assert problem("/v1/tunings", since="0001-01-01T00:00:00+05:00") == (["query", "since"],
+                                                                         "Value error, is outside the years 1-9999 once in UTC")
+    assert problem("/v1/tunings", until="9999-12-31T23:59:59-05:00")[0] == ["query", "until"]
+    assert problem("/v1/tunings", format="csv", since="0001-01-01T00:00:00+05:00")[0] == ["query", "since"]
     assert problem("/v1/tunings", format="xml")[0] == ["query", "format"]
     assert problem("/v1/tunings", flashinfer_versio="0.7.4")[0] == ["query", "flashinfer_versio"]
     assert problem("/v1/tunings", arch="hopper")[0] == ["query", "arch"]
@@ -260,6 +265,8 @@ def test_history_cli_filters_pages_and_says_what_is_wrong(seeded):
 
     for args, named in ((["--env", "flashinfer=0.7.4"], "--env 'flashinfer=0.7.4'"),
                         (["--since", "yesterday"], "--since 'yesterday'"),
+                        (["--since", "9999999999d"], "--since '9999999999d'"),
+                        (["--until", "0001-01-01T00:00:00+05:00"], "--until"),
                         (["--status", "done"], "--status"),
                         (["--arch", "hopper"], "--arch"),
                         (["--since", "1d", "--until", "2d"], "until")):
@@ -374,18 +381,6 @@ def test_fleet_matrix_hit_rates_and_wanted_list_from_seeded_reports(server, data
     assert tunecache("fleet", "--server", server, "--limit", "1001").returncode == 2
 
 
-def _plan(connection, statement) -> list[str]:
-    """The database's plan of ``statement`` (its parameters bound, as the service runs it), one step a line."""
-    compiled = statement.compile(dialect=connection.dialect)
-    params = compiled.construct_params()
-    if connection.dialect.name == "sqlite":
-        rows = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled.string}",
-                                          tuple(params[name] for name in compiled.positiontup))
-        return [str(row[-1]).strip() for row in rows]
-    connection.execute(text("SET LOCAL enable_seqscan = off"))  # tiny tables are read whole otherwise
-    return [row[0].strip() for row in connection.exec_driver_sql(f"EXPLAIN {compiled.string}", params)]
-
-
 def _reads_whole(plan: list[str], table: str) -> bool:
     """Whether the plan reads ``table`` whole (PostgreSQL: a sequential scan; SQLite: a scan
     without an index)."""
@@ -417,14 +412,14 @@ def test_history_and_fleet_queries_are_answered_from_indexes(engine):
     }
     with engine.begin() as connection:
         for statement in (history["newest first"], history["after a cursor"]):
-            assert any("ix_tuning_runs_created_id" in step for step in _plan(connection, statement))
+            assert any("ix_tuning_runs_created_id" in step for step in plan_of(connection, statement))
         for name, statement in history.items():
-            plan = _plan(connection, statement)
+            plan = plan_of(connection, statement)
             assert any("ix_tuning_runs_" in step for step in plan), (name, plan)
             assert not _reads_whole(plan, "tuning_runs"), (name, plan)
         for name, (statement, index) in fleet.items():
-            plan = _plan(connection, statement)
+            plan = plan_of(connection, statement)
             assert any(index in step for step in plan), (name, plan)
             assert not _reads_whole(plan, "pod_reports"), (name, plan)
-        plan = _plan(connection, reports.CURRENT_RUNS)  # the matrix: every current tuning, by primary keys
+        plan = plan_of(connection, reports.CURRENT_RUNS)  # the matrix: every current tuning, by primary keys
         assert not any(_reads_whole(plan, table) for table in ("tuning_runs", "tuning_keys", "environments")), plan

@@ -121,6 +121,23 @@ def test_run_with_unuploaded_artifact_is_refused(session):
     assert repository.list_runs(session).total == 0
 
 
+def test_a_flashinfer_artifact_that_is_not_a_flashinfer_file_is_refused(session, app_client):
+    """A run whose flashinfer_autotune_v1 artifact is not FlashInfer's autotune file is
+    refused (pods would install it where FlashInfer reads it); nothing is stored."""
+    data = b"hello"
+    digest = hashlib.sha256(data).hexdigest()
+    blobs.store_blob(session, io.BytesIO(data), digest)
+    session.commit()
+    payload = run_payload(CUDNN_FILE)
+    payload["artifacts"][0].update(sha256=digest)
+    with pytest.raises(repository.NotAFlashInferFile, match="is not JSON"):
+        repository.record_run(session, TuningRunCreate.model_validate(payload))
+    session.rollback()
+    answer = app_client.post("/v1/tunings", json=payload)
+    assert answer.status_code == 422 and "flashinfer_autotune_v1 artifact must be one" in answer.json()["detail"]
+    assert repository.list_runs(session).total == 0
+
+
 def test_blobs_are_content_addressed_chunked_and_checked(session, monkeypatch):
     monkeypatch.setattr(blobs, "CHUNK_BYTES", 4096)  # several chunks from a 19 kB file
     data = CUBLASLT_FILE.read_bytes()

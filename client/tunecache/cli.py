@@ -570,13 +570,19 @@ def time_option(option: str, value: str | None) -> dt.datetime | None:
     age = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", value)
     if age:
         unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[age.group(2)]
-        return dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=float(age.group(1)) * unit)
+        try:
+            return dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=float(age.group(1)) * unit)
+        except (OverflowError, ValueError):
+            fail(ExitCode.USAGE, f"{option} {value[:80]!r} reaches back before the year 1")
     try:
         when = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+        when = when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)
+        return when.astimezone(dt.timezone.utc)
     except ValueError:
         fail(ExitCode.USAGE, f"{option} {value[:80]!r} is not an ISO 8601 time (2026-12-01T08:00:00Z) "
                              "or an age (90m, 24h, 7d)")
-    return when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)
+    except OverflowError:
+        fail(ExitCode.USAGE, f"{option} {value[:80]!r} is outside the years 1-9999 once in UTC")
 
 
 def _query_error(exc: ValidationError) -> str:

@@ -559,8 +559,17 @@ def _iso_date_time(value: Any) -> Any:
     return value
 
 
-#: A timezone-aware time given as ISO 8601 (``2026-12-01T08:00:00Z``), never as a number.
-IsoDateTime = Annotated[AwareDatetime, BeforeValidator(_iso_date_time)]
+def _in_utc(value: dt.datetime) -> dt.datetime:
+    """The time in UTC, as the service stores and compares times; one that falls outside
+    the years 1-9999 there (``0001-01-01T00:00:00+05:00``) is refused."""
+    try:
+        return value.astimezone(dt.timezone.utc)
+    except OverflowError:
+        raise ValueError("is outside the years 1-9999 once in UTC") from None
+
+
+#: A timezone-aware time given as ISO 8601 (``2026-12-01T08:00:00Z``), never as a number; in UTC.
+IsoDateTime = Annotated[AwareDatetime, BeforeValidator(_iso_date_time), AfterValidator(_in_utc)]
 
 
 class TuningRunQuery(BaseModel):

@@ -54,7 +54,6 @@ from tunecache.contract import (
     PodReportCreate,
     ReportOutcome,
     TuningKey,
-    WantedTuning,
 )
 from tunecache.service.models import (CurrentTuning, Environment, PodReport, TuningGeneration, TuningKeyRow, TuningRun,
                                       utcnow)

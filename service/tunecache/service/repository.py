@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Select, func, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from tunecache.contract import (
+    ArtifactKind,
     ENVIRONMENT_FIELDS,
     KEY_FIELDS,
     ArtifactRead,
@@ -33,7 +34,8 @@ from tunecache.contract import (
     differences,
     encode_run_cursor,
 )
-from tunecache.service import dialect
+from tunecache.client.autotune_file import NotAnAutotuneFile, parse_autotune_file
+from tunecache.service import blobs, dialect
 from tunecache.service.models import (
     ArtifactBlob,
     CurrentTuning,
@@ -54,6 +56,11 @@ _CANDIDATE_LIMIT = 500
 
 class IndeterminateEnvironment(ValueError):
     """A run's environment has fields FlashInfer could not detect; it could never be loaded."""
+
+
+class NotAFlashInferFile(ValueError):
+    """A run's ``flashinfer_autotune_v1`` artifact is not a FlashInfer autotune file (pods
+    would install it where FlashInfer reads it)."""
 
 
 def _key_filter(key: TuningKey):
@@ -146,6 +153,9 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
 
     Raises:
         ArtifactsMissing: an artifact's sha256 has no uploaded bytes.
+        NotAFlashInferFile: a ``flashinfer_autotune_v1`` artifact that
+            :func:`tunecache.client.autotune_file.parse_autotune_file` refuses (not JSON,
+            no ``_metadata``, ...).
         IndeterminateEnvironment: a succeeded run whose environment has ``"unknown"``
             fields (FlashInfer's ``load_configs`` would reject its file everywhere).
     """
@@ -164,6 +174,12 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     )
     if missing := [s for s in shas if s not in sizes]:
         raise ArtifactsMissing(missing)
+    for artifact in run.artifacts:
+        if artifact.kind is ArtifactKind.FLASHINFER_AUTOTUNE:
+            try:
+                parse_autotune_file(blobs.read_blob(session, artifact.sha256) or b"", f"artifact {artifact.name!r}")
+            except NotAnAutotuneFile as exc:
+                raise NotAFlashInferFile(f"{exc} (a {ArtifactKind.FLASHINFER_AUTOTUNE} artifact must be one)") from None
 
     key_row = get_or_create_key(session, run.key)
     env_row = _get_or_create_environment(session, run.environment)

@@ -46,12 +46,13 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
     the current tuning of its key and environment; with a ``push`` token it is stored as
     a pod's run (trigger ``pod``, unverified) and never becomes current: the token decides,
     never the body. Earlier runs stay in the history. Errors: 422 for an invalid body (pydantic names the field), for
-    artifacts whose bytes were never uploaded (``missing`` lists their sha256), and for a
+    artifacts whose bytes were never uploaded (``missing`` lists their sha256), for a
+    ``flashinfer_autotune_v1`` artifact that is not a FlashInfer autotune file, and for a
     succeeded run whose environment has fields FlashInfer reported as ``"unknown"``.
     """
     try:  # ArtifactsMissing: 422 with "missing" (tunecache.service.errors)
         run = repository.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name)
-    except repository.IndeterminateEnvironment as exc:
+    except (repository.IndeterminateEnvironment, repository.NotAFlashInferFile) as exc:
         raise HTTPException(422, detail=str(exc)) from None
     request.state.audit_detail = (f"run {run.id} ({run.trigger}, {'verified' if run.verified else 'unverified'}"
                                   f"{', current' if run.is_current else ''}) of {run.key.model}")
