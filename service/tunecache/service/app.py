@@ -61,7 +61,10 @@ def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
         return None
     lock = _worker_lock(settings)
     if lock is None:
-        app.state.worker_status = WorkerStatus(enabled=False, reason="another process of this node runs the job worker")
+        # the process holding the lock runs the worker, or found no GPU: only it knows which
+        app.state.worker_status = WorkerStatus(
+            enabled=False, reason="another process of this node holds the job worker's lock (it runs the worker, "
+                                  "or found no GPU; its /v1/health says which)")
         return None
     app.state.worker_lock = lock
     gpu, reason = detect_gpu()
