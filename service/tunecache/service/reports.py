@@ -55,7 +55,8 @@ from tunecache.contract import (
     ReportOutcome,
     TuningKey,
 )
-from tunecache.service.models import (CurrentTuning, Environment, PodReport, TuningGeneration, TuningKeyRow, TuningRun,
+from tunecache.service import repository
+from tunecache.service.models import (CurrentTuning, Environment, PodReport, TuningKeyRow, TuningRun,
                                       utcnow)
 
 #: The key fields of a report row, in :data:`tunecache.contract.KEY_FIELDS` order.
@@ -176,9 +177,6 @@ CURRENT_KEYS = select(TuningKeyRow.id, *(getattr(TuningKeyRow, f) for f in KEY_F
 CURRENT_ENVIRONMENTS = select(Environment.id, Environment.env_hash, Environment.flashinfer_version).where(
     Environment.id.in_(select(CurrentTuning.environment_id)))
 
-#: The tuning generation (:func:`tunecache.service.repository.generation`); ``None`` without its row.
-GENERATION = select(TuningGeneration.value).where(TuningGeneration.id == 1)
-
 #: A JSON integer as JSON writes it (what ``json.loads`` reads as an ``int``).
 _JSON_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
 
@@ -271,7 +269,7 @@ def current_tunings(session: Session) -> CurrentTunings:
     a generation row nothing is kept.
     """
     connection = session.connection()
-    generation = connection.scalar(GENERATION)
+    generation = connection.scalar(repository.GENERATION)  # None without its row: nothing is kept
     engine = connection.engine
     with _current_lock:
         kept = _current_by_engine.get(engine)

@@ -227,11 +227,15 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
 
 
+#: The generation's one row (``None`` where the row is missing).
+GENERATION = select(TuningGeneration.value).where(TuningGeneration.id == 1)
+
+
 def generation(session: Session | Connection) -> int:
     """The current generation of the current tunings: it moves (in the same transaction)
     whenever a run becomes current, so an answer computed at generation ``g`` is still
     right while this returns ``g``. Takes a session or a plain (autocommit) connection."""
-    return session.scalar(select(TuningGeneration.value).where(TuningGeneration.id == 1)) or 0
+    return session.scalar(GENERATION) or 0
 
 
 def get_run(session: Session, run_id: int) -> TuningRunRead | None:
