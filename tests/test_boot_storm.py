@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from pathlib import Path
+
+from tunecache.client.http import KEEPALIVE_EXPIRY_S
 
 from conftest import CUDNN_FILE, CUBLASLT_FILE, free_port, tunecache, tunecache_executable, make_token, as_admin
 from helpers import h200_key, run_payload
@@ -45,7 +48,10 @@ async def _storm(server: str, body: dict, sha: str) -> list[tuple[int, str | Non
     """PODS pods booting over and over for STORM_SECONDS: (status, Retry-After) of every answer."""
     answers: list[tuple[int, str | None]] = []
     deadline = time.monotonic() + STORM_SECONDS
-    limits = httpx.Limits(max_connections=PODS, max_keepalive_connections=PODS)
+    # Idle connections are dropped before the service's keep-alive (5 s) closes them, as
+    # tunecache's client does (KEEPALIVE_EXPIRY_S): with httpx's default of 5 s, a pod now and
+    # then reused a connection at the moment the service closed it and read a reset.
+    limits = httpx.Limits(max_connections=PODS, max_keepalive_connections=PODS, keepalive_expiry=KEEPALIVE_EXPIRY_S)
     async with httpx.AsyncClient(base_url=server, limits=limits, timeout=30) as client:
 
         async def pod() -> None:
@@ -114,6 +120,37 @@ def test_three_hundred_pods_booting_at_once_are_all_answered(database_url, tmp_p
         assert time.monotonic() - started < 2
     finally:
         _stop(process)
+
+
+def _idle_connection_closed_after(url: str, seconds: float) -> bool:
+    """One HTTP/1.1 request on a raw socket, then ``seconds`` idle: has the service closed it?"""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: tunecache\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(seconds)
+        sock.settimeout(0.5)
+        try:
+            return sock.recv(1) == b""
+        except TimeoutError:
+            return False
+
+
+def test_idle_connections_are_closed_after_the_keep_alive_setting(tmp_path):
+    """``TUNECACHE_KEEP_ALIVE_SECONDS`` reaches uvicorn: behind a proxy it must outlast the
+    proxy's idle timeout, and tunecache's client expires its idle connections before it."""
+    sqlite_url = f"sqlite:///{tmp_path / 'keep-alive.db'}"
+    assert KEEPALIVE_EXPIRY_S < 5
+    short, short_url = _start(sqlite_url, tmp_path, "short", TUNECACHE_KEEP_ALIVE_SECONDS="1")
+    try:
+        assert _idle_connection_closed_after(short_url, 2.5)
+    finally:
+        _stop(short)
+    default, default_url = _start(sqlite_url, tmp_path, "default")
+    try:
+        assert not _idle_connection_closed_after(default_url, 2.5)
+    finally:
+        _stop(default)
 
 
 @pytest.mark.postgres

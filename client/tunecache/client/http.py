@@ -76,6 +76,10 @@ DEFAULT_ATTEMPTS = 3
 DEFAULT_TOTAL_TIMEOUT_S = 120.0
 #: The most seconds a server's ``Retry-After`` is obeyed by default.
 DEFAULT_MAX_RETRY_AFTER_S = 30.0
+#: Seconds an idle connection is kept for the next request: below the service's own
+#: keep-alive (``TUNECACHE_KEEP_ALIVE_SECONDS``, 5 s by default), so that the client never
+#: reuses a connection the service is closing at that moment (a reset, then a retry).
+KEEPALIVE_EXPIRY_S = 2.0
 #: Seconds one install (the lookup and every artifact download together) may take, by default.
 DEFAULT_INSTALL_DEADLINE_S = 30.0
 #: Seconds one install report may take in all (``TUNECACHE_REPORT_TIMEOUT``), by default.
@@ -302,7 +306,7 @@ class TunecacheClient:
         except (ssl.SSLError, OSError) as exc:
             raise ValueError(f"TUNECACHE_CA_BUNDLE={str(ca_bundle)!r} holds no usable PEM certificates: {exc}") from None
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers,
-                                  verify=verify)
+                                  verify=verify, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
 
     @classmethod
     def from_settings(cls, settings: ClientSettings, url: str | None = None, **kwargs: Any) -> "TunecacheClient":

@@ -141,6 +141,7 @@ def serve(
     try:
         uvicorn.run("tunecache.service.app:create_app", factory=True, host=settings.host, port=settings.port,
                     workers=settings.workers, log_level="info", access_log=settings.access_log,
+                    timeout_keep_alive=settings.keep_alive_seconds,
                     timeout_graceful_shutdown=10,
                     ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
                     ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)

@@ -58,6 +58,10 @@ class Settings(BaseSettings):
       ``<org>/<name>/config.json`` per model: a tuning job that carries no ``hf_config``
       is tuned with its model's file here (a name with ``..``, an absolute name or a
       symlink out of the directory finds nothing). Unset: such a job fails at once.
+    * ``TUNECACHE_KEEP_ALIVE_SECONDS``: an idle HTTP/1.1 connection is closed after this
+      long (uvicorn's ``timeout_keep_alive``, 5 s). Behind a proxy or load balancer that
+      keeps connections to the service open, set it above the proxy's idle timeout: a
+      connection the service closes just as the proxy reuses it is reset.
     * ``TUNECACHE_ACCESS_LOG``: log every request (uvicorn's access log; off by default:
       under a boot storm it costs a fifth of the CPU).
     * ``TUNECACHE_REPORT_RETENTION_DAYS``: pod reports (``POST /v1/reports``) older than
@@ -92,6 +96,7 @@ class Settings(BaseSettings):
     retry_after_seconds: int = Field(default=1, gt=0, le=3600)
     lookup_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
     max_json_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    keep_alive_seconds: int = Field(default=5, gt=0, le=3600)
     access_log: bool = False
     job_request_rate: str = "30/minute"
     read_token_required: bool = False
