@@ -37,7 +37,8 @@ def _installer(barrier, jit: bytes, deep_gemm: bytes, root, failures) -> None:
         try:
             install_jit_module(jit, root / "workspace")
             install_deep_gemm_cache(deep_gemm, root / "deep_gemm" / "run-7")
-            install_vllm_rank_files(CUDNN_FILE.read_bytes(), root / "vllm", CONFIG_HASH, [(0, 0), (0, 1)])
+            install_vllm_rank_files(CUDNN_FILE.read_bytes(), root / "vllm", CONFIG_HASH,
+                                    ["autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json"])
         except Exception:
             failures.put(traceback.format_exc())
 

@@ -74,7 +74,8 @@ def test_every_rank_gets_a_matching_file_at_once(tmp_path):
     stale.parent.mkdir(parents=True)
     stale.write_text("{}")
     ranks = [(0, 0), (0, 1), (1, 0), (1, 1)]
-    paths = install_vllm_rank_files(CUDNN_FILE.read_bytes(), root, CONFIG_HASH, ranks)
+    paths = install_vllm_rank_files(CUDNN_FILE.read_bytes(), root, CONFIG_HASH,
+                                    [vllm_rank_file_name(d, r) for d, r in ranks])
     assert sorted(p.name for p in (root / CONFIG_HASH).iterdir()) == sorted(vllm_rank_file_name(d, r) for d, r in ranks)
     assert len({vllm_fingerprint(p) for p in paths}) == 1  # vLLM loads only if all ranks agree
     assert all(p.read_bytes() == CUDNN_FILE.read_bytes() for p in paths)

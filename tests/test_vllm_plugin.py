@@ -61,12 +61,19 @@ STAND_IN = {
     "vllm/model_executor/warmup/flashinfer_autotune_cache.py": textwrap.dedent('''
         import os
         from pathlib import Path
-        def flashinfer_autotune_root():
-            return Path(os.environ["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"])
         def flashinfer_autotune_cache_hash(runner):
             return "ef" * 32
-        def flashinfer_autotune_filename(dp_rank, rank):
-            return f"autotune_configs_dp{dp_rank}_rank{rank}.json"
+        if os.environ.get("STAND_IN_VLLM_LAYOUT") == "0.25":
+            # vLLM 0.25: one autotune_configs.json, made ready (its directory) by the resolver
+            def resolve_flashinfer_autotune_file(runner):
+                directory = Path(os.environ["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"]) / flashinfer_autotune_cache_hash(runner)
+                directory.mkdir(parents=True, exist_ok=True)
+                return directory / "autotune_configs.json"
+        else:
+            def flashinfer_autotune_root():
+                return Path(os.environ["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"])
+            def flashinfer_autotune_filename(dp_rank, rank):
+                return f"autotune_configs_dp{dp_rank}_rank{rank}.json"
     '''),
     "vllm/model_executor/warmup/deep_gemm_warmup.py": textwrap.dedent('''
         import os
@@ -92,8 +99,22 @@ STAND_IN = {
                     return False
                 seen.add((json.dumps(doc.get("_metadata"), sort_keys=True), len(doc)))
             return len(seen) == 1
+        def _flashinfer_autotune_025(runner, group):
+            # vLLM 0.25: a multi-process engine tunes every rank and reads no file
+            if group.world_size > 1:
+                return {"tunes_every_rank": True}
+            path = c.resolve_flashinfer_autotune_file(runner)
+            try:  # FlashInfer's load_configs takes a JSON object with its _metadata
+                document = json.loads(path.read_bytes())
+                loadable = isinstance(document, dict) and "_metadata" in document
+            except (OSError, ValueError):
+                loadable = False
+            return {"file_present_at_warmup": path.is_file(), "loadable": loadable}
         def flashinfer_autotune(runner):
             group = get_world_group()
+            if hasattr(c, "resolve_flashinfer_autotune_file"):
+                record("flashinfer_autotune", **_flashinfer_autotune_025(runner, group))
+                return
             directory = c.flashinfer_autotune_root() / c.flashinfer_autotune_cache_hash(runner)
             seen = {"file_present_at_warmup": (directory / c.flashinfer_autotune_filename(0, group.rank_in_group)).is_file(),
                     "loadable": _loadable(directory, group.world_size)}
@@ -131,7 +152,8 @@ WORKER = textwrap.dedent('''
     plugin.load()()   # what vllm.plugins.load_general_plugins does in each worker (WorkerWrapperBase.init_worker)
     from vllm.v1.worker.gpu_worker import Worker   # imported after the plugins, as init_worker does
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    config = NS(model_config=NS(model="meta-llama/Llama-3.1-8B"),
+    config = NS(model_config=NS(model=os.environ.get("STAND_IN_MODEL", "meta-llama/Llama-3.1-8B"),
+                                served_model_name=os.environ.get("STAND_IN_SERVED_MODEL_NAME")),
                 scheduler_config=NS(max_num_batched_tokens=8192),
                 parallel_config=NS(tensor_parallel_size=world_size, data_parallel_rank=0))
     if os.environ.get("STAND_IN_INSTANCE_ID"):
@@ -309,6 +331,49 @@ def test_deep_gemm_cache_of_a_run_is_merged_into_the_pods_deep_gemm_directory(se
     assert seen["deep_gemm_warmup"] == {"DG_JIT_CACHE_DIR": expected}
     assert seen["flashinfer_autotune"] == {"file_present_at_warmup": True, "loadable": True, "DG_JIT_CACHE_DIR": expected}
     assert (installed / "cache" / "kernel.abc" / "kernel.cubin").read_bytes() == b"cubin"
+
+
+def test_vllm_025_single_process_engine_reads_the_installed_file(server, tmp_path):
+    """vLLM 0.25's layout (``resolve_flashinfer_autotune_file``: ``<root>/<hash>/
+    autotune_configs.json``), the one the H200's vLLM has: the run becomes that file before
+    vLLM's FlashInfer autotune opens it."""
+    assert push(server).returncode == 0
+    seen, log = run_worker(tmp_path, TUNECACHE_URL=server, STAND_IN_VLLM_LAYOUT="0.25")
+    assert seen["flashinfer_autotune"] == {"file_present_at_warmup": True, "loadable": True}
+    installed = tmp_path / "vllm-autotune" / CONFIG_HASH / "autotune_configs.json"
+    assert installed.read_bytes() == CUDNN_FILE.read_bytes()
+    assert sorted(p.name for p in installed.parent.iterdir()) == ["autotune_configs.json"]
+    [line] = tunecache_lines(log)
+    assert line.startswith(f"tunecache: installed run 1 (42 entries, 0 JIT modules) for meta-llama/Llama-3.1-8B into "
+                           f"{installed.parent} (rank 0)")
+
+
+def test_vllm_025_multi_process_engine_is_told_it_tunes_itself(server, tmp_path):
+    """vLLM 0.25 tunes every rank of a TP=2 engine and reads no file: each worker says so in
+    one line and nothing is written."""
+    assert push(server).returncode == 0
+    workers, _ = run_pod(tmp_path, 2, TUNECACHE_URL=server, STAND_IN_VLLM_LAYOUT="0.25")
+    for seen, log in workers:
+        assert seen["flashinfer_autotune"] == {"tunes_every_rank": True}
+        assert tunecache_lines(log) == ["tunecache: no tuning installed, vLLM will tune: SingleProcessLayout: this vLLM "
+                                        "tunes every rank of a 2-process engine itself and reads no autotune file "
+                                        "(vLLM 0.25's kernel_warmup.flashinfer_autotune)"]
+    assert not (tmp_path / "vllm-autotune").exists()
+
+
+def test_a_pod_serving_weights_from_a_directory_asks_for_its_served_model_name(server, tmp_path):
+    """``model=/models/llama`` with ``--served-model-name meta-llama/Llama-3.1-8B``: the key's
+    model is the served name (vLLM's ``served_model_name``), so the pod finds the tuning."""
+    assert push(server).returncode == 0
+    seen, log = run_worker(tmp_path, TUNECACHE_URL=server, STAND_IN_MODEL="/models/llama",
+                           STAND_IN_SERVED_MODEL_NAME="meta-llama/Llama-3.1-8B")
+    assert seen["flashinfer_autotune"] == {"file_present_at_warmup": True, "loadable": True}
+    [line] = tunecache_lines(log)
+    assert line.startswith("tunecache: installed run 1 (42 entries, 0 JIT modules) for meta-llama/Llama-3.1-8B into")
+    seen, log = run_worker(tmp_path, TUNECACHE_URL=server, STAND_IN_MODEL="/models/llama",
+                           VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=str(tmp_path / "another-pod"))
+    assert seen["flashinfer_autotune"] == {"file_present_at_warmup": False, "loadable": False}
+    assert "tunecache: no tuning installed, vLLM will tune:" in log and "/models/llama" in log
 
 
 def test_an_unexpected_vllm_layout_is_logged_not_raised(tmp_path):

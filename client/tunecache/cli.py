@@ -75,7 +75,13 @@ from tunecache.client.install import (
 )
 from tunecache.client.report import installing
 from tunecache.client.jit_install import BadJitArtifact
-from tunecache.client.layouts import flashinfer_v2_root, install_v2_store, install_vllm_rank_files, vllm_autotune_root
+from tunecache.client.layouts import (
+    flashinfer_v2_root,
+    install_v2_store,
+    install_vllm_rank_files,
+    vllm_autotune_root,
+    vllm_rank_file_name,
+)
 from tunecache.client.settings import load_client_settings
 from tunecache.contract import (
     TOKEN_NAME_PATTERN,
@@ -370,7 +376,8 @@ def pull(
                         # vLLM's world rank: data_parallel_rank * (tp * pp) + local rank
                         per_dp = tensor_parallel_size * pipeline_parallel_size
                         ranks = [(dp, dp * per_dp + rank) for dp in range(data_parallel_size) for rank in range(per_dp)]
-                        paths = install_vllm_rank_files(fetched.autotune, root, vllm_config_hash, ranks)
+                        paths = install_vllm_rank_files(fetched.autotune, root, vllm_config_hash,
+                                                        [vllm_rank_file_name(dp, rank) for dp, rank in ranks])
                     else:
                         paths = [install_v2_store(fetched.autotune, root)]
                 report.installed(run_id, len(modules), not_installed)

@@ -79,22 +79,24 @@ def vllm_autotune_root() -> Path:
     return Path(cache_root).expanduser() / "flashinfer_autotune_cache" / subdir
 
 
-def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, ranks: list[tuple[int, int]]) -> list[Path]:
+def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, file_names: list[str]) -> list[Path]:
     """Write ``data`` as every rank's file under ``root/config_hash/``, all at once.
 
     Args:
         data: a FlashInfer v1 autotune file.
-        ranks: ``(dp_rank, rank)`` of every process of the pod.
+        file_names: the file of every process of the pod, as vLLM names it: vLLM 0.33's
+            :func:`vllm_rank_file_name` per ``(dp_rank, rank)``, or vLLM 0.25's single
+            ``autotune_configs.json`` (``resolve_flashinfer_autotune_file``).
 
     Returns the paths written. Raises OSError (disk full, permissions); then nothing changed.
     """
-    if not ranks:
+    if not file_names:
         raise ValueError("no ranks to install for")
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=root))
     try:
-        for dp_rank, rank in ranks:
-            path = staging / vllm_rank_file_name(dp_rank, rank)
+        for name in file_names:
+            path = staging / name
             path.write_bytes(data)
             path.chmod(0o644)
         staging.chmod(0o755)
@@ -103,7 +105,7 @@ def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, ranks: li
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return [root / config_hash / vllm_rank_file_name(dp, rank) for dp, rank in ranks]
+    return [root / config_hash / name for name in file_names]
 
 
 def flashinfer_v2_root() -> Path:

@@ -3,7 +3,7 @@
 Registered in the ``vllm.general_plugins`` entry-point group, which vLLM loads in every
 worker process (``vllm/plugins/__init__.py::load_general_plugins``, called from
 ``WorkerWrapperBase.init_worker`` before the worker class ``vllm.v1.worker.gpu_worker`` is
-imported). With ``TUNECACHE_URL`` set, :func:`register` wraps vLLM 0.33's
+imported). With ``TUNECACHE_URL`` set, :func:`register` wraps vLLM's (0.25 to 0.33)
 ``vllm.model_executor.warmup.kernel_warmup.kernel_warmup(worker)`` (and re-binds that name
 in any module that imported it already), which ``Worker.compile_or_warm_up_model`` calls and
 which runs, in order, DeepGEMM warmup, ``flashinfer_autotune(runner)`` and FlashInfer's
@@ -23,8 +23,14 @@ once per worker process, in whichever hook comes first, so before DeepGEMM warmu
   :data:`INSTALL_WAIT_MARGIN_S`), read that record and look nothing up: every worker of the
   pod gets the same run, or the same miss or failure. A record of another instance (an
   earlier boot on a persistent volume) means a fresh lookup.
-* **All ranks or none.** The run's bytes become every rank's v1 file
-  ``<root>/<hash>/autotune_configs_dp{dp}_rank{rank}.json`` at once
+* **Both vLLM layouts.** vLLM 0.33 reads one v1 file per rank,
+  ``<root>/<hash>/autotune_configs_dp{dp}_rank{rank}.json``; vLLM 0.25 (the release that
+  pins torch 2.11 and FlashInfer 0.6.13) reads ``<root>/<hash>/autotune_configs.json``
+  (``resolve_flashinfer_autotune_file``) in a single-process engine only, and tunes every
+  rank of a larger one itself: there the plugin says so and installs nothing (:func:`_pod`).
+* **The served model.** The key's model is vLLM's ``served_model_name`` (``model`` when
+  none is given), so a pod loading weights from a directory asks for the model it serves.
+* **All ranks or none.** The run's bytes become every rank's v1 file at once
   (:func:`tunecache.client.layouts.install_vllm_rank_files`: staged, then the whole
   ``<hash>`` directory renamed into place), so a full disk or any failure leaves no partial
   rank set; or FlashInfer's v2 store when vLLM uses it (``use_flashinfer_autotune_v2()``:
@@ -175,16 +181,21 @@ def _push_back_once(runner: Any, installed: PodInstall) -> None:
     _push_back_safely(runner, settings)
 
 
+class SingleProcessLayout(Exception):
+    """vLLM 0.25's layout in an engine of several processes: vLLM tunes every rank itself
+    and reads no autotune file, so there is nothing to install tactics into."""
+
+
 @dataclass(frozen=True)
 class _Pod:
     """This worker's place in its pod, all from vLLM's own functions and config."""
 
     root: Path
     config_hash: str
-    dp_rank: int
     rank: int
-    world_size: int
     instance: str
+    file_names: tuple[str, ...]
+    """The file of every worker of the pod under ``root/config_hash``, as vLLM names them."""
     rank_file: Path
     """This worker's own v1 file, as vLLM names it."""
 
@@ -196,31 +207,44 @@ class _Pod:
     def marker(self) -> Path:
         return self.root / ".tunecache" / f"{self.config_hash}.json"
 
-    @property
-    def ranks(self) -> list[tuple[int, int]]:
-        return [(self.dp_rank, rank) for rank in range(self.world_size)]
-
     def shown_ranks(self) -> str:
-        return f"rank {self.rank}" if self.world_size == 1 else f"ranks 0-{self.world_size - 1}"
+        count = len(self.file_names)
+        return f"rank {self.rank}" if count == 1 else f"ranks 0-{count - 1}"
 
 
 def _pod(runner: Any) -> _Pod:
+    """Where this worker's vLLM reads its FlashInfer autotune file, in either layout of
+    ``vllm/model_executor/warmup/flashinfer_autotune_cache.py``:
+
+    * vLLM 0.33: ``flashinfer_autotune_root()/flashinfer_autotune_cache_hash(runner)/
+      flashinfer_autotune_filename(dp_rank, rank)``, one file per rank of the world group;
+    * vLLM 0.25: ``resolve_flashinfer_autotune_file(runner)`` (the same root and hash,
+      ``autotune_configs.json``), read by a single-process engine only
+      (``kernel_warmup.flashinfer_autotune``: with a world size above 1 every rank tunes).
+
+    Raises:
+        SingleProcessLayout: vLLM 0.25's layout with a world size above 1.
+        AttributeError: neither layout (another vLLM).
+    """
     from vllm.distributed.parallel_state import get_world_group
     from vllm.model_executor.warmup import flashinfer_autotune_cache as cache
 
     group = get_world_group()
     config = runner.vllm_config
-    root, config_hash = Path(cache.flashinfer_autotune_root()), str(cache.flashinfer_autotune_cache_hash(runner))
     dp_rank, rank = int(config.parallel_config.data_parallel_rank), int(group.rank_in_group)
-    return _Pod(
-        root=root,
-        config_hash=config_hash,
-        dp_rank=dp_rank,
-        rank=rank,
-        world_size=int(getattr(group, "world_size", 1)),
-        instance=_instance_id(config),
-        rank_file=root / config_hash / cache.flashinfer_autotune_filename(dp_rank, rank),
-    )
+    world_size = int(getattr(group, "world_size", 1))
+    if hasattr(cache, "flashinfer_autotune_root"):
+        root, config_hash = Path(cache.flashinfer_autotune_root()), str(cache.flashinfer_autotune_cache_hash(runner))
+        names = tuple(cache.flashinfer_autotune_filename(dp_rank, r) for r in range(world_size))
+        own = names[rank]
+    else:
+        if world_size > 1:
+            raise SingleProcessLayout(f"this vLLM tunes every rank of a {world_size}-process engine itself and reads no "
+                                      "autotune file (vLLM 0.25's kernel_warmup.flashinfer_autotune)")
+        path = Path(cache.resolve_flashinfer_autotune_file(runner))
+        root, config_hash, names, own = path.parent.parent, path.parent.name, (path.name,), path.name
+    return _Pod(root=root, config_hash=config_hash, rank=rank, instance=_instance_id(config), file_names=names,
+                rank_file=root / config_hash / own)
 
 
 def _instance_id(config: Any) -> str:
@@ -237,18 +261,6 @@ def _instance_id(config: Any) -> str:
     except (OSError, IndexError):
         started, boot = "?", "?"
     return f"ppid:{socket.gethostname()}:{boot}:{parent}:{started}"
-
-
-def _rank_file(runner: Any) -> Path:
-    from vllm.distributed.parallel_state import get_world_group
-    from vllm.model_executor.warmup import flashinfer_autotune_cache as cache
-
-    config = runner.vllm_config
-    return (
-        Path(cache.flashinfer_autotune_root())
-        / cache.flashinfer_autotune_cache_hash(runner)
-        / cache.flashinfer_autotune_filename(config.parallel_config.data_parallel_rank, get_world_group().rank_in_group)
-    )
 
 
 def _uses_v2() -> bool:
@@ -281,7 +293,7 @@ def _key(runner: Any, environment: Any, settings: Any):
     dp = getattr(parallel, "data_parallel_size", 1)
     return pod_key(
         environment.gpu,
-        config.model_config.model,
+        _model_name(config.model_config),
         config.scheduler_config.max_num_batched_tokens,
         dtype=settings.dtype,
         quantization=settings.quantization,
@@ -292,6 +304,18 @@ def _key(runner: Any, environment: Any, settings: Any):
             getattr(parallel, "prefill_context_parallel_size", 1),
         ),
     )
+
+
+def _model_name(model_config: Any) -> str:
+    """The model of the pod's key: vLLM's ``served_model_name`` (its first name when a list),
+    which vLLM sets to ``model`` when none is given (``vllm/config/model.py::
+    get_served_model_name``). A pod that loads its weights from a local directory
+    (``model=/models/llama``) names the model it serves with ``--served-model-name
+    meta-llama/Llama-3.1-8B``, and asks for that model's tuning."""
+    served = getattr(model_config, "served_model_name", None)
+    if isinstance(served, (list, tuple)):
+        served = served[0] if served else None
+    return served if isinstance(served, str) and served else model_config.model
 
 
 def _client(settings: Any):
@@ -405,7 +429,7 @@ def _install_as_first(pod: _Pod, runner: Any, settings: Any, started: float, dea
         if v2:
             where = install_v2_store(fetched.autotune, flashinfer_v2_root())
         else:  # last, so that a failure before it leaves the previous rank files as they were
-            install_vllm_rank_files(fetched.autotune, pod.root, pod.config_hash, pod.ranks)
+            install_vllm_rank_files(fetched.autotune, pod.root, pod.config_hash, list(pod.file_names))
             where = pod.root / pod.config_hash
         if deep_gemm is not None:  # the directory vLLM would set, set before DeepGEMM reads it
             os.environ["DG_JIT_CACHE_DIR"] = str(deep_gemm)
@@ -561,7 +585,7 @@ def _push_back_safely(runner: Any, settings: Any) -> None:
     from tunecache.client.autotune_file import parse_autotune_file, pushed_run
 
     try:
-        path = _rank_file(runner)
+        path = _pod(runner).rank_file
         data = path.read_bytes()
         parsed = parse_autotune_file(data, source=str(path))
         key = _key(runner, parsed.environment, settings)
