@@ -4,6 +4,7 @@ directory built from the real H200 FlashInfer files (and FlashInfer's own v2 sto
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 
 import pytest
@@ -33,12 +34,15 @@ def test_command_line_and_environment(tmp_path):
     assert args == {
         "model": str(tmp_path / "model"), "load_format": "dummy", "skip_tokenizer_init": True,
         "max_num_batched_tokens": 8192, "tensor_parallel_size": 2, "enable_expert_parallel": True, "dtype": "auto",
+        "enforce_eager": True, "served_model_name": "Qwen/Qwen3-30B-A3B",
     }
+    assert command[4] == str(tmp_path / "flashinfer-jit-used.json")
     assert json.loads((tmp_path / "model" / "config.json").read_text())["num_experts"] == 128
     assert env == {
         "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
         "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "flashinfer-autotune"),
         "DG_JIT_CACHE_DIR": str(tmp_path / "deep_gemm"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
     fp8_command, _ = vllm_command(spec(quantization="fp8"), tmp_path / "b")
     assert json.loads(fp8_command[3])["quantization"] == "fp8"
@@ -79,8 +83,54 @@ def test_single_rank_vllm_without_v1_file_is_a_clear_error(tmp_path, monkeypatch
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("class LLM:\n    def __init__(self, **kw):\n        pass\n")
     monkeypatch.setenv("PYTHONPATH", str(fake.parent))
-    with pytest.raises(RuntimeError, match="no per-rank FlashInfer autotune file"):
+    with pytest.raises(RuntimeError, match="no FlashInfer autotune file that it reads back"):
         run_vllm_warmup(spec(tensor_parallel_size=1), tmp_path / "scratch", tmp_path)
+
+
+STAND_IN_VLLM_025 = """
+import os
+from pathlib import Path
+class LLM:
+    # vLLM 0.25's edge on a GPU node: a single-process engine writes <hash>/autotune_configs.json,
+    # and FlashInfer builds an attention module into the node's workspace while it warms up
+    def __init__(self, **kw):
+        directory = Path(os.environ["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"]) / "%s"
+        directory.mkdir(parents=True)
+        (directory / "autotune_configs.json").write_bytes(Path(os.environ["RANK_SOURCES"]).read_bytes())
+        module = Path(os.environ["STAND_IN_WORKSPACE"]) / "cached_ops" / "batch_prefill_with_kv_cache_fa2"
+        module.mkdir(parents=True)
+        (module / "batch_prefill_with_kv_cache_fa2.so").write_bytes(b"ELF built now")
+""" % CONFIG_HASH
+
+
+def test_vllm_025_single_file_and_the_jit_modules_built_during_the_run(tmp_path, monkeypatch):
+    """vLLM 0.25 (torch 2.11, FlashInfer 0.6.13): its one ``autotune_configs.json`` is the
+    run's file, and a FlashInfer module built in the workspace while vLLM ran is harvested;
+    one built before the run is not."""
+    jit_env = pytest.importorskip("flashinfer.jit.env", reason="flashinfer-python is not installed")
+    workspace = tmp_path / "workspace"
+    old = workspace / "cached_ops" / "other_model_module"
+    old.mkdir(parents=True)
+    (old / "other_model_module.so").write_bytes(b"ELF from an earlier run")
+    os.utime(old / "other_model_module.so", ns=(0, 0))
+    monkeypatch.setattr(jit_env, "FLASHINFER_WORKSPACE_DIR", workspace)
+    fake = tmp_path / "fakevllm" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(STAND_IN_VLLM_025)
+    monkeypatch.setenv("PYTHONPATH", f"{fake.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("RANK_SOURCES", str(CUDNN_FILE))
+    monkeypatch.setenv("STAND_IN_WORKSPACE", str(workspace))
+    out = tmp_path / "out"
+    out.mkdir()
+    harvested = run_vllm_warmup(spec(tensor_parallel_size=1), tmp_path / "scratch", out)
+    assert harvested["ranks"] == [(0, 0)]
+    assert harvested["autotune_file"].read_bytes() == CUDNN_FILE.read_bytes()
+    assert [a["module"] for a in harvested["jit"]] == ["batch_prefill_with_kv_cache_fa2"]
+    [jit] = [a for a in harvested["artifacts"] if a["kind"] == ArtifactKind.FLASHINFER_JIT_MODULE]
+    assert jit["name"] == "flashinfer-jit/batch_prefill_with_kv_cache_fa2.tar.gz"
+    with tarfile.open(out / jit["path"]) as tar:
+        assert tar.extractfile("cached_ops/batch_prefill_with_kv_cache_fa2/batch_prefill_with_kv_cache_fa2.so").read() \
+            == b"ELF built now"
 
 
 def test_harvest_per_rank_files_v2_store_and_deep_gemm(tmp_path):

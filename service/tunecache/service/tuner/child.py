@@ -146,6 +146,7 @@ def _run_stage(stage: TunerStage, spec: TuneSpec, arch: str, stages: dict[str, A
 def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str) -> dict[str, Any]:
     """The ``vllm`` runner: vLLM's kernel_warmup in its own process, then its caches harvested."""
     from tunecache.client.autotune_file import parse_autotune_file
+    from tunecache.service.tuner.jit_artifacts import workspace_layout
     from tunecache.service.tuner.vllm_runner import run_vllm_warmup
 
     emit(StageChanged(stage=Stage.VLLM, status="running"))
@@ -163,8 +164,8 @@ def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str
         "entries": parsed.entries,
         "tuning_seconds": seconds,
         "stages": {Stage.VLLM.value: {"status": "done", "seconds": seconds, "ranks": harvested["ranks"]}},
-        "jit_modules": [],
-        "flashinfer_jit": {},
+        "jit_modules": [a["module"] for a in harvested["jit"]],
+        "flashinfer_jit": workspace_layout() if harvested["jit"] else {},
         "artifacts": [
             _autotune_artifact(),
             *harvested["artifacts"],

@@ -76,8 +76,21 @@ def used_jit_modules(workspace: Path) -> list[str]:
     return sorted(names)
 
 
-def harvest_flashinfer_jit(out_dir: Path) -> list[dict[str, Any]]:
-    """Write one tarball per used JIT module under ``out_dir/jit/``.
+def built_since(workspace: Path, since_ns: int) -> list[str]:
+    """Names of the JIT modules under ``workspace/cached_ops`` whose ``<module>.so`` was
+    written at or after ``since_ns`` (``time.time_ns()``): what other processes (vLLM's
+    engine and workers) built while a run was going on."""
+    names = []
+    for library in (workspace / "cached_ops").glob("*/*.so"):
+        if library.stem == library.parent.name and library.stat().st_mtime_ns >= since_ns:
+            names.append(library.stem)
+    return sorted(names)
+
+
+def harvest_flashinfer_jit(out_dir: Path, modules: list[str] | None = None) -> list[dict[str, Any]]:
+    """Write one tarball per JIT module under ``out_dir/jit/``: ``modules`` (names in this
+    process's FlashInfer workspace), by default those this process used
+    (:func:`used_jit_modules`).
 
     Returns artifact descriptions ``{"kind", "name", "media_type", "path", "module"}``
     (``path`` relative to ``out_dir``).
@@ -88,7 +101,7 @@ def harvest_flashinfer_jit(out_dir: Path) -> list[dict[str, Any]]:
     target = out_dir / "jit"
     target.mkdir(parents=True, exist_ok=True)
     artifacts = []
-    for module in used_jit_modules(workspace):
+    for module in (used_jit_modules(workspace) if modules is None else modules):
         (target / f"{module}.tar.gz").write_bytes(module_tarball(workspace, module))
         artifacts.append({
             "kind": ArtifactKind.FLASHINFER_JIT_MODULE.value,

@@ -13,8 +13,18 @@ then runs and saves:
   vLLM puts ``<hash>`` directly under it), for multi-rank runs;
 * FlashInfer's v2 store ``<VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR>/v2/<env_hash>/`` for
   single-rank runs (``use_flashinfer_autotune_v2``);
+* vLLM 0.25 (the release that pins torch 2.11 and FlashInfer 0.6.13) instead writes one
+  ``<VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR>/<hash>/autotune_configs.json``
+  (``resolve_flashinfer_autotune_file``), for single-process engines only;
 * DeepGEMM's JIT cache in ``DG_JIT_CACHE_DIR`` (vLLM sets it to
-  ``$VLLM_CACHE_ROOT/deep_gemm`` only when unset: ``vllm/utils/deep_gemm.py::_lazy_init``).
+  ``$VLLM_CACHE_ROOT/deep_gemm`` only when unset: ``vllm/utils/deep_gemm.py::_lazy_init``);
+* FlashInfer JIT modules in the node's FlashInfer workspace: those the engine loaded
+  (the engine runs in the script's process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; FlashInfer's
+  ``jit_spec_registry``) and those any of vLLM's processes built during the run.
+
+The engine is built with ``enforce_eager=True`` (no torch.compile, no CUDA graphs: neither
+is part of what the run stores, and both cost minutes) and ``served_model_name`` = the
+key's model.
 
 The native stages (:mod:`tunecache.service.tuner.stages`) are what runs on nodes without vLLM.
 """
@@ -26,23 +36,36 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from tunecache.contract import ArtifactKind
-from tunecache.service.tuner.jit_artifacts import deep_gemm_artifact, tar_directory
+from tunecache.service.tuner.jit_artifacts import built_since, deep_gemm_artifact, harvest_flashinfer_jit, tar_directory
 from tunecache.service.tuner.stages import TuneSpec
 
 _RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
 
 #: What the vLLM process runs: build the engine (its kernel_warmup runs inside), then exit.
 _SCRIPT = """
-import json, sys
+import json, sys, time
+from pathlib import Path
 from vllm import LLM
 args = json.loads(sys.argv[1])
+started = time.monotonic()
 LLM(**args)
-print("tunecache: vLLM engine built, kernel_warmup done", flush=True)
+print(f"tunecache: vLLM engine built, kernel_warmup done ({time.monotonic() - started:.1f} s)", flush=True)
+try:  # the FlashInfer JIT modules this process's engine used
+    from flashinfer.jit import env
+    from tunecache.service.tuner.jit_artifacts import used_jit_modules
+    used = used_jit_modules(Path(env.FLASHINFER_WORKSPACE_DIR))
+except ImportError:
+    used = []
+Path(sys.argv[2]).write_text(json.dumps(used))
 """
+
+#: Where the script writes the names of the JIT modules its engine used (in ``scratch``).
+_USED_MODULES = "flashinfer-jit-used.json"
 
 
 def vllm_unavailable_reason() -> str | None:
@@ -73,6 +96,8 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
         "tensor_parallel_size": spec.tensor_parallel_size,
         "enable_expert_parallel": spec.expert_parallel_size > 1,
         "dtype": spec.dtype,
+        "enforce_eager": True,
+        "served_model_name": spec.model,
     }
     if spec.quantization != "auto":
         llm_args["quantization"] = spec.quantization
@@ -80,8 +105,9 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
         "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
         "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(scratch / "flashinfer-autotune"),
         "DG_JIT_CACHE_DIR": str(scratch / "deep_gemm"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
-    return [python, "-c", _SCRIPT, json.dumps(llm_args)], env
+    return [python, "-c", _SCRIPT, json.dumps(llm_args), str(scratch / _USED_MODULES)], env
 
 
 def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
@@ -89,9 +115,9 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
 
     Returns ``{"autotune_file": path or None, "artifacts": [...], "ranks": [(dp, rank), ...]}``:
     every per-rank v1 file as a ``vllm_flashinfer_autotune_v1`` artifact named
-    ``vllm/<hash>/<file>``, the lowest rank's file also as the run's FlashInfer file,
-    the v2 store and the DeepGEMM cache as tarballs. Artifact ``path`` values are
-    relative to ``out_dir``.
+    ``vllm/<hash>/<file>``, the lowest rank's file also as the run's FlashInfer file (vLLM
+    0.25's single ``autotune_configs.json`` is rank ``(0, 0)``'s), the v2 store and the
+    DeepGEMM cache as tarballs. Artifact ``path`` values are relative to ``out_dir``.
     """
     artifacts: list[dict[str, Any]] = []
     rank_files: list[tuple[int, int, Path]] = []
@@ -108,6 +134,13 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
         kind = ArtifactKind.VLLM_RANK_FILE
         artifacts.append({"kind": kind.value, "name": f"vllm/{path.parent.name}/{path.name}",
                           "media_type": kind.media_type, "path": str(target.relative_to(out_dir))})
+    if not rank_files:  # vLLM 0.25: one file of a single-process engine
+        single = sorted(root.glob("*/autotune_configs.json"))
+        if single:
+            target = out_dir / "vllm" / single[0].parent.name / single[0].name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(single[0].read_bytes())
+            rank_files.append((0, 0, target))
     v2 = root / "v2"
     if v2.is_dir() and any(p.is_file() for p in v2.rglob("*")):
         kind, name = ArtifactKind.FLASHINFER_V2_STORE, "flashinfer-autotune-v2.tar.gz"
@@ -128,9 +161,9 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
     vLLM's output goes to this process's stderr (the tuner log).
 
     Raises:
-        RuntimeError: vLLM exited non-zero, or wrote no per-rank FlashInfer file (a
-            single-rank vLLM keeps FlashInfer's v2 store only; tunecache's runs need the
-            v1 file, so use the native stages or tensor_parallel_size > 1).
+        RuntimeError: vLLM exited non-zero, or wrote no v1 FlashInfer file (a single-rank
+            vLLM 0.33 keeps FlashInfer's v2 store only, a multi-rank vLLM 0.25 no file;
+            tunecache's runs need the v1 file: use the native stages there).
         ValueError: ``data_parallel_size`` > 1: one ``vllm.LLM`` engine runs a single
             data-parallel rank, so the native stages tune those shapes.
     """
@@ -138,13 +171,34 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
         raise ValueError("the vLLM runner runs one engine (data_parallel_size 1); "
                          "use the native stages for data_parallel_size > 1")
     command, env = vllm_command(spec, scratch, python)
+    started_ns = time.time_ns()
     result = subprocess.run(command, env={**os.environ, **env}, stdout=sys.stderr, stderr=sys.stderr)
     if result.returncode != 0:
         raise RuntimeError(f"vLLM exited with status {result.returncode} (see the tuner log)")
     harvested = harvest_vllm_cache(scratch, out_dir)
+    harvested["jit"] = _harvest_jit(scratch, out_dir, started_ns)
+    harvested["artifacts"].extend({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in harvested["jit"])
     if harvested["autotune_file"] is None:
         raise RuntimeError(
-            "vLLM wrote no per-rank FlashInfer autotune file (single-rank vLLM uses FlashInfer's v2 store); "
-            "use the native stages for tensor_parallel_size 1"
+            "vLLM wrote no FlashInfer autotune file that it reads back (vLLM 0.33 keeps a single-rank engine's "
+            "tunings in FlashInfer's v2 store; vLLM 0.25 tunes a multi-rank engine without a file); "
+            "use the native stages for this key"
         )
     return harvested
+
+
+def _harvest_jit(scratch: Path, out_dir: Path, started_ns: int) -> list[dict[str, Any]]:
+    """The FlashInfer JIT modules vLLM's engine used (listed by the script) or that were
+    built in this node's workspace since ``started_ns``, as artifacts
+    (:func:`tunecache.service.tuner.jit_artifacts.harvest_flashinfer_jit`); ``[]`` where
+    flashinfer is not importable."""
+    try:
+        from flashinfer.jit import env as jit_env
+    except ImportError:
+        return []
+    try:
+        used = json.loads((scratch / _USED_MODULES).read_text())
+    except (OSError, ValueError):
+        used = []
+    modules = sorted(set(used) | set(built_since(Path(jit_env.FLASHINFER_WORKSPACE_DIR), started_ns)))
+    return harvest_flashinfer_jit(out_dir, modules)
