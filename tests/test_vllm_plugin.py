@@ -144,7 +144,15 @@ WORKER = textwrap.dedent('''
     import logging, os, sys, time
     from pathlib import Path
     from types import SimpleNamespace as NS
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    if os.environ.get("STAND_IN_VLLM_LOGGING"):  # as vllm/logger.py configures it: the root logger has no handler
+        import logging.config
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
+                                   "formatters": {"vllm": {"format": "(EngineCore) %(message)s"}},
+                                   "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
+                                                         "level": "INFO", "stream": "ext://sys.stderr"}},
+                                   "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}}})
+    else:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     if os.environ.get("STAND_IN_IMPORT_WORKER_FIRST"):  # a vLLM that imported gpu_worker before the plugins
         import vllm.v1.worker.gpu_worker
     from importlib.metadata import entry_points
@@ -359,6 +367,16 @@ def test_vllm_025_multi_process_engine_is_told_it_tunes_itself(server, tmp_path)
                                         "tunes every rank of a 2-process engine itself and reads no autotune file "
                                         "(vLLM 0.25's kernel_warmup.flashinfer_autotune)"]
     assert not (tmp_path / "vllm-autotune").exists()
+
+
+def test_the_plugins_line_appears_in_vllms_own_log(server, tmp_path):
+    """vLLM logs through its ``vllm`` logger only (its handler, ``propagate: False``; the
+    root logger has no handler): the plugin logs under it, so its INFO line is printed
+    there, in vLLM's format."""
+    assert push(server).returncode == 0
+    _, log = run_worker(tmp_path, TUNECACHE_URL=server, STAND_IN_VLLM_LOGGING="1")
+    [line] = [line for line in log.splitlines() if "tunecache:" in line]
+    assert line.startswith("(EngineCore) tunecache: installed run 1 (42 entries, 0 JIT modules) for meta-llama/Llama-3.1-8B")
 
 
 def test_a_pod_serving_weights_from_a_directory_asks_for_its_served_model_name(server, tmp_path):

@@ -74,7 +74,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("tunecache.vllm_plugin")
+#: Under vLLM's own ``vllm`` logger, whose handler vLLM configures (``vllm/logger.py``:
+#: ``DEFAULT_LOGGING_CONFIG``, ``propagate: False``; the root logger has none), so the
+#: plugin's lines appear in vLLM's log, in its format, at ``VLLM_LOGGING_LEVEL``.
+log = logging.getLogger("vllm.plugins.tunecache")
 
 #: Seconds a worker waits for the pod's first worker beyond the install deadline: the
 #: installer writes nothing once the deadline has passed, and writing takes less than this.
