@@ -48,6 +48,18 @@ def test_command_line_and_environment(tmp_path):
     assert json.loads(fp8_command[3])["quantization"] == "fp8"
 
 
+def test_node_engine_args_are_added_and_key_arguments_cannot_be_overridden(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNECACHE_VLLM_ENGINE_ARGS", '{"attention_backend": "FLASHINFER", "max_model_len": 4096}')
+    command, _ = vllm_command(spec(), tmp_path)
+    args = json.loads(command[3])
+    assert args["attention_backend"] == "FLASHINFER" and args["max_model_len"] == 4096 and args["max_num_batched_tokens"] == 8192
+    for bad, message in (('{"max_num_batched_tokens": 1}', "cannot set max_num_batched_tokens: the tuning key"),
+                         ('["FLASHINFER"]', "must be a JSON object"), ("{oops", "is not JSON")):
+        monkeypatch.setenv("TUNECACHE_VLLM_ENGINE_ARGS", bad)
+        with pytest.raises(ValueError, match=message):
+            vllm_command(spec(), tmp_path / "x")
+
+
 STAND_IN_VLLM = """
 import json, os, shutil
 class LLM:

@@ -225,7 +225,7 @@ def tune(
     ] = None,
     gemm_backends: GemmBackendsOpt = None,
     stages: StagesOpt = None,
-    runner: Annotated[str, typer.Option(help="'native' (tunecache's stages) or 'vllm' (vLLM's own kernel_warmup; needs vllm and tp > 1)")] = "native",
+    runner: Annotated[str, typer.Option(help="'native' (tunecache's stages) or 'vllm' (vLLM's own kernel_warmup: vLLM 0.25 with tp 1, 0.33 with tp > 1)")] = "native",
     timeout: Annotated[float, typer.Option(min=1, help="seconds before the tuner process is killed")] = 3600.0,
     signing_key: Annotated[
         Optional[Path], typer.Option(envvar="TUNECACHE_SIGNING_KEY", help="sign the run with this Ed25519 key (tunecache keys generate)")

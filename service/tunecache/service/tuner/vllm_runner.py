@@ -22,6 +22,11 @@ then runs and saves:
   (the engine runs in the script's process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; FlashInfer's
   ``jit_spec_registry``) and those any of vLLM's processes built during the run.
 
+``TUNECACHE_VLLM_ENGINE_ARGS`` (a JSON object of ``vllm.LLM`` keyword arguments, e.g.
+``{"attention_backend": "FLASHINFER"}``) gives the node's engine the fleet's other engine
+settings, those that decide which kernels warm up; the arguments above come from the key
+and the runner and cannot be given there.
+
 The engine is built with ``enforce_eager=True`` (no torch.compile, no CUDA graphs: neither
 is part of what the run stores, and both cost minutes) and ``served_model_name`` = the
 key's model.
@@ -77,14 +82,52 @@ def vllm_unavailable_reason() -> str | None:
     return None
 
 
+#: Where a node gives its engine the fleet's other vLLM engine arguments (JSON object).
+ENGINE_ARGS_VARIABLE = "TUNECACHE_VLLM_ENGINE_ARGS"
+
+
+def node_engine_args() -> dict[str, Any]:
+    """The node's extra ``vllm.LLM`` keyword arguments from ``TUNECACHE_VLLM_ENGINE_ARGS``
+    (``{}`` when unset).
+
+    Raises:
+        ValueError: not a JSON object of identifiers, or it names an argument the key or
+            the runner sets (model, max_num_batched_tokens, parallel sizes, dtype, ...).
+    """
+    text = os.environ.get(ENGINE_ARGS_VARIABLE, "").strip()
+    if not text:
+        return {}
+    try:
+        args = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{ENGINE_ARGS_VARIABLE} is not JSON: {exc}") from None
+    if not isinstance(args, dict) or not all(isinstance(k, str) and k.isidentifier() for k in args):
+        raise ValueError(f"{ENGINE_ARGS_VARIABLE} must be a JSON object of vllm.LLM keyword arguments")
+    fixed = sorted(set(args) & _FIXED_ARGS)
+    if fixed:
+        raise ValueError(f"{ENGINE_ARGS_VARIABLE} cannot set {', '.join(fixed)}: the tuning key and the runner set them")
+    return args
+
+
+#: ``vllm.LLM`` arguments the key and the runner set (:func:`vllm_command`).
+_FIXED_ARGS = frozenset({"model", "load_format", "skip_tokenizer_init", "max_num_batched_tokens", "tensor_parallel_size",
+                         "data_parallel_size", "enable_expert_parallel", "dtype", "quantization", "enforce_eager",
+                         "served_model_name"})
+
+
 def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """The command line and environment additions that run vLLM's warmup for ``spec``.
 
     ``scratch`` receives ``model/config.json`` (the spec's HF config, so no hub access),
     ``vllm-cache/`` (``VLLM_CACHE_ROOT``), ``flashinfer-autotune/``
     (``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``) and ``deep_gemm/`` (``DG_JIT_CACHE_DIR``).
-    The model is loaded with ``load_format="dummy"`` and ``skip_tokenizer_init=True``.
+    The model is loaded with ``load_format="dummy"`` and ``skip_tokenizer_init=True``,
+    with the node's :func:`node_engine_args` added.
+
+    Raises:
+        ValueError: ``TUNECACHE_VLLM_ENGINE_ARGS`` is invalid (:func:`node_engine_args`).
     """
+    extra = node_engine_args()
     model_dir = scratch / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(spec.hf_config))
@@ -101,6 +144,7 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
     }
     if spec.quantization != "auto":
         llm_args["quantization"] = spec.quantization
+    llm_args.update(extra)
     env = {
         "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
         "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(scratch / "flashinfer-autotune"),
