@@ -64,7 +64,7 @@ try:  # the FlashInfer JIT modules this process's engine used
     from flashinfer.jit import env
     from tunecache.service.tuner.jit_artifacts import used_jit_modules
     used = used_jit_modules(Path(env.FLASHINFER_WORKSPACE_DIR))
-except ImportError:
+except Exception:  # the run is vLLM's files either way; modules built meanwhile are still found
     used = []
 Path(sys.argv[2]).write_text(json.dumps(used))
 """
