@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Real vLLM on a GPU node: a cold engine boot, ``tunecache tune --runner vllm``, and a warm
-engine boot through the plugin, each its own process.
+"""Real vLLM on a GPU node: ``tunecache tune --runner vllm``, a warm engine boot through the
+plugin, and a cold engine boot without tunecache, each its own process.
 
 Run on the H200 machine (docs/gpu.md, "Real vLLM 0.25"), with vLLM 0.25.0, FlashInfer 0.6.13
 and tunecache importable (``scripts/gpu_vllm_bundle.sh``):
 
-    python scripts/gpu_vllm_e2e.py --out results/gpu/DIR
-    python scripts/gpu_vllm_e2e.py boot --name NAME --out DIR   # one engine boot
+    python scripts/gpu_vllm_e2e.py --out results/gpu/DIR                 # steps 1-2 (one command)
+    python scripts/gpu_vllm_e2e.py --steps cold --out results/gpu/DIR    # step 3 (the next command)
 
 The engine, the same in every step: the model's config (``--config``, default Llama-3.1-8B)
 in a directory, ``load_format="dummy"`` (random weights), ``skip_tokenizer_init=True``,
