@@ -79,11 +79,17 @@ def boot(args: argparse.Namespace) -> None:
     cached_ops = Path(jit_env.FLASHINFER_WORKSPACE_DIR) / "cached_ops"
     built = sorted(p.stem for p in cached_ops.glob("*/*.so") if p.stat().st_mtime_ns >= started_ns)
     present = sorted(p.stem for p in cached_ops.glob("*/*.so"))
+    # each module's .so alone and its whole directory (objects, build.ninja, logs): what a
+    # .so-only install from FlashInfer's AOT directory would ship vs the run's tarball
+    sizes = {p.stem: {"so_bytes": p.stat().st_size,
+                      "dir_bytes": sum(f.stat().st_size for f in p.parent.rglob("*") if f.is_file())}
+             for p in cached_ops.glob("*/*.so")}
     entries = {}  # vLLM's autotune file(s) as the boot left them: entries tuned locally would add to them
     for path in Path(os.environ["VLLM_CACHE_ROOT"]).rglob("autotune_configs*.json"):
         entries[str(path)] = sum(1 for key in json.loads(path.read_text()) if not key.startswith("_"))
     print(json.dumps({"import_s": round(imported - started, 2), "engine_start_to_ready_s": round(ready - imported, 2),
-                      "first_request_s": round(first - ready, 3), "jit_built": built, "jit_present": present,
+                      "first_request_s": round(first - ready, 3), "jit_built": built, "jit_present": present, "jit_sizes": sizes,
+                      "aot_dir": str(jit_env.FLASHINFER_AOT_DIR),
                       "autotune_file_entries": entries,
                       "workspace": str(jit_env.FLASHINFER_WORKSPACE_DIR)}), flush=True)
 
