@@ -123,6 +123,7 @@ def _tune_and_warm(args: argparse.Namespace, work: Path, out: Path, results: dic
     import httpx
 
     log = out / "tunecache.log"
+    shutil.rmtree(work / "keys", ignore_errors=True)
     _, generated = timed(cli("keys", "generate", "--out", str(work / "keys")), log)
     public = generated.stdout.splitlines()[0].strip()
     with socket.socket() as s:
@@ -134,7 +135,8 @@ def _tune_and_warm(args: argparse.Namespace, work: Path, out: Path, results: dic
                               env={**os.environ, "TUNECACHE_WORKER": "off"})
     try:
         wait_healthy(url, server)
-        shutil.rmtree(work / "flashinfer-base" / ".cache", ignore_errors=True)
+        if not args.keep_workspace:
+            shutil.rmtree(work / "flashinfer-base" / ".cache", ignore_errors=True)
         tune_env = {"FLASHINFER_WORKSPACE_BASE": str(work / "flashinfer-base"), "VLLM_CACHE_ROOT": str(work / "vllm-cache-tune"),
                     "TUNECACHE_VLLM_ENGINE_ARGS": json.dumps(ENGINE_ARGS)}
         os.environ.update(tune_env)
@@ -205,7 +207,9 @@ def main() -> None:
     parser.add_argument("--out", default="results/gpu/vllm-e2e")
     parser.add_argument("--work", default="/tmp/tunecache-vllm-e2e")
     parser.add_argument("--boot-timeout", type=float, default=540)
-    parser.add_argument("--steps", default="tune,warm", help="tune,warm (steps 2-3) and/or cold (step 1)")
+    parser.add_argument("--steps", default="tune,warm", help="tune,warm (steps 1-2) and/or cold (step 3)")
+    parser.add_argument("--keep-workspace", action="store_true",
+                        help="tune with the JIT modules an earlier step built (else from an empty workspace)")
     boot_p.add_argument("--model-dir", required=True)
     args = parser.parse_args()
     (boot if args.command == "boot" else end_to_end)(args)

@@ -90,13 +90,33 @@ def test_run_vllm_warmup_runs_the_script_and_harvests(tmp_path, monkeypatch):
     assert harvested["autotune_file"].read_bytes() == CUDNN_FILE.read_bytes()
 
 
-def test_single_rank_vllm_without_v1_file_is_a_clear_error(tmp_path, monkeypatch):
+def test_multi_rank_vllm_without_a_file_is_a_clear_error(tmp_path, monkeypatch):
+    """vLLM 0.25 tunes a TP=2 engine on every rank without writing a file: nothing to store."""
     fake = tmp_path / "fakevllm" / "vllm"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("class LLM:\n    def __init__(self, **kw):\n        pass\n")
     monkeypatch.setenv("PYTHONPATH", str(fake.parent))
     with pytest.raises(RuntimeError, match="no FlashInfer autotune file that it reads back"):
-        run_vllm_warmup(spec(tensor_parallel_size=1), tmp_path / "scratch", tmp_path)
+        run_vllm_warmup(spec(tensor_parallel_size=2), tmp_path / "scratch", tmp_path)
+
+
+def test_a_single_process_engine_that_tuned_nothing_gets_an_empty_file_from_flashinfer(tmp_path, monkeypatch):
+    """Seen on the H200 with vLLM 0.25 and a bf16 Llama: FlashInfer's autotune ran and found no
+    tunable op, so vLLM wrote no file. The run is FlashInfer's own file of no entries (its
+    save_configs), with this machine's _metadata."""
+    pytest.importorskip("flashinfer.autotuner", reason="flashinfer-python is not installed")
+    from tunecache.client.autotune_file import parse_autotune_file
+
+    fake = tmp_path / "fakevllm" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("class LLM:\n    def __init__(self, **kw):\n        pass\n")
+    monkeypatch.setenv("PYTHONPATH", f"{fake.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    out = tmp_path / "out"
+    out.mkdir()
+    harvested = run_vllm_warmup(spec(tensor_parallel_size=1), tmp_path / "scratch", out)
+    parsed = parse_autotune_file(harvested["autotune_file"].read_bytes())
+    assert parsed.entries == 0 and harvested["ranks"] == [(0, 0)]
+    assert all(key.startswith("_") for key in json.loads(harvested["autotune_file"].read_text()))
 
 
 STAND_IN_VLLM_025 = """

@@ -207,7 +207,9 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
     Raises:
         RuntimeError: vLLM exited non-zero, or wrote no v1 FlashInfer file (a single-rank
             vLLM 0.33 keeps FlashInfer's v2 store only, a multi-rank vLLM 0.25 no file;
-            tunecache's runs need the v1 file: use the native stages there).
+            tunecache's runs need the v1 file: use the native stages there). A
+            single-process engine that wrote nothing tuned nothing: the run gets a file
+            of no entries (:func:`_untuned_autotune_file`).
         ValueError: ``data_parallel_size`` > 1: one ``vllm.LLM`` engine runs a single
             data-parallel rank, so the native stages tune those shapes.
     """
@@ -222,6 +224,13 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
     harvested = harvest_vllm_cache(scratch, out_dir)
     harvested["jit"] = _harvest_jit(scratch, out_dir, started_ns)
     harvested["artifacts"].extend({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in harvested["jit"])
+    has_v2 = any(a["kind"] == ArtifactKind.FLASHINFER_V2_STORE.value for a in harvested["artifacts"])
+    if harvested["autotune_file"] is None and not has_v2 and spec.tensor_parallel_size == 1:
+        # A single-process engine writes its file (0.25) or v2 store (0.33) only when it tuned an
+        # op: nothing means nothing was tunable (e.g. a bf16 dense model on sm90). The run keeps
+        # the JIT modules and the DeepGEMM cache, with an autotune file of no entries.
+        harvested["autotune_file"] = _untuned_autotune_file(out_dir)
+        harvested["ranks"] = [(0, 0)]
     if harvested["autotune_file"] is None:
         raise RuntimeError(
             "vLLM wrote no FlashInfer autotune file that it reads back (vLLM 0.33 keeps a single-rank engine's "
@@ -229,6 +238,18 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
             "use the native stages for this key"
         )
     return harvested
+
+
+def _untuned_autotune_file(out_dir: Path) -> Path:
+    """A FlashInfer autotune file with this node's ``_metadata`` and no entries, written by
+    FlashInfer itself (``flashinfer.autotuner.AutoTuner.save_configs`` of this process's
+    tuner, which tuned nothing: the engine ran in vLLM's process)."""
+    from flashinfer.autotuner import AutoTuner
+
+    path = out_dir / "vllm" / "untuned" / "autotune_configs.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    AutoTuner.get().save_configs(str(path))
+    return path
 
 
 def _harvest_jit(scratch: Path, out_dir: Path, started_ns: int) -> list[dict[str, Any]]:
