@@ -131,7 +131,9 @@ def _idle_connection_closed_after(url: str, seconds: float) -> bool:
         time.sleep(seconds)
         sock.settimeout(0.5)
         try:
-            return sock.recv(1) == b""
+            while sock.recv(65536):  # the rest of the answer, if it came in more than one segment
+                pass
+            return True  # then the service's close
         except TimeoutError:
             return False
 
