@@ -107,6 +107,14 @@ def test_a_single_process_engine_that_tuned_nothing_gets_an_empty_file_from_flas
     pytest.importorskip("flashinfer.autotuner", reason="flashinfer-python is not installed")
     from tunecache.client.autotune_file import parse_autotune_file
 
+    from flashinfer.autotuner import AutoTuner
+
+    monkeypatch.setattr(AutoTuner, "_instance", None)  # this test's own singleton, the suite's put back after
+    # this process's tuner holds 42 configs (FlashInfer loads a file whose _metadata is all "*" anywhere)
+    document = json.loads(CUDNN_FILE.read_text())
+    document["_metadata"] = {key: "*" for key in document["_metadata"]}
+    (tmp_path / "loaded.json").write_text(json.dumps(document))
+    assert AutoTuner.get().load_configs(str(tmp_path / "loaded.json"))
     fake = tmp_path / "fakevllm" / "vllm"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("class LLM:\n    def __init__(self, **kw):\n        pass\n")

@@ -242,13 +242,14 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
 
 def _untuned_autotune_file(out_dir: Path) -> Path:
     """A FlashInfer autotune file with this node's ``_metadata`` and no entries, written by
-    FlashInfer itself (``flashinfer.autotuner.AutoTuner.save_configs`` of this process's
-    tuner, which tuned nothing: the engine ran in vLLM's process)."""
+    FlashInfer itself: ``flashinfer.autotuner.AutoTuner.save_configs`` of a new tuner (not
+    the process's ``AutoTuner.get()``, which may hold configs loaded earlier), which has
+    tuned and loaded nothing."""
     from flashinfer.autotuner import AutoTuner
 
     path = out_dir / "vllm" / "untuned" / "autotune_configs.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    AutoTuner.get().save_configs(str(path))
+    AutoTuner().save_configs(str(path))
     return path
 
 
