@@ -13,7 +13,7 @@ import traceback
 from conftest import CUDNN_FILE
 from test_jit_artifacts import fake_workspace
 from tunecache.client.jit_install import install_jit_module
-from tunecache.client.layouts import install_deep_gemm_cache, install_vllm_rank_files
+from tunecache.client.layouts import install_deep_gemm_cache, install_vllm_rank_files, vllm_rank_file_name
 from tunecache.service.tuner.jit_artifacts import module_tarball
 
 PROCESSES = 8
@@ -38,7 +38,7 @@ def _installer(barrier, jit: bytes, deep_gemm: bytes, root, failures) -> None:
             install_jit_module(jit, root / "workspace")
             install_deep_gemm_cache(deep_gemm, root / "deep_gemm" / "run-7")
             install_vllm_rank_files(CUDNN_FILE.read_bytes(), root / "vllm", CONFIG_HASH,
-                                    ["autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json"])
+                                    [vllm_rank_file_name(0, 0), vllm_rank_file_name(0, 1)])
         except Exception:
             failures.put(traceback.format_exc())
 

@@ -86,6 +86,12 @@ def vllm_unavailable_reason() -> str | None:
 ENGINE_ARGS_VARIABLE = "TUNECACHE_VLLM_ENGINE_ARGS"
 
 
+#: ``vllm.LLM`` arguments the key and the runner set (:func:`vllm_command`).
+_FIXED_ARGS = frozenset({"model", "load_format", "skip_tokenizer_init", "max_num_batched_tokens", "tensor_parallel_size",
+                         "data_parallel_size", "enable_expert_parallel", "dtype", "quantization", "enforce_eager",
+                         "served_model_name"})
+
+
 def node_engine_args() -> dict[str, Any]:
     """The node's extra ``vllm.LLM`` keyword arguments from ``TUNECACHE_VLLM_ENGINE_ARGS``
     (``{}`` when unset).
@@ -107,12 +113,6 @@ def node_engine_args() -> dict[str, Any]:
     if fixed:
         raise ValueError(f"{ENGINE_ARGS_VARIABLE} cannot set {', '.join(fixed)}: the tuning key and the runner set them")
     return args
-
-
-#: ``vllm.LLM`` arguments the key and the runner set (:func:`vllm_command`).
-_FIXED_ARGS = frozenset({"model", "load_format", "skip_tokenizer_init", "max_num_batched_tokens", "tensor_parallel_size",
-                         "data_parallel_size", "enable_expert_parallel", "dtype", "quantization", "enforce_eager",
-                         "served_model_name"})
 
 
 def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
