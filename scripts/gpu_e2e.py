@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end on a GPU node: serve (SQLite) -> tune -> pull in a fresh process -> 0 misses.
 
-Run on the H200 machine (see README "GPU results"):
+Run on the H200 machine (see docs/gpu.md):
 
     python scripts/gpu_e2e.py --out results/            # the whole sequence
     python scripts/gpu_e2e.py verify --cache FILE ...   # one fresh-process measurement

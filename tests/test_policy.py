@@ -21,7 +21,7 @@ from tunecache.service.settings import Settings
 
 AUTOTUNE_FILE = FIXTURES / "flashinfer-0.7.4-h200" / "mm_bf16-cudnn.json"
 
-#: What each route needs: the table an operator reads in the README. A new route fails
+#: What each route needs: the table an operator reads in docs/http-api.md. A new route fails
 #: test_every_route_declares_its_policy until it is added here with its policy.
 EXPECTED = {
     ("GET", "/v1/health"): PUBLIC,

@@ -6,7 +6,7 @@ entry is a function that takes the typer app and registers its commands on it
 (``tunecache-server`` adds ``serve``, ``db`` and ``tune``). This module never imports
 them by name: with only the client installed, ``tunecache --help`` lists the pod commands.
 
-Exit codes (also in the README):
+Exit codes (also in docs/pods.md):
 
 ====  =====================================================================
 0     success (``pull``: tuning installed)

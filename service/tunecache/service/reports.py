@@ -24,7 +24,7 @@ Every key and wanted group of the window is counted and ordered, but the answer 
 only the page's rows are built, then validated once, as a whole. (A whole matrix of 1,000
 keys was a 1.2 MB answer whose validation and encoding cost more than its reads.)
 ``bench/fleet_queries.py`` times the first and a deep page on PostgreSQL with 1,000 keys,
-10,000 runs and 100,000 reports (README, "Fleet queries").
+10,000 runs and 100,000 reports (docs/benchmarks.md, "Fleet queries").
 
 Reports are kept ``TUNECACHE_REPORT_RETENTION_DAYS``; :func:`prune_reports` deletes older
 ones (the ``received_at`` index again), run by :class:`Pruner` at most once a minute per

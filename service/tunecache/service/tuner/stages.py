@@ -174,7 +174,7 @@ class FusedMoeStage:
     to 4096, then powers of 2), the same buckets vLLM's kernel_warmup tunes, because vLLM
     also passes its ``max_num_batched_tokens`` as ``tune_max_num_tokens``; a runtime token
     count maps to its bucket with ``make_hybrid_bucket_mapper``. The first call builds
-    the JIT module ``fused_moe_90`` (cutlass, long: see the README).
+    the JIT module ``fused_moe_90`` (cutlass, long: see docs/gpu.md).
     """
 
     name = Stage.MOE
