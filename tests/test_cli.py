@@ -184,6 +184,90 @@ def test_worker_on_without_a_gpu_is_refused_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == ["tunecache: error: TUNECACHE_WORKER=on but this node cannot tune: no CUDA device"]
 
 
+@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks a node without a GPU")
+def test_job_worker_on_without_a_gpu_is_refused_under_the_new_name(tmp_path):
+    env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path), "TUNECACHE_JOB_WORKER": "on"}
+    env.pop("TUNECACHE_WORKER", None)
+    result = subprocess.run([tunecache_executable(), "serve", "--port", str(free_port())], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 11 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "tunecache: error: TUNECACHE_JOB_WORKER=on but this node cannot tune: no CUDA device"]
+
+
+@pytest.mark.parametrize("field, new, old, value, other", [
+    ("job_worker", "TUNECACHE_JOB_WORKER", "TUNECACHE_WORKER", "off", "on"),
+    ("server_processes", "TUNECACHE_SERVER_PROCESSES", "TUNECACHE_WORKERS", 3, 5),
+])
+def test_renamed_settings_read_the_new_and_the_old_variable(monkeypatch, field, new, old, value, other):
+    """``TUNECACHE_JOB_WORKER`` and ``TUNECACHE_SERVER_PROCESSES`` (tunecache.service.settings)
+    are read under their new names and, when those are unset, under their old ones; the new
+    name wins over the old, an argument over both."""
+    from tunecache.service.settings import Settings, variable_name
+
+    for name in (new, old):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(new, str(value))
+    assert getattr(Settings(), field) == value and variable_name(field) == new
+    monkeypatch.delenv(new)
+    monkeypatch.setenv(old, str(value))
+    assert getattr(Settings(), field) == value and variable_name(field) == old
+    monkeypatch.setenv(new, str(other))
+    assert getattr(Settings(), field) == other and variable_name(field) == new
+    assert getattr(Settings(**{field: value}), field) == value
+
+
+def test_renamed_settings_keep_their_old_keyword_and_attribute_names(monkeypatch):
+    from tunecache.service.settings import Settings
+
+    for name in ("TUNECACHE_JOB_WORKER", "TUNECACHE_WORKER", "TUNECACHE_SERVER_PROCESSES", "TUNECACHE_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TUNECACHE_JOB_WORKER", "on")
+    settings = Settings(worker="off", workers=4)
+    assert (settings.job_worker, settings.server_processes) == ("off", 4)
+    assert (settings.worker, settings.workers) == ("off", 4)
+
+
+def _serve_on_a_busy_port(tmp_path, *options, env=None):
+    """``tunecache serve`` where its port is taken: it says how many processes it starts, then exits 11."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("TUNECACHE_SERVER_PROCESSES", "TUNECACHE_WORKERS")}
+    environ |= {"TUNECACHE_DATA_DIR": str(tmp_path), "TUNECACHE_JOB_WORKER": "off", **(env or {})}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        return subprocess.run(
+            [tunecache_executable(), "serve", "--port", str(busy.getsockname()[1]), "--database",
+             f"sqlite:///{tmp_path}/x.db", *options], env=environ, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("options, env, deprecated", [
+    (("--processes", "2"), {}, False),
+    (("--workers", "2"), {}, True),
+    ((), {"TUNECACHE_SERVER_PROCESSES": "2"}, False),
+    ((), {"TUNECACHE_WORKERS": "2"}, False),
+])
+def test_serve_processes_under_the_new_and_the_old_names(tmp_path, options, env, deprecated):
+    result = _serve_on_a_busy_port(tmp_path, *options, env=env)
+    assert result.returncode == 11 and "could not serve" in result.stderr, result.stderr
+    assert "with 2 process(es)" in result.stderr
+    assert ("--workers is deprecated, use --processes" in result.stderr) is deprecated
+
+
+def test_serve_names_the_processes_variable_it_read_and_refuses_two_counts(tmp_path):
+    for name in ("TUNECACHE_SERVER_PROCESSES", "TUNECACHE_WORKERS"):
+        bad = _serve_on_a_busy_port(tmp_path, env={name: "0"})
+        assert bad.returncode == 2 and f"({name})" in bad.stderr, bad.stderr
+    both = _serve_on_a_busy_port(tmp_path, "--processes", "2", "--workers", "3")
+    assert both.returncode == 2 and "--workers is the old name of --processes" in both.stderr
+    assert "--workers" not in _serve_help()  # the old name works, but is not offered
+
+
+def _serve_help() -> str:
+    result = tunecache("serve", "--help")
+    assert result.returncode == 0 and "--processes" in result.stdout, result.stderr
+    return result.stdout
+
+
 def test_init_container_installs_every_rank_for_vllm(server, tmp_path):
     push(server, CUDNN_FILE, "--tensor-parallel-size", "2", "--data-parallel-size", "2")
     config_hash = "cd" * 32

@@ -33,7 +33,7 @@ from tunecache.service.routes import artifacts, audit, health, jobs, reports, to
 from tunecache.service.routes import metrics as metrics_route
 
 from tunecache.contract import MAX_REPORT_BYTES, WorkerStatus
-from tunecache.service.settings import Settings
+from tunecache.service.settings import Settings, variable_name
 from tunecache.service.worker import JobWorker, detect_gpu
 from tunecache.signing import load_signing_key
 
@@ -50,14 +50,14 @@ MOUNTED_ROUTERS = tuple(("/v1", router) for router in API_ROUTERS) + tuple(("", 
 
 
 def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
-    """Start the GPU job worker as ``settings.worker`` says; record why not on ``app.state``.
+    """Start the GPU job worker as ``settings.job_worker`` says; record why not on ``app.state``.
 
     Raises:
-        RuntimeError: ``worker == "on"`` and this node has no usable GPU.
+        RuntimeError: ``job_worker == "on"`` and this node has no usable GPU.
         SigningError (:mod:`tunecache.signing`): ``TUNECACHE_SIGNING_KEY`` is not a usable key.
     """
-    if settings.worker == "off":
-        app.state.worker_status = WorkerStatus(enabled=False, reason="disabled (TUNECACHE_WORKER=off)")
+    if settings.job_worker == "off":
+        app.state.worker_status = WorkerStatus(enabled=False, reason=f"disabled ({variable_name('job_worker')}=off)")
         return None
     lock = _worker_lock(settings)
     if lock is None:
@@ -69,8 +69,8 @@ def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
     app.state.worker_lock = lock
     gpu, reason = detect_gpu()
     if gpu is None:
-        if settings.worker == "on":
-            raise RuntimeError(f"TUNECACHE_WORKER=on but this node cannot tune: {reason}")
+        if settings.job_worker == "on":
+            raise RuntimeError(f"{variable_name('job_worker')}=on but this node cannot tune: {reason}")
         log.warning("no GPU job worker on this node (%s); serving lookups only", reason)
         app.state.worker_status = WorkerStatus(enabled=False, reason=f"no GPU: {reason}")
         return None
@@ -117,7 +117,7 @@ def _server_version() -> str:
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     """Build the app. On startup it refuses to run on a database whose schema is not at
     the head revision (:class:`tunecache.service.db.SchemaOutOfDate`), then starts the
-    GPU job worker per ``settings.worker``."""
+    GPU job worker per ``settings.job_worker``."""
     settings = settings or Settings()
 
     @asynccontextmanager

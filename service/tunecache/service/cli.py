@@ -83,11 +83,15 @@ def serve(
     host: Annotated[Optional[str], typer.Option(help="listen address (TUNECACHE_HOST, default 127.0.0.1)")] = None,
     port: Annotated[Optional[int], typer.Option(help="listen port (TUNECACHE_PORT, default 8321)")] = None,
     database: DatabaseOpt = None,
-    workers: Annotated[
-        Optional[int], typer.Option(min=1, help="server processes (TUNECACHE_WORKERS, default 1); one runs the job worker")
+    processes: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="server processes (TUNECACHE_SERVER_PROCESSES, default 1); one runs the job worker"),
     ] = None,
     ssl_certfile: Annotated[Optional[Path], typer.Option(help="serve HTTPS with this certificate (PEM)")] = None,
     ssl_keyfile: Annotated[Optional[Path], typer.Option(help="the certificate's private key (PEM)")] = None,
+    workers: Annotated[
+        Optional[int], typer.Option("--workers", min=1, hidden=True, help="old name of --processes (deprecated)")
+    ] = None,
 ) -> None:
     """Run the HTTP service.
 
@@ -100,21 +104,26 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from tunecache.service.settings import Settings
+    from tunecache.service.settings import Settings, variable_name
 
-    overrides = {k: v for k, v in {"host": host, "port": port, "database_url": database, "workers": workers}.items()
-                 if v is not None}
+    if workers is not None:
+        if processes is not None and processes != workers:
+            fail(ExitCode.USAGE, "--workers is the old name of --processes: give one of them")
+        typer.echo("tunecache: --workers is deprecated, use --processes", err=True)
+        processes = workers
+    overrides = {k: v for k, v in {"host": host, "port": port, "database_url": database,
+                                   "server_processes": processes}.items() if v is not None}
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
         error = exc.errors()[0]
-        fail(ExitCode.USAGE, f"invalid setting {error['loc'][0]} (TUNECACHE_{str(error['loc'][0]).upper()}): {error['msg']}")
-    if settings.worker == "on":  # refuse at once, in one line, rather than in the app's startup
+        fail(ExitCode.USAGE, f"invalid setting {error['loc'][0]} ({variable_name(str(error['loc'][0]))}): {error['msg']}")
+    if settings.job_worker == "on":  # refuse at once, in one line, rather than in the app's startup
         from tunecache.service.worker import detect_gpu
 
         gpu, reason = detect_gpu()
         if gpu is None:
-            fail(ExitCode.SERVE_FAILED, f"TUNECACHE_WORKER=on but this node cannot tune: {reason}")
+            fail(ExitCode.SERVE_FAILED, f"{variable_name('job_worker')}=on but this node cannot tune: {reason}")
     if (ssl_certfile is None) != (ssl_keyfile is None):
         fail(ExitCode.USAGE, "--ssl-certfile and --ssl-keyfile go together")
     if ssl_certfile is not None:  # refuse in one line now, not in a worker's traceback later
@@ -133,14 +142,14 @@ def serve(
     # (options override variables: write back what the processes' own Settings() will read)
     os.environ.update({"TUNECACHE_DATABASE_URL": settings.resolved_database_url(), "TUNECACHE_DATA_DIR": str(settings.data_dir),
                        "TUNECACHE_HOST": settings.host, "TUNECACHE_PORT": str(settings.port),
-                       "TUNECACHE_WORKERS": str(settings.workers)})
+                       "TUNECACHE_SERVER_PROCESSES": str(settings.server_processes)})
     scheme = "https" if ssl_certfile else "http"
-    typer.echo(f"tunecache starting on {scheme}://{settings.host}:{settings.port} with {settings.workers} process(es) "
-               f"(database {shown})", err=True)
-    metrics_dir = _metrics_multiprocess_dir(settings.workers)
+    typer.echo(f"tunecache starting on {scheme}://{settings.host}:{settings.port} with {settings.server_processes} "
+               f"process(es) (database {shown})", err=True)
+    metrics_dir = _metrics_multiprocess_dir(settings.server_processes)
     try:
         uvicorn.run("tunecache.service.app:create_app", factory=True, host=settings.host, port=settings.port,
-                    workers=settings.workers, log_level="info", access_log=settings.access_log,
+                    workers=settings.server_processes, log_level="info", access_log=settings.access_log,
                     timeout_keep_alive=settings.keep_alive_seconds,
                     timeout_graceful_shutdown=10,
                     ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
@@ -155,7 +164,7 @@ def serve(
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _metrics_multiprocess_dir(workers: int) -> str | None:
+def _metrics_multiprocess_dir(processes: int) -> str | None:
     """Prometheus metrics of several processes (``GET /metrics``, :mod:`tunecache.service.metrics`):
     prometheus-client's multiprocess mode, where each process counts into files of its own in
     ``PROMETHEUS_MULTIPROC_DIR`` and a scrape adds them up. With more than one process and
@@ -171,7 +180,7 @@ def _metrics_multiprocess_dir(workers: int) -> str | None:
             fail(ExitCode.USAGE, f"PROMETHEUS_MULTIPROC_DIR={given} is not a directory (unset it: serve makes its own)")
         return None
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # empty counts as unset
-    if workers == 1:
+    if processes == 1:
         return None
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = made = tempfile.mkdtemp(prefix="tunecache-metrics-")
     return made

@@ -36,7 +36,7 @@ process and replica (aggregate them with ``max``, not ``sum``):
 ``tunecache_jobs{state}``, ``tunecache_job_queue_depth``,
 ``tunecache_job_oldest_queued_seconds``, ``tunecache_database_up``.
 
-Several processes (``tunecache serve --workers N``): prometheus-client's multiprocess
+Several processes (``tunecache serve --processes N``): prometheus-client's multiprocess
 mode. ``PROMETHEUS_MULTIPROC_DIR`` must be set before ``prometheus_client`` is imported
 (``serve`` makes a private directory and removes it at exit when ``N > 1`` and the
 variable is unset); each process then keeps its values in files of its own there, and

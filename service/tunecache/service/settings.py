@@ -5,15 +5,52 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+#: Renamed variables: field -> the variable's old name, still read (after the new name
+#: ``TUNECACHE_<FIELD>``, which wins when both are set; docs/glossary.md lists the renames).
+RENAMED_VARIABLES = {"job_worker": "TUNECACHE_WORKER", "server_processes": "TUNECACHE_WORKERS"}
+#: The same fields' old keyword names in ``Settings(...)``, still accepted.
+RENAMED_FIELDS = {"worker": "job_worker", "workers": "server_processes"}
 
 
 def _default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "tunecache"
+
+
+def _environ_upper() -> dict[str, str]:
+    # pydantic-settings reads TUNECACHE_* case-insensitively (case_sensitive=False); so do the old names
+    return {name.upper(): value for name, value in os.environ.items()}
+
+
+def variable_name(field: str) -> str:
+    """The environment variable that sets ``field``, for messages: ``TUNECACHE_<FIELD>``, or a
+    renamed variable's old name (:data:`RENAMED_VARIABLES`) where only the old one is set."""
+    new, old = f"TUNECACHE_{field.upper()}", RENAMED_VARIABLES.get(field)
+    environ = _environ_upper()
+    return old if old is not None and new not in environ and old in environ else new
+
+
+class _OldVariableNames(PydanticBaseSettingsSource):
+    """The renamed variables' old names (:data:`RENAMED_VARIABLES`), a settings source read
+    after the environment's new names: a value under the new name wins."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        old = RENAMED_VARIABLES.get(field_name)
+        return (_environ_upper().get(old) if old else None), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values = {}
+        for field_name, field in self.settings_cls.model_fields.items():
+            value, key, _ = self.get_field_value(field, field_name)
+            if value is not None:
+                values[key] = value
+        return values
 
 
 class Settings(BaseSettings):
@@ -27,13 +64,16 @@ class Settings(BaseSettings):
       (default ``$XDG_DATA_HOME/tunecache`` or ``~/.local/share/tunecache``).
     * ``TUNECACHE_MAX_UPLOAD_BYTES``: largest request body accepted (HTTP 413 above it).
     * ``TUNECACHE_HOST`` / ``TUNECACHE_PORT``: where ``tunecache serve`` listens.
-    * ``TUNECACHE_WORKER``: ``auto`` (run the job worker when this node has a CUDA GPU),
-      ``on`` (refuse to start without one) or ``off`` (lookups only).
+    * ``TUNECACHE_JOB_WORKER`` (old name ``TUNECACHE_WORKER``, still read): ``auto`` (run
+      the job worker when this node has a CUDA GPU), ``on`` (refuse to start without one)
+      or ``off`` (lookups only).
     * ``TUNECACHE_LEASE_SECONDS``: a claimed job's lease, renewed every third of it.
     * ``TUNECACHE_JOB_TIMEOUT_SECONDS``: the tuner child is killed after this long.
     * ``TUNECACHE_JOB_MAX_ATTEMPTS``: claims of one job before it is failed.
-    * ``TUNECACHE_WORKER_POLL_SECONDS``: idle worker's wait between claim attempts.
-    * ``TUNECACHE_WORKERS``: server processes of ``tunecache serve`` (uvicorn workers).
+    * ``TUNECACHE_WORKER_POLL_SECONDS``: an idle job worker's wait between claim attempts.
+    * ``TUNECACHE_SERVER_PROCESSES`` (old name ``TUNECACHE_WORKERS``, still read): server
+      processes of ``tunecache serve`` (uvicorn's worker processes); one of a node's
+      processes runs the job worker.
     * ``TUNECACHE_THREADS``: threads per process that run database work (sync routes).
     * ``TUNECACHE_DB_POOL_SIZE``: database connections per process (default: the threads).
     * ``TUNECACHE_DB_POOL_TIMEOUT``: seconds a request waits for a connection before 503.
@@ -72,6 +112,10 @@ class Settings(BaseSettings):
       batches at least this often (0.5 s; ``tunecache.service.report_intake``).
     * ``TUNECACHE_REPORT_INTAKE_MAX``: reports a process holds not yet stored at most
       (20,000); past it ``POST /v1/reports`` answers 503 with ``Retry-After``.
+
+    Renamed settings (:data:`RENAMED_VARIABLES`): the old variable is read when the new one
+    is unset, and ``Settings(worker=..., workers=...)`` still sets ``job_worker`` and
+    ``server_processes``, which ``.worker`` and ``.workers`` still read.
     """
 
     model_config = SettingsConfigDict(env_prefix="TUNECACHE_", extra="ignore")
@@ -81,12 +125,12 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8321, gt=0, lt=65536)
-    worker: Literal["auto", "on", "off"] = "auto"
+    job_worker: Literal["auto", "on", "off"] = "auto"
     lease_seconds: float = Field(default=60.0, gt=0)
     job_timeout_seconds: float = Field(default=3600.0, gt=0)
     job_max_attempts: int = Field(default=3, gt=0)
     worker_poll_seconds: float = Field(default=2.0, gt=0)
-    workers: int = Field(default=1, gt=0, le=64)
+    server_processes: int = Field(default=1, gt=0, le=64)
     threads: int = Field(default=40, gt=0, le=1024)
     db_pool_size: int | None = Field(default=None, gt=0, le=1024)
     db_pool_timeout: float = Field(default=2.0, gt=0, le=300)
@@ -109,6 +153,35 @@ class Settings(BaseSettings):
     report_flush_seconds: float = Field(default=0.5, gt=0, le=60)
     #: Reports a process holds not yet stored at most; past it POST /v1/reports answers 503.
     report_intake_max: int = Field(default=20_000, ge=1, le=10_000_000)
+
+    def __init__(self, **values: Any) -> None:
+        for old, new in RENAMED_FIELDS.items():  # old keyword names, kept for compatibility
+            if old in values:
+                values.setdefault(new, values.pop(old))
+        super().__init__(**values)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """pydantic-settings' sources, with the renamed variables' old names read right
+        after the environment (earlier sources win)."""
+        return init_settings, env_settings, _OldVariableNames(settings_cls), dotenv_settings, file_secret_settings
+
+    @property
+    def worker(self) -> str:
+        """``job_worker`` under its old name (kept for compatibility)."""
+        return self.job_worker
+
+    @property
+    def workers(self) -> int:
+        """``server_processes`` under its old name (kept for compatibility)."""
+        return self.server_processes
 
     @property
     def pool_size(self) -> int:
