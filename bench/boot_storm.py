@@ -144,12 +144,12 @@ def run_tunecache(args, pods: int, work: Path, report: bool = False) -> dict:
     per-address report rate is lifted (a fleet's pods each have their own)."""
     url_db, drop = fresh_schema(args.postgres)
     exe = shutil.which("tunecache") or sys.exit("tunecache is not installed")
-    env = {**os.environ, "TUNECACHE_WORKER": "off", "TUNECACHE_DATA_DIR": str(work / f"data-{pods}"),
+    env = {**os.environ, "TUNECACHE_JOB_WORKER": "off", "TUNECACHE_DATA_DIR": str(work / f"data-{pods}"),
            "TUNECACHE_REPORT_RATE": "100000000/minute"}
     subprocess.run([exe, "db", "upgrade", "--database", url_db], check=True, env=env, capture_output=True)
     port = free_port()
     log = open(work / f"serve-{pods}.log", "w")
-    workers = ["--workers", str(args.workers)] if args.workers != 1 else []
+    workers = ["--processes", str(args.workers)] if args.workers != 1 else []
     server = subprocess.Popen([exe, "serve", "--port", str(port), "--database", url_db, *workers],
                               env=env, stdout=log, stderr=log, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -253,11 +253,11 @@ http {{
 
 def run_nginx_cache(args, pods: int, work: Path) -> dict:
     """Artifact GETs through nginx as a caching proxy in front of tunecache (the deployment
-    in the README), beside the same GETs of nginx serving the file itself
+    in docs/benchmarks.md), beside the same GETs of nginx serving the file itself
     (``nginx-static-artifact``): pods whose lookup is answered fetch artifacts from the cache."""
     url_db, drop = fresh_schema(args.postgres)
     exe = shutil.which("tunecache") or sys.exit("tunecache is not installed")
-    env = {**os.environ, "TUNECACHE_WORKER": "off", "TUNECACHE_DATA_DIR": str(work / f"data-cache-{pods}")}
+    env = {**os.environ, "TUNECACHE_JOB_WORKER": "off", "TUNECACHE_DATA_DIR": str(work / f"data-cache-{pods}")}
     subprocess.run([exe, "db", "upgrade", "--database", url_db], check=True, env=env, capture_output=True)
     port, proxy_port = free_port(), free_port()
     log = open(work / f"serve-cache-{pods}.log", "w")
@@ -322,7 +322,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pods", default="10,200,1000", help="comma-separated numbers of concurrent pods")
     parser.add_argument("--seconds", type=int, default=20)
-    parser.add_argument("--workers", type=int, default=2, help="tunecache serve --workers")
+    parser.add_argument("--workers", type=int, default=2, help="server processes (tunecache serve --processes)")
     parser.add_argument("--servers", default="tunecache,stdlib,nginx,nginx-cache,nginx-static-artifact",
                         help="tunecache-report: each boot also posts the pod's report; nginx-cache and "
                              "nginx-static-artifact fetch the artifact only (a boot's second request)")

@@ -589,7 +589,7 @@ def time_http(url: str, sessions, load: Workload, hours: float, warmup: int, rep
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="tunecache-bench-") as data_dir:
         log = open(Path(data_dir) / "serve.log", "w")
-        env = {**os.environ, "TUNECACHE_WORKER": "off", "TUNECACHE_DATA_DIR": data_dir}
+        env = {**os.environ, "TUNECACHE_JOB_WORKER": "off", "TUNECACHE_DATA_DIR": data_dir}
         command = [sys.executable, "-m", "tunecache.service", "serve", "--port", str(port), "--database", url]
         server = subprocess.Popen(command, stdout=log, stderr=log, env=env)
         base = f"http://127.0.0.1:{port}"

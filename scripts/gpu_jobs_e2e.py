@@ -61,7 +61,7 @@ class Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = env | {"TUNECACHE_WORKER": worker, "TUNECACHE_DATA_DIR": str(work / "data"),
+        self.env = env | {"TUNECACHE_JOB_WORKER": worker, "TUNECACHE_DATA_DIR": str(work / "data"),
                           "TUNECACHE_LEASE_SECONDS": "30"}
         self.log = open(out / f"serve-{worker}.log", "a")
         self.process = subprocess.Popen(cli("serve", "--port", str(self.port)), env=self.env,

@@ -132,7 +132,7 @@ def _tune_and_warm(args: argparse.Namespace, work: Path, out: Path, results: dic
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(cli("serve", "--port", str(port), "--database", f"sqlite:///{work / 'tunecache.db'}"),
                               stdout=open(out / "serve.log", "w"), stderr=subprocess.STDOUT,
-                              env={**os.environ, "TUNECACHE_WORKER": "off"})
+                              env={**os.environ, "TUNECACHE_JOB_WORKER": "off"})
     try:
         wait_healthy(url, server)
         if not args.keep_workspace:
