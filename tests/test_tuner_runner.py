@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from conftest import LLAMA_CONFIG, QWEN3_CONFIG, tunecache_executable
-from tunecache.service.tuner.runner import TunerFailed, run_tuner
+from tunecache.contract import DeploymentKey
+from tunecache.service.tuner.process import TunerFailed, run_tuner
 from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage, deep_gemm_shapes, warmup_m_values
 from tunecache.service.tuner.stages import AttentionWarmupStage, DenseGemmStage, FusedMoeStage, TuneSpec
 
@@ -19,7 +20,8 @@ pytest.importorskip("torch", reason="torch is not installed")
 def spec(**overrides) -> TuneSpec:
     fields = dict(model="meta-llama/Llama-3.1-8B", hf_config=json.loads(LLAMA_CONFIG.read_text()), max_num_batched_tokens=8192)
     fields.update(overrides)
-    return TuneSpec(**fields)
+    deployment = DeploymentKey(**{f: fields.pop(f) for f in list(fields) if f in DeploymentKey.model_fields})
+    return TuneSpec(deployment=deployment, **fields)
 
 
 @pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks the no-GPU path")

@@ -7,15 +7,24 @@ import base64
 import datetime as dt
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from tunecache.contract.identity import (
     ENVIRONMENT_FIELDS,
     KEY_FIELDS,
     MAX_ID,
-    MAX_NUM_BATCHED_TOKENS,
     NO_NUL,
     SHA256_PATTERN,
     EnvironmentMetadata,
@@ -212,7 +221,26 @@ def _in_utc(value: dt.datetime) -> dt.datetime:
 IsoDateTime = Annotated[AwareDatetime, BeforeValidator(_iso_date_time), AfterValidator(_in_utc)]
 
 
-class TuningRunQuery(BaseModel):
+def _filters_of(model: type[BaseModel]) -> dict[str, Any]:
+    """One optional filter per field of ``model``, with the field's constraints, as a query
+    string gives it: text without NUL (``pattern``), a plain integer."""
+    filters: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        constraints = {attr: getattr(item, attr) for item in field.metadata
+                       for attr in ("gt", "ge", "lt", "le", "min_length", "max_length", "pattern")
+                       if getattr(item, attr, None) is not None}
+        if field.annotation is str:
+            constraints.setdefault("pattern", NO_NUL)
+        filters[name] = (Optional[field.annotation], Field(default=None, **constraints))
+    return filters
+
+
+#: The history's filters on every key field (read from :class:`TuningKey`) and every
+#: environment field (from :class:`EnvironmentMetadata`), in that order.
+_RunFilters = create_model("_RunFilters", __module__=__name__, **_filters_of(TuningKey), **_filters_of(EnvironmentMetadata))
+
+
+class TuningRunQuery(_RunFilters):
     """Filters and page of the tuning history (``GET /v1/tunings`` query parameters).
 
     Filters, all optional and combined (AND):
@@ -235,22 +263,6 @@ class TuningRunQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gpu_name: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
-    arch: str | None = Field(default=None, pattern=r"^sm[0-9]{2,3}[a-z]?$", max_length=16)
-    model: str | None = Field(default=None, max_length=512, pattern=NO_NUL)
-    max_num_batched_tokens: int | None = Field(default=None, gt=0, le=MAX_NUM_BATCHED_TOKENS)
-    dtype: str | None = Field(default=None, min_length=1, max_length=32, pattern=NO_NUL)
-    quantization: str | None = Field(default=None, min_length=1, max_length=32, pattern=NO_NUL)
-    tensor_parallel_size: int | None = Field(default=None, gt=0, le=1024)
-    data_parallel_size: int | None = Field(default=None, gt=0, le=1024)
-    expert_parallel_size: int | None = Field(default=None, gt=0, le=1 << 20)
-    flashinfer_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
-    cuda_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
-    cublas_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
-    cudnn_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
-    cudnn_frontend_version: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
-    cutlass_dsl_version: str | None = Field(default=None, min_length=1, max_length=4096, pattern=NO_NUL)
-    gpu: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
     status: RunStatus | None = None
     trigger: RunTrigger | None = None
     since: IsoDateTime | None = None
