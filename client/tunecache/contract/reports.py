@@ -6,18 +6,8 @@ import datetime as dt
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tunecache.contract.identity import (
-    ENVIRONMENT_FIELDS,
-    KEY_FIELDS,
-    MAX_ID,
-    SHA256_PATTERN,
-    EnvironmentMetadata,
-    FieldDifference,
-    StrEnum,
-    Text,
-    TuningKey,
-    WholeNumber,
-)
+from tunecache.contract.identity import (ENVIRONMENT_FIELDS, KEY_FIELDS, MAX_ID, SHA256_PATTERN, EnvironmentMetadata,
+                                         FieldDifference, StrEnum, Text, TuningKey, WholeNumber)
 from tunecache.contract.runs import RunTrigger
 
 
