@@ -51,9 +51,9 @@ import re
 import socket
 import sys
 import time
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from collections.abc import Callable
 from typing import Annotated, Any, Literal, NoReturn, Optional
 
 import typer
