@@ -440,3 +440,32 @@ def test_jit_modules_built_with_other_paths_are_skipped_and_the_tactics_installe
     same = pull_jit(tmp_path / "b")
     assert same.returncode == 0 and "installed 1 FlashInfer JIT modules" in same.stderr, same.stderr
     assert (workspace / "cached_ops" / "batch_prefill_bf16_h128" / "batch_prefill_bf16_h128.so").is_file()
+
+
+def test_every_command_that_takes_a_key_has_the_same_key_options():
+    """The key options are declared once (``tunecache.cli.key_options``): push, pull, doctor,
+    retune and tune offer them with the same names, defaults and help; the GPU is optional
+    (the environment's) for push, pull and doctor, required for retune, detected by tune."""
+    import typer.main
+
+    from tunecache import cli
+
+    cli.load_command_plugins()
+    group = typer.main.get_command(cli.app)
+
+    def options(command: str) -> dict:
+        return {p.name: (tuple(p.opts), p.required, p.default, p.help) for p in group.commands[command].params}
+
+    deployment = ("model", "max_num_batched_tokens", "dtype", "quantization", "tensor_parallel_size",
+                  "data_parallel_size", "enable_expert_parallel")
+    push_options = options("push")
+    assert push_options["tensor_parallel_size"][0] == ("--tensor-parallel-size", "-tp")
+    assert push_options["model"][1] and push_options["dtype"][2] == "auto" and push_options["enable_expert_parallel"][2] is False
+    for command in ("pull", "doctor", "retune", "tune"):
+        assert {f: options(command)[f] for f in deployment} == {f: push_options[f] for f in deployment}, command
+    for command in ("pull", "doctor"):
+        assert {f: options(command)[f] for f in ("gpu_name", "arch")} == {f: push_options[f] for f in ("gpu_name", "arch")}
+    assert not push_options["gpu_name"][1] and options("retune")["gpu_name"][1]
+    assert "gpu_name" not in options("tune") and "arch" not in options("tune")
+    missing = tunecache("retune", "--server", "http://127.0.0.1:9", "--model", "m", "--max-num-batched-tokens", "8")
+    assert missing.returncode == 2 and "--gpu-name" in missing.stderr

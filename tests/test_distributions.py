@@ -67,7 +67,7 @@ def _requirement_names(requires: list[str]) -> set[str]:
 def test_client_wheel_holds_the_pod_side_only(wheels):
     names, metadata, entry_points = _wheel(wheels["tunecache_client"])
     assert metadata["Name"] == "tunecache-client"
-    assert {"tunecache/contract.py", "tunecache/store.py", "tunecache/cli.py", "tunecache/client/vllm_plugin.py"} <= names
+    assert {"tunecache/contract/__init__.py", "tunecache/contract/identity.py", "tunecache/store.py", "tunecache/cli.py", "tunecache/client/vllm_plugin.py"} <= names
     assert not [n for n in names if n.startswith("tunecache/service")]
     assert "tunecache/__init__.py" not in names  # a namespace package shared with the server
     assert not _requirement_names(metadata["Requires-Dist"]) & SERVER_PACKAGES

@@ -21,6 +21,7 @@ from conftest import CUBLASLT_FILE, CUDNN_FILE, as_admin, tunecache
 from helpers import file_environment, h200_key, plan_of, run_payload
 from tunecache.client.http import TunecacheClient
 from tunecache.contract import (
+    KEY_FIELDS,
     RUN_CSV_COLUMNS,
     EnvironmentMetadata,
     PodReportCreate,
@@ -273,6 +274,40 @@ def test_history_cli_filters_pages_and_says_what_is_wrong(seeded):
         bad = tunecache("history", "--server", server, *args)
         assert bad.returncode == 2 and named in bad.stderr, (args, bad.stderr)
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_every_key_field_filters_the_api_and_the_cli(server):
+    """Each key field (KEY_FIELDS, read from TuningKey) is a filter of ``GET /v1/tunings``,
+    of the typed client and of ``tunecache history --<field>``; each narrows to exactly the
+    runs of that value, quantization and the parallel sizes included."""
+    _upload(server)
+    keys = [
+        h200_key(),
+        h200_key(quantization="fp8"),
+        h200_key(data_parallel_size=2, expert_parallel_size=2),
+        h200_key(tensor_parallel_size=2, dtype="bfloat16"),
+        h200_key(gpu_name="NVIDIA H100", model="Qwen/Qwen3-30B-A3B", max_num_batched_tokens=4096),
+        h200_key(gpu_name="NVIDIA B200", arch="sm100"),
+    ]
+    runs = [_record(server, key) for key in keys]
+    values = {"gpu_name": "NVIDIA H100", "arch": "sm100", "model": "Qwen/Qwen3-30B-A3B", "max_num_batched_tokens": 4096,
+              "dtype": "bfloat16", "quantization": "fp8", "tensor_parallel_size": 2, "data_parallel_size": 2,
+              "expert_parallel_size": 2}
+    assert set(values) == set(KEY_FIELDS)
+    newest_first = sorted(runs, key=lambda r: r["id"], reverse=True)
+    with TunecacheClient(server) as client:
+        for field, value in values.items():
+            expected = [r["id"] for r in newest_first if r["key"][field] == value]
+            assert 0 < len(expected) < len(runs), field
+            assert _ids(server, **{field: value}) == expected, field
+            assert [r.id for r in client.list_runs(TuningRunQuery(**{field: value})).items] == expected, field
+            shown = tunecache("history", "--server", server, "--" + field.replace("_", "-"), str(value), check=True)
+            assert [int(line.split()[0]) for line in shown.stdout.splitlines()[1:]] == expected, (field, shown.stdout)
+    both = tunecache("history", "--server", server, "-dp", "2", "--expert-parallel-size", "2", "--quantization", "auto",
+                     check=True)
+    assert [int(line.split()[0]) for line in both.stdout.splitlines()[1:]] == [runs[2]["id"]]
+    bad = tunecache("history", "--server", server, "--quantization", "")
+    assert bad.returncode == 2 and "--quantization" in bad.stderr, bad.stderr
 
 
 def _report(key, environment: EnvironmentMetadata, outcome: ReportOutcome, pod: str, **fields) -> PodReportCreate:

@@ -30,7 +30,7 @@ from tunecache.contract import (
     TuningRunCreate,
     TuningRunQuery,
 )
-from tunecache.service.tuner.runner import TunerFailed, TunerResult
+from tunecache.service.tuner.process import TunerFailed, TunerResult
 from tunecache.service.worker import GpuIdentity, JobWorker
 
 H200 = GpuIdentity("NVIDIA H200", "sm90")
@@ -288,7 +288,7 @@ def test_jobs_read_configs_only_from_the_model_config_dir_and_show_no_node_path(
     tuner = stand_in_tuner()
 
     def recording_tuner(spec, work_dir, timeout_s, on_event, cancel=None):
-        tuned.append((spec.model, spec.hf_config))
+        tuned.append((spec.deployment.model, spec.hf_config))
         return tuner(spec, work_dir, timeout_s, on_event, cancel)
 
     worker = JobWorker(db.session_factory(engine), H200, "w", tuner=recording_tuner, model_config_dir=config_dir)

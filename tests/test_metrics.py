@@ -30,7 +30,7 @@ from helpers import file_environment, h200_key, run_payload
 from tunecache.contract import ArtifactCreate, ArtifactKind, JobStatus, StageChanged, TuningJobCreate
 from tunecache.service import db, jobs, metrics
 from tunecache.service.models import TuningJob
-from tunecache.service.tuner.runner import TunerFailed, TunerResult
+from tunecache.service.tuner.process import TunerFailed, TunerResult
 from tunecache.service.worker import GpuIdentity, JobWorker
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana-dashboard.json"

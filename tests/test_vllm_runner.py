@@ -1,4 +1,4 @@
-"""The vLLM runner: its command line and environment, and harvesting a vLLM-layout cache
+"""The vLLM warmup: its command line and environment, and harvesting a vLLM-layout cache
 directory built from the real H200 FlashInfer files (and FlashInfer's own v2 store code)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import tarfile
 import pytest
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, QWEN3_CONFIG
-from tunecache.contract import ArtifactKind
+from tunecache.contract import ArtifactKind, DeploymentKey
 from tunecache.service.tuner.stages import TuneSpec
-from tunecache.service.tuner.vllm_runner import (
+from tunecache.service.tuner.vllm_warmup import (
     harvest_vllm_cache,
     run_vllm_warmup,
     vllm_command,
@@ -23,8 +23,9 @@ CONFIG_HASH = "3f" * 32  # vLLM's sha256(VllmConfig.compute_hash()) directory na
 
 def spec(**overrides):
     fields = dict(model="Qwen/Qwen3-30B-A3B", hf_config=json.loads(QWEN3_CONFIG.read_text()), max_num_batched_tokens=8192,
-                  tensor_parallel_size=2)
-    return TuneSpec(**(fields | overrides))
+                  tensor_parallel_size=2) | overrides
+    deployment = DeploymentKey(**{f: fields.pop(f) for f in list(fields) if f in DeploymentKey.model_fields})
+    return TuneSpec(deployment=deployment, **fields)
 
 
 def test_command_line_and_environment(tmp_path):

@@ -41,16 +41,20 @@ Exit codes (also in docs/pods.md):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
+import functools
+import inspect
 import json
 import re
 import socket
 import sys
 import time
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Any, Literal, NoReturn, Optional
 
 import typer
 from pydantic import ValidationError
@@ -92,6 +96,7 @@ from tunecache.contract import (
     JobStatus,
     ReportSource,
     RunTrigger,
+    DeploymentKey,
     Scope,
     TokenCreate,
     TuningJobCreate,
@@ -153,6 +158,7 @@ TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1, help
 DpOpt = Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1, help="vLLM's data-parallel size (it shards MoE layers)")]
 EpOpt = Annotated[bool, typer.Option("--enable-expert-parallel", help="vLLM's --enable-expert-parallel (experts split over tp x dp ranks)")]
 GpuNameOpt = Annotated[Optional[str], typer.Option("--gpu-name", help="GPU name (default: the environment's 'gpu')")]
+RequiredGpuNameOpt = Annotated[str, typer.Option("--gpu-name", help="GPU to tune for, e.g. 'NVIDIA H200'")]
 ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="GPU arch such as sm90 (default: detected)")]
 EnvironmentOpt = Annotated[
     Optional[Path],
@@ -187,6 +193,106 @@ def key_option(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: st
         fail(ExitCode.USAGE, str(exc))
     except ValidationError as exc:
         fail(ExitCode.USAGE, f"invalid key: {first_error(exc)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyOptions:
+    """The key options of a command as given (:func:`key_options` adds them): vLLM's
+    deployment options, and the GPU where the command takes it from the user."""
+
+    model: str
+    max_num_batched_tokens: int
+    dtype: str = "auto"
+    quantization: str = "auto"
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    gpu_name: str | None = None
+    arch: str | None = None
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """The key's ``expert_parallel_size`` (:func:`tunecache.contract.expert_parallel_size`)."""
+        return expert_parallel_size(self.tensor_parallel_size, self.data_parallel_size, self.enable_expert_parallel)
+
+    def key(self, gpu_name: str | None = None) -> TuningKey:
+        """The key: ``--gpu-name``, else ``gpu_name`` (the environment's ``gpu``); the arch
+        ``--arch``, else detected; or exit 2 naming the bad field (:func:`key_option`)."""
+        return key_option(self.model, self.max_num_batched_tokens, self.gpu_name or gpu_name, self.arch, self.dtype,
+                          self.quantization, self.tensor_parallel_size, self.data_parallel_size,
+                          self.enable_expert_parallel)
+
+    def deployment(self) -> DeploymentKey:
+        """The key's fields but the GPU (what ``tune`` tunes before it knows its GPU).
+
+        Raises:
+            pydantic.ValidationError: a field is out of range (the error names it).
+        """
+        fields = dataclasses.asdict(self) | {"expert_parallel_size": self.expert_parallel_size}
+        return DeploymentKey(**{name: fields[name] for name in DeploymentKey.model_fields})
+
+
+#: Where a command's key takes its GPU from (:func:`key_options`).
+GpuSource = Literal["environment", "required", "detected"]
+
+
+def _key_parameters(gpu: GpuSource) -> list[inspect.Parameter]:
+    """The key's options, one typer parameter per :class:`KeyOptions` field, in the key's order."""
+    def option(name: str, annotation, default=inspect.Parameter.empty) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+
+    gpu_options = {
+        "environment": [option("gpu_name", GpuNameOpt, None), option("arch", ArchOpt, None)],
+        "required": [option("gpu_name", RequiredGpuNameOpt), option("arch", ArchOpt, None)],
+        "detected": [],
+    }[gpu]
+    return [
+        option("model", ModelOpt),
+        option("max_num_batched_tokens", MnbtOpt),
+        *gpu_options,
+        option("dtype", DtypeOpt, "auto"),
+        option("quantization", QuantOpt, "auto"),
+        option("tensor_parallel_size", TpOpt, 1),
+        option("data_parallel_size", DpOpt, 1),
+        option("enable_expert_parallel", EpOpt, False),
+    ]
+
+
+def with_options(name: str, parameters: list[inspect.Parameter], build: Callable[..., Any]):
+    """A decorator for a typer command: the command's parameter ``name`` becomes the options
+    ``parameters`` (in its place, in ``--help`` too), and the command is handed
+    ``build(**their values)`` as ``name``. How options shared by several commands are
+    declared once (typer reads a command's options from its ``__signature__``)."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        own = list(signature.parameters.values())
+        at = [p.name for p in own].index(name)
+        added = {p.name for p in parameters}
+
+        @functools.wraps(command)
+        def with_built(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = build(**{option: kwargs.pop(option) for option in added if option in kwargs})
+            return command(*args, **kwargs)
+
+        # keyword-only from the first added option on, so that a required option may follow one with a default
+        rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at + 1:]]
+        with_built.__signature__ = signature.replace(parameters=[*own[:at], *parameters, *rest])
+        with_built.__annotations__ = {p.name: p.annotation for p in with_built.__signature__.parameters.values()}
+        del with_built.__wrapped__  # typer must read the new signature, not the command's
+        return with_built
+
+    return decorate
+
+
+def key_options(gpu: GpuSource = "environment"):
+    """A typer command's key options, declared once for every command that takes a key: the
+    command's ``key_options: KeyOptions`` parameter becomes ``--model``,
+    ``--max-num-batched-tokens``, ``--gpu-name`` and ``--arch`` (``gpu``: ``environment``,
+    both optional, the GPU by default the environment's; ``required``: ``--gpu-name``
+    required; ``detected``: neither, the command detects its GPU), ``--dtype``,
+    ``--quantization``, ``--tensor-parallel-size``/``-tp``, ``--data-parallel-size``/``-dp``
+    and ``--enable-expert-parallel``; the command gets them as one :class:`KeyOptions`."""
+    return with_options("key_options", _key_parameters(gpu), KeyOptions)
 
 
 def client_errors(exc: Exception) -> NoReturn:
@@ -248,18 +354,11 @@ def client_for(server: str, settings=None) -> TunecacheClient:
 
 
 @app.command()
+@key_options()
 def push(
     file: Annotated[Path, typer.Argument(help="FlashInfer autotune cache file (AutoTuner.save_configs output)")],
     server: ServerOpt,
-    model: ModelOpt,
-    max_num_batched_tokens: MnbtOpt,
-    gpu_name: GpuNameOpt = None,
-    arch: ArchOpt = None,
-    dtype: DtypeOpt = "auto",
-    quantization: QuantOpt = "auto",
-    tensor_parallel_size: TpOpt = 1,
-    data_parallel_size: DpOpt = 1,
-    enable_expert_parallel: EpOpt = False,
+    key_options: KeyOptions,
     trigger: Annotated[str, typer.Option(help="'upload', or 'pod' for a pod's own tuning (stored unverified)")] = "upload",
 ) -> None:
     """Upload a FlashInfer autotune cache file; its environment is read from its _metadata."""
@@ -275,8 +374,7 @@ def push(
              "where it was tuned, so no FlashInfer would load it; nothing was uploaded")
     if trigger not in (RunTrigger.UPLOAD, RunTrigger.POD):
         fail(ExitCode.USAGE, "--trigger must be 'upload' or 'pod'")
-    key = key_option(model, max_num_batched_tokens, gpu_name or parsed.environment.gpu, arch, dtype, quantization,
-                     tensor_parallel_size, data_parallel_size, enable_expert_parallel)
+    key = key_options.key(parsed.environment.gpu)
     with client_for(server) as client:
         try:
             stored = client.upload_artifact(data)
@@ -294,20 +392,15 @@ class Layout(str, enum.Enum):
 
 
 @app.command()
+@key_options()
 def pull(
     server: ServerOpt,
-    model: ModelOpt,
-    max_num_batched_tokens: MnbtOpt,
+    key_options: KeyOptions,
     dest: Annotated[
         Optional[Path],
         typer.Option("--dest", help="file layout: directory for the cache file; vllm / flashinfer-v2: root (default: where vLLM reads)"),
     ] = None,
     environment: EnvironmentOpt = None,
-    gpu_name: GpuNameOpt = None,
-    arch: ArchOpt = None,
-    dtype: DtypeOpt = "auto",
-    quantization: QuantOpt = "auto",
-    tensor_parallel_size: TpOpt = 1,
     layout: Annotated[
         Layout,
         typer.Option(help="file: a FlashInfer cache file; vllm: vLLM's per-rank files for every rank; flashinfer-v2: FlashInfer's v2 store"),
@@ -315,8 +408,6 @@ def pull(
     vllm_config_hash: Annotated[
         Optional[str], typer.Option(help="vllm layout: the <hash> directory (sha256 of VllmConfig.compute_hash) of the deployment")
     ] = None,
-    data_parallel_size: DpOpt = 1,
-    enable_expert_parallel: EpOpt = False,
     pipeline_parallel_size: Annotated[int, typer.Option(min=1, help="vllm layout: pipeline-parallel size (ranks per dp = tp x pp)")] = 1,
     file_name: Annotated[Optional[str], typer.Option(help="file layout: the file's name (default: from the key)")] = None,
     jit: Annotated[bool, typer.Option("--jit", help="also install the tuning's FlashInfer JIT modules into this pod's FlashInfer workspace")] = False,
@@ -348,8 +439,8 @@ def pull(
             f"FlashInfer could not detect {', '.join(env.indeterminate_fields())} here (no GPU?); "
             "pass --environment FILE",
         )
-    key = key_option(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization,
-                     tensor_parallel_size, data_parallel_size, enable_expert_parallel)
+    key = key_options.key(env.gpu)
+    tensor_parallel_size, data_parallel_size = key.tensor_parallel_size, key.data_parallel_size
     settings = client_settings()
     try:
         trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
@@ -408,18 +499,11 @@ def pull(
 
 
 @app.command()
+@key_options()
 def doctor(
     server: ServerOpt,
-    model: ModelOpt,
-    max_num_batched_tokens: MnbtOpt,
+    key_options: KeyOptions,
     environment: EnvironmentOpt = None,
-    gpu_name: GpuNameOpt = None,
-    arch: ArchOpt = None,
-    dtype: DtypeOpt = "auto",
-    quantization: QuantOpt = "auto",
-    tensor_parallel_size: TpOpt = 1,
-    data_parallel_size: DpOpt = 1,
-    enable_expert_parallel: EpOpt = False,
 ) -> None:
     """Show this machine's FlashInfer environment, its key, and the server's matching or closest runs.
 
@@ -437,8 +521,7 @@ def doctor(
         if environment is None:
             fail(ExitCode.USAGE, f"FlashInfer could not detect {', '.join(env.indeterminate_fields())} here (no GPU?); "
                                  "pass --environment FILE (a FlashInfer cache file written on the pod's GPU)")
-    key = key_option(model, max_num_batched_tokens, gpu_name or env.gpu, arch, dtype, quantization,
-                     tensor_parallel_size, data_parallel_size, enable_expert_parallel)
+    key = key_options.key(env.gpu)
     typer.echo("key")
     for field, value in key.model_dump().items():
         typer.echo(f"  {field}: {value}")
@@ -600,14 +683,34 @@ def _query_error(exc: ValidationError) -> str:
     return f"--{where[0].replace('_', '-')}: {message}" if where else message
 
 
+#: ``history``'s filter options that say more than ``only this <field>``: (more names, help).
+_HISTORY_FILTER_HELP: dict[str, tuple[tuple[str, ...], str]] = {
+    "model": ((), "only runs of this model"),
+    "gpu_name": ((), "only runs for this GPU, e.g. 'NVIDIA H200'"),
+    "arch": ((), "only runs for this arch, e.g. sm90"),
+    "tensor_parallel_size": (("-tp",), "only this tensor-parallel size"),
+    "data_parallel_size": (("-dp",), "only this data-parallel size"),
+    "expert_parallel_size": ((), "only this expert-parallel size (tp x dp with vLLM's --enable-expert-parallel)"),
+}
+
+
+def _key_filter_parameters() -> list[inspect.Parameter]:
+    """``history``'s key filters: one option per key field (:data:`KEY_FIELDS`, read from
+    :class:`TuningKey`), ``--<field>``, optional."""
+    parameters = []
+    for name, field in TuningKey.model_fields.items():
+        more, help_text = _HISTORY_FILTER_HELP.get(name, ((), f"only this {name}"))
+        option = typer.Option("--" + name.replace("_", "-"), *more, help=help_text)
+        annotation = Annotated[Optional[int if field.annotation is int else str], option]
+        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=None))
+    return parameters
+
+
 @app.command()
+@with_options("key_filters", _key_filter_parameters(), lambda **fields: fields)
 def history(
     server: ServerOpt,
-    model: Annotated[Optional[str], typer.Option("--model", help="only runs of this model")] = None,
-    gpu_name: Annotated[Optional[str], typer.Option("--gpu-name", help="only runs for this GPU, e.g. 'NVIDIA H200'")] = None,
-    arch: Annotated[Optional[str], typer.Option("--arch", help="only runs for this arch, e.g. sm90")] = None,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens", help="only this max_num_batched_tokens")] = None,
-    tensor_parallel_size: Annotated[Optional[int], typer.Option("--tensor-parallel-size", "-tp", help="only this tensor-parallel size")] = None,
+    key_filters: dict[str, Any],
     status: Annotated[Optional[str], typer.Option("--status", help="succeeded or failed")] = None,
     trigger: Annotated[Optional[str], typer.Option("--trigger", help="upload, cli, http or pod")] = None,
     env: Annotated[Optional[list[str]], typer.Option(
@@ -628,8 +731,7 @@ def history(
     Exit 0; 2 for a bad option (named); 4 server unreachable; 5 server error; 13 not authorised.
     """
     params: dict[str, object] = {
-        "model": model, "gpu_name": gpu_name, "arch": arch, "max_num_batched_tokens": max_num_batched_tokens,
-        "tensor_parallel_size": tensor_parallel_size, "status": status, "trigger": trigger,
+        **key_filters, "status": status, "trigger": trigger,
         "since": time_option("--since", since), "until": time_option("--until", until), "current_only": current_only,
         "limit": limit, "cursor": cursor,
     }
@@ -744,17 +846,10 @@ def _shown(listed: int, offset: int, total: int, noun: str) -> str:
 
 
 @app.command()
+@key_options(gpu="required")
 def retune(
     server: ServerOpt,
-    model: ModelOpt,
-    max_num_batched_tokens: MnbtOpt,
-    gpu_name: Annotated[str, typer.Option("--gpu-name", help="GPU to tune for, e.g. 'NVIDIA H200'")],
-    arch: ArchOpt = None,
-    dtype: DtypeOpt = "auto",
-    quantization: QuantOpt = "auto",
-    tensor_parallel_size: TpOpt = 1,
-    data_parallel_size: DpOpt = 1,
-    enable_expert_parallel: EpOpt = False,
+    key_options: KeyOptions,
     config: Annotated[
         Optional[Path], typer.Option(help="the model's HF config.json (or its directory), sent with the job; "
                                       "this or --node-config is needed")
@@ -781,8 +876,7 @@ def retune(
 
     --wait exits 0 when the job succeeded, 8 when it failed, 16 when it was cancelled, 10 when --wait-timeout passed (the job goes on).
     """
-    key = key_option(model, max_num_batched_tokens, gpu_name, arch, dtype, quantization,
-                     tensor_parallel_size, data_parallel_size, enable_expert_parallel)
+    key = key_options.key()
     hf_config = None
     if config is not None:
         path = config / "config.json" if config.is_dir() else config

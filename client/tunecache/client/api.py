@@ -15,6 +15,7 @@ from tunecache.client.http import TunecacheClient
 from tunecache.client.install import InstalledTuning, pull_autotune_file
 from tunecache.signing import load_trusted_keys
 from tunecache.client.settings import load_client_settings
+from tunecache.contract import expert_parallel_size
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,18 @@ def install_tuning(
     tensor_parallel_size: int = 1,
     dtype: str = "auto",
     quantization: str = "auto",
+    data_parallel_size: int = 1,
+    enable_expert_parallel: bool = False,
     jit: bool = True,
     load: bool = True,
 ) -> LoadedTuning:
     """Install the tuning for this process's GPU and FlashInfer environment, then load it.
 
     ``server`` is the tunecache URL (``None``: ``TUNECACHE_URL``); timeouts, attempts and
-    the token come from :class:`tunecache.client.settings.ClientSettings`.
+    the token come from :class:`tunecache.client.settings.ClientSettings`. The key's
+    parallel sizes are the deployment's: ``data_parallel_size`` (vLLM's
+    ``--data-parallel-size``) and ``enable_expert_parallel`` (vLLM's
+    ``--enable-expert-parallel``: :func:`tunecache.contract.expert_parallel_size`).
 
     The environment comes from ``flashinfer.autotuner._collect_metadata`` and the GPU from
     torch (``detect_arch``), so FlashInfer and a CUDA device must be present. The
@@ -60,6 +66,8 @@ def install_tuning(
     key = pod_key(
         environment.gpu, model, max_num_batched_tokens,
         dtype=dtype, quantization=quantization, tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
+        expert_parallel_size=expert_parallel_size(tensor_parallel_size, data_parallel_size, enable_expert_parallel),
     )
     with TunecacheClient.from_settings(settings, server) as client:
         trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None

@@ -18,23 +18,18 @@ from typing import Annotated, Optional
 import typer
 
 from tunecache.cli import (
-    DpOpt,
-    DtypeOpt,
-    EpOpt,
     ExitCode,
     GemmBackendsOpt,
-    MnbtOpt,
-    ModelOpt,
-    QuantOpt,
+    KeyOptions,
     StagesOpt,
-    TpOpt,
     client_errors,
     client_for,
     csv_option,
     fail,
     first_error,
+    key_options,
 )
-from tunecache.contract import RunTrigger, expert_parallel_size
+from tunecache.contract import RunTrigger
 
 DatabaseOpt = Annotated[
     Optional[str], typer.Option("--database", envvar="TUNECACHE_DATABASE_URL", help="SQLAlchemy database URL")
@@ -215,18 +210,13 @@ def db_upgrade(database: DatabaseOpt = None) -> None:
     typer.echo(f"database at revision {revision}")
 
 
+@key_options(gpu="detected")
 def tune(
-    model: ModelOpt,
-    max_num_batched_tokens: MnbtOpt,
+    key_options: KeyOptions,
     config: Annotated[
         Optional[str],
         typer.Option(help="HF config: a directory with config.json, a JSON file, or a model type (default: --model)"),
     ] = None,
-    dtype: DtypeOpt = "auto",
-    quantization: QuantOpt = "auto",
-    tensor_parallel_size: TpOpt = 1,
-    data_parallel_size: DpOpt = 1,
-    enable_expert_parallel: EpOpt = False,
     server: Annotated[Optional[str], typer.Option("--server", help="store the run on this tunecache server")] = None,
     database: Annotated[
         Optional[str],
@@ -234,7 +224,8 @@ def tune(
     ] = None,
     gemm_backends: GemmBackendsOpt = None,
     stages: StagesOpt = None,
-    runner: Annotated[str, typer.Option(help="'native' (tunecache's stages) or 'vllm' (vLLM's own kernel_warmup: vLLM 0.25 with tp 1, 0.33 with tp > 1)")] = "native",
+    warmup: Annotated[str, typer.Option(help="'stages' (tunecache's own warmup stages) or 'vllm' (vLLM's own kernel_warmup: vLLM 0.25 with tp 1, 0.33 with tp > 1)")] = "stages",
+    runner: Annotated[Optional[str], typer.Option(hidden=True, help="deprecated name of --warmup ('native': 'stages')")] = None,
     timeout: Annotated[float, typer.Option(min=1, help="seconds before the tuner process is killed")] = 3600.0,
     signing_key: Annotated[
         Optional[Path], typer.Option(envvar="TUNECACHE_SIGNING_KEY", help="sign the run with this Ed25519 key (tunecache keys generate)")
@@ -251,12 +242,17 @@ def tune(
 
     from tunecache.progress import ProgressDisplay
     from tunecache.service.tuner.model_config import ModelConfigError, load_hf_config
-    from tunecache.service.tuner.runner import TunerFailed, run_tuner
+    from tunecache.service.tuner.process import TunerFailed, run_tuner
     from tunecache.service.tuner.stages import TuneSpec
     from tunecache.signing import SigningError, load_signing_key
 
-    if runner not in ("native", "vllm"):
-        fail(ExitCode.USAGE, "--runner must be 'native' or 'vllm'")
+    if runner is not None:  # the deprecated --runner native|vllm
+        if runner not in ("native", "vllm"):
+            fail(ExitCode.USAGE, "--runner must be 'native' or 'vllm'")
+        warmup = "stages" if runner == "native" else runner
+    if warmup not in ("stages", "vllm", "native"):  # 'native': the deprecated name of 'stages'
+        fail(ExitCode.USAGE, "--warmup must be 'stages' or 'vllm'")
+    warmup = "stages" if warmup == "native" else warmup
     if server is None and database is None:
         fail(ExitCode.USAGE, "give --server URL or --database URL (or set TUNECACHE_DATABASE_URL)")
     try:
@@ -264,22 +260,16 @@ def tune(
     except SigningError as exc:
         fail(ExitCode.BAD_INPUT, str(exc))
     try:
-        hf_config = load_hf_config(config or model)
+        hf_config = load_hf_config(config or key_options.model)
     except ModelConfigError as exc:
         fail(ExitCode.BAD_INPUT, str(exc))
     try:
         spec = TuneSpec(
-            model=model,
+            deployment=key_options.deployment(),
             hf_config=hf_config,
-            max_num_batched_tokens=max_num_batched_tokens,
-            tensor_parallel_size=tensor_parallel_size,
-            data_parallel_size=data_parallel_size,
-            expert_parallel_size=expert_parallel_size(tensor_parallel_size, data_parallel_size, enable_expert_parallel),
-            dtype=dtype,
-            quantization=quantization,
             gemm_backends=csv_option(gemm_backends),
             stages=csv_option(stages),
-            runner=runner,
+            warmup=warmup,
         )
     except ValidationError as exc:
         fail(ExitCode.USAGE, f"invalid option {first_error(exc)}")
@@ -307,7 +297,7 @@ def tune(
         store.close()
     typer.echo(
         f"stored run {run.id}: {result.summary['entries']} entries in {result.summary['tuning_seconds']:.1f} s "
-        f"for {model} on {result.gpu_name} ({result.arch})"
+        f"for {key_options.model} on {result.gpu_name} ({result.arch})"
     )
 
 

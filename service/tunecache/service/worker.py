@@ -1,7 +1,7 @@
 """The GPU worker: claims tuning jobs for this node's GPU and runs them, one at a time.
 
 It runs as a thread of the service process on a GPU node. The tuning itself runs in a
-child process (:func:`tunecache.service.tuner.runner.run_tuner`) with a timeout, so the
+child process (:func:`tunecache.service.tuner.process.run_tuner`) with a timeout, so the
 API keeps serving whatever the tuner does. While it runs, a heartbeat renews the job's
 lease and stores its progress; if the lease is lost the result is dropped; if the job is
 cancelled (``DELETE /v1/tuning-jobs/{id}``) the tuner's child is terminated and the job
@@ -32,7 +32,7 @@ from tunecache.service import jobs
 from tunecache.service import metrics
 from tunecache.service.store import SqlTuningStore
 from tunecache.service.tuner.model_config import ModelConfigUnavailable, load_job_model_config
-from tunecache.service.tuner.runner import TunerCancelled, TunerFailed, TunerResult, run_tuner
+from tunecache.service.tuner.process import TunerCancelled, TunerFailed, TunerResult, run_tuner
 from tunecache.service.tuner.stages import TuneSpec
 
 log = logging.getLogger("tunecache.worker")
@@ -97,7 +97,7 @@ class JobWorker:
             is signed (pods install JIT modules and DeepGEMM caches only from signed runs).
         tuner: the function that tunes (the real child-process runner by default); it is
             called as ``tuner(spec, work_dir, timeout_s, on_event, cancel=event)`` and must
-            stop (raising :class:`~tunecache.service.tuner.runner.TunerCancelled`) once
+            stop (raising :class:`~tunecache.service.tuner.process.TunerCancelled`) once
             ``event`` is set.
         heartbeat_s: seconds between the worker's own heartbeats (``workers`` table),
             written from :meth:`start` to :meth:`stop`.
@@ -199,14 +199,8 @@ class JobWorker:
                 jobs.finish(session, job.id, self.name, error=str(exc))
             return True
         spec = TuneSpec(
-            model=key.model,
+            deployment=key.deployment(),
             hf_config=config,
-            max_num_batched_tokens=key.max_num_batched_tokens,
-            tensor_parallel_size=key.tensor_parallel_size,
-            data_parallel_size=key.data_parallel_size,
-            expert_parallel_size=key.expert_parallel_size,
-            dtype=key.dtype,
-            quantization=key.quantization,
             gemm_backends=options.get("gemm_backends"),
             stages=options.get("stages"),
         )

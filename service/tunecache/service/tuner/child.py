@@ -79,7 +79,7 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
     arch = arch_from_capability(*torch.cuda.get_device_capability(0))
     emit(TunerStarted(gpu_name=gpu_name, arch=arch, environment=_collect_metadata()))
 
-    if spec.runner == "vllm":
+    if spec.warmup == "vllm":
         return run_vllm(spec, out_dir, emit, gpu_name, arch)
     cache = out_dir / AUTOTUNE_FILE
     stages: dict[str, Any] = {}
@@ -91,7 +91,7 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
     _run_stage(DeepGemmStage(), spec, arch, stages, emit)
     # As vLLM's kernel_warmup (_run_flashinfer_autotune_dummy_runs): FlashInfer's hybrid
     # buckets up to max_num_batched_tokens for every op, runtime sizes rounded up.
-    buckets = get_hybrid_num_tokens_buckets(spec.max_num_batched_tokens)
+    buckets = get_hybrid_num_tokens_buckets(spec.deployment.max_num_batched_tokens)
     with flashinfer.autotune(True, cache=str(cache), tuning_buckets=buckets, round_up=True):
         for stage in STAGES:
             _run_stage(stage, spec, arch, stages, emit)
@@ -144,10 +144,10 @@ def _run_stage(stage: TunerStage, spec: TuneSpec, arch: str, stages: dict[str, A
 
 
 def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str) -> dict[str, Any]:
-    """The ``vllm`` runner: vLLM's kernel_warmup in its own process, then its caches harvested."""
+    """The ``vllm`` warmup: vLLM's kernel_warmup in its own process, then its caches harvested."""
     from tunecache.client.autotune_file import parse_autotune_file
     from tunecache.service.tuner.jit_artifacts import workspace_layout
-    from tunecache.service.tuner.vllm_runner import run_vllm_warmup
+    from tunecache.service.tuner.vllm_warmup import run_vllm_warmup
 
     emit(StageChanged(stage=Stage.VLLM, status="running"))
     started = time.perf_counter()

@@ -80,7 +80,7 @@ def block_scaled_fp8(config: dict[str, Any]) -> bool:
 def deep_gemm_shapes(spec: "TuneSpec") -> list[GemmShape]:
     """The model's per-rank dense GEMMs DeepGEMM takes (N % 64 == 0, K % 128 == 0), each (N, K) once."""
     seen: dict[tuple[int, int], GemmShape] = {}
-    for shape in dense_gemm_shapes(spec.hf_config, spec.tensor_parallel_size):
+    for shape in dense_gemm_shapes(spec.hf_config, spec.deployment.tensor_parallel_size):
         if shape.n % N_MULTIPLE == 0 and shape.k % K_MULTIPLE == 0:
             seen.setdefault((shape.n, shape.k), shape)
     return list(seen.values())
@@ -117,7 +117,7 @@ class DeepGemmStage:
         use_ue8m0 = os.environ.get("VLLM_USE_DEEP_GEMM_E8M0", "1") != "0"
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count
         shapes = deep_gemm_shapes(spec)
-        m_max = spec.max_num_batched_tokens
+        m_max = spec.deployment.max_num_batched_tokens
         started = time.perf_counter()
         calls = 0
         for step, shape in enumerate(shapes, 1):

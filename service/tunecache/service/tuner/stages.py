@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tunecache.contract import Stage, TunableStage, TuningKey
+from tunecache.contract import DeploymentKey, Stage, TunableStage
 
 from tunecache.service.tuner.model_config import (
     GemmShape,
@@ -41,43 +41,26 @@ class TuneSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    deployment: DeploymentKey
+    """The key's fields but the GPU, which the child detects (``deployment.on_gpu`` makes the
+    key). vLLM's data-parallel size: without expert parallelism a MoE layer is split over
+    tp x dp ranks; the expert-parallel size is 1, or the ranks the experts are split over
+    (tp x dp with vLLM's --enable-expert-parallel)."""
     hf_config: dict[str, Any]
-    max_num_batched_tokens: int = Field(gt=0)
-    tensor_parallel_size: int = Field(default=1, gt=0)
-    dtype: str = "auto"
-    quantization: str = "auto"
     gemm_backends: list[str] | None = None
     """Override the per-arch backends (e.g. ``["cublaslt"]`` for a fast run)."""
-    data_parallel_size: int = Field(default=1, gt=0)
-    """vLLM's data-parallel size: without expert parallelism a MoE layer is split over tp x dp ranks."""
-    expert_parallel_size: int = Field(default=1, gt=0)
-    """1, or the ranks the experts are split over (tp x dp with vLLM's --enable-expert-parallel)."""
     page_size: int = Field(default=16, gt=0)
     """KV-cache page (block) size of the attention warmup; vLLM's default ``block_size``."""
     stages: list[TunableStage] | None = None
     """Run only these stages (:data:`tunecache.contract.TUNABLE_STAGES`); ``None``: every applicable one."""
-    runner: Literal["native", "vllm"] = "native"
-    """``native``: tunecache's stages; ``vllm``: vLLM's own kernel_warmup
-    (:mod:`tunecache.service.tuner.vllm_runner`), where vllm is installed."""
-
-    def key(self, gpu_name: str, arch: str) -> TuningKey:
-        """The key this spec tunes on a GPU named ``gpu_name`` of ``arch``."""
-        return TuningKey(
-            gpu_name=gpu_name,
-            arch=arch,
-            model=self.model,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            dtype=self.dtype,
-            quantization=self.quantization,
-            tensor_parallel_size=self.tensor_parallel_size,
-            data_parallel_size=self.data_parallel_size,
-            expert_parallel_size=self.expert_parallel_size,
-        )
+    warmup: Literal["stages", "vllm"] = "stages"
+    """``stages``: tunecache's own warmup stages (this module); ``vllm``: vLLM's own
+    kernel_warmup (:mod:`tunecache.service.tuner.vllm_warmup`), where vllm is installed."""
 
     def resolved_quantization(self) -> str | None:
         """``quantization``, or the checkpoint's when ``"auto"``."""
-        return checkpoint_quantization(self.hf_config) if self.quantization == "auto" else self.quantization
+        quantization = self.deployment.quantization
+        return checkpoint_quantization(self.hf_config) if quantization == "auto" else quantization
 
 
 class TunerStage(Protocol):
@@ -115,7 +98,7 @@ class DenseGemmStage:
         return None
 
     def shapes(self, spec: TuneSpec) -> list[GemmShape]:
-        return dense_gemm_shapes(spec.hf_config, spec.tensor_parallel_size)
+        return dense_gemm_shapes(spec.hf_config, spec.deployment.tensor_parallel_size)
 
     def run(self, spec: TuneSpec, arch: str, report: Report) -> dict[str, Any]:
         import torch
@@ -127,7 +110,7 @@ class DenseGemmStage:
         backends = list(spec.gemm_backends or (FP8_BACKENDS if fp8 else BF16_BACKENDS)[arch])
         shapes = self.shapes(spec)
         total = len(shapes) * len(backends)
-        m = spec.max_num_batched_tokens
+        m = spec.deployment.max_num_batched_tokens
         step = 0
         calls: list[dict[str, Any]] = []
         unsupported: dict[str, str] = {}
@@ -194,8 +177,10 @@ class FusedMoeStage:
 
         from flashinfer.fused_moe import cutlass_fused_moe
 
-        shape = moe_shape(spec.hf_config, spec.tensor_parallel_size, spec.expert_parallel_size, spec.data_parallel_size)
-        m = spec.max_num_batched_tokens
+        deployment = spec.deployment
+        shape = moe_shape(spec.hf_config, deployment.tensor_parallel_size, deployment.expert_parallel_size,
+                          deployment.data_parallel_size)
+        m = spec.deployment.max_num_batched_tokens
         x = torch.randn(m, shape.hidden, device="cuda", dtype=torch.bfloat16)
         # ranks route to experts anywhere; scales normalized like a softmax top-k
         experts = torch.stack(
@@ -237,7 +222,7 @@ class AttentionWarmupStage:
 
         import flashinfer
 
-        shape = attention_shape(spec.hf_config, spec.tensor_parallel_size)
+        shape = attention_shape(spec.hf_config, spec.deployment.tensor_parallel_size)
         page, dtype = spec.page_size, torch.bfloat16
         workspace = torch.zeros(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
         batch, kv_len = 4, 1024

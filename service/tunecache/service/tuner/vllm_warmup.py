@@ -25,13 +25,13 @@ then runs and saves:
 ``TUNECACHE_VLLM_ENGINE_ARGS`` (a JSON object of ``vllm.LLM`` keyword arguments, e.g.
 ``{"attention_backend": "FLASHINFER"}``) gives the node's engine the fleet's other engine
 settings, those that decide which kernels warm up; the arguments above come from the key
-and the runner and cannot be given there.
+and this module and cannot be given there.
 
 The engine is built with ``enforce_eager=True`` (no torch.compile, no CUDA graphs: neither
 is part of what the run stores, and both cost minutes) and ``served_model_name`` = the
 key's model.
 
-The native stages (:mod:`tunecache.service.tuner.stages`) are what runs on nodes without vLLM.
+tunecache's own warmup stages (:mod:`tunecache.service.tuner.stages`) are what runs on nodes without vLLM.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def vllm_unavailable_reason() -> str | None:
 ENGINE_ARGS_VARIABLE = "TUNECACHE_VLLM_ENGINE_ARGS"
 
 
-#: ``vllm.LLM`` arguments the key and the runner set (:func:`vllm_command`).
+#: ``vllm.LLM`` arguments the key and this module set (:func:`vllm_command`).
 _FIXED_ARGS = frozenset({"model", "load_format", "skip_tokenizer_init", "max_num_batched_tokens", "tensor_parallel_size",
                          "data_parallel_size", "enable_expert_parallel", "dtype", "quantization", "enforce_eager",
                          "served_model_name"})
@@ -98,7 +98,7 @@ def node_engine_args() -> dict[str, Any]:
 
     Raises:
         ValueError: not a JSON object of identifiers, or it names an argument the key or
-            the runner sets (model, max_num_batched_tokens, parallel sizes, dtype, ...).
+            this module sets (model, max_num_batched_tokens, parallel sizes, dtype, ...).
     """
     text = os.environ.get(ENGINE_ARGS_VARIABLE, "").strip()
     if not text:
@@ -111,7 +111,7 @@ def node_engine_args() -> dict[str, Any]:
         raise ValueError(f"{ENGINE_ARGS_VARIABLE} must be a JSON object of vllm.LLM keyword arguments")
     fixed = sorted(set(args) & _FIXED_ARGS)
     if fixed:
-        raise ValueError(f"{ENGINE_ARGS_VARIABLE} cannot set {', '.join(fixed)}: the tuning key and the runner set them")
+        raise ValueError(f"{ENGINE_ARGS_VARIABLE} cannot set {', '.join(fixed)}: the tuning key and the vLLM warmup set them")
     return args
 
 
@@ -135,15 +135,15 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
         "model": str(model_dir),
         "load_format": "dummy",
         "skip_tokenizer_init": True,
-        "max_num_batched_tokens": spec.max_num_batched_tokens,
-        "tensor_parallel_size": spec.tensor_parallel_size,
-        "enable_expert_parallel": spec.expert_parallel_size > 1,
-        "dtype": spec.dtype,
+        "max_num_batched_tokens": spec.deployment.max_num_batched_tokens,
+        "tensor_parallel_size": spec.deployment.tensor_parallel_size,
+        "enable_expert_parallel": spec.deployment.expert_parallel_size > 1,
+        "dtype": spec.deployment.dtype,
         "enforce_eager": True,
-        "served_model_name": spec.model,
+        "served_model_name": spec.deployment.model,
     }
-    if spec.quantization != "auto":
-        llm_args["quantization"] = spec.quantization
+    if spec.deployment.quantization != "auto":
+        llm_args["quantization"] = spec.deployment.quantization
     llm_args.update(extra)
     env = {
         "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
@@ -207,15 +207,15 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
     Raises:
         RuntimeError: vLLM exited non-zero, or wrote no v1 FlashInfer file (a single-rank
             vLLM 0.33 keeps FlashInfer's v2 store only, a multi-rank vLLM 0.25 no file;
-            tunecache's runs need the v1 file: use the native stages there). A
+            tunecache's runs need the v1 file: use the stages warmup there). A
             single-process engine that wrote nothing tuned nothing: the run gets a file
             of no entries (:func:`_untuned_autotune_file`).
         ValueError: ``data_parallel_size`` > 1: one ``vllm.LLM`` engine runs a single
-            data-parallel rank, so the native stages tune those shapes.
+            data-parallel rank, so the stages warmup tunes those shapes.
     """
-    if spec.data_parallel_size > 1:
-        raise ValueError("the vLLM runner runs one engine (data_parallel_size 1); "
-                         "use the native stages for data_parallel_size > 1")
+    if spec.deployment.data_parallel_size > 1:
+        raise ValueError("the vLLM warmup runs one engine (data_parallel_size 1); "
+                         "use the stages warmup for data_parallel_size > 1")
     command, env = vllm_command(spec, scratch, python)
     started_ns = time.time_ns()
     result = subprocess.run(command, env={**os.environ, **env}, stdout=sys.stderr, stderr=sys.stderr)
@@ -225,7 +225,7 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
     harvested["jit"] = _harvest_jit(scratch, out_dir, started_ns)
     harvested["artifacts"].extend({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in harvested["jit"])
     has_v2 = any(a["kind"] == ArtifactKind.FLASHINFER_V2_STORE.value for a in harvested["artifacts"])
-    if harvested["autotune_file"] is None and not has_v2 and spec.tensor_parallel_size == 1:
+    if harvested["autotune_file"] is None and not has_v2 and spec.deployment.tensor_parallel_size == 1:
         # A single-process engine writes its file (0.25) or v2 store (0.33) only when it tuned an
         # op: nothing means nothing was tunable (e.g. a bf16 dense model on sm90). The run keeps
         # the JIT modules and the DeepGEMM cache, with an autotune file of no entries.
@@ -235,7 +235,7 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
         raise RuntimeError(
             "vLLM wrote no FlashInfer autotune file that it reads back (vLLM 0.33 keeps a single-rank engine's "
             "tunings in FlashInfer's v2 store; vLLM 0.25 tunes a multi-rank engine without a file); "
-            "use the native stages for this key"
+            "use the stages warmup (tune --warmup stages) for this key"
         )
     return harvested
 

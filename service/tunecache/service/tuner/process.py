@@ -75,7 +75,7 @@ class TunerFailed(RuntimeError):
         if self.started is None:
             return None
         return TuningRunCreate(
-            key=spec.key(self.started.gpu_name, self.started.arch),
+            key=spec.deployment.on_gpu(self.started.gpu_name, self.started.arch),
             environment=EnvironmentMetadata.from_flashinfer_metadata(self.started.environment),
             status=RunStatus.FAILED,
             trigger=trigger,
@@ -102,7 +102,7 @@ class TunerResult:
                    signing_key: Ed25519PrivateKey | None = None) -> TuningRunCreate:
         """The ``POST /v1/tunings`` body of this result (artifacts must be stored first),
         signed with ``signing_key`` (:func:`tunecache.signing.sign_run`) when one is given."""
-        key = spec.key(self.gpu_name, self.arch)
+        key = spec.deployment.on_gpu(self.gpu_name, self.arch)
         artifacts = [a for a, _ in self.artifacts]
         return TuningRunCreate(
             key=key,

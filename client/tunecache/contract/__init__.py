@@ -1,0 +1,222 @@
+"""The contract both sides of tunecache speak: identity, names, and the API's models.
+
+Everything that crosses the wire between a pod (``tunecache-client``) and the service
+(``tunecache-server``), or that both store and compare, is defined in this package once,
+one module per role:
+
+* :mod:`.identity`: :class:`TuningKey` (what a pod asks for; :data:`KEY_FIELDS` is read
+  from it) and :class:`EnvironmentMetadata` (FlashInfer's ``_metadata`` fields),
+  :func:`differences` between two of them, :func:`expert_parallel_size`, the shared
+  validators;
+* :mod:`.runs`: :class:`ArtifactKind` with its media types, :class:`RunStatus`,
+  :class:`RunTrigger`; :class:`ArtifactCreate`, :class:`TuningRunCreate`,
+  :class:`LookupRequest`, :class:`TuningRunQuery` (with the history's cursors),
+  :class:`TuningRunRead`, :class:`TuningRunPage`, :class:`LookupMiss`,
+  :class:`ArtifactStored`, :class:`RunSignature`, :class:`TuningRunDiff` (a run diff);
+* :mod:`.jobs`: :class:`JobStatus`, :class:`TuningJobCreate`, :class:`TuningJobRead`,
+  :class:`TuningJobPage`, :class:`JobConflict`, :class:`WorkerList`, :class:`Health`;
+* :mod:`.reports`: :class:`PodReportCreate` (a pod's install report) and :class:`FleetView`
+  (the fleet matrix and the tunings pods want);
+* :mod:`.tokens`: :class:`Scope`, :class:`TokenCreate`, :class:`TokenRead`, the audit log;
+* :mod:`.errors`: :class:`ErrorBody`, :class:`FieldError`;
+* :mod:`.events`: :class:`Stage` and the tuner's progress events, one discriminated union
+  (:data:`TunerEvent`), read by the service's worker and by the client's progress bar.
+
+Write models are ``extra="forbid"`` (a misspelt field is an error); read models ignore
+unknown fields, so an older client reads a newer server.
+
+This module re-exports every public name of those modules, so ``from tunecache.contract
+import X`` keeps working wherever it is written (the package was one module before); new
+code may import from either. The service builds its SQL schema's constraints and its
+routes from these; the client returns these models, never dicts. Pure Python: pydantic only.
+"""
+
+from tunecache.contract.identity import (
+    DeploymentKey,
+    differences,
+    ENVIRONMENT_FIELDS,
+    EnvironmentMetadata,
+    expert_parallel_size,
+    FieldDifference,
+    GpuKey,
+    INDETERMINATE_VALUES,
+    KEY_FIELDS,
+    MAX_ID,
+    MAX_JSON_DEPTH,
+    MAX_NUM_BATCHED_TOKENS,
+    NO_NUL,
+    NOT_TRACKED,
+    SHA256_PATTERN,
+    StrEnum,
+    Text,
+    TuningKey,
+    WholeNumber,
+)
+from tunecache.contract.runs import (
+    ArtifactCreate,
+    ArtifactKind,
+    ArtifactRead,
+    ArtifactStored,
+    ClosestTuning,
+    decode_run_cursor,
+    encode_run_cursor,
+    EntryChange,
+    IsoDateTime,
+    JSON_MEDIA_TYPE,
+    LookupMiss,
+    LookupRequest,
+    RUN_CSV_COLUMNS,
+    run_csv_row,
+    RunSignature,
+    RunStatus,
+    RunTrigger,
+    TacticChange,
+    TAR_GZ_MEDIA_TYPE,
+    TuningRunCreate,
+    TuningRunDiff,
+    TuningRunDiffSummary,
+    TuningRunPage,
+    TuningRunQuery,
+    TuningRunRead,
+)
+from tunecache.contract.jobs import (
+    ACTIVE_JOB_STATUSES,
+    Health,
+    JobConflict,
+    JobOptionDifference,
+    JobStatus,
+    MAX_HF_CONFIG_BYTES,
+    TuningJobCreate,
+    TuningJobPage,
+    TuningJobRead,
+    WorkerList,
+    WorkerRead,
+    WorkerStatus,
+)
+from tunecache.contract.reports import (
+    FLEET_PAGE_DEFAULT,
+    FLEET_PAGE_MAX,
+    FleetKey,
+    FleetRun,
+    FleetView,
+    MAX_REPORT_BYTES,
+    PodReportCreate,
+    ReportedDifference,
+    ReportOutcome,
+    ReportSource,
+    WantedTuning,
+)
+from tunecache.contract.tokens import (
+    AuditEventRead,
+    AuditPage,
+    Scope,
+    TOKEN_NAME_PATTERN,
+    TokenCreate,
+    TokenCreated,
+    TokenRead,
+)
+from tunecache.contract.errors import (
+    ErrorBody,
+    FieldError,
+)
+from tunecache.contract.events import (
+    Stage,
+    StageChanged,
+    StageProgress,
+    TUNABLE_STAGES,
+    TunableStage,
+    TUNER_EVENT,
+    TunerError,
+    TunerEvent,
+    TunerFinished,
+    TunerStarted,
+)
+
+__all__ = [
+    "ACTIVE_JOB_STATUSES",
+    "ArtifactCreate",
+    "ArtifactKind",
+    "ArtifactRead",
+    "ArtifactStored",
+    "AuditEventRead",
+    "AuditPage",
+    "ClosestTuning",
+    "DeploymentKey",
+    "ENVIRONMENT_FIELDS",
+    "EntryChange",
+    "EnvironmentMetadata",
+    "ErrorBody",
+    "FLEET_PAGE_DEFAULT",
+    "FLEET_PAGE_MAX",
+    "FieldDifference",
+    "FieldError",
+    "FleetKey",
+    "FleetRun",
+    "FleetView",
+    "GpuKey",
+    "Health",
+    "INDETERMINATE_VALUES",
+    "IsoDateTime",
+    "JSON_MEDIA_TYPE",
+    "JobConflict",
+    "JobOptionDifference",
+    "JobStatus",
+    "KEY_FIELDS",
+    "LookupMiss",
+    "LookupRequest",
+    "MAX_HF_CONFIG_BYTES",
+    "MAX_ID",
+    "MAX_JSON_DEPTH",
+    "MAX_NUM_BATCHED_TOKENS",
+    "MAX_REPORT_BYTES",
+    "NOT_TRACKED",
+    "NO_NUL",
+    "PodReportCreate",
+    "RUN_CSV_COLUMNS",
+    "ReportOutcome",
+    "ReportSource",
+    "ReportedDifference",
+    "RunSignature",
+    "RunStatus",
+    "RunTrigger",
+    "SHA256_PATTERN",
+    "Scope",
+    "Stage",
+    "StageChanged",
+    "StageProgress",
+    "StrEnum",
+    "TAR_GZ_MEDIA_TYPE",
+    "TOKEN_NAME_PATTERN",
+    "TUNABLE_STAGES",
+    "TUNER_EVENT",
+    "TacticChange",
+    "Text",
+    "TokenCreate",
+    "TokenCreated",
+    "TokenRead",
+    "TunableStage",
+    "TunerError",
+    "TunerEvent",
+    "TunerFinished",
+    "TunerStarted",
+    "TuningJobCreate",
+    "TuningJobPage",
+    "TuningJobRead",
+    "TuningKey",
+    "TuningRunCreate",
+    "TuningRunDiff",
+    "TuningRunDiffSummary",
+    "TuningRunPage",
+    "TuningRunQuery",
+    "TuningRunRead",
+    "WantedTuning",
+    "WholeNumber",
+    "WorkerList",
+    "WorkerRead",
+    "WorkerStatus",
+    "decode_run_cursor",
+    "differences",
+    "encode_run_cursor",
+    "expert_parallel_size",
+    "run_csv_row",
+]

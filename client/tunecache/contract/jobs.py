@@ -1,0 +1,189 @@
+"""Tuning jobs: asking a GPU node to tune a key, the job as it runs, the conflict of two
+requests for one key, and the GPU workers (and the health answer that names this node's)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tunecache.contract.events import TunableStage
+from tunecache.contract.identity import StrEnum, TuningKey, _storable_json
+
+
+class JobStatus(StrEnum):
+    """A tuning job's state; ``queued`` and ``running`` jobs occupy their key (single-flight).
+
+    ``cancelled``: stopped by ``DELETE /v1/tuning-jobs/{id}`` before it finished (no run
+    recorded); like ``succeeded`` and ``failed`` it frees the key.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def active(self) -> bool:
+        """Whether a job in this state occupies its key."""
+        return self in ACTIVE_JOB_STATUSES
+
+
+ACTIVE_JOB_STATUSES: tuple[JobStatus, ...] = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+#: Largest model config a job may carry, as JSON bytes.
+MAX_HF_CONFIG_BYTES = 1024 * 1024
+
+
+class TuningJobCreate(BaseModel):
+    """Body of ``POST /v1/tuning-jobs``: tune this key on a GPU node that has its GPU.
+
+    ``hf_config`` is the model's Hugging Face ``config.json`` (an object, at most
+    :data:`MAX_HF_CONFIG_BYTES` as JSON); without it the GPU node tunes with the
+    ``config.json`` of ``key.model`` (``org/name``) in its model config directory
+    (``TUNECACHE_MODEL_CONFIG_DIR``: ``<dir>/org/name/config.json``), and the job fails when
+    the node has none or the model is not in it. Nothing else on the node is read.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: TuningKey
+    hf_config: dict[str, Any] | None = None
+    gemm_backends: list[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]] | None = Field(default=None, max_length=8)
+    """FlashInfer GEMM backends to tune (default: the tuner's per-arch choice)."""
+    stages: list[TunableStage] | None = Field(default=None, min_length=1, max_length=8)
+    """Run only these tuner stages (default: every stage that applies to the model)."""
+
+    @field_validator("hf_config")
+    @classmethod
+    def _config_is_small_storable_json(cls, config: dict[str, Any] | None) -> dict[str, Any] | None:
+        if config is None:
+            return None
+        encoded = _storable_json(config)
+        if len(encoded) > MAX_HF_CONFIG_BYTES:
+            raise ValueError(f"is {len(encoded)} bytes as JSON; at most {MAX_HF_CONFIG_BYTES}")
+        return config
+
+
+class WorkerStatus(BaseModel):
+    """Whether this node runs tuning jobs, for which GPU, or why not."""
+
+    enabled: bool
+    gpu_name: str | None = None
+    arch: str | None = None
+    name: str | None = None
+    reason: str | None = None
+
+
+class Health(BaseModel):
+    """Answer of ``GET /v1/health``: only ``status`` without a token; the rest with one."""
+
+    status: Literal["ok"]
+    database: str | None = None
+    schema_revision: str | None = None
+    worker: WorkerStatus | None = None
+
+
+class TuningJobRead(BaseModel):
+    """A tuning job (``GET /v1/tuning-jobs/{id}``): state, progress and timings."""
+
+    id: int
+    key: TuningKey
+    status: JobStatus
+    stage: str | None
+    step: int | None
+    total: int | None
+    log_tail: str | None
+    worker: str | None
+    attempts: int
+    error: str | None
+    run_id: int | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    lease_expires_at: dt.datetime | None
+    duration_s: float | None
+    cancel_requested_at: dt.datetime | None = None
+    """When ``DELETE /v1/tuning-jobs/{id}`` asked to stop this running job (its worker
+    stops the tuner within seconds and records it ``cancelled``)."""
+    cancelled_by: str | None = None
+    """The name of the token that cancelled the job (or asked to)."""
+
+
+class JobOptionDifference(BaseModel):
+    """One option in which a job request differs from the job already active for its key.
+
+    ``active`` and ``requested`` are the option's values (``stages`` and ``gemm_backends``:
+    sorted lists, ``None`` = the tuner's default); for ``hf_config`` they are
+    ``"sha256:<first 16 hex digits>"`` of the config's canonical JSON, or ``None`` (the
+    node's own config from its ``TUNECACHE_MODEL_CONFIG_DIR``), never the config itself.
+    """
+
+    field: str
+    active: Any = None
+    requested: Any = None
+
+    def __str__(self) -> str:
+        def shown(value: Any) -> str:
+            if value is None:
+                return "node's config" if self.field == "hf_config" else "default"
+            return ",".join(value) if isinstance(value, list) else str(value)
+
+        return f"{self.field}: job {shown(self.active)}, yours {shown(self.requested)}"
+
+
+class JobConflict(BaseModel):
+    """Body of a 409 of ``POST /v1/tuning-jobs``: a job for the key is already queued or
+    running with other options (single-flight holds only for identical requests). Wait for
+    job ``job_id`` or cancel it (``DELETE /v1/tuning-jobs/{job_id}``), then ask again."""
+
+    detail: str
+    job_id: int
+    job_status: JobStatus
+    differences: list[JobOptionDifference]
+
+
+class WorkerRead(BaseModel):
+    """A GPU job worker as its heartbeats describe it (``GET /v1/workers``).
+
+    ``live``: it has beaten within the service's live window (``WorkerList.live_window_s``)
+    and has not said it stopped; only a live worker of a job's ``gpu_name`` and ``arch``
+    will take the job. ``model_config_dir``: it has a ``TUNECACHE_MODEL_CONFIG_DIR``, so it
+    can tune jobs that carry no ``hf_config`` (for models whose config lies there).
+    """
+
+    name: str
+    gpu_name: str
+    arch: str
+    model_config_dir: bool
+    heartbeat_s: float
+    """Seconds between its heartbeats."""
+    started_at: dt.datetime
+    last_seen: dt.datetime
+    stopped_at: dt.datetime | None = None
+    seen_s_ago: float
+    """Seconds since its last heartbeat, by the service's clock."""
+    live: bool
+
+
+class WorkerList(BaseModel):
+    """Answer of ``GET /v1/workers``: the workers seen in the last day, latest heartbeat first."""
+
+    live_window_s: float
+    """A worker is live when its last heartbeat is at most this many seconds old."""
+    items: list[WorkerRead]
+
+    def live_for(self, gpu_name: str, arch: str) -> list[WorkerRead]:
+        """The live workers that take jobs for ``gpu_name`` on ``arch``."""
+        return [w for w in self.items if w.live and w.gpu_name == gpu_name and w.arch == arch]
+
+
+class TuningJobPage(BaseModel):
+    """A page of ``GET /v1/tuning-jobs``, newest first."""
+
+    items: list[TuningJobRead]
+    total: int
+    limit: int
+    offset: int

@@ -1,0 +1,187 @@
+"""Pods' install reports and the fleet view built from them."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tunecache.contract.identity import (ENVIRONMENT_FIELDS, KEY_FIELDS, MAX_ID, SHA256_PATTERN, EnvironmentMetadata,
+                                         FieldDifference, StrEnum, Text, TuningKey, WholeNumber)
+from tunecache.contract.runs import RunTrigger
+
+
+class ReportOutcome(StrEnum):
+    """How a pod's install ended (:class:`PodReportCreate`).
+
+    * ``installed``: the tuning (run ``run_id``) is in place for FlashInfer or vLLM;
+    * ``miss``: the server has no tuning for the pod's key and environment (a lookup's
+      404); vLLM tunes as without tunecache;
+    * ``error``: something on the pod kept the install from happening (an untrusted run, a
+      corrupt artifact, a full disk, ...): ``error_kind`` names it. (A server that could not
+      be reached or failed is not sent a report: it would not take one either.)
+    """
+
+    INSTALLED = "installed"
+    MISS = "miss"
+    ERROR = "error"
+
+
+class ReportSource(StrEnum):
+    """Which install reported: ``tunecache pull`` (``cli``), the Python API
+    (``install_tuning``, ``pull_autotune_file``: ``api``) or the vLLM plugin (``plugin``)."""
+
+    CLI = "cli"
+    API = "api"
+    PLUGIN = "plugin"
+
+
+#: Largest body of ``POST /v1/reports`` (bytes); a larger one is answered 413.
+MAX_REPORT_BYTES = 32 * 1024
+_FIELD_NAMES_PATTERN = "^(" + "|".join((*KEY_FIELDS, *ENVIRONMENT_FIELDS)) + ")$"
+
+
+class ReportedDifference(BaseModel):
+    """A field in which the closest stored tuning differs from what a pod asked for, as the
+    lookup's 404 named it (:class:`FieldDifference`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    field: str = Field(pattern=_FIELD_NAMES_PATTERN, description="a key or environment field")
+    stored: Text = Field(max_length=4096)
+    yours: Text = Field(max_length=4096)
+
+
+class PodReportCreate(BaseModel):
+    """Body of ``POST /v1/reports``: what one install on a pod came to, sent after it
+    finished (best-effort, in the background: it never delays or fails an install).
+
+    * ``key``, ``environment_hash``: what the pod asked for; ``environment``: the pod's
+      FlashInfer environment in full, sent with a ``miss`` (so the fleet view can show what
+      was wanted), optional otherwise; when given it must hash to ``environment_hash``;
+    * ``outcome`` (:class:`ReportOutcome`): ``installed`` needs ``run_id`` (the run
+      installed); ``miss`` may carry the closest run (``run_id``) and its ``differences``
+      as the lookup's 404 named them; ``error`` needs ``error_kind`` (the error's class,
+      e.g. ``UntrustedRun``, ``ArtifactCorrupt``, ``OSError``);
+    * ``install_seconds``: from the start of the install to its end, seconds;
+    * ``jit_modules`` / ``jit_skipped``: FlashInfer JIT modules installed, and those of the
+      run not installed (unsigned run, built elsewhere, no workspace);
+    * ``pod`` (the hostname), ``rank`` (vLLM's rank of the worker; ``None`` outside vLLM),
+      ``source`` (:class:`ReportSource`), ``looked_up``: whether this install asked the
+      server itself (``False``: a vLLM worker that took its pod's first worker's result).
+
+    Nothing in a report chooses a path, a tuning or a token: the service only counts it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: TuningKey
+    environment_hash: str = Field(pattern=SHA256_PATTERN)
+    environment: EnvironmentMetadata | None = None
+    outcome: ReportOutcome
+    run_id: WholeNumber | None = Field(default=None, ge=1, le=MAX_ID)
+    differences: list[ReportedDifference] = Field(default_factory=list, max_length=len(KEY_FIELDS) + len(ENVIRONMENT_FIELDS))
+    error_kind: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
+    install_seconds: float = Field(ge=0, le=86400)
+    jit_modules: WholeNumber = Field(default=0, ge=0, le=100_000)
+    jit_skipped: WholeNumber = Field(default=0, ge=0, le=100_000)
+    pod: Text = Field(min_length=1, max_length=255)
+    rank: WholeNumber | None = Field(default=None, ge=0, le=1 << 20)
+    source: ReportSource
+    looked_up: bool = True
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PodReportCreate":
+        if self.environment is not None and self.environment.environment_hash() != self.environment_hash:
+            raise ValueError("environment_hash is not the hash of environment")
+        if self.outcome is ReportOutcome.INSTALLED and self.run_id is None:
+            raise ValueError("an installed report needs run_id (the run installed)")
+        if self.outcome is ReportOutcome.ERROR and self.error_kind is None:
+            raise ValueError("an error report needs error_kind")
+        if self.outcome is not ReportOutcome.ERROR and self.error_kind is not None:
+            raise ValueError(f"error_kind belongs to error reports, not {self.outcome} ones")
+        if self.outcome is not ReportOutcome.MISS and self.differences:
+            raise ValueError("differences belong to miss reports")
+        return self
+
+
+class FleetRun(BaseModel):
+    """A key's current run in one environment (``GET /v1/fleet``)."""
+
+    run_id: int
+    environment_hash: str
+    flashinfer_version: str
+    created_at: dt.datetime
+    age_s: float
+    """Seconds since the run was recorded, by the service's clock."""
+    entries: int | None
+    trigger: RunTrigger
+
+
+class FleetKey(BaseModel):
+    """One row of the fleet matrix: a key with its current runs (one per environment that
+    has one; none when only pods' reports name the key) and what pods reported for it over
+    the window: ``reports`` in all, ``installed``, ``missed``, ``errors``, and ``hit_rate``
+    = ``installed / reports`` (``None`` without reports)."""
+
+    key: TuningKey
+    current: list[FleetRun]
+    reports: int
+    installed: int
+    missed: int
+    errors: int
+    hit_rate: float | None
+    last_report_at: dt.datetime | None
+
+
+class WantedTuning(BaseModel):
+    """A key and environment pods asked for in the window and that still has no current
+    tuning: from their ``miss`` reports. ``pods``: distinct pod names that asked;
+    ``reports``: miss reports; ``last_asked_at``: the latest; ``closest_run_id`` and
+    ``differences``: the closest stored run and how it differs, as the latest report carried
+    them; ``environment``: the pods' FlashInfer environment (when the report sent it)."""
+
+    key: TuningKey
+    environment_hash: str
+    environment: EnvironmentMetadata | None
+    pods: int
+    reports: int
+    last_asked_at: dt.datetime
+    closest_run_id: int | None
+    differences: list[FieldDifference]
+
+
+#: Keys (``limit``), and wanted tunings (``wanted_limit``), of a ``GET /v1/fleet`` page
+#: when not given.
+FLEET_PAGE_DEFAULT = 100
+#: The most keys, and the most wanted tunings, one ``GET /v1/fleet`` page lists.
+FLEET_PAGE_MAX = 1000
+
+
+class FleetView(BaseModel):
+    """Answer of ``GET /v1/fleet``: one page of the fleet matrix and one page of the wanted
+    list over the last ``hours`` (from ``since``, by the pods' reports; ``generated_at``:
+    the service's clock when it answered, which ``age_s`` counts from).
+
+    * ``keys``: at most ``limit`` rows of the matrix (:class:`FleetKey`) from ``offset``
+      (0-based) of ``total_keys`` in all; order: most reports in the window first, then
+      ``model``, ``gpu_name``, ``max_num_batched_tokens``, key hash;
+    * ``wanted``: at most ``wanted_limit`` tunings pods want (:class:`WantedTuning`) from
+      ``wanted_offset`` of ``total_wanted`` in all; order: most distinct pods first, then
+      most reports, latest asked, key hash, environment hash.
+
+    Both orders are total, so pages of one window do not overlap; counts move as reports
+    arrive, so a page asked later may start at another key. A page past the end is empty.
+    """
+
+    hours: float
+    since: dt.datetime
+    generated_at: dt.datetime
+    total_keys: int
+    limit: int
+    offset: int
+    keys: list[FleetKey]
+    total_wanted: int
+    wanted_limit: int
+    wanted_offset: int
+    wanted: list[WantedTuning]
