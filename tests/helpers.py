@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sqlalchemy import select, text
 
-from tunecache.client.autotune_file import parse_autotune_file
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey
+from tunecache.formats.autotune_file import parse_autotune_file
 from tunecache.service import db
 from tunecache.service.models import PodReport
 
@@ -49,7 +49,7 @@ def pod_jit_environment(env: dict[str, str]) -> dict | None:
     import subprocess
     import sys
 
-    here = subprocess.run([sys.executable, "-c", "import json; from tunecache.client.jit_install import jit_environment; "
+    here = subprocess.run([sys.executable, "-c", "import json; from tunecache.formats.jit_module import jit_environment; "
                            "print(json.dumps(jit_environment()))"], env=env, capture_output=True, text=True, check=True)
     return json.loads(here.stdout)
 

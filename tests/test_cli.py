@@ -343,7 +343,7 @@ def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path, node_sign
 
     from helpers import run_payload, signed
     from test_jit_artifacts import fake_workspace
-    from tunecache.service.tuner.jit_artifacts import module_tarball
+    from tunecache.formats.jit_module import module_tarball
 
     good = module_tarball(fake_workspace(tmp_path / "node"), "batch_prefill_bf16_h128")
     raw = io.BytesIO()
@@ -403,7 +403,7 @@ def test_jit_modules_built_with_other_paths_are_skipped_and_the_tactics_installe
 
     from helpers import pod_jit_environment, run_payload, signed
     from test_jit_artifacts import fake_workspace
-    from tunecache.service.tuner.jit_artifacts import module_tarball
+    from tunecache.formats.jit_module import module_tarball
 
     env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "pod-home")}
     pod_environment = pod_jit_environment(env)

@@ -14,7 +14,7 @@ from conftest import CUDNN_FILE
 from test_jit_artifacts import fake_workspace
 from tunecache.client.jit_install import install_jit_module
 from tunecache.client.layouts import install_deep_gemm_cache, install_vllm_rank_files, vllm_rank_file_name
-from tunecache.service.tuner.jit_artifacts import module_tarball
+from tunecache.formats.jit_module import module_tarball
 
 PROCESSES = 8
 ROUNDS = 15

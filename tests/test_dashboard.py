@@ -37,7 +37,6 @@ from sqlalchemy import event, text
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, admin_token, as_admin, make_token
 from helpers import file_environment, h200_key, plan_of, run_payload, stored_reports
-from tunecache.client.run_diff import parse_file_key
 from tunecache.contract import (
     EnvironmentMetadata,
     PodReportCreate,
@@ -46,6 +45,7 @@ from tunecache.contract import (
     TuningKey,
     TuningRunRead,
 )
+from tunecache.formats.file_key import parse_file_key
 from tunecache.service import db, reports
 from tunecache.service.dashboard import chart
 from tunecache.service.dashboard.queries import reports_page_query

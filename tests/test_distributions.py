@@ -68,6 +68,8 @@ def test_client_wheel_holds_the_pod_side_only(wheels):
     names, metadata, entry_points = _wheel(wheels["tunecache_client"])
     assert metadata["Name"] == "tunecache-client"
     assert {"tunecache/contract/__init__.py", "tunecache/contract/identity.py", "tunecache/store.py", "tunecache/cli.py", "tunecache/client/vllm_plugin.py"} <= names
+    # the formats both sides read ship with the pod side; the server uses them from here
+    assert {"tunecache/formats/__init__.py", "tunecache/formats/autotune_file.py", "tunecache/formats/jit_module.py"} <= names
     assert not [n for n in names if n.startswith("tunecache/service")]
     assert "tunecache/__init__.py" not in names  # a namespace package shared with the server
     assert not _requirement_names(metadata["Requires-Dist"]) & SERVER_PACKAGES
@@ -80,7 +82,8 @@ def test_server_wheel_builds_on_the_client(wheels):
     assert metadata["Name"] == "tunecache-server"
     assert "tunecache-client==0.2.0" in metadata["Requires-Dist"]
     assert {"tunecache/service/app.py", "tunecache/service/cli.py", "tunecache/service/migrations/env.py"} <= names
-    assert not [n for n in names if n.startswith(("tunecache/client", "tunecache/contract", "tunecache/cli"))]
+    assert not [n for n in names if n.startswith(("tunecache/client", "tunecache/contract", "tunecache/cli",
+                                                  "tunecache/formats"))]
     assert "tunecache/__init__.py" not in names
     assert "[tunecache.cli]" in entry_points and "tunecache.service.cli:register" in entry_points
     assert "console_scripts" not in entry_points  # the command is the client's

@@ -17,9 +17,8 @@ import pytest
 
 from conftest import CUDNN_FILE
 from test_cli import pull, push
-from tunecache.client.autotune_file import parse_autotune_file
-from tunecache.client.run_diff import read_entries
 from tunecache.contract import NOT_TRACKED, differences
+from tunecache.formats.autotune_file import parse_autotune_file, read_entries
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
 SERVER_DATABASE_INCIDENTAL = True

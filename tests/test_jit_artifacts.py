@@ -8,8 +8,8 @@ import tarfile
 
 import pytest
 
-from tunecache.client.jit_install import MTIME_NS_HEADER, BadJitArtifact, install_jit_module
-from tunecache.service.tuner.jit_artifacts import module_tarball
+from tunecache.client.jit_install import install_jit_module
+from tunecache.formats.jit_module import MTIME_NS_HEADER, BadJitArtifact, module_tarball
 
 
 def fake_workspace(root, module="batch_prefill_bf16_h128"):

@@ -22,7 +22,7 @@ import pytest
 from conftest import CUDNN_FILE, as_admin, tunecache_executable
 from helpers import run_payload, signed
 from test_jit_artifacts import fake_workspace
-from tunecache.service.tuner.jit_artifacts import module_tarball
+from tunecache.formats.jit_module import module_tarball
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
 SERVER_DATABASE_INCIDENTAL = True

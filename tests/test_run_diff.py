@@ -16,17 +16,10 @@ import pytest
 
 from conftest import CUBLASLT_FILE, CUDNN_FILE, as_admin, tunecache
 from helpers import h200_key, run_payload
-from tunecache.client.autotune_file import NotAnAutotuneFile
-from tunecache.client.run_diff import (
-    AutotuneEntry,
-    BadFileKey,
-    Name,
-    diff_entries,
-    judge_change,
-    parse_file_key,
-    read_entries,
-)
 from tunecache.contract import TuningRunDiff
+from tunecache.formats.autotune_file import AutotuneEntry, NotAnAutotuneFile, read_entries
+from tunecache.formats.file_key import BadFileKey, Name, parse_file_key
+from tunecache.service.run_diff import diff_entries, judge_change
 
 MODEL = "meta-llama/Llama-3.1-8B"
 FIXTURE_FILES = [CUDNN_FILE, CUBLASLT_FILE]

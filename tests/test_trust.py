@@ -26,7 +26,7 @@ from helpers import pod_jit_environment, run_payload
 from test_jit_artifacts import MTIME_NS, fake_workspace
 from tunecache.client.jit_install import install_jit_module
 from tunecache.contract import TuningRunCreate
-from tunecache.service.tuner.jit_artifacts import module_tarball
+from tunecache.formats.jit_module import module_tarball
 from tunecache.signing import generate_signing_key, load_signing_key, sign_run
 
 MODULE = "batch_prefill_bf16_h128"

@@ -106,7 +106,7 @@ def test_a_single_process_engine_that_tuned_nothing_gets_an_empty_file_from_flas
     tunable op, so vLLM wrote no file. The run is FlashInfer's own file of no entries (its
     save_configs), with this machine's _metadata."""
     pytest.importorskip("flashinfer.autotuner", reason="flashinfer-python is not installed")
-    from tunecache.client.autotune_file import parse_autotune_file
+    from tunecache.formats.autotune_file import parse_autotune_file
 
     from flashinfer.autotuner import AutoTuner
 

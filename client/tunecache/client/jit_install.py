@@ -1,6 +1,6 @@
 """Install FlashInfer JIT modules fetched from tunecache into the pod's FlashInfer workspace.
 
-Each artifact is one module's tarball (see ``tunecache.service.tuner.jit_artifacts``):
+Each artifact is one module's tarball (:mod:`tunecache.formats.jit_module`):
 ``cached_ops/<module>/...`` and ``generated/<module>/...`` relative to the workspace
 ``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/<archs>``. FlashInfer then
 finds the built ``.so`` and ninja finds nothing to rebuild, provided the pod's
@@ -18,47 +18,19 @@ import os
 import shutil
 import tarfile
 import tempfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import NamedTuple
 
 from tunecache.client.atomic import directory_lock, swap_into_place
-
-
-#: pax header holding an entry's exact modification time in nanoseconds.
-MTIME_NS_HEADER = "TUNECACHE.mtime_ns"
-
-
-#: What a built module's ``build.ninja`` and its ninja state name, so what must be equal on
-#: the node that built it and the pod that loads it, or ninja rebuilds (or fails).
-JIT_VALIDITY_FIELDS = ("workspace_dir", "flashinfer_data_dir", "cuda_home", "nvcc", "cuda_version")
-
-
-def jit_environment() -> dict[str, str] | None:
-    """What this process's FlashInfer JIT modules depend on, or ``None`` without FlashInfer:
-
-    * ``workspace_dir``: ``flashinfer.jit.env.FLASHINFER_WORKSPACE_DIR`` (built modules);
-    * ``flashinfer_data_dir``: ``flashinfer.jit.env.FLASHINFER_DATA`` (sources and headers
-      ``build.ninja`` names);
-    * ``cuda_home``: ``flashinfer.jit.cpp_ext.get_cuda_path()``; ``nvcc``:
-      ``$FLASHINFER_NVCC`` or ``<cuda_home>/bin/nvcc`` (``generate_ninja_build_for_op``);
-    * ``cuda_version``: ``flashinfer.jit.cpp_ext.get_cuda_version()`` (nvcc's).
-
-    The tuner records it with a run; a pod compares before it installs the run's modules.
-    """
-    try:
-        from flashinfer.jit import cpp_ext
-        from flashinfer.jit import env as jit_env
-
-        cuda_home = cpp_ext.get_cuda_path()
-        return {
-            "workspace_dir": str(jit_env.FLASHINFER_WORKSPACE_DIR),
-            "flashinfer_data_dir": str(jit_env.FLASHINFER_DATA),
-            "cuda_home": str(cuda_home),
-            "nvcc": os.environ.get("FLASHINFER_NVCC", f"{cuda_home}/bin/nvcc"),
-            "cuda_version": str(cpp_ext.get_cuda_version()),
-        }
-    except Exception:  # no FlashInfer, or no CUDA toolkit it can find
-        return None
+# MTIME_NS_HEADER, BadJitArtifact, check_jit_module and jit_environment are imported from
+# here too: re-exported for compatibility (the tarball's format is tunecache.formats.jit_module)
+from tunecache.formats.jit_module import (  # noqa: F401
+    JIT_VALIDITY_FIELDS,
+    MTIME_NS_HEADER,
+    BadJitArtifact,
+    check_jit_module,
+    jit_environment,
+)
 
 
 def shown(value: object, limit: int = 200) -> str:
@@ -75,10 +47,6 @@ def jit_mismatches(recorded: dict, here: dict[str, str] | None) -> list[str]:
         return []
     return [f"{field}: node {shown(recorded[field])}, here {here.get(field)}" for field in JIT_VALIDITY_FIELDS
             if field in recorded and str(recorded[field]) != here.get(field)]
-
-
-class BadJitArtifact(ValueError):
-    """A JIT tarball with paths outside one module's directories, links, or special files."""
 
 
 class FlashInferWorkspace(NamedTuple):
@@ -111,40 +79,6 @@ def flashinfer_workspace() -> FlashInferWorkspace | None:
     return FlashInferWorkspace(path, subdir)
 
 
-def _module_of(tar: tarfile.TarFile) -> str:
-    modules = set()
-    for member in tar.getmembers():
-        path = PurePosixPath(member.name)
-        if path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
-            raise BadJitArtifact(f"unsafe path in JIT artifact: {member.name!r}")
-        if path.parts[0] not in ("cached_ops", "generated"):
-            raise BadJitArtifact(f"unexpected top-level directory in JIT artifact: {member.name!r}")
-        if not (member.isfile() or member.isdir()):
-            raise BadJitArtifact(f"JIT artifact holds a link or special file: {member.name!r}")
-        mtime_ns = member.pax_headers.get(MTIME_NS_HEADER)
-        if mtime_ns is not None and not (mtime_ns.isascii() and mtime_ns.isdigit() and len(mtime_ns) <= 20):
-            raise BadJitArtifact(f"JIT artifact entry {member.name!r}: {MTIME_NS_HEADER} is not a whole number of "
-                                 f"nanoseconds: {mtime_ns[:40]!r}")
-        modules.add(path.parts[1])
-    if len(modules) != 1:
-        raise BadJitArtifact(f"a JIT artifact must hold exactly one module, found {sorted(modules)}")
-    return modules.pop()
-
-
-def check_jit_module(data: bytes) -> str:
-    """The module name of a JIT tarball, after checking every entry (nothing is written).
-
-    Raises:
-        BadJitArtifact: not a gzip'd tar, not one module's files, or an entry whose
-            ``TUNECACHE.mtime_ns`` header is not a whole number.
-    """
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            return _module_of(tar)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise BadJitArtifact(f"JIT artifact is not a gzip'd tar file: {exc}") from None
-
-
 def install_jit_module(data: bytes, workspace: Path) -> str:
     """Unpack one module's tarball into ``workspace``; returns the module name.
 
@@ -157,9 +91,8 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
     Raises:
         BadJitArtifact: the tarball is not one module's files.
     """
-    check_jit_module(data)
+    module = check_jit_module(data)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        module = _module_of(tar)
         workspace.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=workspace))
         try:

@@ -1,10 +1,32 @@
-"""Bounds on requests: body sizes (HTTP 413) and requests in flight (HTTP 503 at once)."""
+"""Bounds on requests: body sizes (HTTP 413), requests in flight (HTTP 503 at once) and
+request rates per caller (HTTP 429)."""
 
 from __future__ import annotations
 
 import json
+import math
+import time
+from typing import TYPE_CHECKING
 
+from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from limits import RateLimitItem
+    from limits.strategies import RateLimiter
+
+
+def check_rate(limiter: RateLimiter, rate: RateLimitItem, who: str, refusal: str) -> None:
+    """Count one request of ``who`` against ``rate`` (``limits``' ``RateLimiter.hit``); past
+    it, answer 429 with ``refusal`` as the detail and ``Retry-After`` the seconds until the
+    window lets ``who`` in again (``get_window_stats(...).reset_time``, at least 1).
+
+    Raises:
+        HTTPException: 429, ``rate`` is used up for ``who``.
+    """
+    if not limiter.hit(rate, who):
+        reset = limiter.get_window_stats(rate, who).reset_time
+        raise HTTPException(429, detail=refusal, headers={"Retry-After": str(max(1, math.ceil(reset - time.time())))})
 
 
 class _BodyTooLarge(Exception):

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import math
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
@@ -21,6 +19,7 @@ from tunecache.contract import (
 )
 from tunecache.service import jobs
 from tunecache.service.deps import SessionDep
+from tunecache.service.limits import check_rate
 from tunecache.service.policy import AdminCaller, ReadCaller
 
 router = APIRouter(prefix="/tuning-jobs", tags=["tuning-jobs"])
@@ -44,12 +43,9 @@ def create_job(body: TuningJobCreate, session: SessionDep, request: Request, cal
     the previous tuning current. 429 with ``Retry-After`` past ``TUNECACHE_JOB_REQUEST_RATE``
     requests with one token (each may carry a 1 MiB model config).
     """
-    limiter, rate = request.app.state.job_rate_limiter, request.app.state.job_rate
-    if not limiter.hit(rate, caller.name):
-        reset = limiter.get_window_stats(rate, caller.name).reset_time
-        wait = max(1, math.ceil(reset - time.time()))
-        raise HTTPException(429, detail=f"too many tuning-job requests with token {caller.name!r}: at most "
-                                        f"{request.app.state.settings.job_request_rate}", headers={"Retry-After": str(wait)})
+    state = request.app.state
+    check_rate(state.job_rate_limiter, state.job_rate, caller.name,
+               f"too many tuning-job requests with token {caller.name!r}: at most {state.settings.job_request_rate}")
     # a JobOptionsConflict propagates: 409 with its body (tunecache.service.errors), nothing written or audited
     job, created = jobs.enqueue(session, body, requested_by=caller.name)
     request.state.audit_detail = f"job {job.id} for {job.key.model} ({'queued' if created else 'already queued'})"

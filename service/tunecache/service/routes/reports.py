@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Query, Request, Response
@@ -28,6 +26,7 @@ from tunecache.contract import (FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_
                                 PodReportCreate)
 from tunecache.service import metrics, reports
 from tunecache.service.deps import SessionDep
+from tunecache.service.limits import check_rate
 from tunecache.service.models import utcnow
 from tunecache.service.policy import ReadCaller
 
@@ -66,11 +65,8 @@ async def report_install(body: PodReportCreate, request: Request, background: Ba
     """
     state = request.app.state
     who = f"{request.client.host if request.client else '-'} {caller.name}"
-    if not state.report_rate_limiter.hit(state.report_rate, who):
-        reset = state.report_rate_limiter.get_window_stats(state.report_rate, who).reset_time
-        raise HTTPException(429, detail=f"too many pod reports from this address with token {caller.name!r}: at most "
-                                        f"{state.settings.report_rate}",
-                            headers={"Retry-After": str(max(1, math.ceil(reset - time.time())))})
+    check_rate(state.report_rate_limiter, state.report_rate, who,
+               f"too many pod reports from this address with token {caller.name!r}: at most {state.settings.report_rate}")
     if not state.report_intake.offer(body, utcnow()):
         raise HTTPException(503, detail=f"{state.report_intake.max_rows} pod reports are waiting to be stored; "
                                         "try again later",

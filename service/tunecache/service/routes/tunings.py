@@ -28,8 +28,8 @@ from tunecache.contract import (
     TuningRunDiff,
     run_csv_row,
 )
-from tunecache.client import run_diff
-from tunecache.client.autotune_file import NotAnAutotuneFile
+from tunecache.formats.autotune_file import NotAnAutotuneFile
+from tunecache.service import run_diff
 from tunecache.service import blobs, repository
 from tunecache.service import metrics
 from tunecache.service.deps import SessionDep

@@ -69,8 +69,8 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
     from flashinfer.autotuner import _collect_metadata
     from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
 
-    from tunecache.client.autotune_file import parse_autotune_file
-    from tunecache.client.environment import arch_from_capability
+    from tunecache.formats.arch import arch_from_capability
+    from tunecache.formats.autotune_file import parse_autotune_file
     from tunecache.service.tuner.jit_artifacts import deep_gemm_artifact, harvest_flashinfer_jit, workspace_layout
 
     if not torch.cuda.is_available():
@@ -145,7 +145,7 @@ def _run_stage(stage: TunerStage, spec: TuneSpec, arch: str, stages: dict[str, A
 
 def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str) -> dict[str, Any]:
     """The ``vllm`` warmup: vLLM's kernel_warmup in its own process, then its caches harvested."""
-    from tunecache.client.autotune_file import parse_autotune_file
+    from tunecache.formats.autotune_file import parse_autotune_file
     from tunecache.service.tuner.jit_artifacts import workspace_layout
     from tunecache.service.tuner.vllm_warmup import run_vllm_warmup
 

@@ -1,15 +1,7 @@
-"""Harvest FlashInfer's JIT-built modules as artifacts, one deterministic tarball each.
-
-FlashInfer builds a module with nvcc/ninja into its workspace
-(``flashinfer.jit.env.FLASHINFER_WORKSPACE_DIR`` =
-``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/<archs>``): the sources it
-generates under ``generated/<module>/`` and the objects, ``build.ninja``, ninja's logs
-and ``<module>.so`` under ``cached_ops/<module>/``. On every later use FlashInfer runs
-ninja on that directory (``JitSpecNvcc.build``), which does nothing when every output
-is newer than its inputs and the commands are unchanged. So a module is shipped whole,
-with its files' modification times, and is valid for pods whose FlashInfer workspace
-path, FlashInfer install path and CUDA toolkit path equal the tuning node's (the same
-container image and ``FLASHINFER_WORKSPACE_BASE``).
+"""Harvest FlashInfer's JIT-built modules as artifacts, one deterministic tarball each
+(:func:`tunecache.formats.jit_module.module_tarball`: a module is shipped whole, with its
+files' modification times, and is valid for pods whose FlashInfer workspace path,
+FlashInfer install path and CUDA toolkit path equal the tuning node's).
 
 Which modules: those this process compiled or loaded (``flashinfer.jit.core.jit_spec_registry``),
 so a node's cache of other models' modules is not shipped with this key.
@@ -17,50 +9,13 @@ so a node's cache of other models' modules is not shipped with this key.
 
 from __future__ import annotations
 
-import gzip
 import io
 import tarfile
 from pathlib import Path
 from typing import Any
 
-
-from tunecache.client.jit_install import MTIME_NS_HEADER, jit_environment
 from tunecache.contract import ArtifactKind
-
-
-
-def _add_tree(tar: tarfile.TarFile, root: Path, relative: str) -> None:
-    base = root / relative
-    for path in sorted([base, *base.rglob("*")]):
-        if path.is_symlink() or path.suffix == ".lock":
-            continue
-        info = tar.gettarinfo(str(path), arcname=str(path.relative_to(root)))
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        # ninja compares nanosecond times; tar's own mtime is a float that loses them
-        info.pax_headers = {MTIME_NS_HEADER: str(path.stat().st_mtime_ns)}
-        if path.is_file():
-            with path.open("rb") as f:
-                tar.addfile(info, f)
-        elif path.is_dir():
-            tar.addfile(info)
-
-
-def module_tarball(workspace: Path, module: str) -> bytes:
-    """``cached_ops/<module>/`` and ``generated/<module>/`` (when present) of a FlashInfer
-    workspace as gzip'd tar bytes; paths are relative to the workspace, modification times
-    kept to the nanosecond (ninja decides freshness by them; a pax header per entry, since
-    tar's own field is a float), owners cleared, entries sorted, gzip header
-    time 0, so the same files give the same bytes (and sha256)."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add_tree(tar, workspace, f"cached_ops/{module}")
-        if (workspace / "generated" / module).is_dir():
-            _add_tree(tar, workspace, f"generated/{module}")
-    out = io.BytesIO()
-    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz:
-        gz.write(raw.getvalue())
-    return out.getvalue()
+from tunecache.formats.jit_module import jit_environment, module_tarball
 
 
 def used_jit_modules(workspace: Path) -> list[str]:
@@ -142,7 +97,7 @@ def workspace_layout() -> dict[str, str]:
     """Where this process's FlashInfer keeps JIT modules, the workspace base
     (``FLASHINFER_WORKSPACE_BASE``, default ``$HOME``) and the directory under
     ``<base>/.cache/flashinfer/`` (``<version>/<archs>``, e.g. ``0.7.4/90a``), with what the
-    modules' validity depends on (:func:`tunecache.client.jit_install.jit_environment`).
+    modules' validity depends on (:func:`tunecache.formats.jit_module.jit_environment`).
 
     A pod compares these with its own before it installs the modules; it never makes a
     path of them (it installs into its own FlashInfer's workspace)."""
