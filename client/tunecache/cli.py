@@ -71,21 +71,17 @@ from tunecache.client.http import (
     TunecacheClient,
 )
 from tunecache.client.install import (
+    FlashInferFile,
+    FlashInferV2Store,
+    InstallTarget,
+    JitWorkspace,
+    VllmRankFiles,
     check_file_name,
-    fetch_tuning,
-    install_jit_modules,
-    jit_not_installed,
-    pull_autotune_file,
+    default_file_name,
+    fetch_and_install,
 )
-from tunecache.client.report import installing
 from tunecache.client.jit_install import BadJitArtifact
-from tunecache.client.layouts import (
-    flashinfer_v2_root,
-    install_v2_store,
-    install_vllm_rank_files,
-    vllm_autotune_root,
-    vllm_rank_file_name,
-)
+from tunecache.client.layouts import vllm_rank_file_name
 from tunecache.client.settings import load_client_settings
 from tunecache.contract import (
     TOKEN_NAME_PATTERN,
@@ -446,32 +442,20 @@ def pull(
         trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
     except SigningError as exc:
         fail(ExitCode.USAGE, str(exc))
+    if layout is Layout.file:
+        tactics = FlashInferFile(dest, file_name or default_file_name(key))
+    elif layout is Layout.vllm:
+        # vLLM's world rank: data_parallel_rank * (tp * pp) + local rank
+        per_dp = tensor_parallel_size * pipeline_parallel_size
+        names = tuple(vllm_rank_file_name(dp, dp * per_dp + rank) for dp in range(data_parallel_size) for rank in range(per_dp))
+        tactics = VllmRankFiles(vllm_config_hash, names, dest)  # root: this pod's own (never from the run) when no --dest
+    else:
+        tactics = FlashInferV2Store(dest)
+    jit_modules = JitWorkspace(jit_workspace) if (jit or jit_workspace) else None
     with client_for(server, settings) as client:
         try:  # reported to the server when done, in the background (TUNECACHE_REPORT=0: not)
-            with installing(client, key, env, ReportSource.CLI) as report:
-                if layout is Layout.file:
-                    installed = pull_autotune_file(client, key, env, dest, file_name, jit_workspace or jit, trusted,
-                                                   report_source=None)
-                    paths, modules, workspace = [installed.path], installed.jit_modules, installed.jit_workspace
-                    skipped, run_id, signed_by = installed.jit_skipped, installed.run_id, installed.signed_by
-                    not_installed = installed.jit_not_installed
-                else:
-                    fetched = fetch_tuning(client, key, env, jit=bool(jit_workspace or jit), trusted_keys=trusted)
-                    run_id, signed_by = fetched.run.id, fetched.signed_by
-                    # this pod's own root (never from the run), known before anything is written
-                    root = dest or (vllm_autotune_root() if layout is Layout.vllm else flashinfer_v2_root())
-                    modules, workspace, skipped = (install_jit_modules(fetched, jit_workspace or True)
-                                                   if (jit or jit_workspace) else ([], None, None))
-                    not_installed = jit_not_installed(fetched.run, modules) if (jit or jit_workspace) else 0
-                    if layout is Layout.vllm:
-                        # vLLM's world rank: data_parallel_rank * (tp * pp) + local rank
-                        per_dp = tensor_parallel_size * pipeline_parallel_size
-                        ranks = [(dp, dp * per_dp + rank) for dp in range(data_parallel_size) for rank in range(per_dp)]
-                        paths = install_vllm_rank_files(fetched.autotune, root, vllm_config_hash,
-                                                        [vllm_rank_file_name(dp, rank) for dp, rank in ranks])
-                    else:
-                        paths = [install_v2_store(fetched.autotune, root)]
-                report.installed(run_id, len(modules), not_installed)
+            installed = fetch_and_install(client, key, env, InstallTarget(jit_modules=jit_modules, tactics=tactics),
+                                          trusted, ReportSource.CLI)
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
         except UntrustedRun as exc:
@@ -486,15 +470,16 @@ def pull(
             fail(ExitCode.INSTALL_FAILED, f"cannot write the install: {exc}")
         except Exception as exc:
             client_errors(exc)
-    if signed_by:
-        typer.echo(f"run {run_id} is signed by trusted key {signed_by}", err=True)
-    if (jit or jit_workspace) and not modules and not skipped:
+    run_id, modules, skipped = installed.run_id, installed.jit_modules, installed.jit_skipped
+    if installed.signed_by:
+        typer.echo(f"run {run_id} is signed by trusted key {installed.signed_by}", err=True)
+    if jit_modules is not None and not modules and not skipped:
         typer.echo(f"tunecache: run {run_id} has no FlashInfer JIT modules (the tactics are installed)", err=True)
     if modules:
-        typer.echo(f"installed {len(modules)} FlashInfer JIT modules into {workspace}", err=True)
+        typer.echo(f"installed {len(modules)} FlashInfer JIT modules into {installed.jit_workspace}", err=True)
     if skipped:
         typer.echo(f"tunecache: {skipped} (the tactics are installed)", err=True)
-    for path in paths:
+    for path in installed.paths:
         typer.echo(str(path))
 
 

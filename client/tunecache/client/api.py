@@ -12,15 +12,22 @@ from pathlib import Path
 
 from tunecache.client.environment import detect_environment, pod_key
 from tunecache.client.http import TunecacheClient
-from tunecache.client.install import InstalledTuning, pull_autotune_file
+from tunecache.client.install import (
+    FlashInferFile,
+    InstallResult,
+    InstallTarget,
+    JitWorkspace,
+    default_file_name,
+    fetch_and_install,
+)
 from tunecache.signing import load_trusted_keys
 from tunecache.client.settings import load_client_settings
-from tunecache.contract import expert_parallel_size
+from tunecache.contract import ReportSource, expert_parallel_size
 
 
 @dataclass(frozen=True)
 class LoadedTuning:
-    installed: InstalledTuning
+    installed: InstallResult
     loaded: bool
     """What ``AutoTuner.get().load_configs`` returned: False means FlashInfer rejected the
     file's environment (it then tunes or uses its heuristics as without tunecache)."""
@@ -71,8 +78,9 @@ def install_tuning(
     )
     with TunecacheClient.from_settings(settings, server) as client:
         trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
-        installed = pull_autotune_file(client, key, environment, Path(dest_dir), jit_workspace=True if jit else None,
-                                       trusted_keys=trusted)
+        target = InstallTarget(jit_modules=JitWorkspace() if jit else None,
+                               tactics=FlashInferFile(Path(dest_dir), default_file_name(key)))
+        installed = fetch_and_install(client, key, environment, target, trusted, ReportSource.API)
     loaded = False
     if load:
         from flashinfer.autotuner import AutoTuner

@@ -1,15 +1,22 @@
-"""Fetch the tuning that matches a pod and install it as a FlashInfer autotune cache file."""
+"""Fetch the tuning that matches a pod and install it where FlashInfer, vLLM and DeepGEMM read it.
+
+Every route installs through :func:`install` (``tunecache pull``'s three layouts, the Python
+API, the vLLM plugin's pod): a fetched run (:func:`fetch_tuning`) and an
+:class:`InstallTarget`, one destination per artifact kind, give one :class:`InstallResult`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from pydantic import BaseModel, ConfigDict
 
 from tunecache.client.atomic import write_atomically
 from tunecache.client.http import TunecacheClient
@@ -21,27 +28,26 @@ from tunecache.client.jit_install import (
     jit_mismatches,
     shown,
 )
-from tunecache.client.report import installing
-from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportSource, TuningKey, TuningRunRead
+from tunecache.client.layouts import (
+    deep_gemm_cache_dir,
+    flashinfer_v2_root,
+    install_deep_gemm_cache,
+    install_v2_store,
+    install_vllm_rank_files,
+    vllm_autotune_root,
+)
+from tunecache.client.report import installing, outcome_of, worth_reporting
+from tunecache.contract import (
+    ArtifactKind,
+    EnvironmentMetadata,
+    ReportedDifference,
+    ReportOutcome,
+    ReportSource,
+    TuningKey,
+    TuningRunRead,
+)
 from tunecache.signing import UntrustedRun, verify_run
-from tunecache.store import TunecacheError
-
-
-@dataclass(frozen=True)
-class InstalledTuning:
-    path: Path
-    run_id: int
-    sha256: str
-    entries: int | None
-    jit_modules: tuple[str, ...] = ()
-    jit_workspace: Path | None = None
-    jit_skipped: str | None = None
-    """Why the run's JIT modules were not installed (unsigned, built for another FlashInfer
-    version or arch, with other paths or CUDA, or this pod's FlashInfer workspace is unknown), if so."""
-    signed_by: str | None = None
-    """Id of the trusted key whose signature over the run checked (``None``: not checked)."""
-    jit_not_installed: int = 0
-    """How many of the run's JIT modules were asked for and not installed (``jit_skipped`` says why)."""
+from tunecache.store import NoCompatibleTuning, TunecacheError
 
 
 def default_file_name(key: TuningKey) -> str:
@@ -82,7 +88,7 @@ class FetchedTuning:
     def workspace_subdir(self) -> str:
         """FlashInfer's ``<version>/<arch dir>`` on the tuning node (``""`` if not recorded).
 
-        The server's word: compared with this pod's own (:func:`install_jit_modules`),
+        The server's word: compared with this pod's own (:class:`JitWorkspace`),
         never made into a path."""
         layout = self.run.summary.get("flashinfer_jit")
         return str(layout.get("workspace_subdir", "")) if isinstance(layout, dict) else ""
@@ -90,7 +96,7 @@ class FetchedTuning:
 
 def fetch_tuning(
     client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False, deep_gemm: bool = False,
-    trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+    trusted_keys: Mapping[str, Ed25519PublicKey] | None = None, deadline_s: float | None = None,
 ) -> FetchedTuning:
     """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
     JIT modules; with ``deep_gemm``, its DeepGEMM cache), each verified against its sha256.
@@ -103,11 +109,12 @@ def fetch_tuning(
     fetched but JIT modules and DeepGEMM caches (code the inference process loads) never
     are: ``executable_refused`` says so.
 
-    Deadline: the lookup and every download share the client's one install deadline
-    (``client.install_deadline_s`` seconds from the call, ``TUNECACHE_INSTALL_DEADLINE``
-    for a client made with :meth:`TunecacheClient.from_settings`; see
-    :meth:`TunecacheClient.deadline_scope`). Everything is fetched before anything is
-    written, so when it passes nothing has been installed.
+    Deadline: the lookup and every download share one install deadline, opened here once
+    per install: ``deadline_s`` seconds from the call, or (``None``) the client's
+    ``install_deadline_s`` (``TUNECACHE_INSTALL_DEADLINE`` for a client made with
+    :meth:`TunecacheClient.from_settings`; see :meth:`TunecacheClient.deadline_scope`).
+    Everything is fetched before anything is written, so when it passes nothing has been
+    installed.
 
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
@@ -117,7 +124,7 @@ def fetch_tuning(
         unsigned, signed by another key, or its manifest does not match; BadJitArtifact when
         a JIT module's tarball is unusable (checked before any install).
     """
-    with client.deadline_scope():
+    with client.deadline_scope(deadline_s):
         run = client.lookup(key, environment)
         try:
             signed_by = verify_run(run.signature, key, environment, run.artifacts, trusted_keys) if trusted_keys else None
@@ -143,9 +150,70 @@ def fetch_tuning(
         )
 
 
-def install_jit_modules(fetched: FetchedTuning, workspace: Path | bool) -> tuple[list[str], Path | None, str | None]:
-    """Unpack the fetched JIT modules into ``workspace``: a directory this pod names
-    (``tunecache pull --jit-workspace DIR``; used as given), or ``True``: this pod's
+#: Writes one artifact kind's staged install; returns the :class:`InstallResult` fields it sets.
+Commit = Callable[[], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class FlashInferFile:
+    """The tactics as a plain FlashInfer cache file ``directory/name``, for
+    ``flashinfer.autotune(False, cache=PATH)`` or ``AutoTuner.get().load_configs(PATH)``.
+
+    Raises:
+        ValueError: (when made) ``name`` has directory parts or is hidden.
+    """
+
+    directory: Path
+    name: str
+
+    def __post_init__(self) -> None:
+        check_file_name(self.name)
+
+    def stage(self, fetched: FetchedTuning) -> Commit:
+        path = Path(self.directory) / self.name
+
+        def commit() -> dict[str, Any]:
+            write_atomically(path, fetched.autotune)
+            return {"paths": (path,)}
+
+        return commit
+
+
+@dataclass(frozen=True)
+class VllmRankFiles:
+    """The tactics as every rank's v1 file of one vLLM deployment, ``root/config_hash/<name>``
+    for each of ``file_names`` (:func:`tunecache.client.layouts.vllm_rank_file_name`, or vLLM
+    0.25's single ``autotune_configs.json``), all at once
+    (:func:`tunecache.client.layouts.install_vllm_rank_files`); ``root`` ``None``: this pod's
+    own (:func:`tunecache.client.layouts.vllm_autotune_root`, resolved before anything is written)."""
+
+    config_hash: str
+    file_names: tuple[str, ...]
+    root: Path | None = None
+
+    def stage(self, fetched: FetchedTuning) -> Commit:
+        root = Path(self.root) if self.root is not None else vllm_autotune_root()
+        return lambda: {"paths": tuple(install_vllm_rank_files(fetched.autotune, root, self.config_hash,
+                                                               list(self.file_names)))}
+
+
+@dataclass(frozen=True)
+class FlashInferV2Store:
+    """The tactics published into FlashInfer's v2 store under ``root``
+    (:func:`tunecache.client.layouts.install_v2_store`); ``None``: this pod's own
+    (:func:`tunecache.client.layouts.flashinfer_v2_root`, resolved before anything is written)."""
+
+    root: Path | None = None
+
+    def stage(self, fetched: FetchedTuning) -> Commit:
+        root = Path(self.root) if self.root is not None else flashinfer_v2_root()
+        return lambda: {"paths": (install_v2_store(fetched.autotune, root),)}
+
+
+@dataclass(frozen=True)
+class JitWorkspace:
+    """The run's FlashInfer JIT modules, unpacked into ``path``: a directory this pod names
+    (``tunecache pull --jit-workspace DIR``; used as given), or ``None``: this pod's
     FlashInfer workspace as this pod's FlashInfer says
     (:func:`tunecache.client.jit_install.flashinfer_workspace`), after checking that the
     modules were built where they will load.
@@ -153,30 +221,201 @@ def install_jit_modules(fetched: FetchedTuning, workspace: Path | bool) -> tuple
     Nothing the run carries picks the directory: the node's ``workspace_subdir`` it records
     is only compared with this pod's.
 
-    Returns ``(modules, workspace, None)``, or, with ``True``, ``([], None, reason)`` when
-    nothing of the modules is written (the tactics are installed apart) and ``reason`` is
-    one line saying why: FlashInfer is not importable here (this pod cannot tell its
-    workspace), or the run's ``workspace_subdir`` (FlashInfer version and arch) or a
-    validity field it recorded (:data:`tunecache.client.jit_install.JIT_VALIDITY_FIELDS`)
-    differs here, so ninja would rebuild the modules or fail; each difference is named.
+    Nothing of the modules is written (the tactics are installed apart) and
+    ``InstallResult.jit_skipped`` says why in one line when the run's were not fetched
+    (unsigned: :attr:`FetchedTuning.executable_refused`), or, with ``None``: FlashInfer is not
+    importable here (this pod cannot tell its workspace), or the run's ``workspace_subdir``
+    (FlashInfer version and arch) or a validity field it recorded
+    (:data:`tunecache.client.jit_install.JIT_VALIDITY_FIELDS`) differs here, so ninja would
+    rebuild the modules or fail; each difference is named.
     """
-    if not fetched.jit_modules:
-        return [], None, fetched.executable_refused
-    count = len(fetched.jit_modules)
-    if workspace is not True:
-        target = Path(workspace)
-        return [install_jit_module(blob, target) for blob in fetched.jit_modules], target, None
-    own = flashinfer_workspace()
-    if own is None:
-        return [], None, (f"{count} FlashInfer JIT modules not installed: FlashInfer is not importable here, so this "
+
+    path: Path | None = None
+
+    def _workspace(self, fetched: FetchedTuning) -> tuple[Path | None, str | None]:
+        """``(directory, None)`` to install the fetched modules into, or ``(None, why not)``
+        (``(None, None)``: the run has none)."""
+        if not fetched.jit_modules:
+            return None, fetched.executable_refused
+        if self.path is not None:
+            return Path(self.path), None
+        count = len(fetched.jit_modules)
+        own = flashinfer_workspace()
+        if own is None:
+            return None, (f"{count} FlashInfer JIT modules not installed: FlashInfer is not importable here, so this "
                           "pod's FlashInfer workspace is unknown (tunecache pull --jit-workspace DIR names one)")
-    recorded = fetched.run.summary.get("flashinfer_jit")
-    mismatches = jit_mismatches(recorded if isinstance(recorded, dict) else {}, jit_environment())
-    if fetched.workspace_subdir and fetched.workspace_subdir != own.subdir:
-        mismatches.insert(0, f"workspace_subdir: node {shown(fetched.workspace_subdir)}, here {own.subdir}")
-    if mismatches:
-        return [], None, f"{count} FlashInfer JIT modules not installed, built elsewhere: " + "; ".join(mismatches)
-    return [install_jit_module(blob, own.path) for blob in fetched.jit_modules], own.path, None
+        recorded = fetched.run.summary.get("flashinfer_jit")
+        mismatches = jit_mismatches(recorded if isinstance(recorded, dict) else {}, jit_environment())
+        if fetched.workspace_subdir and fetched.workspace_subdir != own.subdir:
+            mismatches.insert(0, f"workspace_subdir: node {shown(fetched.workspace_subdir)}, here {own.subdir}")
+        if mismatches:
+            return None, f"{count} FlashInfer JIT modules not installed, built elsewhere: " + "; ".join(mismatches)
+        return own.path, None
+
+    def stage(self, fetched: FetchedTuning) -> Commit:
+        workspace, skipped = self._workspace(fetched)
+        asked = len(fetched.run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE))
+
+        def commit() -> dict[str, Any]:
+            modules = tuple(install_jit_module(blob, workspace) for blob in fetched.jit_modules) if workspace else ()
+            return {"jit_modules": modules, "jit_workspace": workspace, "jit_skipped": skipped,
+                    "jit_not_installed": max(0, asked - len(modules))}
+
+        return commit
+
+
+@dataclass(frozen=True)
+class DeepGemmCache:
+    """The run's DeepGEMM JIT cache (when it has one), its kernels merged into ``path``
+    (:func:`tunecache.client.layouts.install_deep_gemm_cache`); ``None``: this pod's own
+    DeepGEMM cache directory (:func:`tunecache.client.layouts.deep_gemm_cache_dir`)."""
+
+    path: Path | None = None
+
+    def stage(self, fetched: FetchedTuning) -> Commit:
+        if fetched.deep_gemm is None:
+            return dict
+        directory = Path(self.path) if self.path is not None else deep_gemm_cache_dir()
+
+        def commit() -> dict[str, Any]:
+            install_deep_gemm_cache(fetched.deep_gemm, directory)
+            return {"deep_gemm_dir": directory}
+
+        return commit
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstallTarget:
+    """Where this pod installs a fetched run: one destination per artifact kind, ``None``
+    where that kind is not installed here. Fields are in the order :func:`install` writes
+    them; the tactics come last, so that a failure before them leaves the files FlashInfer
+    or vLLM read as they were. A new artifact kind is one more field (its destination has a
+    ``stage(fetched) -> Commit``, which checks and resolves everything and writes nothing)."""
+
+    jit_modules: JitWorkspace | None = None
+    deep_gemm: DeepGemmCache | None = None
+    tactics: FlashInferFile | VllmRankFiles | FlashInferV2Store
+
+    def destinations(self) -> list[Any]:
+        """The destinations set, in the order they are written."""
+        return [d for d in (getattr(self, f.name) for f in fields(self)) if d is not None]
+
+    def fetch_options(self) -> dict[str, bool]:
+        """What :func:`fetch_tuning` must fetch besides the tactics for this target."""
+        return {"jit": self.jit_modules is not None, "deep_gemm": self.deep_gemm is not None}
+
+
+class InstallResult(BaseModel):
+    """What an install came to, on every route (and in the vLLM plugin's pod record).
+
+    ``outcome``: ``installed`` (the run is in place), ``miss`` (the server has no matching
+    tuning: ``run_id`` is then the closest run it named, ``differences`` its fields that
+    differ) or ``error`` (``reason`` says what; ``error_kind`` its class when the install
+    is reported: :func:`tunecache.client.report.worth_reporting`).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    outcome: ReportOutcome
+    run_id: int | None = None
+    entries: int | None = None
+    sha256: str | None = None
+    """The FlashInfer file's sha256 (installed)."""
+    paths: tuple[Path, ...] = ()
+    """Where the tactics are: the FlashInfer file, every rank's file, or the v2 store directory."""
+    jit_modules: tuple[str, ...] = ()
+    """The FlashInfer JIT modules installed."""
+    jit_workspace: Path | None = None
+    jit_skipped: str | None = None
+    """Why the run's JIT modules were not installed (unsigned, built for another FlashInfer
+    version or arch, with other paths or CUDA, or this pod's FlashInfer workspace is unknown), if so."""
+    jit_not_installed: int = 0
+    """How many of the run's JIT modules were asked for and not installed (``jit_skipped`` says why)."""
+    deep_gemm_dir: Path | None = None
+    """The DeepGEMM cache directory the run's kernels were merged into, if any."""
+    signed_by: str | None = None
+    """Id of the trusted key whose signature over the run checked (``None``: not checked)."""
+    reason: str | None = None
+    """Miss or error: one line saying why nothing was installed."""
+    error_kind: str | None = None
+    differences: tuple[ReportedDifference, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        """The first of :attr:`paths` (the FlashInfer file of a plain-file install)."""
+        return self.paths[0]
+
+    @classmethod
+    def of_failure(cls, error: BaseException) -> InstallResult:
+        """The result of an install that raised ``error``: a miss (a lookup's 404) or an error."""
+        outcome, found = outcome_of(error)
+        if isinstance(error, NoCompatibleTuning):
+            return cls(outcome=outcome, reason=error.detail, run_id=found["run_id"],
+                       differences=tuple(found["differences"]))
+        return cls(outcome=outcome, reason=f"{type(error).__name__}: {error}",
+                   error_kind=found["error_kind"] if worth_reporting(error) else None)
+
+    def report_fields(self) -> dict[str, Any] | None:
+        """This install's report fields besides its outcome
+        (:func:`tunecache.client.report.build_report`), or ``None`` when it is not reported."""
+        if self.outcome is ReportOutcome.INSTALLED:
+            return {"run_id": self.run_id, "jit_modules": len(self.jit_modules), "jit_skipped": self.jit_not_installed}
+        if self.outcome is ReportOutcome.MISS:
+            return {"run_id": self.run_id, "differences": list(self.differences)}
+        return {"error_kind": self.error_kind} if self.error_kind else None
+
+
+#: The name this result had before every route shared it (kept for API users).
+InstalledTuning = InstallResult
+
+
+def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
+    """Install a fetched run at ``target``, all or nothing as far as the tactics go: every
+    destination is staged first (artifacts checked, paths resolved, this pod's FlashInfer
+    workspace compared with the run's; nothing written), then each is written in
+    :class:`InstallTarget`'s order, the tactics last.
+
+    Raises:
+        ValueError: a path this pod cannot tell (e.g. vLLM's autotune root without vllm,
+            flashinfer or ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``) or a DeepGEMM tarball with
+            unsafe entries; ImportError: FlashInfer's v2 store without FlashInfer;
+            BadJitArtifact; OSError when writing fails (nothing half-written is left).
+    """
+    commits = [destination.stage(fetched) for destination in target.destinations()]
+    written: dict[str, Any] = {}
+    for commit in commits:
+        written.update(commit())
+    return InstallResult(outcome=ReportOutcome.INSTALLED, run_id=fetched.run.id, entries=fetched.run.entries,
+                         sha256=fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE).sha256,
+                         signed_by=fetched.signed_by, **written)
+
+
+def fetch_and_install(
+    client: TunecacheClient,
+    key: TuningKey,
+    environment: EnvironmentMetadata,
+    target: InstallTarget,
+    trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+    report_source: ReportSource | None = ReportSource.API,
+) -> InstallResult:
+    """Fetch the current tuning (:func:`fetch_tuning`, within the client's install deadline)
+    and :func:`install` it at ``target``; ``tunecache pull`` and the Python API install this way.
+
+    ``report_source``: report the install to the server afterwards, as this source
+    (:mod:`tunecache.client.report`: in the background, best-effort, unless the client's
+    ``reports`` is off, ``TUNECACHE_REPORT=0``); ``None``: not reported here.
+
+    Raises:
+        as :func:`fetch_tuning` (UntrustedRun: nothing is written) and :func:`install`.
+    """
+    reporting = (installing(client, key, environment, report_source) if report_source is not None
+                 else contextlib.nullcontext())
+    with reporting as report:
+        fetched = fetch_tuning(client, key, environment, trusted_keys=trusted_keys, **target.fetch_options())
+        result = install(fetched, target)
+        if report is not None:
+            report.installed(**result.report_fields())
+    return result
 
 
 def pull_autotune_file(
@@ -188,43 +427,17 @@ def pull_autotune_file(
     jit_workspace: Path | bool | None = None,
     trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
     report_source: ReportSource | None = ReportSource.API,
-) -> InstalledTuning:
-    """Fetch the current tuning and install it as a plain FlashInfer cache file in
-    ``dest_dir``, for ``flashinfer.autotune(False, cache=PATH)``.
-
-    ``report_source``: report the install to the server afterwards, as this source
-    (:mod:`tunecache.client.report`: in the background, best-effort, unless the client's
-    ``reports`` is off, ``TUNECACHE_REPORT=0``); ``None``: the caller reports (``tunecache pull``).
-
-    ``jit_workspace``: also install the run's FlashInfer JIT modules, into this
-    FlashInfer workspace directory, or (``True``) into this pod's own
-    (:func:`install_jit_modules`); only from a run signed
-    by one of ``trusted_keys`` (:func:`fetch_tuning`). Every artifact is downloaded and
-    verified before anything is written.
+) -> InstallResult:
+    """Convenience kept for API users: :func:`fetch_and_install` into a plain FlashInfer cache
+    file in ``dest_dir`` (``file_name``, default :func:`default_file_name`), for
+    ``flashinfer.autotune(False, cache=PATH)``; with ``jit_workspace`` the run's JIT modules
+    too, into that directory or (``True``) this pod's own FlashInfer workspace
+    (:class:`JitWorkspace`), only from a run signed by one of ``trusted_keys``.
 
     Raises:
-        as :func:`fetch_tuning` (UntrustedRun: nothing is written); ValueError for a
-        ``file_name`` with directory parts;
-        BadJitArtifact; OSError when writing fails (nothing half-written is left).
+        ValueError for a ``file_name`` with directory parts (before anything is fetched);
+        as :func:`fetch_and_install`.
     """
-    path = Path(dest_dir) / (check_file_name(file_name) if file_name else default_file_name(key))
-    reporting = (installing(client, key, environment, report_source) if report_source is not None
-                 else contextlib.nullcontext())
-    with reporting as report:
-        fetched = fetch_tuning(client, key, environment, jit=bool(jit_workspace), trusted_keys=trusted_keys)
-        modules, workspace, skipped = install_jit_modules(fetched, jit_workspace) if jit_workspace else ([], None, None)
-        write_atomically(path, fetched.autotune)
-        artifact = fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
-        installed = InstalledTuning(
-            path=path, run_id=fetched.run.id, sha256=artifact.sha256, entries=fetched.run.entries,
-            jit_modules=tuple(modules), jit_workspace=workspace, jit_skipped=skipped, signed_by=fetched.signed_by,
-            jit_not_installed=jit_not_installed(fetched.run, modules) if jit_workspace else 0,
-        )
-        if report is not None:
-            report.installed(installed.run_id, len(modules), installed.jit_not_installed)
-    return installed
-
-
-def jit_not_installed(run: TuningRunRead, installed: list[str] | tuple[str, ...]) -> int:
-    """How many of ``run``'s FlashInfer JIT modules are not among the ``installed`` ones."""
-    return max(0, len(run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE)) - len(installed))
+    jit = None if not jit_workspace else JitWorkspace(None if jit_workspace is True else Path(jit_workspace))
+    target = InstallTarget(jit_modules=jit, tactics=FlashInferFile(Path(dest_dir), file_name or default_file_name(key)))
+    return fetch_and_install(client, key, environment, target, trusted_keys, report_source)
