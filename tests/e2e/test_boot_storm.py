@@ -24,24 +24,14 @@ from pathlib import Path
 
 from tunecache.client.http import KEEPALIVE_EXPIRY_S
 
-from conftest import CUDNN_FILE, CUBLASLT_FILE, free_port, tunecache, tunecache_executable, make_token, as_admin
-from helpers import h200_key, run_payload
+from tests.support.builders import make_token
+from tests.support.cli import tunecache, tunecache_executable
+from tests.support.paths import CUDNN_FILE, CUBLASLT_FILE
+from tests.support.serve import as_admin, free_port, push_run, start_server, stop_server
+from tests.support.builders import h200_key, lookup_body, run_payload
 
 PODS = 300
 STORM_SECONDS = 4
-
-
-def _lookup_body(path=CUDNN_FILE) -> dict:
-    return {"key": h200_key().model_dump(), "environment": run_payload(path)["environment"]}
-
-
-def _push(server: str, path=CUDNN_FILE) -> dict:
-    data = path.read_bytes()
-    sha = hashlib.sha256(data).hexdigest()
-    assert as_admin.put(f"{server}/v1/artifacts/{sha}", content=data, timeout=30).status_code in (200, 201)
-    recorded = as_admin.post(f"{server}/v1/tunings", json=run_payload(path), timeout=30)
-    assert recorded.status_code == 201, recorded.text
-    return recorded.json()
 
 
 async def _storm(server: str, body: dict, sha: str) -> list[tuple[int, str | None]]:
@@ -63,52 +53,16 @@ async def _storm(server: str, body: dict, sha: str) -> list[tuple[int, str | Non
     return answers
 
 
-def _start(database_url: str, tmp_path, name: str, **env: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(tmp_path / f"{name}.log", "w")
-    process = subprocess.Popen(
-        [tunecache_executable(), "serve", "--port", str(port), "--database", database_url],
-        stdout=log, stderr=log, env={**os.environ, "TUNECACHE_WORKER": "off",
-                                     "TUNECACHE_DATA_DIR": str(tmp_path / f"{name}-data"), **env},
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                _share_admin_token(tmp_path / f"{name}-data")
-                return process, url
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None, (tmp_path / f"{name}.log").read_text()
-        time.sleep(0.1)
-    pytest.fail((tmp_path / f"{name}.log").read_text())
-
-
-def _share_admin_token(data_dir: Path) -> None:
-    """The first replica on a database writes the admin token into its own data dir; put it
-    where this test's clients look for it (``$TUNECACHE_DATA_DIR/admin.token``)."""
-    written = data_dir / "admin.token"
-    if written.exists():
-        shared = Path(os.environ["TUNECACHE_DATA_DIR"]) / "admin.token"
-        shared.parent.mkdir(parents=True, exist_ok=True)
-        shared.write_text(written.read_text())
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    process.wait(timeout=30)
-
-
 def test_three_hundred_pods_booting_at_once_are_all_answered(database_url, tmp_path):
     """Few threads, few connections and a low in-flight limit, so the storm saturates the
     service: it must shed with 503 + Retry-After, never hang, and answer right after."""
     if database_url.startswith("postgresql"):
         tunecache("db", "upgrade", "--database", database_url, check=True)
-    process, server = _start(database_url, tmp_path, "storm", TUNECACHE_THREADS="4", TUNECACHE_MAX_IN_FLIGHT="64",
+    process, server = start_server(database_url, tmp_path, "storm", TUNECACHE_THREADS="4", TUNECACHE_MAX_IN_FLIGHT="64",
                              TUNECACHE_DB_POOL_TIMEOUT="1")
     try:
-        run = _push(server)
-        body, sha = _lookup_body(), run["artifacts"][0]["sha256"]
+        run = push_run(server)
+        body, sha = lookup_body(), run["artifacts"][0]["sha256"]
         answers = asyncio.run(_storm(server, body, sha))
         statuses = {status for status, _ in answers}
         assert statuses <= {200, 503}, statuses
@@ -119,7 +73,7 @@ def test_three_hundred_pods_booting_at_once_are_all_answered(database_url, tmp_p
         assert after.status_code == 200 and after.json()["id"] == run["id"]
         assert time.monotonic() - started < 2
     finally:
-        _stop(process)
+        stop_server(process)
 
 
 def _idle_connection_closed_after(url: str, seconds: float) -> bool:
@@ -143,29 +97,29 @@ def test_idle_connections_are_closed_after_the_keep_alive_setting(tmp_path):
     proxy's idle timeout, and tunecache's client expires its idle connections before it."""
     sqlite_url = f"sqlite:///{tmp_path / 'keep-alive.db'}"
     assert KEEPALIVE_EXPIRY_S < 5
-    short, short_url = _start(sqlite_url, tmp_path, "short", TUNECACHE_KEEP_ALIVE_SECONDS="1")
+    short, short_url = start_server(sqlite_url, tmp_path, "short", TUNECACHE_KEEP_ALIVE_SECONDS="1")
     try:
         assert _idle_connection_closed_after(short_url, 2.5)
     finally:
-        _stop(short)
-    default, default_url = _start(sqlite_url, tmp_path, "default")
+        stop_server(short)
+    default, default_url = start_server(sqlite_url, tmp_path, "default")
     try:
         assert not _idle_connection_closed_after(default_url, 2.5)
     finally:
-        _stop(default)
+        stop_server(default)
 
 
 @pytest.mark.postgres
 def test_two_replicas_on_one_postgres_behave_as_one_service(postgres_schema_url, tmp_path):
     tunecache("db", "upgrade", "--database", postgres_schema_url, check=True)
-    a, url_a = _start(postgres_schema_url, tmp_path, "replica-a")
-    b, url_b = _start(postgres_schema_url, tmp_path, "replica-b")
+    a, url_a = start_server(postgres_schema_url, tmp_path, "replica-a")
+    b, url_b = start_server(postgres_schema_url, tmp_path, "replica-b")
     try:
-        body = _lookup_body()
+        body = lookup_body()
         assert as_admin.post(f"{url_b}/v1/tunings/lookup", json=body).status_code == 404  # B caches the miss
-        first = _push(url_a)
+        first = push_run(url_a)
         assert as_admin.post(f"{url_b}/v1/tunings/lookup", json=body).json()["id"] == first["id"]
-        second = _push(url_a)  # a newer run of the key, recorded through the other replica
+        second = push_run(url_a)  # a newer run of the key, recorded through the other replica
         assert as_admin.post(f"{url_b}/v1/tunings/lookup", json=body).json()["id"] == second["id"]
         assert as_admin.post(f"{url_a}/v1/tunings/lookup", json=body).json()["id"] == second["id"]
 
@@ -175,8 +129,8 @@ def test_two_replicas_on_one_postgres_behave_as_one_service(postgres_schema_url,
                                     range(40)))
         assert {r.status_code for r in answers} == {202} and len({r.json()["id"] for r in answers}) == 1
     finally:
-        _stop(a)
-        _stop(b)
+        stop_server(a)
+        stop_server(b)
 
 
 def test_artifacts_carry_http_caching_headers(app_client):
@@ -202,7 +156,7 @@ def test_artifacts_carry_http_caching_headers(app_client):
 
 
 def test_a_rejected_value_is_not_echoed_whole(app_client):
-    body = _lookup_body()
+    body = lookup_body()
     body["key"]["model"] = "m" * 200_000
     response = app_client.post("/v1/tunings/lookup", json=body)
     assert response.status_code == 422 and len(response.content) < 2000

@@ -13,24 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE, free_port, tunecache, tunecache_executable, as_admin
+from tests.support.cli import tunecache, tunecache_executable
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.serve import free_port, as_admin
+from tests.support.cli import MODEL, pull, push
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
 SERVER_DATABASE_INCIDENTAL = True
-
-MODEL = "meta-llama/Llama-3.1-8B"
-
-
-def push(server, path=CUDNN_FILE, *extra):
-    return tunecache("push", str(path), "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192", *extra)
-
-
-def pull(server, dest, environment=CUDNN_FILE, *extra):
-    return tunecache(
-        "pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
-        "--dest", str(dest), "--environment", str(environment), *extra,
-    )
-
 
 def test_push_then_pull_installs_identical_file(server, tmp_path):
     pushed = push(server)
@@ -232,7 +221,7 @@ def test_doctor_shows_environment_key_and_what_differs(server, tmp_path):
 
 
 def test_pull_says_what_it_did_not_install_and_why(server, tmp_path, monkeypatch):
-    from helpers import run_payload, signed
+    from tests.support.builders import run_payload, signed
     from tunecache.signing import generate_signing_key, load_signing_key
 
     push(server)
@@ -257,8 +246,8 @@ def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path, node_sign
     import io
     import tarfile
 
-    from helpers import run_payload, signed
-    from test_jit_artifacts import fake_workspace
+    from tests.support.builders import run_payload, signed
+    from tests.support.jit import fake_workspace
     from tunecache.service.tuner.jit_artifacts import module_tarball
 
     good = module_tarball(fake_workspace(tmp_path / "node"), "batch_prefill_bf16_h128")
@@ -284,8 +273,8 @@ def test_a_jit_module_with_a_bad_time_header_is_a_bad_artifact(server, tmp_path,
     """A module whose TUNECACHE.mtime_ns header is not a number: exit 6, nothing installed."""
     import hashlib
 
-    from helpers import run_payload, signed
-    from test_jit_artifacts import tarball
+    from tests.support.builders import run_payload, signed
+    from tests.support.jit import tarball
 
     bad = tarball([("cached_ops/m/m.so", "mtime_ns=not-a-number")])
     payload = run_payload(CUDNN_FILE)
@@ -317,8 +306,8 @@ def test_jit_modules_built_with_other_paths_are_skipped_and_the_tactics_installe
     the modules with one line naming the difference; a pod where all match installs both."""
     import hashlib
 
-    from helpers import pod_jit_environment, run_payload, signed
-    from test_jit_artifacts import fake_workspace
+    from tests.support.builders import pod_jit_environment, run_payload, signed
+    from tests.support.jit import fake_workspace
     from tunecache.service.tuner.jit_artifacts import module_tarball
 
     env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "pod-home")}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-from conftest import CUDNN_FILE, admin_token
+from tests.support.paths import CUDNN_FILE
+from tests.support.serve import admin_token
 from tunecache.client.http import TunecacheClient
 
 

@@ -10,8 +10,8 @@ import multiprocessing
 import tarfile
 import traceback
 
-from conftest import CUDNN_FILE
-from test_jit_artifacts import fake_workspace
+from tests.support.paths import CUDNN_FILE
+from tests.support.jit import fake_workspace
 from tunecache.client.jit_install import install_jit_module
 from tunecache.client.layouts import install_deep_gemm_cache, install_vllm_rank_files, vllm_rank_file_name
 from tunecache.service.tuner.jit_artifacts import module_tarball

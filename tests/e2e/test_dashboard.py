@@ -35,8 +35,10 @@ import httpx
 import pytest
 from sqlalchemy import event, text
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE, admin_token, as_admin, make_token
-from helpers import file_environment, h200_key, plan_of, run_payload, stored_reports
+from tests.support.builders import make_token
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.serve import admin_token, as_admin
+from tests.support.builders import file_environment, h200_key, plan_of, run_payload, stored_reports
 from tunecache.client.run_diff import parse_file_key
 from tunecache.contract import (
     EnvironmentMetadata,
@@ -50,8 +52,8 @@ from tunecache.service import db, reports
 from tunecache.service.dashboard import chart
 from tunecache.service.dashboard.queries import reports_page_query
 from tunecache.service.dashboard.security import CSRF_COOKIE, form_csrf
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD_DIR = ROOT / "service" / "tunecache" / "service" / "dashboard"
 CHROMIUM = os.environ.get("TUNECACHE_CHROMIUM", "/usr/bin/chromium")
 MODEL = "meta-llama/Llama-3.1-8B"

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CUDNN_FILE, tunecache
+from tests.support.cli import tunecache
+from tests.support.paths import CUDNN_FILE
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 #: What a pod must never get from installing the client.
 SERVER_PACKAGES = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "psycopg-binary"}
 POD_COMMANDS = ("pull", "push", "doctor", "diff", "history", "fleet", "retune", "job", "token", "keys")

@@ -17,8 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import CUDNN_FILE, free_port, tunecache, as_admin
-from test_boot_storm import _lookup_body, _push, _start, _stop
+from tests.support.cli import tunecache
+from tests.support.paths import CUDNN_FILE
+from tests.support.serve import free_port, as_admin
+from tests.support.builders import lookup_body
+from tests.support.serve import push_run, start_server, stop_server
 
 pytestmark = pytest.mark.postgres
 
@@ -68,11 +71,11 @@ def _server_pids(data: Path) -> list[int]:
 def test_a_frozen_database_gives_fast_503s_and_the_service_recovers(private_postgres, tmp_path):
     url, data = private_postgres
     tunecache("db", "upgrade", "--database", url, check=True)
-    process, server = _start(url, tmp_path, "frozen", TUNECACHE_DB_STATEMENT_TIMEOUT="1", TUNECACHE_DB_POOL_TIMEOUT="1")
+    process, server = start_server(url, tmp_path, "frozen", TUNECACHE_DB_STATEMENT_TIMEOUT="1", TUNECACHE_DB_POOL_TIMEOUT="1")
     try:
-        run = _push(server)
+        run = push_run(server)
         sha = run["artifacts"][0]["sha256"]
-        body = _lookup_body()
+        body = lookup_body()
         assert as_admin.post(f"{server}/v1/tunings/lookup", json=body).json()["id"] == run["id"]
         assert httpx.get(f"{server}/v1/artifacts/{sha}").status_code == 200  # now mirrored
 
@@ -98,4 +101,4 @@ def test_a_frozen_database_gives_fast_503s_and_the_service_recovers(private_post
             time.sleep(0.5)
         assert answer.status_code == 200 and answer.json()["id"] == run["id"]
     finally:
-        _stop(process)
+        stop_server(process)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tests.support.paths import ROOT
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_e2e.py"
+SCRIPT = ROOT / "scripts" / "gpu_e2e.py"
 
 
 @pytest.mark.gpu

@@ -17,8 +17,10 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE, as_admin, tunecache
-from helpers import file_environment, h200_key, plan_of, run_payload
+from tests.support.cli import tunecache
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.serve import as_admin
+from tests.support.builders import file_environment, h200_key, plan_of, run_payload
 from tunecache.client.http import TunecacheClient
 from tunecache.contract import (
     RUN_CSV_COLUMNS,

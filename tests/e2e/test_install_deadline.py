@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import CUDNN_FILE, tunecache, tunecache_executable
-from helpers import file_environment, h200_key
+from tests.support.cli import tunecache, tunecache_executable
+from tests.support.paths import CUDNN_FILE
+from tests.support.builders import file_environment, h200_key
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
 SERVER_DATABASE_INCIDENTAL = True

@@ -23,8 +23,10 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from conftest import CUDNN_FILE, LLAMA_CONFIG, QWEN3_CONFIG, as_admin, tunecache, tunecache_executable
-from helpers import file_environment, h200_key, run_payload, store_file
+from tests.support.cli import tunecache, tunecache_executable
+from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG, QWEN3_CONFIG
+from tests.support.serve import as_admin
+from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tunecache.contract import JobConflict, TuningJobCreate, TuningJobRead, TuningRunCreate, TuningRunQuery, WorkerList
 from tunecache.service import db, jobs, repository
 from tunecache.service.worker import GpuIdentity, JobWorker
@@ -335,7 +337,7 @@ def test_job_cancel_cli_and_retune_wait_on_a_cancelled_job(server, database_url)
 
     # a finished job cannot be cancelled: exit 15 naming its state
     assert retune(server, "--config", str(LLAMA_CONFIG)).stdout.startswith("job 2: queued")
-    from test_jobs import stand_in_tuner
+    from tests.support.jobs import stand_in_tuner
 
     engine = db.create_db_engine(database_url)
     try:

@@ -21,52 +21,24 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text, update
 from sqlalchemy.exc import OperationalError
 
-from conftest import CUDNN_FILE, as_admin, free_port, tunecache_executable
-from helpers import file_environment, h200_key, run_payload
+from tests.support.cli import tunecache_executable
+from tests.support.paths import CUDNN_FILE
+from tests.support.serve import Scrape, as_admin, free_port, scrape
+from tests.support.builders import file_environment, h200_key, run_payload
 from tunecache.contract import ArtifactCreate, ArtifactKind, JobStatus, StageChanged, TuningJobCreate
 from tunecache.service import db, jobs, metrics
 from tunecache.service.models import TuningJob
 from tunecache.service.tuner.runner import TunerFailed, TunerResult
 from tunecache.service.worker import GpuIdentity, JobWorker
+from tests.support.paths import ROOT
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana-dashboard.json"
+DASHBOARD = ROOT / "deploy" / "grafana-dashboard.json"
 H200 = GpuIdentity("NVIDIA H200", "sm90")
 LOOKUP_ROUTE = {"method": "POST", "route": "/v1/tunings/lookup"}
 ARTIFACT_ROUTE = {"method": "GET", "route": "/v1/artifacts/{sha256}"}
-
-
-class Scrape:
-    """One ``GET /metrics``, parsed: every sample by name and labels."""
-
-    def __init__(self, exposition: str):
-        self.text = exposition
-        self.samples: dict[tuple[str, frozenset], float] = {}
-        for family in text_string_to_metric_families(exposition):
-            for sample in family.samples:
-                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-
-    def names(self) -> set[str]:
-        return {name for name, _ in self.samples}
-
-    def value(self, name: str, **labels: str) -> float:
-        """The sample's value; 0 for a labelled series that has not appeared yet."""
-        return self.samples.get((name, frozenset(labels.items())), 0.0)
-
-    def total(self, name: str, **labels: str) -> float:
-        """Sum of the samples of ``name`` whose labels include ``labels``."""
-        wanted = set(labels.items())
-        return sum(v for (n, have), v in self.samples.items() if n == name and wanted <= have)
-
-
-def scrape(server: str, **kwargs) -> Scrape:
-    answer = httpx.get(f"{server}/metrics", timeout=30, **kwargs)
-    assert answer.status_code == 200, answer.text
-    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
-    return Scrape(answer.text)
 
 
 def _lookup_body(**key_fields) -> dict:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import as_admin
+from tests.support.serve import as_admin
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

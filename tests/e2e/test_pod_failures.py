@@ -19,7 +19,9 @@ import time
 
 import pytest
 
-from conftest import CUDNN_FILE, free_port, tunecache_executable
+from tests.support.cli import tunecache_executable
+from tests.support.paths import CUDNN_FILE
+from tests.support.serve import free_port
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
 SERVER_DATABASE_INCIDENTAL = True

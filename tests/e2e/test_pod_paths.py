@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CUDNN_FILE, as_admin, tunecache_executable
-from helpers import run_payload, signed
-from test_jit_artifacts import fake_workspace
+from tests.support.cli import tunecache_executable
+from tests.support.paths import CUDNN_FILE
+from tests.support.serve import as_admin
+from tests.support.builders import run_payload, signed
+from tests.support.jit import fake_workspace
 from tunecache.service.tuner.jit_artifacts import module_tarball
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).

@@ -21,10 +21,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, func, select, text
 
-from conftest import CUDNN_FILE
-from helpers import file_environment, h200_key, stored_reports
-from test_cli import MODEL, pull, push
-from test_metrics import scrape
+from tests.support.paths import CUDNN_FILE
+from tests.support.builders import file_environment, h200_key, stored_reports
+from tests.support.cli import MODEL, pull, push
+from tests.support.serve import scrape
 from tunecache.client import report as reporting
 from tunecache.client.http import InstallDeadlineExceeded, ServerError, ServerUnreachable, TunecacheClient
 from tunecache.client.install import pull_autotune_file
@@ -185,7 +185,7 @@ def test_a_pull_installs_in_about_the_same_time_when_reports_hang_or_fail(server
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_vllm_worker_boots_in_about_the_same_time_when_reports_hang(server, database_url, tmp_path):
-    from test_vllm_plugin import rank_file, run_worker
+    from tests.support.vllm_stand_in import rank_file, run_worker
 
     assert push(server).returncode == 0
     proxy = ReportsDown(server, "hang")
@@ -310,7 +310,7 @@ def test_bad_big_and_too_many_reports_are_refused_naming_why(engine, tmp_path):
         assert too_many.status_code == 429 and int(too_many.headers["Retry-After"]) >= 1
         assert "too many pod reports" in too_many.json()["detail"]
         # another token from the same address has a rate of its own
-        from conftest import make_token
+        from tests.support.builders import make_token
 
         other = make_token(engine, "pods-b", "read")
         assert client.post("/v1/reports", json=good, headers={"Authorization": f"Bearer {other}"}).status_code == 202
@@ -322,7 +322,7 @@ def test_reports_need_a_token_only_where_reads_do(engine, tmp_path):
     body = json.loads(_report().model_dump_json())
     with _app(engine, tmp_path, read_token_required=True) as client:
         assert client.post("/v1/reports", json=body).status_code == 401
-        from conftest import make_token
+        from tests.support.builders import make_token
 
         token = make_token(engine, "pod-fleet", "read")
         assert client.post("/v1/reports", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 202

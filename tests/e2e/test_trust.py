@@ -21,9 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import CUDNN_FILE, admin_headers, tunecache_executable
-from helpers import pod_jit_environment, run_payload
-from test_jit_artifacts import MTIME_NS, fake_workspace
+from tests.support.cli import tunecache_executable
+from tests.support.paths import CUDNN_FILE
+from tests.support.serve import admin_headers
+from tests.support.builders import pod_jit_environment, run_payload
+from tests.support.jit import MTIME_NS, fake_workspace
 from tunecache.client.jit_install import install_jit_module
 from tunecache.contract import TuningRunCreate
 from tunecache.service.tuner.jit_artifacts import module_tarball
@@ -215,7 +217,7 @@ def _certificates(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def test_tls_is_verified_and_a_token_never_goes_out_in_clear_text(tmp_path):
-    from conftest import free_port
+    from tests.support.serve import free_port
 
     ca, cert, key = _certificates(tmp_path)
     port = free_port()

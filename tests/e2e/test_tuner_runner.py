@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from conftest import LLAMA_CONFIG, QWEN3_CONFIG, tunecache_executable
+from tests.support.cli import tunecache_executable
+from tests.support.paths import LLAMA_CONFIG, QWEN3_CONFIG
 from tunecache.service.tuner.runner import TunerFailed, run_tuner
 from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage, deep_gemm_shapes, warmup_m_values
 from tunecache.service.tuner.stages import AttentionWarmupStage, DenseGemmStage, FusedMoeStage, TuneSpec

@@ -1,4 +1,5 @@
-"""Builders for test payloads from the real H200 FlashInfer files."""
+"""Builders for test payloads from the real H200 FlashInfer files, and for what a test puts
+in the database or the in-process app first (tokens, uploaded runs)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import hashlib
 import time
 from pathlib import Path
 
-from sqlalchemy import select, text
+from sqlalchemy import Engine, select, text
 
 from tunecache.client.autotune_file import parse_autotune_file
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey
 from tunecache.service import db
 from tunecache.service.models import PodReport
+
+from tests.support.paths import CUDNN_FILE
 
 
 def h200_key(**overrides) -> TuningKey:
@@ -101,3 +104,34 @@ def plan_of(connection, statement) -> list[str]:
         return [str(row[-1]).strip() for row in rows]
     connection.execute(text("SET LOCAL enable_seqscan = off"))  # tiny tables are read whole otherwise
     return [row[0].strip() for row in connection.exec_driver_sql(f"EXPLAIN {compiled.string}", params)]
+
+
+def make_token(engine: Engine, name: str, scope: str) -> str:
+    """A new token of ``scope`` on the database, created as ``tunecache token create`` would."""
+    from tunecache.contract import Scope
+    from tunecache.service import tokens
+
+    with db.session_factory(engine).begin() as session:
+        return tokens.create_token(session, name, Scope(scope)).token
+
+
+def lookup_body(path: Path = CUDNN_FILE, **key_fields) -> dict:
+    """JSON body of POST /v1/tunings/lookup for the H200 key and ``path``'s environment."""
+    return {"key": h200_key(**key_fields).model_dump(), "environment": run_payload(path)["environment"]}
+
+
+def upload(client, path):
+    """PUT a file's bytes through a TestClient (the in-process app); returns its sha256."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    response = client.put(f"/v1/artifacts/{digest}", content=data)
+    assert response.status_code in (200, 201), response.text
+    return digest
+
+
+def record(client, path=CUDNN_FILE, **overrides):
+    """Upload ``path`` and record it as a run through a TestClient; returns the run."""
+    upload(client, path)
+    response = client.post("/v1/tunings", json=run_payload(path, **overrides))
+    assert response.status_code == 201, response.text
+    return response.json()

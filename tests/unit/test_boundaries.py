@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _lint_imports(config: Path) -> subprocess.CompletedProcess:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.paths import ROOT
 
-COMPOSE = Path(__file__).resolve().parents[1] / "docker-compose.yml"
+COMPOSE = ROOT / "docker-compose.yml"
 
 
 def compose_command() -> list[str] | None:

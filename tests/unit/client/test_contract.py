@@ -7,8 +7,8 @@ from pydantic import ValidationError
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from conftest import CUDNN_FILE
-from helpers import file_environment, h200_key, run_payload, store_file
+from tests.support.paths import CUDNN_FILE
+from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tunecache.contract import (
     KEY_FIELDS,
     TUNER_EVENT,

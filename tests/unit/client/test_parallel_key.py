@@ -10,20 +10,20 @@ tuning made for its own, and keys stored before the fields existed keep meaning 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import text
 
-from conftest import CUDNN_FILE
-from helpers import run_payload, store_file
-from test_cli import pull, push
+from tests.support.paths import CUDNN_FILE
+from tests.support.builders import run_payload, store_file
+from tests.support.cli import pull, push
 from tunecache.contract import TuningKey, TuningRunCreate, expert_parallel_size
 from tunecache.service import db, repository
 from tunecache.service.tuner.model_config import moe_shape
+from tests.support.paths import FIXTURES
 
-QWEN3_MOE = json.loads((Path(__file__).parent / "fixtures" / "models" / "qwen3-30b-a3b" / "config.json").read_text())
+QWEN3_MOE = json.loads((FIXTURES / "models" / "qwen3-30b-a3b" / "config.json").read_text())
 
 
 def test_expert_parallel_size_is_vllms_ep_size():

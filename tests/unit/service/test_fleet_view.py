@@ -11,8 +11,8 @@ import datetime as dt
 
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE
-from helpers import file_environment, h200_key, run_payload, store_file
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tunecache.contract import EnvironmentMetadata, PodReportCreate, ReportOutcome, ReportSource, TuningRunCreate
 from tunecache.service import db, reports, repository
 

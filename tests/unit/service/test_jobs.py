@@ -17,21 +17,20 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import CUDNN_FILE, LLAMA_CONFIG, tunecache, as_admin
-from helpers import file_environment, h200_key, run_payload, store_file
+from tests.support.cli import tunecache
+from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG
+from tests.support.serve import as_admin
+from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tunecache.service import db, jobs, repository
 from tunecache.contract import (
-    ArtifactCreate,
-    ArtifactKind,
-    StageChanged,
-    StageProgress,
     TunerStarted,
     TuningJobCreate,
     TuningRunCreate,
     TuningRunQuery,
 )
-from tunecache.service.tuner.runner import TunerFailed, TunerResult
+from tunecache.service.tuner.runner import TunerFailed
 from tunecache.service.worker import GpuIdentity, JobWorker
+from tests.support.jobs import stand_in_tuner
 
 H200 = GpuIdentity("NVIDIA H200", "sm90")
 
@@ -44,26 +43,6 @@ def sessions(engine):
 def enqueue(sessions, **key_fields):
     with sessions.begin() as session:
         return jobs.enqueue(session, TuningJobCreate(key=h200_key(**key_fields), hf_config={"hidden_size": 1}))
-
-
-def stand_in_tuner(delay_s: float = 0.0):
-    """Returns the real H200 file as the tuning result, with progress events like the child's."""
-
-    def tune(spec, work_dir, timeout_s, on_event, cancel=None):
-        on_event(StageChanged(stage="gemm", status="running"))
-        for step in (1, 2):
-            time.sleep(delay_s / 2)
-            on_event(StageProgress(stage="gemm", step=step, total=2, detail=f"shape {step}"))
-        path = work_dir / "autotune.json"
-        shutil.copy(CUDNN_FILE, path)
-        import hashlib
-
-        artifact = ArtifactCreate(kind=ArtifactKind.FLASHINFER_AUTOTUNE, name="autotune.json", media_type="application/json",
-                                  sha256=hashlib.sha256(path.read_bytes()).hexdigest())
-        return TunerResult(gpu_name=H200.gpu_name, arch=H200.arch, environment=file_environment(CUDNN_FILE),
-                           summary={"entries": 42, "tuning_seconds": delay_s, "stages": {}}, artifacts=[(artifact, path)])
-
-    return tune
 
 
 def test_enqueue_is_single_flight_per_key(sessions):

@@ -10,8 +10,8 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from helpers import run_payload, store_file
-from conftest import CUDNN_FILE
+from tests.support.builders import run_payload, store_file
+from tests.support.paths import CUDNN_FILE
 from tunecache.service import blobs, db, repository
 from tunecache.contract import TuningRunCreate
 

@@ -11,7 +11,8 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from conftest import FIXTURES, make_token
+from tests.support.builders import make_token
+from tests.support.paths import FIXTURES
 from tunecache.contract import Scope
 from tunecache.service import dashboard
 from tunecache.service.app import MOUNTED_ROUTERS, create_app

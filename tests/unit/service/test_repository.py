@@ -8,8 +8,8 @@ import io
 
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE
-from helpers import file_environment, h200_key, run_payload, store_file
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tunecache.service import blobs, db, repository
 from tunecache.contract import LookupMiss, TuningRunCreate, TuningRunQuery, TuningRunRead
 

@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CUDNN_FILE
-from test_cli import pull, push
+from tests.support.paths import CUDNN_FILE
+from tests.support.cli import pull, push
 from tunecache.client.autotune_file import parse_autotune_file
 from tunecache.client.run_diff import read_entries
 from tunecache.contract import NOT_TRACKED, differences
+from tests.support.paths import FIXTURES
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
 SERVER_DATABASE_INCIDENTAL = True
 
-FIXTURE = Path(__file__).parent / "fixtures" / "flashinfer-0.6.13-h200" / "llama-3.1-8b-mm_bf16-cudnn.json"
+FIXTURE = FIXTURES / "flashinfer-0.6.13-h200" / "llama-3.1-8b-mm_bf16-cudnn.json"
 METADATA = json.loads(FIXTURE.read_text())["_metadata"]
 
 
@@ -54,7 +55,7 @@ def test_flashinfers_own_rule_agrees_with_tunecaches(tmp_path):
 
 
 def _key():
-    from helpers import h200_key
+    from tests.support.builders import h200_key
 
     return h200_key()
 

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE
-from helpers import file_environment, h200_key
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.builders import file_environment, h200_key
 from tunecache.client.environment import detect_environment
 from tunecache.contract import ENVIRONMENT_FIELDS, differences
 

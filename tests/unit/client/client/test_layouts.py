@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tunecache.client.layouts import install_v2_store, install_vllm_rank_files, vllm_autotune_root, vllm_rank_file_name
+from tests.support.jit import deep_gemm_tarball
 
 CONFIG_HASH = "ab" * 32
 
@@ -94,19 +95,6 @@ def test_v2_store_is_readable_by_flashinfer(tmp_path):
         assert hit is not None and (hit.runner, hit.tactic, hit.profiling_policy) == (runner, tactic, tuple(policy))
     assert len(list(store.entries_dir.glob("*.json"))) == len(entries) == 42
     assert json.loads((store.env_dir / "manifest.json").read_text())["cache_schema"] == "v2"
-
-
-def deep_gemm_tarball(members):
-    import io
-    import tarfile
-
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        for name, payload in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-    return raw.getvalue()
 
 
 def test_deep_gemm_kernels_merge_into_the_pods_own_cache_directory(tmp_path, monkeypatch):

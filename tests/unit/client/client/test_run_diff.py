@@ -14,8 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE, as_admin, tunecache
-from helpers import h200_key, run_payload
+from tests.support.cli import tunecache
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.serve import as_admin
+from tests.support.builders import h200_key, run_payload
 from tunecache.client.autotune_file import NotAnAutotuneFile
 from tunecache.client.run_diff import (
     AutotuneEntry,

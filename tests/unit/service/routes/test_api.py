@@ -4,24 +4,10 @@ from __future__ import annotations
 
 import hashlib
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tunecache.service import db
-from helpers import h200_key, run_payload
-
-
-def upload(client, path):
-    data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    response = client.put(f"/v1/artifacts/{digest}", content=data)
-    assert response.status_code in (200, 201), response.text
-    return digest
-
-
-def record(client, path=CUDNN_FILE, **overrides):
-    upload(client, path)
-    response = client.post("/v1/tunings", json=run_payload(path, **overrides))
-    assert response.status_code == 201, response.text
-    return response.json()
+from tests.support.builders import h200_key, run_payload
+from tests.support.builders import record, upload
 
 
 def test_health_and_openapi(app_client):

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE, make_token
-from helpers import h200_key, run_payload
-from test_api import record, upload
+from tests.support.builders import make_token
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.builders import h200_key, run_payload
+from tests.support.builders import record, upload
 
 
 def post_run(client, payload):

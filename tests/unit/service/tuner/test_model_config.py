@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import LLAMA_CONFIG, QWEN3_CONFIG
+from tests.support.paths import LLAMA_CONFIG, QWEN3_CONFIG
 from tunecache.service.tuner.model_config import (
     AttentionShape,
     GemmShape,

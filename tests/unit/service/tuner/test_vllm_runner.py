@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from conftest import CUBLASLT_FILE, CUDNN_FILE, QWEN3_CONFIG
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE, QWEN3_CONFIG
 from tunecache.contract import ArtifactKind
 from tunecache.service.tuner.stages import TuneSpec
 from tunecache.service.tuner.vllm_runner import (
