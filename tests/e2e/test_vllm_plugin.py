@@ -24,7 +24,6 @@ import shutil
 import socket
 import subprocess
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -52,10 +51,6 @@ def push_deep_gemm_run(server, signing_key, **key):
                                  "media_type": "application/gzip", "sha256": hashlib.sha256(tarball).hexdigest()})
     assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, signing_key)).status_code == 201
     return members
-
-
-def test_entry_point_is_registered():
-    assert "tunecache" in {e.name for e in entry_points(group="vllm.general_plugins")}
 
 
 def test_worker_finds_the_tuning_installed_before_warmup(server, tmp_path):

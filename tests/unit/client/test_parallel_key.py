@@ -17,7 +17,6 @@ from sqlalchemy import text
 
 from tests.support.paths import CUDNN_FILE
 from tests.support.builders import run_payload, store_file
-from tests.support.cli import pull, push
 from tunecache.contract import TuningKey, TuningRunCreate, expert_parallel_size
 from tunecache.service import db, repository
 from tunecache.service.tuner.model_config import moe_shape
@@ -46,22 +45,6 @@ def test_moe_shapes_follow_vllms_split():
     experts = moe_shape(QWEN3_MOE, tensor_parallel_size=2, expert_parallel_size=4, data_parallel_size=2)
     assert plain.intermediate == 2 * flattened.intermediate and plain.local_experts == flattened.local_experts
     assert experts.local_experts == plain.experts // 4 and experts.intermediate == plain.intermediate * 2
-
-
-def test_an_expert_parallel_pod_does_not_get_a_tuning_made_without_it(server, tmp_path):
-    assert push(server, CUDNN_FILE, "-tp", "4").returncode == 0
-    same = pull(server, tmp_path / "a", CUDNN_FILE, "-tp", "4")
-    assert same.returncode == 0, same.stderr
-    ep = pull(server, tmp_path / "b", CUDNN_FILE, "-tp", "4", "--enable-expert-parallel")
-    assert ep.returncode == 3
-    assert "expert_parallel_size: stored 1, yours 4" in ep.stderr
-    dp = pull(server, tmp_path / "c", CUDNN_FILE, "-tp", "4", "--data-parallel-size", "2")
-    assert dp.returncode == 3 and "data_parallel_size: stored 1, yours 2" in dp.stderr
-    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
-    # its own tuning, pushed with the same flags, is found
-    assert push(server, CUDNN_FILE, "-tp", "4", "--enable-expert-parallel").returncode == 0
-    ep = pull(server, tmp_path / "b", CUDNN_FILE, "-tp", "4", "--enable-expert-parallel")
-    assert ep.returncode == 0, ep.stderr
 
 
 def test_keys_stored_before_0007_mean_one_and_a_downgrade_keeps_them_apart(database_url):
