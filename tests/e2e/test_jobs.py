@@ -1,6 +1,6 @@
 """The tuning-job queue against a live `tunecache serve`: concurrent posts make one job, and
 `tunecache retune --wait` follows a job to its end (the in-process tests are in
-tests/unit/service/test_jobs.py)."""
+tests/unit/service/test_jobs.py); a failing job with the real tuner child process."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from tests.support.cli import tunecache
-from tests.support.paths import LLAMA_CONFIG
+from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG
 from tests.support.serve import as_admin
-from tests.support.builders import h200_key
-from tests.support.jobs import H200
-from tunecache.service import db
+from tests.support.builders import file_environment, h200_key, run_payload, store_file
+from tests.support.jobs import H200, enqueue
+from tunecache.service import db, jobs, repository
+from tunecache.contract import TuningRunCreate
 from tunecache.service.worker import JobWorker
 from tests.support.jobs import stand_in_tuner
 
@@ -61,3 +63,23 @@ def test_retune_wait_timeout_exits_10(server):
     result = tunecache("retune", "--server", server, "--model", "m", "--max-num-batched-tokens", "8",
                        "--gpu-name", "NVIDIA H200", "--node-config", "--wait", "--wait-timeout", "0.5", "--poll", "0.2")
     assert result.returncode == 10 and "still queued" in result.stderr
+
+
+@pytest.fixture
+def sessions(engine):
+    return db.session_factory(engine)
+
+
+def test_failing_job_keeps_the_previous_tuning_current(sessions):
+    with sessions() as session:
+        store_file(session, CUDNN_FILE)
+        good = repository.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
+        session.commit()
+    job, _ = enqueue(sessions)
+    worker = JobWorker(sessions, H200, "w")  # the real tuner child: fails, no CUDA device here
+    assert worker.run_once()
+    with sessions() as session:
+        failed = jobs.get_job(session, job.id)
+        current = repository.lookup(session, h200_key(), file_environment(CUDNN_FILE))
+    assert failed.status == "failed" and "no CUDA device" in failed.error
+    assert current.id == good.id

@@ -7,11 +7,12 @@ import hashlib
 import shutil
 import time
 
-from tunecache.contract import ArtifactCreate, ArtifactKind, StageChanged, StageProgress
+from tunecache.contract import ArtifactCreate, ArtifactKind, StageChanged, StageProgress, TuningJobCreate
+from tunecache.service import jobs
 from tunecache.service.tuner.runner import TunerResult
 from tunecache.service.worker import GpuIdentity
 
-from tests.support.builders import file_environment
+from tests.support.builders import file_environment, h200_key
 from tests.support.paths import CUDNN_FILE
 
 H200 = GpuIdentity("NVIDIA H200", "sm90")
@@ -33,3 +34,9 @@ def stand_in_tuner(delay_s: float = 0.0):
                            summary={"entries": 42, "tuning_seconds": delay_s, "stages": {}}, artifacts=[(artifact, path)])
 
     return tune
+
+
+def enqueue(sessions, **key_fields):
+    """Queue a job for the H200 key (``key_fields`` changed) as a POST /v1/jobs would."""
+    with sessions.begin() as session:
+        return jobs.enqueue(session, TuningJobCreate(key=h200_key(**key_fields), hf_config={"hidden_size": 1}))
