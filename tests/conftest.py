@@ -138,6 +138,7 @@ SERIAL = {
     "test_boot_storm.py", "test_frozen_database.py", "test_install_deadline.py", "test_reports.py",
     "test_pod_failures.py", "test_job_control.py", "test_distributions.py",
     "test_dashboard.py::test_templates_and_static_files_are_in_the_server_wheel",
+    "test_jobs.py::test_retune_wait_follows_the_job_to_its_end",  # a 1 s job, progress polled every 0.2 s
 }
 
 
