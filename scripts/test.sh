@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Run the test suite from a fresh checkout: make .venv, install, run pytest.
+#   scripts/test.sh            the whole suite (what CI runs), in parallel where safe
+#   scripts/test.sh --fast     the unit tests only (tests/unit), in parallel
+# Further arguments go to pytest. TUNECACHE_TEST_WORKERS: the number of xdist workers (default auto).
 # PostgreSQL tests use TUNECACHE_TEST_POSTGRES_URL (default postgresql+psycopg://postgres@127.0.0.1:5432/test)
 # and skip with the reason where it is unreachable (TUNECACHE_REQUIRE_POSTGRES=1 makes that a failure).
 set -euo pipefail
@@ -12,4 +15,26 @@ python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
 # Both distributions from the checkout: tunecache-client (client/) and tunecache-server (.).
 python -m pip install -q -e ./client -e '.[test,tuner]'
-exec python -m pytest "$@"
+
+# pytest's exit 5 ("no tests collected") is not a failure here: a part the arguments leave empty.
+pytest_part() { python -m pytest "$@" || { status=$?; [ "$status" -eq 5 ] && return 5; return "$status"; }; }
+workers="${TUNECACHE_TEST_WORKERS:-auto}"
+
+if [ "${1:-}" = "--fast" ]; then
+  # The unit tests only (tests/unit: in process, no servers, CLI subprocesses or browser), in parallel.
+  shift
+  status=0; pytest_part -n "$workers" tests/unit "$@" || status=$?
+  [ "$status" -eq 5 ] && status=0
+  exit "$status"
+fi
+
+# The whole suite: everything that may share the machine in parallel (each test has its own
+# data dir, free ports and PostgreSQL schema), then the tests conftest.py lists in SERIAL
+# (wall-clock windows, the boot storm, wheel builds) one at a time.
+parallel=0; TUNECACHE_TEST_PART=parallel pytest_part -n "$workers" "$@" || parallel=$?
+serial=0; TUNECACHE_TEST_PART=serial pytest_part -p no:xdist "$@" || serial=$?
+if [ "$parallel" -eq 5 ] && [ "$serial" -eq 5 ]; then exit 5; fi
+[ "$parallel" -eq 5 ] && parallel=0
+[ "$serial" -eq 5 ] && serial=0
+[ "$parallel" -ne 0 ] && exit "$parallel"
+exit "$serial"

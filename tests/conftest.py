@@ -10,13 +10,10 @@ which turns that skip into a failure.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -24,12 +21,9 @@ from sqlalchemy import Engine, create_engine, text
 
 from tunecache.service import db
 
-FIXTURES = Path(__file__).parent / "fixtures"
-H200_FILES = FIXTURES / "flashinfer-0.7.4-h200"
-CUDNN_FILE = H200_FILES / "mm_bf16-cudnn.json"
-CUBLASLT_FILE = H200_FILES / "mm_bf16-cublaslt.json"
-LLAMA_CONFIG = FIXTURES / "models" / "llama-3.1-8b" / "config.json"
-QWEN3_CONFIG = FIXTURES / "models" / "qwen3-30b-a3b" / "config.json"
+from tests.support.builders import make_token
+from tests.support.cli import tunecache, tunecache_executable
+from tests.support.serve import free_port
 
 POSTGRES_URL = os.environ.get(
     "TUNECACHE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -42,7 +36,7 @@ def _private_data_dir(tmp_path, monkeypatch):
     directory, never in the user's data directory."""
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path / "tunecache-data"))
     # Tests that post many jobs from one address are not about the rate limit
-    # (tests/test_boot_storm.py::test_job_requests_past_the_rate_get_429 is).
+    # (tests/unit/service/routes/test_http_semantics.py::test_job_requests_past_the_rate_get_429 is).
     monkeypatch.setenv("TUNECACHE_JOB_REQUEST_RATE", "100000/minute")
 
 
@@ -110,7 +104,7 @@ def app_client(engine, tmp_path):
     settings = Settings(database_url=str(engine.url), max_upload_bytes=1_000_000, max_json_bytes=1_000_000, worker="off",
                         data_dir=tmp_path / "data")
     with TestClient(create_app(settings, engine=engine)) as client:
-        # Sends an admin token unless a test says otherwise (tests/test_policy.py is about tokens).
+        # Sends an admin token unless a test says otherwise (tests/unit/service/test_policy.py is about tokens).
         client.headers["Authorization"] = f"Bearer {make_token(engine, 'test-admin', 'admin')}"
         yield client
 
@@ -126,27 +120,31 @@ def node_signing_key(tmp_path, monkeypatch):
     return load_signing_key(files.private_path)
 
 
-def make_token(engine: Engine, name: str, scope: str) -> str:
-    """A new token of ``scope`` on the database, created as ``tunecache token create`` would."""
-    from tunecache.contract import Scope
-    from tunecache.service import tokens
-
-    with db.session_factory(engine).begin() as session:
-        return tokens.create_token(session, name, Scope(scope)).token
-
-
-def tunecache_executable() -> str:
-    exe = shutil.which("tunecache")
-    assert exe, "the tunecache console script is not installed (pip install -e ./client -e .)"
-    return exe
-
-
 def _cuda_available() -> bool:
     try:
         import torch
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+#: Tests that must not share the machine with others: wall-clock windows (deadlines, "about
+#: the same time", fast 503s, retry waits), the boot storm (it saturates the CPUs on purpose)
+#: and wheel builds from the checkout. ``scripts/test.sh`` runs them in a second, serial
+#: pytest run (``TUNECACHE_TEST_PART=serial``) after the rest in parallel
+#: (``TUNECACHE_TEST_PART=parallel``); unset, every test runs. Matched by module file name
+#: or by ``module::test`` name, wherever the module sits under tests/.
+SERIAL = {
+    "test_boot_storm.py", "test_frozen_database.py", "test_install_deadline.py", "test_reports.py",
+    "test_pod_failures.py", "test_job_control.py", "test_distributions.py",
+    "test_dashboard.py::test_templates_and_static_files_are_in_the_server_wheel",
+    "test_jobs.py::test_retune_wait_follows_the_job_to_its_end",  # a 1 s job, progress polled every 0.2 s
+}
+
+
+def _serial(item) -> bool:
+    name = item.path.name
+    return name in SERIAL or f"{name}::{item.originalname}" in SERIAL
 
 
 def pytest_collection_modifyitems(config, items):
@@ -164,6 +162,12 @@ def pytest_collection_modifyitems(config, items):
     if incidental:
         config.hook.pytest_deselected(items=incidental)
         items[:] = [item for item in items if item not in incidental]
+    part = os.environ.get("TUNECACHE_TEST_PART")
+    if part in ("parallel", "serial"):
+        other = [item for item in items if _serial(item) != (part == "serial")]
+        if other:
+            config.hook.pytest_deselected(items=other)
+            items[:] = [item for item in items if item not in other]
     if _cuda_available():
         return
     skip = pytest.mark.skip(
@@ -172,41 +176,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def admin_token() -> str:
-    """The admin token ``tunecache serve`` wrote in this test's data dir on its first start."""
-    return (Path(os.environ["TUNECACHE_DATA_DIR"]) / "admin.token").read_text().strip()
-
-
-def admin_headers() -> dict[str, str]:
-    return {"Authorization": f"Bearer {admin_token()}"}
-
-
-class AsAdmin:
-    """``httpx.get/put/post/delete`` with the admin token of this test's ``tunecache serve``."""
-
-    def __getattr__(self, method: str):
-        def call(url, **kwargs):
-            return getattr(httpx, method)(url, headers={**admin_headers(), **kwargs.pop("headers", {})}, **kwargs)
-
-        return call
-
-
-as_admin = AsAdmin()
-
-
-def tunecache(*args: str, check: bool = False) -> subprocess.CompletedProcess:
-    result = subprocess.run([tunecache_executable(), *args], capture_output=True, text=True, timeout=120)
-    if check:
-        assert result.returncode == 0, result.stderr
-    return result
 
 
 @pytest.fixture

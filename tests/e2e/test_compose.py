@@ -1,0 +1,45 @@
+"""docker-compose.yml: the structure the deployment relies on, and the compose tool's own validation."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from tests.support.paths import ROOT
+
+COMPOSE = ROOT / "docker-compose.yml"
+
+
+def compose_command() -> list[str] | None:
+    """`docker compose` (v2 plugin) or `docker-compose` (v1), whichever works here."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+def test_compose_structure():
+    doc = yaml.safe_load(COMPOSE.read_text())
+    services = doc["services"]
+    assert set(services) == {"postgres", "tunecache"}
+    service = services["tunecache"]
+    assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert service["environment"]["TUNECACHE_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "tunecache db upgrade" in " ".join(service["command"])
+    for name in ("postgres", "tunecache"):
+        assert services[name]["healthcheck"]["test"]
+    assert {"pgdata", "tunecache-data"} <= set(doc["volumes"])
+
+
+def test_compose_config_validates_offline():
+    command = compose_command()
+    if command is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed (.ci/run installs docker-compose)")
+    result = subprocess.run([*command, "-f", str(COMPOSE), "config"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rendered = yaml.safe_load(result.stdout)
+    assert rendered["services"]["tunecache"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"

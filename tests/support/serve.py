@@ -1,0 +1,125 @@
+"""Live `tunecache serve` processes: free ports, the admin token a server wrote, starting and
+stopping servers of one's own, and reading their ``/metrics``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.builders import run_payload
+from tests.support.cli import tunecache_executable
+from tests.support.paths import CUDNN_FILE
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def admin_token() -> str:
+    """The admin token ``tunecache serve`` wrote in this test's data dir on its first start."""
+    return (Path(os.environ["TUNECACHE_DATA_DIR"]) / "admin.token").read_text().strip()
+
+
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {admin_token()}"}
+
+
+class AsAdmin:
+    """``httpx.get/put/post/delete`` with the admin token of this test's ``tunecache serve``."""
+
+    def __getattr__(self, method: str):
+        def call(url, **kwargs):
+            return getattr(httpx, method)(url, headers={**admin_headers(), **kwargs.pop("headers", {})}, **kwargs)
+
+        return call
+
+
+as_admin = AsAdmin()
+
+
+def start_server(database_url: str, tmp_path, name: str, **env: str) -> tuple[subprocess.Popen, str]:
+    """A `tunecache serve` of the test's own (log ``<name>.log``, data dir ``<name>-data``):
+    (the process, its URL) once it answers ``/v1/health``."""
+    port = free_port()
+    log = open(tmp_path / f"{name}.log", "w")
+    process = subprocess.Popen(
+        [tunecache_executable(), "serve", "--port", str(port), "--database", database_url],
+        stdout=log, stderr=log, env={**os.environ, "TUNECACHE_WORKER": "off",
+                                     "TUNECACHE_DATA_DIR": str(tmp_path / f"{name}-data"), **env},
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                share_admin_token(tmp_path / f"{name}-data")
+                return process, url
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, (tmp_path / f"{name}.log").read_text()
+        time.sleep(0.1)
+    pytest.fail((tmp_path / f"{name}.log").read_text())
+
+
+def share_admin_token(data_dir: Path) -> None:
+    """The first replica on a database writes the admin token into its own data dir; put it
+    where this test's clients look for it (``$TUNECACHE_DATA_DIR/admin.token``)."""
+    written = data_dir / "admin.token"
+    if written.exists():
+        shared = Path(os.environ["TUNECACHE_DATA_DIR"]) / "admin.token"
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        shared.write_text(written.read_text())
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def push_run(server: str, path=CUDNN_FILE) -> dict:
+    """Upload ``path`` and record it as a run on a live server (admin token); returns the run."""
+    data = path.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    assert as_admin.put(f"{server}/v1/artifacts/{sha}", content=data, timeout=30).status_code in (200, 201)
+    recorded = as_admin.post(f"{server}/v1/tunings", json=run_payload(path), timeout=30)
+    assert recorded.status_code == 201, recorded.text
+    return recorded.json()
+
+
+class Scrape:
+    """One ``GET /metrics``, parsed: every sample by name and labels."""
+
+    def __init__(self, exposition: str):
+        self.text = exposition
+        self.samples: dict[tuple[str, frozenset], float] = {}
+        for family in text_string_to_metric_families(exposition):
+            for sample in family.samples:
+                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.samples}
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sample's value; 0 for a labelled series that has not appeared yet."""
+        return self.samples.get((name, frozenset(labels.items())), 0.0)
+
+    def total(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels``."""
+        wanted = set(labels.items())
+        return sum(v for (n, have), v in self.samples.items() if n == name and wanted <= have)
+
+
+def scrape(server: str, **kwargs) -> Scrape:
+    answer = httpx.get(f"{server}/metrics", timeout=30, **kwargs)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return Scrape(answer.text)

@@ -1,0 +1,39 @@
+"""Import boundaries (import-linter, contracts in pyproject.toml): the client never imports
+the service or the server's packages, the contract is pure data, the service never imports
+the pod code (``tunecache.client``), and ``tunecache.formats`` is pure."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from tests.support.paths import ROOT
+
+
+
+def _lint_imports(config: Path) -> subprocess.CompletedProcess:
+    executable = shutil.which("lint-imports")
+    assert executable, "import-linter is not installed (pip install -e '.[test]')"
+    return subprocess.run([executable, "--config", str(config)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_import_contracts_are_kept():
+    result = _lint_imports(ROOT / "pyproject.toml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "5 kept, 0 broken" in result.stdout
+    for contract in ("the service never imports the pod code", "formats is pure"):
+        assert any(contract in line and "KEPT" in line for line in result.stdout.splitlines()), result.stdout
+
+
+def test_the_check_sees_imports_across_both_source_roots(tmp_path):
+    """A contract that forbids an arrow the code has (service -> contract) is broken: the
+    graph spans both distributions, so a reversed arrow would be seen the same way."""
+    config = tmp_path / "reversed.toml"
+    config.write_text(
+        '[tool.importlinter]\nroot_packages = ["tunecache"]\n\n'
+        '[[tool.importlinter.contracts]]\nname = "service must not use the contract"\ntype = "forbidden"\n'
+        'source_modules = ["tunecache.service"]\nforbidden_modules = ["tunecache.contract"]\n'
+    )
+    result = _lint_imports(config)
+    assert result.returncode == 1, result.stdout
+    assert "BROKEN" in result.stdout and "tunecache.service" in result.stdout
