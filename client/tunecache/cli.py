@@ -59,7 +59,8 @@ from typing import Annotated, Any, Literal, NoReturn, Optional
 import typer
 from pydantic import ValidationError
 
-from tunecache.client.autotune_file import NotAnAutotuneFile, parse_autotune_file, pushed_run
+from tunecache.client.autotune_file import pushed_run
+from tunecache.formats.autotune_file import NotAnAutotuneFile, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
 from tunecache.client.http import (
     ArtifactCorrupt,
@@ -80,7 +81,7 @@ from tunecache.client.install import (
     default_file_name,
     fetch_and_install,
 )
-from tunecache.client.jit_install import BadJitArtifact
+from tunecache.formats.jit_module import BadJitArtifact
 from tunecache.client.layouts import vllm_rank_file_name
 from tunecache.client.settings import load_client_settings
 from tunecache.contract import (

@@ -66,7 +66,7 @@ def install_tuning(
         ValueError: no server URL, or a ``TUNECACHE_*`` setting that is not valid (named).
         EnvironmentUnavailable (``tunecache.client.environment``): FlashInfer not importable.
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
-        (``tunecache.client.http``), BadJitArtifact (``tunecache.client.jit_install``).
+        (``tunecache.client.http``), BadJitArtifact (``tunecache.formats.jit_module``).
     """
     settings = load_client_settings()
     environment = detect_environment()

@@ -1,18 +1,13 @@
 """The run record of a FlashInfer autotune file a pod pushes as it is.
 
 Reading the file is :mod:`tunecache.formats.autotune_file` (the tuner and the service read
-it too); its names are imported from here as well, kept for compatibility.
+it too).
 """
 
 from __future__ import annotations
 
 from tunecache.contract import ArtifactCreate, ArtifactKind, RunTrigger, TuningKey, TuningRunCreate
-from tunecache.formats.autotune_file import (  # noqa: F401 (re-exported for compatibility)
-    AUTOTUNE_FILE_NAME,
-    AutotuneFile,
-    NotAnAutotuneFile,
-    parse_autotune_file,
-)
+from tunecache.formats.autotune_file import AUTOTUNE_FILE_NAME, AutotuneFile
 
 
 def pushed_run(key: TuningKey, parsed: AutotuneFile, sha256: str, trigger: RunTrigger | str, node: str | None) -> TuningRunCreate:

@@ -20,14 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tunecache.client.atomic import write_atomically
 from tunecache.client.http import TunecacheClient
-from tunecache.client.jit_install import (
-    check_jit_module,
-    flashinfer_workspace,
-    install_jit_module,
-    jit_environment,
-    jit_mismatches,
-    shown,
-)
+from tunecache.client.jit_install import flashinfer_workspace, install_jit_module, jit_mismatches, shown
 from tunecache.client.layouts import (
     deep_gemm_cache_dir,
     flashinfer_v2_root,
@@ -37,6 +30,7 @@ from tunecache.client.layouts import (
     vllm_autotune_root,
 )
 from tunecache.client.report import installing, outcome_of, worth_reporting
+from tunecache.formats.jit_module import check_jit_module, jit_environment
 from tunecache.contract import (
     ArtifactKind,
     EnvironmentMetadata,
@@ -226,7 +220,7 @@ class JitWorkspace:
     (unsigned: :attr:`FetchedTuning.executable_refused`), or, with ``None``: FlashInfer is not
     importable here (this pod cannot tell its workspace), or the run's ``workspace_subdir``
     (FlashInfer version and arch) or a validity field it recorded
-    (:data:`tunecache.client.jit_install.JIT_VALIDITY_FIELDS`) differs here, so ninja would
+    (:data:`tunecache.formats.jit_module.JIT_VALIDITY_FIELDS`) differs here, so ninja would
     rebuild the modules or fail; each difference is named.
     """
 

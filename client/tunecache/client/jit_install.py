@@ -22,15 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tunecache.client.atomic import directory_lock, swap_into_place
-# MTIME_NS_HEADER, BadJitArtifact, check_jit_module and jit_environment are imported from
-# here too: re-exported for compatibility (the tarball's format is tunecache.formats.jit_module)
-from tunecache.formats.jit_module import (  # noqa: F401
-    JIT_VALIDITY_FIELDS,
-    MTIME_NS_HEADER,
-    BadJitArtifact,
-    check_jit_module,
-    jit_environment,
-)
+from tunecache.formats.jit_module import JIT_VALIDITY_FIELDS, MTIME_NS_HEADER, BadJitArtifact, check_jit_module
 
 
 def shown(value: object, limit: int = 200) -> str:

@@ -301,7 +301,8 @@ def _model_name(model_config: Any) -> str:
 def _push_back_safely(runner: Any, settings: Any) -> None:
     """Upload this worker's locally tuned rank file (vLLM wrote it after tuning on a miss) as an
     unverified ``pod`` run. Never raises."""
-    from tunecache.client.autotune_file import parse_autotune_file, pushed_run
+    from tunecache.client.autotune_file import pushed_run
+    from tunecache.formats.autotune_file import parse_autotune_file
     from tunecache.client.http import TunecacheClient
 
     try:
