@@ -35,14 +35,16 @@ def test_command_line_and_environment(tmp_path):
     assert args == {
         "model": str(tmp_path / "model"), "load_format": "dummy", "skip_tokenizer_init": True,
         "max_num_batched_tokens": 8192, "tensor_parallel_size": 2, "enable_expert_parallel": True, "dtype": "auto",
-        "enforce_eager": True, "served_model_name": "Qwen/Qwen3-30B-A3B",
-    }
+        "served_model_name": "Qwen/Qwen3-30B-A3B",
+    }  # vLLM's default torch.compile and CUDA graphs, as the fleet boots (no enforce_eager)
     assert command[4] == str(tmp_path / "flashinfer-jit-used.json")
+    assert command[5] == str(tmp_path / "compile-facts.json")
     assert json.loads((tmp_path / "model" / "config.json").read_text())["num_experts"] == 128
     assert env == {
         "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
         "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "flashinfer-autotune"),
         "DG_JIT_CACHE_DIR": str(tmp_path / "deep_gemm"),
+        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
     fp8_command, _ = vllm_command(spec(quantization="fp8"), tmp_path / "b")

@@ -102,6 +102,12 @@ STAND_IN = {
             deep_gemm_warmup(worker.get_model(), worker.scheduler_config.max_num_batched_tokens)
             flashinfer_autotune(worker.model_runner)
     '''),
+    "vllm/engine/__init__.py": "",
+    "vllm/engine/arg_utils.py": textwrap.dedent('''
+        class EngineArgs:  # the main process's config builder; the stand-in's workers never call it
+            def create_engine_config(self, *args, **kwargs):
+                raise NotImplementedError
+    '''),
     "vllm/v1/__init__.py": "",
     "vllm/v1/worker/__init__.py": "",
     "vllm/v1/worker/gpu_worker.py": textwrap.dedent('''

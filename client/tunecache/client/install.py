@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from tunecache.client.layouts import (
     vllm_autotune_root,
 )
 from tunecache.client.report import installing, outcome_of, worth_reporting
+from tunecache.client.warm_state import TritonCache, VllmCacheRoot
 from tunecache.formats.jit_module import check_jit_module, jit_environment
 from tunecache.contract import (
     ArtifactKind,
@@ -77,6 +78,8 @@ class FetchedTuning:
     executable_refused: str | None = None
     """Why JIT modules / the DeepGEMM cache were asked for but not fetched (the run's
     signature was not checked: no trusted keys are set)."""
+    warm_state: Mapping[ArtifactKind, bytes] = field(default_factory=dict)
+    """The run's other warm-state tarballs fetched, by kind (:data:`WARM_STATE_KINDS`)."""
 
     @property
     def workspace_subdir(self) -> str:
@@ -88,12 +91,20 @@ class FetchedTuning:
         return str(layout.get("workspace_subdir", "")) if isinstance(layout, dict) else ""
 
 
+#: The kinds besides the JIT modules and the DeepGEMM cache that make a boot compile nothing:
+#: fetched with ``warm_state`` (:func:`fetch_tuning`), installed by
+#: :class:`tunecache.client.warm_state.VllmCacheRoot` and :class:`~tunecache.client.warm_state.TritonCache`.
+WARM_STATE_KINDS = (ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE, ArtifactKind.TRITON_CACHE)
+
+
 def fetch_tuning(
     client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False, deep_gemm: bool = False,
     trusted_keys: Mapping[str, Ed25519PublicKey] | None = None, deadline_s: float | None = None,
+    warm_state: bool = False,
 ) -> FetchedTuning:
     """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
-    JIT modules; with ``deep_gemm``, its DeepGEMM cache), each verified against its sha256.
+    JIT modules; with ``deep_gemm``, its DeepGEMM cache; with ``warm_state``, its
+    :data:`WARM_STATE_KINDS`), each verified against its sha256.
 
     Trust (:mod:`tunecache.signing`): with ``trusted_keys`` (the pod's
     ``TUNECACHE_TRUSTED_KEYS``), the run's signature must check against one of them over
@@ -125,10 +136,10 @@ def fetch_tuning(
         except UntrustedRun as exc:
             raise UntrustedRun(f"tuning run {run.id} refused: {exc}") from None
         refused = None
-        if (jit or deep_gemm) and signed_by is None:
-            refused = ("JIT modules and DeepGEMM caches install only from a run signed by a trusted key, and no trusted "
-                       "keys are set (TUNECACHE_TRUSTED_KEYS)")
-            jit = deep_gemm = False
+        if (jit or deep_gemm or warm_state) and signed_by is None:
+            refused = ("JIT modules, DeepGEMM caches and the rest of the warm state install only from a run signed "
+                       "by a trusted key, and no trusted keys are set (TUNECACHE_TRUSTED_KEYS)")
+            jit = deep_gemm = warm_state = False
         artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
         if artifact is None:
             raise TunecacheError(f"tuning run {run.id} has no {ArtifactKind.FLASHINFER_AUTOTUNE} artifact")
@@ -138,9 +149,11 @@ def fetch_tuning(
         for module in modules:  # every module checked before any is installed
             check_jit_module(module)
         dg = run.artifact(ArtifactKind.DEEP_GEMM_JIT_CACHE) if deep_gemm else None
+        warm = {kind: client.download_artifact(a.sha256) for kind in (WARM_STATE_KINDS if warm_state else ())
+                if (a := run.artifact(kind)) is not None}
         return FetchedTuning(
             run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
-            signed_by=signed_by, executable_refused=refused,
+            signed_by=signed_by, executable_refused=refused, warm_state=warm,
         )
 
 
@@ -288,7 +301,10 @@ class InstallTarget:
 
     jit_modules: JitWorkspace | None = None
     deep_gemm: DeepGemmCache | None = None
-    tactics: FlashInferFile | VllmRankFiles | FlashInferV2Store
+    triton: TritonCache | None = None
+    vllm_cache: VllmCacheRoot | None = None
+    tactics: FlashInferFile | VllmRankFiles | FlashInferV2Store | None
+    """``None``: the tactics are installed elsewhere (the vLLM plugin's workers install them)."""
 
     def destinations(self) -> list[Any]:
         """The destinations set, in the order they are written."""
@@ -296,7 +312,8 @@ class InstallTarget:
 
     def fetch_options(self) -> dict[str, bool]:
         """What :func:`fetch_tuning` must fetch besides the tactics for this target."""
-        return {"jit": self.jit_modules is not None, "deep_gemm": self.deep_gemm is not None}
+        return {"jit": self.jit_modules is not None, "deep_gemm": self.deep_gemm is not None,
+                "warm_state": self.triton is not None or self.vllm_cache is not None}
 
 
 class InstallResult(BaseModel):
@@ -327,6 +344,13 @@ class InstallResult(BaseModel):
     """How many of the run's JIT modules were asked for and not installed (``jit_skipped`` says why)."""
     deep_gemm_dir: Path | None = None
     """The DeepGEMM cache directory the run's kernels were merged into, if any."""
+    warm_state: tuple[str, ...] = ()
+    """What of the rest of the warm state was installed, one phrase per kind (e.g. ``compile
+    cache (2 of 2 directories)``)."""
+    compile_cache_skipped: str | None = None
+    """Why the run's compile cache was not installed (each differing factor named), if so."""
+    vllm_cache_root: Path | None = None
+    triton_cache_dir: Path | None = None
     signed_by: str | None = None
     """Id of the trusted key whose signature over the run checked (``None``: not checked)."""
     reason: str | None = None
@@ -378,7 +402,8 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
     commits = [destination.stage(fetched) for destination in target.destinations()]
     written: dict[str, Any] = {}
     for commit in commits:
-        written.update(commit())
+        fields_set = commit()
+        written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
     return InstallResult(outcome=ReportOutcome.INSTALLED, run_id=fetched.run.id, entries=fetched.run.entries,
                          sha256=fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE).sha256,
                          signed_by=fetched.signed_by, **written)

@@ -14,6 +14,13 @@ on a persistent volume) means a fresh lookup.
 
 Each worker logs one line (under vLLM's ``vllm`` logger, as the plugin does) and reports its
 own outcome (:mod:`tunecache.client.report`, in the background); nothing here raises.
+
+Before any worker exists, the engine's main process installs the rest of the boot's warm
+state (:class:`WarmBoot`): in vLLM's ``EngineArgs.create_engine_config``, before the model is
+inspected, the FlashInfer JIT modules, the DeepGEMM cache, Triton's cache and vLLM's
+model-inspection cache; once vLLM's config exists, before the engine core starts and
+compiles, the compile cache under the directory names that config gives. It sets
+:data:`WARM_STATE_VARIABLE` for the workers it starts, which then install the tactics only.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pydantic import BaseModel, ValidationError
 from tunecache.client.atomic import file_lock, write_atomically
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import (
+    FetchedTuning,
     DeepGemmCache,
     FlashInferV2Store,
     InstallResult,
@@ -42,6 +50,8 @@ from tunecache.client.install import (
     install,
 )
 from tunecache.client.layouts import deep_gemm_cache_dir
+from tunecache.client.warm_state import TritonCache, VllmCacheRoot
+from tunecache.formats.vllm_compile import PodCompileFactors
 from tunecache.contract import EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
 from tunecache.signing import load_trusted_keys
 
@@ -171,7 +181,9 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
         key = worker.key(environment)
         trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
         v2 = worker.uses_v2()
-        executable = settings.jit  # TUNECACHE_JIT: FlashInfer JIT modules and the DeepGEMM cache
+        # TUNECACHE_JIT: FlashInfer JIT modules and the DeepGEMM cache, unless the engine's main
+        # process installed them with the rest of the warm state (WarmBoot)
+        executable = settings.jit and not os.environ.get(WARM_STATE_VARIABLE)
         target = InstallTarget(
             jit_modules=JitWorkspace() if executable else None,  # this pod's own FlashInfer workspace
             deep_gemm=DeepGemmCache() if executable else None,  # this pod's own DeepGEMM cache directory
@@ -312,3 +324,87 @@ def _write_record(pod: Pod, record: PodRecord) -> None:
     """Write the pod's record whole (staged and renamed). Raises OSError."""
     stamped = record.model_copy(update={"written_at": time.time()})
     write_atomically(pod.marker, stamped.model_dump_json(indent=1).encode())
+
+
+#: Set by the engine's main process once it installed a run's warm state (the run's id), for
+#: the workers it starts: they install the tactics only.
+WARM_STATE_VARIABLE = "TUNECACHE_WARM_STATE_RUN"
+
+
+@dataclass
+class WarmBoot:
+    """The engine main process's install of one boot's warm state (the vLLM plugin's
+    ``create_engine_config`` hook): :meth:`before` the model is inspected, :meth:`after`
+    vLLM's config exists. Logs one line at the end; nothing here raises."""
+
+    settings: Any
+    started: float
+    key: TuningKey | None = None
+    fetched: FetchedTuning | None = None
+    first: InstallResult | None = None
+    failure: str | None = None
+
+    @classmethod
+    def before(cls, settings: Any, key: TuningKey | None, environment: EnvironmentMetadata | None) -> WarmBoot:
+        """Fetch the run for ``key`` (``None``: not known before vLLM's config, then
+        :meth:`after` does everything) within the install deadline and install all of its
+        warm state but the compile cache."""
+        boot = cls(settings, time.monotonic(), key)
+        if key is not None and environment is not None:
+            boot._fetch_and_install(environment, compile_cache=False)
+        return boot
+
+    def after(self, key: TuningKey | None, environment: EnvironmentMetadata | None,
+              pod_factors: PodCompileFactors | None, note: str = "") -> InstallResult | None:
+        """Install the compile cache under the names of ``pod_factors`` (and, when nothing
+        was fetched before, everything else for ``key``); log the boot's one line."""
+        if self.fetched is None and self.failure is None and key is not None and environment is not None:
+            self.key = key
+            self._fetch_and_install(environment, compile_cache=False)
+        result = None
+        if self.fetched is not None:
+            try:
+                result = install(self.fetched, InstallTarget(
+                    vllm_cache=VllmCacheRoot(pod_factors=pod_factors, modelinfos=False), tactics=None))
+            except Exception as exc:
+                self.failure = f"compile cache not installed: {type(exc).__name__}: {exc}"
+        self._log(result, note)
+        return result
+
+    def _fetch_and_install(self, environment: EnvironmentMetadata, compile_cache: bool) -> None:
+        try:
+            deadline = install_deadline(self.settings)
+            trusted = load_trusted_keys(self.settings.trusted_keys) if self.settings.trusted_keys else None
+            target = InstallTarget(jit_modules=JitWorkspace(), deep_gemm=DeepGemmCache(), triton=TritonCache(),
+                                   vllm_cache=VllmCacheRoot(compile_cache=compile_cache), tactics=None)
+            with TunecacheClient.from_settings(self.settings) as client:
+                self.fetched = fetch_tuning(client, self.key, environment, trusted_keys=trusted,
+                                            deadline_s=self.started + deadline - time.monotonic(),
+                                            **target.fetch_options())
+            if self.fetched.executable_refused:
+                self.failure, self.fetched = self.fetched.executable_refused, None
+                return
+            self.first = install(self.fetched, target)
+            if self.first.deep_gemm_dir is not None:
+                os.environ["DG_JIT_CACHE_DIR"] = str(self.first.deep_gemm_dir)
+            os.environ[WARM_STATE_VARIABLE] = str(self.fetched.run.id)
+        except Exception as exc:  # whatever happens, vLLM boots as it would without tunecache
+            self.fetched = None
+            self.failure = InstallResult.of_failure(exc).reason
+
+    def _log(self, compiled: InstallResult | None, note: str) -> None:
+        took = time.monotonic() - self.started
+        if self.fetched is None or self.first is None:
+            log.log(logging.INFO if self.failure else logging.WARNING,
+                    "tunecache: no warm state installed (%.1f s): %s%s", took, self.failure or "nothing looked up",
+                    note)
+            return
+        parts = [f"{len(self.first.jit_modules)} JIT modules", *self.first.warm_state,
+                 *(compiled.warm_state if compiled else ())]
+        if self.first.deep_gemm_dir is not None:
+            parts.append(f"DeepGEMM cache into {self.first.deep_gemm_dir}")
+        skipped = [s for s in (self.first.jit_skipped, compiled.compile_cache_skipped if compiled else None,
+                               self.failure) if s]
+        log.info("tunecache: warm state of run %s installed for %s in %.1f s: %s%s%s", self.fetched.run.id,
+                 self.key.model if self.key else "?", took, ", ".join(parts),
+                 ("; " + "; ".join(skipped)) if skipped else "", note)

@@ -93,6 +93,166 @@ def register() -> None:
         _wrap_warmup()
     except Exception as exc:  # another vLLM layout than 0.33's: vLLM boots as without tunecache
         log.warning("tunecache: not installing tunings: cannot hook vLLM's kernel_warmup (%s: %s)", type(exc).__name__, exc)
+    if settings.jit:
+        try:
+            _wrap_engine_config()
+        except Exception as exc:
+            log.warning("tunecache: not installing the warm state: cannot hook vLLM's create_engine_config (%s: %s)",
+                        type(exc).__name__, exc)
+
+
+def _wrap_engine_config() -> None:
+    """Wrap ``vllm.engine.arg_utils.EngineArgs.create_engine_config``, which the engine's main
+    process calls once (``LLM(...)``, ``vllm serve``) before it inspects the model and long
+    before the engine core compiles: the boot's warm state is installed around it
+    (:class:`tunecache.client.pod.WarmBoot`). Workers never call it."""
+    import functools
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+    if getattr(original, "_tunecache_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        boot = _warm_boot_before(self)
+        config = original(self, *args, **kwargs)
+        _warm_boot_after(boot, config)
+        return config
+
+    create_engine_config._tunecache_wrapped = True  # type: ignore[attr-defined]
+    EngineArgs.create_engine_config = create_engine_config
+
+
+def _warm_boot_before(engine_args: Any):
+    """The boot's :class:`~tunecache.client.pod.WarmBoot`, its warm state (but the compile
+    cache) installed when ``engine_args`` give the whole key (``max_num_batched_tokens``
+    set); ``None`` when it cannot run here. Never raises."""
+    try:
+        from tunecache.client.pod import WarmBoot
+
+        settings = _settings_safely()
+        if settings is None or os.environ.get("TUNECACHE_WARM_STATE_RUN"):
+            return None
+        key = environment = None
+        if getattr(engine_args, "max_num_batched_tokens", None):
+            environment = _main_process_environment(settings)
+            key = _engine_args_key(engine_args, environment, settings)
+        return WarmBoot.before(settings, key, environment)
+    except Exception as exc:
+        log.warning("tunecache: no warm state installed: %s: %s", type(exc).__name__, exc)
+        return None
+
+
+def _warm_boot_after(boot: Any, config: Any) -> None:
+    """Finish ``boot`` with vLLM's config: the pod's compile factors from vLLM's own
+    functions, then the compile cache. Never raises."""
+    if boot is None:
+        return
+    try:
+        note = ""
+        key = environment = None
+        if boot.key is None:
+            environment = _main_process_environment(boot.settings)
+            key = _config_key(config, environment, boot.settings)
+            note = (" (max_num_batched_tokens was not given to vLLM, so the key was known only after vLLM inspected "
+                    "the model: its model-inspection cache was installed for the next boot)")
+        factors = None
+        if boot.fetched is not None or key is not None:
+            factors = pod_compile_factors(config, boot)
+        boot.after(key, environment, factors, note)
+    except Exception as exc:
+        log.warning("tunecache: compile cache not installed: %s: %s", type(exc).__name__, exc)
+
+
+def pod_compile_factors(config: Any, boot: Any):
+    """This pod's :class:`tunecache.formats.vllm_compile.PodCompileFactors` from vLLM's own
+    functions: ``vllm.envs.compile_factors()``, ``VllmConfig.compute_hash()`` (also with
+    ``ModelConfig.model`` set to the node's, so that where the model lives is not a
+    difference) and the sha256 of the node's traced source files as this pod has them;
+    ``None`` when the run has no compile cache or records no factors."""
+    import json
+
+    import vllm
+    import vllm.envs as envs
+
+    from tunecache.contract import ArtifactKind
+    from tunecache.client.warm_state import read_compile_factors
+    from tunecache.formats.vllm_compile import PodCompileFactors, config_hashes, file_digests
+
+    fetched = boot.fetched
+    data = fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if fetched is not None else None
+    node = read_compile_factors(data) if data is not None else None
+    if node is None:
+        return None
+    model_config = config.model_config
+    own_model = model_config.model
+    try:
+        object.__setattr__(model_config, "model", node.model)
+        as_node, hashes_as_node = config.compute_hash(), config_hashes(config)
+    finally:
+        object.__setattr__(model_config, "model", own_model)
+    return PodCompileFactors(
+        vllm_version=vllm.__version__,
+        env=json.loads(json.dumps(envs.compile_factors(), default=str)),
+        config_hash=config.compute_hash(), config_hash_as_node=as_node, config_hashes_as_node=hashes_as_node,
+        traced_files=file_digests(list(node.traced_files)),
+    )
+
+
+def _main_process_environment(settings: Any):
+    """This pod's FlashInfer environment, in the engine's main process without initializing
+    CUDA there (vLLM would then start its engine core with ``spawn``: a second import of
+    everything): ``TUNECACHE_ENVIRONMENT_FILE`` when set, else FlashInfer's own
+    ``flashinfer.autotuner._collect_metadata()`` with the GPU's name read through vLLM's
+    ``current_platform.get_device_name()`` (NVML) in place of ``torch.cuda``'s."""
+    from tunecache.client.environment import environment_from_file
+    from tunecache.contract import EnvironmentMetadata
+
+    if settings.environment_file:
+        return environment_from_file(settings.environment_file)
+    import torch
+    from flashinfer.autotuner import _collect_metadata
+    from vllm.platforms import current_platform
+
+    name = current_platform.get_device_name(0)
+    saved = torch.cuda.get_device_name, torch.cuda.current_device
+    torch.cuda.get_device_name, torch.cuda.current_device = (lambda *a, **k: name), (lambda: 0)
+    try:
+        metadata = _collect_metadata()
+    finally:
+        torch.cuda.get_device_name, torch.cuda.current_device = saved
+    return EnvironmentMetadata.from_flashinfer_metadata(metadata)
+
+
+def _engine_args_key(engine_args: Any, environment: Any, settings: Any):
+    """The pod's key from vLLM's ``EngineArgs`` as given (before vLLM fills its defaults)."""
+    served = getattr(engine_args, "served_model_name", None)
+    if isinstance(served, (list, tuple)):
+        served = served[0] if served else None
+    return _key(environment, settings, served if isinstance(served, str) and served else str(engine_args.model),
+                engine_args.max_num_batched_tokens, engine_args.tensor_parallel_size,
+                getattr(engine_args, "data_parallel_size", 1), bool(getattr(engine_args, "enable_expert_parallel", False)),
+                getattr(engine_args, "prefill_context_parallel_size", 1))
+
+
+def _config_key(config: Any, environment: Any, settings: Any):
+    """The pod's key from vLLM's ``VllmConfig`` (as :meth:`VllmWorker.key`)."""
+    parallel = config.parallel_config
+    return _key(environment, settings, _model_name(config.model_config), config.scheduler_config.max_num_batched_tokens,
+                parallel.tensor_parallel_size, getattr(parallel, "data_parallel_size", 1),
+                bool(getattr(parallel, "enable_expert_parallel", False)),
+                getattr(parallel, "prefill_context_parallel_size", 1))
+
+
+def _key(environment: Any, settings: Any, model: str, max_num_batched_tokens: int, tp: int, dp: int, ep: bool, pcp: int):
+    from tunecache.client.environment import pod_key
+    from tunecache.contract import expert_parallel_size
+
+    return pod_key(environment.gpu, model, int(max_num_batched_tokens), dtype=settings.dtype,
+                   quantization=settings.quantization, tensor_parallel_size=int(tp), data_parallel_size=int(dp),
+                   expert_parallel_size=expert_parallel_size(int(tp), int(dp), ep, int(pcp or 1)))
 
 
 def _wrap_warmup() -> None:
@@ -228,26 +388,7 @@ class VllmWorker:
     def key(self, environment: Any):
         """The pod's :class:`tunecache.contract.TuningKey`: ``environment``'s GPU, the served
         model, vLLM's ``max_num_batched_tokens`` and parallelism (``ParallelConfig``)."""
-        from tunecache.client.environment import pod_key
-        from tunecache.contract import expert_parallel_size
-
-        config = self.runner.vllm_config
-        parallel = config.parallel_config  # vllm/config/parallel.py::ParallelConfig
-        tp = parallel.tensor_parallel_size
-        dp = getattr(parallel, "data_parallel_size", 1)
-        return pod_key(
-            environment.gpu,
-            _model_name(config.model_config),
-            config.scheduler_config.max_num_batched_tokens,
-            dtype=self.settings.dtype,
-            quantization=self.settings.quantization,
-            tensor_parallel_size=tp,
-            data_parallel_size=dp,
-            expert_parallel_size=expert_parallel_size(
-                tp, dp, bool(getattr(parallel, "enable_expert_parallel", False)),
-                getattr(parallel, "prefill_context_parallel_size", 1),
-            ),
-        )
+        return _config_key(self.runner.vllm_config, environment, self.settings)
 
     def uses_v2(self) -> bool:
         """vLLM's ``use_flashinfer_autotune_v2()`` (FlashInfer's v2 store, single rank)."""

@@ -46,6 +46,15 @@ class ArtifactKind(StrEnum):
     * ``deep_gemm_jit_cache``: DeepGEMM's JIT cache directory as a gzipped tarball.
     * ``vllm_flashinfer_autotune_v1``: one of vLLM's per-rank autotune files.
     * ``flashinfer_autotune_v2_store``: FlashInfer's v2 store directory as a gzipped tarball.
+    * ``vllm_compile_cache``: vLLM's torch.compile cache (``$VLLM_CACHE_ROOT/torch_compile_cache/``:
+      the hashed directory and ``torch_aot_compile/<hash>/``) as a gzipped tarball; installed
+      under the directory names the pod's own vLLM computes (:mod:`tunecache.formats.vllm_compile`).
+    * ``vllm_modelinfos``: vLLM's model-inspection cache (``$VLLM_CACHE_ROOT/modelinfos/``) as a
+      gzipped tarball.
+    * ``triton_cache``: Triton's kernel cache (``TRITON_CACHE_DIR``) as a gzipped tarball.
+
+    The last three, with the JIT modules and the DeepGEMM cache, are the run's *warm state*:
+    what a boot compiles; a pod installs them only from a run signed by a trusted key.
     """
 
     FLASHINFER_AUTOTUNE = "flashinfer_autotune_v1"
@@ -53,6 +62,9 @@ class ArtifactKind(StrEnum):
     DEEP_GEMM_JIT_CACHE = "deep_gemm_jit_cache"
     VLLM_RANK_FILE = "vllm_flashinfer_autotune_v1"
     FLASHINFER_V2_STORE = "flashinfer_autotune_v2_store"
+    VLLM_COMPILE_CACHE = "vllm_compile_cache"
+    VLLM_MODELINFOS = "vllm_modelinfos"
+    TRITON_CACHE = "triton_cache"
 
     @property
     def media_type(self) -> str:
@@ -68,6 +80,9 @@ _MEDIA_TYPES = {
     ArtifactKind.DEEP_GEMM_JIT_CACHE: TAR_GZ_MEDIA_TYPE,
     ArtifactKind.VLLM_RANK_FILE: JSON_MEDIA_TYPE,
     ArtifactKind.FLASHINFER_V2_STORE: TAR_GZ_MEDIA_TYPE,
+    ArtifactKind.VLLM_COMPILE_CACHE: TAR_GZ_MEDIA_TYPE,
+    ArtifactKind.VLLM_MODELINFOS: TAR_GZ_MEDIA_TYPE,
+    ArtifactKind.TRITON_CACHE: TAR_GZ_MEDIA_TYPE,
 }
 
 

@@ -166,6 +166,7 @@ def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str
         "stages": {Stage.VLLM.value: {"status": "done", "seconds": seconds, "ranks": harvested["ranks"]}},
         "jit_modules": [a["module"] for a in harvested["jit"]],
         "flashinfer_jit": workspace_layout() if harvested["jit"] else {},
+        "vllm_compile": harvested["vllm_compile"],
         "artifacts": [
             _autotune_artifact(),
             *harvested["artifacts"],

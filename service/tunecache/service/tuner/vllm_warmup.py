@@ -20,16 +20,24 @@ then runs and saves:
   ``$VLLM_CACHE_ROOT/deep_gemm`` only when unset: ``vllm/utils/deep_gemm.py::_lazy_init``);
 * FlashInfer JIT modules in the node's FlashInfer workspace: those the engine loaded
   (the engine runs in the script's process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; FlashInfer's
-  ``jit_spec_registry``) and those any of vLLM's processes built during the run.
+  ``jit_spec_registry``) and those any of vLLM's processes built during the run;
+* the rest of the boot's warm state (issue "the whole warm state"): vLLM's torch.compile
+  cache (``$VLLM_CACHE_ROOT/torch_compile_cache/``) with the factors that named its
+  directories (:class:`tunecache.formats.vllm_compile.CompileFactors`, from the backbone's
+  ``cache_key_factors.json`` and, in the engine's worker, ``VllmConfig`` and vLLM's
+  ``_model_hash_key``), vLLM's model-inspection cache (``$VLLM_CACHE_ROOT/modelinfos/``) and
+  Triton's cache (``TRITON_CACHE_DIR``), each a tarball of its own kind.
 
 ``TUNECACHE_VLLM_ENGINE_ARGS`` (a JSON object of ``vllm.LLM`` keyword arguments, e.g.
 ``{"attention_backend": "FLASHINFER"}``) gives the node's engine the fleet's other engine
 settings, those that decide which kernels warm up; the arguments above come from the key
 and this module and cannot be given there.
 
-The engine is built with ``enforce_eager=True`` (no torch.compile, no CUDA graphs: neither
-is part of what the run stores, and both cost minutes) and ``served_model_name`` = the
-key's model.
+The engine boots as the fleet's do: vLLM's default torch.compile and CUDA graphs (unless
+the node's engine arguments say ``"enforce_eager": true``), with ``served_model_name`` = the
+key's model. vLLM hashes ``ModelConfig.model`` (here the scratch directory holding the
+config) into its compile-cache names; a pod's vLLM plugin puts the cache under the names its
+own config gives when that is the only difference.
 
 tunecache's own warmup stages (:mod:`tunecache.service.tuner.stages`) are what runs on nodes without vLLM.
 """
@@ -39,13 +47,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from tunecache.contract import ArtifactKind
+from tunecache.formats.vllm_compile import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
 from tunecache.service.tuner.jit_artifacts import built_since, deep_gemm_artifact, harvest_flashinfer_jit, tar_directory
 from tunecache.service.tuner.stages import TuneSpec
 
@@ -56,10 +67,21 @@ _SCRIPT = """
 import json, sys, time
 from pathlib import Path
 from vllm import LLM
+from tunecache.service.tuner.vllm_warmup import compile_facts, watch_traced_files
 args = json.loads(sys.argv[1])
+try:  # an eager engine, or a vLLM without this compile backend, compiles nothing to record
+    traced = watch_traced_files()
+except Exception:
+    traced = set()
 started = time.monotonic()
-LLM(**args)
+llm = LLM(**args)
 print(f"tunecache: vLLM engine built, kernel_warmup done ({time.monotonic() - started:.1f} s)", flush=True)
+try:  # what named the compile cache's directories, from the engine's own worker
+    facts = llm.collective_rpc(compile_facts)[0]
+    facts["traced_files"] = sorted(traced)
+except Exception as exc:
+    facts = {"error": f"{type(exc).__name__}: {exc}"}
+Path(sys.argv[3]).write_text(json.dumps(facts))
 try:  # the FlashInfer JIT modules this process's engine used
     from flashinfer.jit import env
     from tunecache.service.tuner.jit_artifacts import used_jit_modules
@@ -71,6 +93,51 @@ Path(sys.argv[2]).write_text(json.dumps(used))
 
 #: Where the script writes the names of the JIT modules its engine used (in ``scratch``).
 _USED_MODULES = "flashinfer-jit-used.json"
+#: Where the script writes :func:`compile_facts` of its engine (in ``scratch``).
+_COMPILE_FACTS = "compile-facts.json"
+
+
+def watch_traced_files() -> set[str]:
+    """The source files vLLM's torch.compile traces, as a set that fills while vLLM compiles:
+    ``VllmBackend.__call__`` (``vllm/compilation/backends.py``) hashes
+    ``compilation_config.traced_files`` into its cache name and then clears it, so they are
+    copied on the way in. Runs in the tuner's vLLM process only."""
+    from vllm.compilation import backends
+
+    seen: set[str] = set()
+    original = backends.VllmBackend.__call__
+
+    def __call__(self, graph, example_inputs):  # noqa: N807 - the wrapped method's name
+        seen.update(str(f) for f in self.compilation_config.traced_files if f != "<string>")
+        return original(self, graph, example_inputs)
+
+    backends.VllmBackend.__call__ = __call__
+    return seen
+
+
+def compile_facts(worker: Any) -> dict[str, Any]:
+    """In the engine's worker (``LLM.collective_rpc``): the factors of its compile cache that
+    ``cache_key_factors.json`` does not hold: vLLM's version, each sub-config's
+    ``compute_hash()`` (:func:`tunecache.formats.vllm_compile.config_hashes`),
+    ``ModelConfig.model``, the AOT factors past the config hash
+    (``vllm.compilation.caching.aot_compile_hash_factors``) and the compiled module's
+    ``vllm.compilation.decorators._model_hash_key``."""
+    import vllm
+    from vllm.compilation.caching import aot_compile_hash_factors
+    from vllm.compilation.decorators import _model_hash_key
+
+    from tunecache.formats.vllm_compile import config_hashes
+
+    config = worker.vllm_config
+    model = worker.model_runner.model
+    keys = sorted({_model_hash_key(m.forward) for m in model.modules() if hasattr(m, "aot_compiled_fn")})
+    return {
+        "vllm_version": vllm.__version__,
+        "config_hashes": config_hashes(config),
+        "model": str(config.model_config.model),
+        "aot_extra": [str(f) for f in aot_compile_hash_factors(config)[2:]],
+        "model_hash_key": keys[0] if len(keys) == 1 else None,
+    }
 
 
 def vllm_unavailable_reason() -> str | None:
@@ -88,8 +155,7 @@ ENGINE_ARGS_VARIABLE = "TUNECACHE_VLLM_ENGINE_ARGS"
 
 #: ``vllm.LLM`` arguments the key and this module set (:func:`vllm_command`).
 _FIXED_ARGS = frozenset({"model", "load_format", "skip_tokenizer_init", "max_num_batched_tokens", "tensor_parallel_size",
-                         "data_parallel_size", "enable_expert_parallel", "dtype", "quantization", "enforce_eager",
-                         "served_model_name"})
+                         "data_parallel_size", "enable_expert_parallel", "dtype", "quantization", "served_model_name"})
 
 
 def node_engine_args() -> dict[str, Any]:
@@ -120,7 +186,8 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
 
     ``scratch`` receives ``model/config.json`` (the spec's HF config, so no hub access),
     ``vllm-cache/`` (``VLLM_CACHE_ROOT``), ``flashinfer-autotune/``
-    (``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``) and ``deep_gemm/`` (``DG_JIT_CACHE_DIR``).
+    (``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``), ``deep_gemm/`` (``DG_JIT_CACHE_DIR``) and
+    ``triton/`` (``TRITON_CACHE_DIR``).
     The model is loaded with ``load_format="dummy"`` and ``skip_tokenizer_init=True``,
     with the node's :func:`node_engine_args` added.
 
@@ -139,7 +206,6 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
         "tensor_parallel_size": spec.deployment.tensor_parallel_size,
         "enable_expert_parallel": spec.deployment.expert_parallel_size > 1,
         "dtype": spec.deployment.dtype,
-        "enforce_eager": True,
         "served_model_name": spec.deployment.model,
     }
     if spec.deployment.quantization != "auto":
@@ -149,9 +215,10 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
         "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
         "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(scratch / "flashinfer-autotune"),
         "DG_JIT_CACHE_DIR": str(scratch / "deep_gemm"),
+        "TRITON_CACHE_DIR": str(scratch / "triton"),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
-    return [python, "-c", _SCRIPT, json.dumps(llm_args), str(scratch / _USED_MODULES)], env
+    return [python, "-c", _SCRIPT, json.dumps(llm_args), str(scratch / _USED_MODULES), str(scratch / _COMPILE_FACTS)], env
 
 
 def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
@@ -199,6 +266,80 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
     }
 
 
+#: Artifact names of the warm state's tarballs.
+COMPILE_CACHE_NAME = "vllm-compile-cache.tar.gz"
+MODELINFOS_NAME = "vllm-modelinfos.tar.gz"
+TRITON_CACHE_NAME = "triton-cache.tar.gz"
+
+
+def harvest_warm_state(scratch: Path, out_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """vLLM's compile cache, its model-inspection cache and Triton's cache under ``scratch``
+    (:func:`vllm_command`) as artifacts in ``out_dir``, with the compile cache's factors.
+
+    The compile cache's tarball holds ``torch_compile_cache/``'s directories and, at its root,
+    :data:`tunecache.formats.vllm_compile.FACTORS_FILE`: the node's
+    :class:`~tunecache.formats.vllm_compile.CompileFactors` (from the backbone's
+    ``cache_key_factors.json``, as vLLM wrote it when it compiled, and the engine's
+    :func:`compile_facts`), so that what decides where a pod puts it is signed with it.
+
+    Returns the artifacts and the run summary's ``vllm_compile`` (the factors, with
+    ``names_checked``: whether they give the directory names vLLM made; ``{}`` when vLLM
+    compiled nothing).
+    """
+    artifacts: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    cache = scratch / "vllm-cache"
+    compiled = cache / "torch_compile_cache"
+    if compiled.is_dir() and any(p.is_file() for p in compiled.rglob("*")):
+        factors = _compile_factors(scratch, compiled)
+        with tempfile.TemporaryDirectory() as staged:
+            tree = Path(staged) / "tree"
+            shutil.copytree(compiled, tree, symlinks=True)
+            if factors is not None:
+                (tree / FACTORS_FILE).write_text(factors.model_dump_json(indent=1))
+            (out_dir / COMPILE_CACHE_NAME).write_bytes(tar_directory(tree))
+        artifacts.append(_artifact(ArtifactKind.VLLM_COMPILE_CACHE, COMPILE_CACHE_NAME))
+        if factors is not None:
+            checked = node_dir_names(factors)
+            summary = {**factors.model_dump(mode="json"), "names_checked": {
+                "backbone": checked.get("backbone") == factors.backbone_dir,
+                "aot": checked.get("aot") == factors.aot_dir}}
+    for kind, directory, name in ((ArtifactKind.VLLM_MODELINFOS, cache / "modelinfos", MODELINFOS_NAME),
+                                  (ArtifactKind.TRITON_CACHE, scratch / "triton", TRITON_CACHE_NAME)):
+        if directory.is_dir() and any(p.is_file() for p in directory.rglob("*")):
+            (out_dir / name).write_bytes(tar_directory(directory))
+            artifacts.append(_artifact(kind, name))
+    return artifacts, summary
+
+
+def _artifact(kind: ArtifactKind, name: str) -> dict[str, Any]:
+    return {"kind": kind.value, "name": name, "media_type": kind.media_type, "path": name}
+
+
+def _compile_factors(scratch: Path, compiled: Path) -> CompileFactors | None:
+    """The node's :class:`CompileFactors`: the backbone directory's ``cache_key_factors.json``
+    (rank 0's) and the engine's :func:`compile_facts`; ``None`` when either is missing."""
+    metas = sorted(p for p in compiled.glob("*/rank_*/*/cache_key_factors.json") if p.parts[-4] != AOT_DIR)
+    aot = sorted(p.name for p in (compiled / AOT_DIR).iterdir() if p.is_dir()) if (compiled / AOT_DIR).is_dir() else []
+    try:
+        facts = json.loads((scratch / _COMPILE_FACTS).read_text())
+        meta = json.loads(metas[0].read_text()) if metas else None
+    except (OSError, ValueError):
+        return None
+    if meta is None or "error" in facts:
+        print(f"tunecache: compile factors not recorded: {facts.get('error', 'no cache_key_factors.json')}",
+              file=sys.stderr)
+        return None
+    return CompileFactors(
+        vllm_version=facts["vllm_version"], env=meta["env"], config_hash=meta["config_hash"],
+        config_hashes=facts.get("config_hashes", {}), model=facts["model"], code_hash=meta.get("code_hash"),
+        compiler_hash=meta.get("compiler_hash"),
+        traced_files={p: d for p, d in file_digests(facts.get("traced_files", [])).items() if d is not None},
+        aot_extra=facts.get("aot_extra", []), model_hash_key=facts.get("model_hash_key"),
+        backbone_dir=metas[0].parts[-4], aot_dir=aot[0] if len(aot) == 1 else None,
+    )
+
+
 def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = sys.executable) -> dict[str, Any]:
     """Run vLLM's warmup for ``spec`` (:func:`vllm_command`) and harvest it (:func:`harvest_vllm_cache`).
 
@@ -223,6 +364,8 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
         raise RuntimeError(f"vLLM exited with status {result.returncode} (see the tuner log)")
     harvested = harvest_vllm_cache(scratch, out_dir)
     harvested["jit"] = _harvest_jit(scratch, out_dir, started_ns)
+    warm_state, harvested["vllm_compile"] = harvest_warm_state(scratch, out_dir)
+    harvested["artifacts"].extend(warm_state)
     harvested["artifacts"].extend({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in harvested["jit"])
     has_v2 = any(a["kind"] == ArtifactKind.FLASHINFER_V2_STORE.value for a in harvested["artifacts"])
     if harvested["autotune_file"] is None and not has_v2 and spec.deployment.tensor_parallel_size == 1:

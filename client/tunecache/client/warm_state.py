@@ -1,0 +1,240 @@
+"""Where vLLM and Triton keep the rest of a boot's warm state, and installing a run's into them.
+
+* vLLM's cache root: ``VLLM_CACHE_ROOT`` (``vllm.envs.VLLM_CACHE_ROOT`` where vLLM is
+  importable; else the same default, ``$XDG_CACHE_HOME/vllm`` or ``~/.cache/vllm``), with
+  ``modelinfos/`` (one JSON file per inspected model class, each holding the hash of the
+  class's source that vLLM checks before it uses it) and ``torch_compile_cache/`` (two
+  hashed directories, :mod:`tunecache.formats.vllm_compile`).
+* Triton's cache: ``TRITON_CACHE_DIR``, else ``triton.runtime.cache.default_cache_dir()``
+  (``~/.triton/cache``): one directory per compiled kernel, named by its hash, with
+  ``__grp__<name>.json`` files that list the kernel's files by absolute path. Triton drops
+  a listed file that does not exist and compiles again, so every group file is rewritten to
+  the paths the kernel has on this pod (Inductor's kernels under the compile cache's
+  ``inductor_cache/triton/`` too).
+
+Everything is merged: each kernel, hashed directory or model-info file this pod lacks is
+staged beside its place and renamed in whole; one it has is left as it is (the same name
+is the same content, by the hashes in the names). Nothing a run carries becomes a path
+here: the tarballs' entries are checked (no absolute or ``..`` paths, links or special
+files) and the compile cache goes under the names the pod's own vLLM computes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from tunecache.formats.vllm_compile import (
+    FACTORS_FILE,
+    CompileFactors,
+    PodCompileFactors,
+    differences,
+    pod_dir_names,
+)
+
+
+class BadWarmStateArtifact(ValueError):
+    """A warm-state tarball that cannot be installed (unsafe entries, not a gzipped tarball)."""
+
+
+def vllm_cache_root() -> Path:
+    """This pod's ``VLLM_CACHE_ROOT``: ``vllm.envs.VLLM_CACHE_ROOT`` where vLLM is importable,
+    else the variable, else vLLM's default (``$XDG_CACHE_HOME/vllm``, ``~/.cache/vllm``)."""
+    try:
+        import vllm.envs as envs
+
+        return Path(envs.VLLM_CACHE_ROOT).expanduser()
+    except Exception:
+        pass
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm")
+    return Path(root).expanduser()
+
+
+def triton_cache_dir() -> Path:
+    """This pod's Triton cache: ``TRITON_CACHE_DIR``, else Triton's
+    ``triton.runtime.cache.default_cache_dir()`` (``~/.triton/cache`` without Triton)."""
+    if os.environ.get("TRITON_CACHE_DIR", "").strip():
+        return Path(os.environ["TRITON_CACHE_DIR"]).expanduser()
+    try:
+        from triton.runtime.cache import default_cache_dir
+
+        return Path(default_cache_dir()).expanduser()
+    except Exception:
+        return Path("~/.triton/cache").expanduser()
+
+
+def _open_checked(data: bytes, what: str) -> tarfile.TarFile:
+    """The tarball, every entry checked (raises :class:`BadWarmStateArtifact`)."""
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
+        members = tar.getmembers()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise BadWarmStateArtifact(f"{what} artifact is not a gzipped tarball: {exc}") from None
+    for member in members:
+        path = PurePosixPath(member.name)
+        if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
+            tar.close()
+            raise BadWarmStateArtifact(f"unsafe entry in {what} artifact: {member.name!r}")
+    return tar
+
+
+def fix_triton_groups(staged: Path, final: Path) -> int:
+    """Point every Triton ``__grp__*.json`` under ``staged`` at its files as they will be
+    once ``staged`` is renamed to ``final``; returns how many were rewritten."""
+    count = 0
+    for group in staged.rglob("__grp__*.json"):
+        try:
+            doc = json.loads(group.read_text())
+        except (OSError, ValueError):
+            continue
+        children = doc.get("child_paths") if isinstance(doc, dict) else None
+        if not isinstance(children, dict):
+            continue
+        where = final / group.parent.relative_to(staged)
+        doc["child_paths"] = {name: str(where / PurePosixPath(str(path)).name) for name, path in children.items()}
+        group.write_text(json.dumps(doc))
+        count += 1
+    return count
+
+
+def merge_entries(data: bytes, what: str, destination: Path, renames: Callable[[Path], dict[str, str]]) -> list[str]:
+    """Unpack ``data`` beside ``destination`` and rename in each entry ``renames(staged)``
+    gives (path in the tarball -> path under ``destination``) that ``destination`` lacks,
+    its Triton group files pointed at their final place. Returns the entries installed.
+
+    Raises:
+        BadWarmStateArtifact; OSError when writing fails (entries already renamed in stay: each is whole).
+    """
+    with _open_checked(data, what) as tar:
+        destination.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=destination))
+        try:
+            tar.extractall(staging, filter="data")
+            installed = []
+            for source, target in sorted(renames(staging).items()):
+                found, final = staging / source, destination / target
+                if not found.exists() or final.exists():
+                    continue
+                if found.is_dir():
+                    fix_triton_groups(found, final)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    found.rename(final)
+                except OSError:
+                    if not final.exists():  # not another process's identical entry
+                        raise
+                    continue
+                installed.append(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return installed
+
+
+def _children(staging: Path) -> dict[str, str]:
+    return {p.name: p.name for p in staging.iterdir() if not p.name.startswith(".")}
+
+
+def read_compile_factors(data: bytes) -> CompileFactors | None:
+    """The node's factors inside a ``vllm_compile_cache`` tarball (``None``: none recorded).
+
+    Raises:
+        BadWarmStateArtifact: not a gzipped tarball, unsafe entries, or unreadable factors.
+    """
+    with _open_checked(data, "vllm_compile_cache") as tar:
+        try:
+            member = tar.getmember(FACTORS_FILE)
+        except KeyError:
+            return None
+        raw = tar.extractfile(member)
+        try:
+            return CompileFactors.model_validate_json(raw.read() if raw else b"")
+        except ValueError as exc:
+            raise BadWarmStateArtifact(f"the compile cache's {FACTORS_FILE} is unreadable: {exc}") from None
+
+
+@dataclass(frozen=True)
+class VllmCacheRoot:
+    """A run's vLLM model-inspection cache and compile cache, into ``root`` (``None``: this
+    pod's own, :func:`vllm_cache_root`).
+
+    ``pod_factors``: the pod's compile factors (the vLLM plugin computes them from its
+    ``VllmConfig`` with vLLM's functions). The compile cache goes under the directory names
+    they give when :func:`tunecache.formats.vllm_compile.differences` finds none; else it is
+    not installed and ``compile_cache_skipped`` names each differing factor. ``None`` (an init
+    container, no vLLM config to compute from): under the node's own names, which this pod's
+    vLLM uses only if its factors are the node's. ``compile_cache=False``: the model
+    inspection cache only (the plugin installs the compile cache once vLLM's config exists).
+    """
+
+    root: Path | None = None
+    pod_factors: PodCompileFactors | None = None
+    compile_cache: bool = True
+    modelinfos: bool = True
+
+    def stage(self, fetched: Any) -> Callable[[], dict[str, Any]]:
+        from tunecache.contract import ArtifactKind
+
+        root = Path(self.root) if self.root is not None else vllm_cache_root()
+        infos = fetched.warm_state.get(ArtifactKind.VLLM_MODELINFOS) if self.modelinfos else None
+        compiled = fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if self.compile_cache else None
+        renames: dict[str, str] | None = None
+        skipped = None
+        if compiled is not None:
+            node = read_compile_factors(compiled)
+            if node is None:
+                skipped = "the run's compile cache records no factors (a tuner before this version)"
+            elif self.pod_factors is None:
+                renames = {n: n for n in ([node.backbone_dir] if node.backbone_dir else [])
+                           + ([f"torch_aot_compile/{node.aot_dir}"] if node.aot_dir else [])}
+            else:
+                lines = differences(node, self.pod_factors)
+                if lines:
+                    skipped = "compile cache not installed, vLLM would not use it: " + "; ".join(lines)
+                else:
+                    renames = pod_dir_names(node, self.pod_factors)
+        if infos is not None:  # checked before anything is written
+            _open_checked(infos, "vllm_modelinfos").close()
+
+        def commit() -> dict[str, Any]:
+            done: list[str] = []
+            if infos is not None:
+                files = merge_entries(infos, "vllm_modelinfos", root / "modelinfos", _children)
+                done.append(f"modelinfos ({len(files)} files)")
+            if renames:
+                dirs = merge_entries(compiled, "vllm_compile_cache", root / "torch_compile_cache", lambda _: renames)
+                done.append(f"compile cache ({len(dirs)} of {len(renames)} directories)")
+            return {"warm_state": tuple(done), "compile_cache_skipped": skipped, "vllm_cache_root": root}
+
+        return commit
+
+
+@dataclass(frozen=True)
+class TritonCache:
+    """A run's Triton cache, merged kernel by kernel into ``path`` (``None``: this pod's own,
+    :func:`triton_cache_dir`)."""
+
+    path: Path | None = None
+
+    def stage(self, fetched: Any) -> Callable[[], dict[str, Any]]:
+        from tunecache.contract import ArtifactKind
+
+        data = fetched.warm_state.get(ArtifactKind.TRITON_CACHE)
+        if data is None:
+            return dict
+        directory = Path(self.path) if self.path is not None else triton_cache_dir()
+        _open_checked(data, "triton_cache").close()
+
+        def commit() -> dict[str, Any]:
+            kernels = merge_entries(data, "triton_cache", directory, _children)
+            return {"warm_state": (f"Triton cache ({len(kernels)} kernels)",), "triton_cache_dir": directory}
+
+        return commit

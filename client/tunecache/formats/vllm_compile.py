@@ -1,0 +1,189 @@
+"""vLLM's torch.compile cache: the factors its directory names are made of, and how a pod's
+factors are compared with the tuning node's.
+
+vLLM 0.25 keeps what torch.compile produced under ``$VLLM_CACHE_ROOT/torch_compile_cache/``
+in two directories, each named by a hash vLLM computes inline (no function of its own to
+call, so the two formulas are written again here, as in vLLM):
+
+* ``<backbone>/rank_{rank}_{dp}/<prefix>/`` with ``cache_key_factors.json``, where
+  ``backbone = sha256(str([env_hash, config_hash, code_hash, compiler_hash]))[:10]``
+  (``vllm/compilation/backends.py::VllmBackend.__call__``);
+* ``torch_aot_compile/<aot>/`` with ``inductor_cache/`` and ``rank_{rank}_{dp}/model``, where
+  ``aot = sha256(str([env_hash, config_hash, *inductor_factors, model_hash_key]))``
+  (``vllm/compilation/decorators.py``, ``caching.py::aot_compile_hash_factors``).
+
+``env_hash`` is ``vllm.config.utils.hash_factors(vllm.envs.compile_factors())``,
+``config_hash`` is ``VllmConfig.compute_hash()``, ``code_hash`` hashes the traced source
+files' absolute paths and contents, ``compiler_hash`` the compiler's own factors (torch,
+Inductor). The tuning node records its factors (:class:`CompileFactors`, inside the signed
+compile-cache tarball as :data:`FACTORS_FILE`); a pod computes its own with vLLM's functions
+(:class:`PodCompileFactors`, by the vLLM plugin before anything compiles) and
+:func:`compare` says, one line per factor, what differs, or under which directory names the
+pod's vLLM will look for the cache. The only difference tolerated is where the model lives
+(``ModelConfig.model``, a path or a hub name that vLLM hashes but that does not change the
+graph): the pod's own config hash names the directories then.
+
+Pure: the standard library and pydantic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: The name of the node's :class:`CompileFactors` inside a ``vllm_compile_cache`` tarball.
+FACTORS_FILE = "tunecache-compile-factors.json"
+#: The directory of the AOT-compiled artifacts under ``torch_compile_cache/``.
+AOT_DIR = "torch_aot_compile"
+
+
+class CompileFactors(BaseModel):
+    """What decided the names of the tuning node's compile-cache directories."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    vllm_version: str
+    env: dict[str, Any] = Field(description="vllm.envs.compile_factors() (the raw factors of env_hash)")
+    config_hash: str = Field(description="VllmConfig.compute_hash() when vLLM compiled")
+    config_hashes: dict[str, str] = Field(default_factory=dict,
+                                          description="compute_hash() of each sub-config of the VllmConfig")
+    model: str = Field(description="ModelConfig.model on the node (a path or a hub name)")
+    code_hash: str | None = None
+    compiler_hash: str | None = None
+    traced_files: dict[str, str] = Field(default_factory=dict,
+                                         description="each traced source file (absolute path) -> sha256 of its bytes")
+    aot_extra: list[str] = Field(default_factory=list,
+                                 description="factors between the config hash and the model hash key (Inductor's, "
+                                             "with VLLM_USE_MEGA_AOT_ARTIFACT)")
+    model_hash_key: str | None = None
+    backbone_dir: str | None = Field(default=None, description="the node's <backbone> directory name")
+    aot_dir: str | None = Field(default=None, description="the node's torch_aot_compile/<aot> directory name")
+
+
+class PodCompileFactors(BaseModel):
+    """The same factors as the pod's vLLM computes them (the vLLM plugin, from its ``VllmConfig``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    vllm_version: str
+    env: dict[str, Any]
+    config_hash: str
+    config_hash_as_node: str = Field(description="the pod's config hash with ModelConfig.model set to the node's")
+    config_hashes_as_node: dict[str, str] = Field(default_factory=dict)
+    traced_files: dict[str, str | None] = Field(default_factory=dict,
+                                                description="the node's traced files as found here (None: missing)")
+
+
+def env_hash(env: dict[str, Any]) -> str:
+    """``vllm.config.utils.hash_factors`` of the environment factors (that function where vLLM
+    is importable; the same formula otherwise: sha256 of the JSON with sorted keys)."""
+    try:
+        from vllm.config.utils import hash_factors
+    except Exception:  # no vLLM here (the tuner's record is read on the service, tests)
+        return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
+    return hash_factors(env)
+
+
+def backbone_dir_name(env: str, config: str, code: str, compiler: str) -> str:
+    """``torch_compile_cache/<name>``: vLLM's ``VllmBackend.__call__`` formula."""
+    return hashlib.sha256(str([env, config, code, compiler]).encode()).hexdigest()[:10]
+
+
+def aot_dir_name(env: str, config: str, extra: list[str], model_hash_key: str) -> str:
+    """``torch_compile_cache/torch_aot_compile/<name>``: vLLM's decorator formula."""
+    return hashlib.sha256(str([env, config, *extra, model_hash_key]).encode()).hexdigest()
+
+
+def node_dir_names(node: CompileFactors) -> dict[str, str]:
+    """The node's directory names as its own factors give them (``backbone``, ``aot``), for
+    the harvest to check against the directories vLLM made."""
+    names: dict[str, str] = {}
+    e = env_hash(node.env)
+    if node.code_hash and node.compiler_hash:
+        names["backbone"] = backbone_dir_name(e, node.config_hash, node.code_hash, node.compiler_hash)
+    if node.model_hash_key:
+        names["aot"] = aot_dir_name(e, node.config_hash, node.aot_extra, node.model_hash_key)
+    return names
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def differences(node: CompileFactors, pod: PodCompileFactors) -> list[str]:
+    """Every factor that makes the pod's vLLM compute other directory names than the node's
+    (besides where the model lives), one line each; ``[]``: the cache will be found."""
+    lines: list[str] = []
+    if node.vllm_version != pod.vllm_version:
+        lines.append(f"vLLM version: node {node.vllm_version}, pod {pod.vllm_version}")
+    for name in sorted(set(node.env) | set(pod.env)):
+        mine, theirs = pod.env.get(name, "(unset)"), node.env.get(name, "(unset)")
+        if mine != theirs:
+            lines.append(f"environment {name}: node {_shown(theirs)}, pod {_shown(mine)}")
+    if pod.config_hash_as_node != node.config_hash:
+        named = [name for name in sorted(set(node.config_hashes) | set(pod.config_hashes_as_node))
+                 if node.config_hashes.get(name) != pod.config_hashes_as_node.get(name)]
+        lines.extend(f"vLLM config {name}: its hash differs (node {str(node.config_hashes.get(name))[:12]}, "
+                     f"pod {str(pod.config_hashes_as_node.get(name))[:12]})" for name in named)
+        if not named:
+            lines.append(f"vLLM config hash: node {node.config_hash[:12]}, pod {pod.config_hash_as_node[:12]}")
+    for path, digest in sorted(node.traced_files.items()):
+        found = pod.traced_files.get(path)
+        if found != digest:
+            lines.append(f"traced source {path}: " + ("not on this pod (nodes and pods must share the image layout)"
+                                                      if found is None else "its content differs"))
+    return lines
+
+
+def pod_dir_names(node: CompileFactors, pod: PodCompileFactors) -> dict[str, str]:
+    """The node's directory names -> the names the pod's vLLM will look for, for a pod whose
+    :func:`differences` are none. A directory whose name cannot be computed (a factor the
+    node did not record) keeps the node's name only when the pod's hashes equal the node's."""
+    e = env_hash(pod.env)
+    renamed: dict[str, str] = {}
+    same = pod.config_hash == node.config_hash and e == env_hash(node.env)
+    if node.backbone_dir:
+        if node.code_hash and node.compiler_hash:
+            renamed[node.backbone_dir] = backbone_dir_name(e, pod.config_hash, node.code_hash, node.compiler_hash)
+        elif same:
+            renamed[node.backbone_dir] = node.backbone_dir
+    if node.aot_dir:
+        if node.model_hash_key:
+            renamed[f"{AOT_DIR}/{node.aot_dir}"] = f"{AOT_DIR}/" + aot_dir_name(e, pod.config_hash, node.aot_extra,
+                                                                                 node.model_hash_key)
+        elif same:
+            renamed[f"{AOT_DIR}/{node.aot_dir}"] = f"{AOT_DIR}/{node.aot_dir}"
+    return renamed
+
+
+def config_hashes(vllm_config: Any) -> dict[str, str]:
+    """``compute_hash()`` of each sub-config of a ``VllmConfig`` (each dataclass field whose
+    value has one), the parts ``VllmConfig.compute_hash`` is made of; named when they differ."""
+    import dataclasses
+
+    hashes: dict[str, str] = {}
+    for field in dataclasses.fields(vllm_config):
+        value = getattr(vllm_config, field.name, None)
+        method = getattr(value, "compute_hash", None)
+        if callable(method):
+            try:
+                hashes[field.name] = str(method())
+            except Exception:  # a sub-config that cannot hash itself alone is left unnamed
+                continue
+    return hashes
+
+
+def file_digests(paths: list[str] | set[str]) -> dict[str, str | None]:
+    """sha256 of each file's bytes (``None``: it cannot be read)."""
+    digests: dict[str, str | None] = {}
+    for path in sorted(paths):
+        try:
+            with open(path, "rb") as f:
+                digests[path] = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            digests[path] = None
+    return digests

@@ -1,0 +1,176 @@
+"""The warm state's new kinds, from the tuner's harvest to a pod's directories: vLLM's compile
+cache (under the names the pod's own factors give), its model-inspection cache and Triton's
+cache (group files pointed at the pod's paths); hostile or corrupt tarballs refused with
+nothing written; a differing factor named and the compile cache left out."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tunecache.client.install import InstallTarget, install
+from tunecache.client.warm_state import BadWarmStateArtifact, TritonCache, VllmCacheRoot, read_compile_factors
+from tunecache.contract import ArtifactKind
+from tunecache.formats.vllm_compile import (
+    CompileFactors,
+    PodCompileFactors,
+    aot_dir_name,
+    backbone_dir_name,
+    env_hash,
+    node_dir_names,
+)
+from tunecache.service.tuner.vllm_warmup import COMPILE_CACHE_NAME, MODELINFOS_NAME, TRITON_CACHE_NAME, harvest_warm_state
+
+ENV = {"VLLM_USE_AOT_COMPILE": True}
+CONFIG_HASH, CODE_HASH, COMPILER_HASH, MODEL_KEY = "c" * 64, "d" * 64, "e" * 64, "k" * 64
+NODE_MODEL = "/node/work/vllm-scratch/model"
+
+
+def node_scratch(tmp_path: Path) -> tuple[Path, str, str]:
+    """A tuner's scratch as vLLM 0.25 leaves it after one compile-and-graphs boot."""
+    scratch = tmp_path / "scratch"
+    backbone = backbone_dir_name(env_hash(ENV), CONFIG_HASH, CODE_HASH, COMPILER_HASH)
+    aot = aot_dir_name(env_hash(ENV), CONFIG_HASH, [], MODEL_KEY)
+    compiled = scratch / "vllm-cache" / "torch_compile_cache"
+    local = compiled / backbone / "rank_0_0" / "backbone"
+    local.mkdir(parents=True)
+    (local / "cache_key_factors.json").write_text(json.dumps(
+        {"env": ENV, "config_hash": CONFIG_HASH, "code_hash": CODE_HASH, "compiler_hash": COMPILER_HASH}))
+    (local / "artifact_compile_range_1_2048_subgraph_0").write_bytes(b"inductor artifact")
+    kernel = compiled / "torch_aot_compile" / aot / "inductor_cache" / "triton" / "0" / "HASHA"
+    kernel.mkdir(parents=True)
+    (kernel / "triton_poi_fused_0.cubin").write_bytes(b"cubin")
+    (kernel / "__grp__triton_poi_fused_0.json").write_text(json.dumps(
+        {"child_paths": {"triton_poi_fused_0.cubin": f"{kernel}/triton_poi_fused_0.cubin"}}))
+    (compiled / "torch_aot_compile" / aot / "rank_0_0").mkdir()
+    (compiled / "torch_aot_compile" / aot / "rank_0_0" / "model").write_bytes(b"aot model")
+    infos = scratch / "vllm-cache" / "modelinfos"
+    infos.mkdir()
+    (infos / "vllm-model_executor-models-llama-LlamaForCausalLM.json").write_text('{"hash": "h", "modelinfo": {}}')
+    triton = scratch / "triton" / "HASHB"
+    triton.mkdir(parents=True)
+    (triton / "_fwd_kernel.cubin").write_bytes(b"cubin b")
+    (triton / "__grp___fwd_kernel.json").write_text(json.dumps(
+        {"child_paths": {"_fwd_kernel.cubin": f"{triton}/_fwd_kernel.cubin"}}))
+    (scratch / "compile-facts.json").write_text(json.dumps(
+        {"vllm_version": "0.25.0", "config_hashes": {"model_config": "m" * 64}, "model": NODE_MODEL,
+         "aot_extra": [], "model_hash_key": MODEL_KEY, "traced_files": []}))
+    return scratch, backbone, aot
+
+
+def harvested(tmp_path: Path):
+    scratch, backbone, aot = node_scratch(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    artifacts, summary = harvest_warm_state(scratch, out)
+    fetched = SimpleNamespace(warm_state={ArtifactKind(a["kind"]): (out / a["path"]).read_bytes() for a in artifacts})
+    return artifacts, summary, fetched, backbone, aot
+
+
+def pod(config_hash: str = "p" * 64, **changes) -> PodCompileFactors:
+    fields = dict(vllm_version="0.25.0", env=dict(ENV), config_hash=config_hash, config_hash_as_node=CONFIG_HASH,
+                  config_hashes_as_node={"model_config": "m" * 64})
+    fields.update(changes)
+    return PodCompileFactors(**fields)
+
+
+def test_the_harvest_stores_each_kind_with_the_factors_signed_inside(tmp_path):
+    artifacts, summary, fetched, backbone, aot = harvested(tmp_path)
+    assert [(a["kind"], a["name"]) for a in artifacts] == [
+        ("vllm_compile_cache", COMPILE_CACHE_NAME), ("vllm_modelinfos", MODELINFOS_NAME), ("triton_cache", TRITON_CACHE_NAME)]
+    factors = read_compile_factors(fetched.warm_state[ArtifactKind.VLLM_COMPILE_CACHE])
+    assert (factors.backbone_dir, factors.aot_dir, factors.model, factors.model_hash_key) == (backbone, aot, NODE_MODEL,
+                                                                                              MODEL_KEY)
+    assert summary["names_checked"] == {"backbone": True, "aot": True}  # the recorded factors give vLLM's own names
+    assert node_dir_names(factors) == {"backbone": backbone, "aot": aot}
+
+
+def test_a_pod_gets_every_kind_under_its_own_names_with_triton_paths_of_its_own(tmp_path):
+    _, _, fetched, backbone, aot = harvested(tmp_path)
+    root, triton = tmp_path / "pod" / "vllm-cache", tmp_path / "pod" / "triton"
+    factors = pod()
+    run = SimpleNamespace(id=7, entries=0, artifact=lambda kind: SimpleNamespace(sha256="0" * 64))
+    result = install(SimpleNamespace(**vars(fetched), run=run, signed_by=None),
+                     InstallTarget(vllm_cache=VllmCacheRoot(root, factors), triton=TritonCache(triton), tactics=None))
+    pod_backbone = backbone_dir_name(env_hash(ENV), "p" * 64, CODE_HASH, COMPILER_HASH)
+    pod_aot = aot_dir_name(env_hash(ENV), "p" * 64, [], MODEL_KEY)
+    assert result.warm_state == ("Triton cache (1 kernels)", "modelinfos (1 files)", "compile cache (2 of 2 directories)")
+    assert result.compile_cache_skipped is None
+    compiled = root / "torch_compile_cache"
+    assert sorted(p.name for p in compiled.iterdir()) == sorted([pod_backbone, "torch_aot_compile"])
+    assert (compiled / pod_backbone / "rank_0_0" / "backbone" / "artifact_compile_range_1_2048_subgraph_0").read_bytes() == \
+        b"inductor artifact"
+    assert (compiled / "torch_aot_compile" / pod_aot / "rank_0_0" / "model").read_bytes() == b"aot model"
+    group = compiled / "torch_aot_compile" / pod_aot / "inductor_cache" / "triton" / "0" / "HASHA" / "__grp__triton_poi_fused_0.json"
+    assert json.loads(group.read_text())["child_paths"] == {"triton_poi_fused_0.cubin": str(group.parent / "triton_poi_fused_0.cubin")}
+    own = json.loads((triton / "HASHB" / "__grp___fwd_kernel.json").read_text())["child_paths"]
+    assert own == {"_fwd_kernel.cubin": str(triton / "HASHB" / "_fwd_kernel.cubin")}
+    assert (root / "modelinfos" / "vllm-model_executor-models-llama-LlamaForCausalLM.json").is_file()
+    assert not [p for p in (root / "torch_compile_cache").iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_a_differing_factor_is_named_and_the_compile_cache_left_out(tmp_path):
+    _, _, fetched, _, _ = harvested(tmp_path)
+    root = tmp_path / "pod" / "vllm-cache"
+    commit = VllmCacheRoot(root, pod(env={"VLLM_USE_AOT_COMPILE": False})).stage(fetched)
+    written = commit()
+    assert written["compile_cache_skipped"] == ("compile cache not installed, vLLM would not use it: environment "
+                                                "VLLM_USE_AOT_COMPILE: node true, pod false")
+    assert written["warm_state"] == ("modelinfos (1 files)",)
+    assert not (root / "torch_compile_cache").exists()
+
+
+def test_an_entry_the_pod_has_is_left_as_it_is(tmp_path):
+    _, _, fetched, _, _ = harvested(tmp_path)
+    triton = tmp_path / "pod" / "triton"
+    (triton / "HASHB").mkdir(parents=True)
+    (triton / "HASHB" / "mine").write_bytes(b"pod's own")
+    assert TritonCache(triton).stage(fetched)()["warm_state"] == ("Triton cache (0 kernels)",)
+    assert sorted(p.name for p in (triton / "HASHB").iterdir()) == ["mine"]
+
+
+def _tarball(name: str, kind: str = "file") -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        member = tarfile.TarInfo(name)
+        if kind == "link":
+            member.type, member.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(member)
+        else:
+            member.size = 1
+            tar.addfile(member, io.BytesIO(b"x"))
+    return raw.getvalue()
+
+
+@pytest.mark.parametrize("data, message", [
+    (_tarball("../escape"), "unsafe entry"),
+    (_tarball("/abs"), "unsafe entry"),
+    (_tarball("HASH/link", "link"), "unsafe entry"),
+    (b"\x1f\x8b partial gzip", "not a gzipped tarball"),
+    (_tarball("HASH/k.cubin")[:40], "not a gzipped tarball"),
+])
+def test_hostile_or_corrupt_tarballs_are_refused_before_anything_is_written(tmp_path, data, message):
+    triton = tmp_path / "pod" / "triton"
+    root = tmp_path / "pod" / "vllm-cache"
+    for destination in (TritonCache(triton), VllmCacheRoot(root, pod())):
+        fetched = SimpleNamespace(warm_state={ArtifactKind.TRITON_CACHE: data, ArtifactKind.VLLM_MODELINFOS: data,
+                                              ArtifactKind.VLLM_COMPILE_CACHE: data})
+        with pytest.raises(BadWarmStateArtifact, match=message):
+            destination.stage(fetched)
+    assert not triton.exists() and not root.exists()
+
+
+def test_factors_that_do_not_parse_are_refused(tmp_path):
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        member = tarfile.TarInfo("tunecache-compile-factors.json")
+        member.size = 2
+        tar.addfile(member, io.BytesIO(b"{}"))
+    with pytest.raises(BadWarmStateArtifact, match="unreadable"):
+        read_compile_factors(raw.getvalue())
+    assert CompileFactors.model_fields["vllm_version"].is_required()

@@ -1,0 +1,90 @@
+"""The compile cache's factors: what a pod compares, and the names it installs under."""
+
+from __future__ import annotations
+
+from tunecache.formats.vllm_compile import (
+    CompileFactors,
+    PodCompileFactors,
+    aot_dir_name,
+    backbone_dir_name,
+    differences,
+    env_hash,
+    node_dir_names,
+    pod_dir_names,
+)
+
+ENV = {"VLLM_USE_AOT_COMPILE": True, "VLLM_PP_LAYER_PARTITION": None}
+
+
+def node_factors(**changes) -> CompileFactors:
+    fields = dict(vllm_version="0.25.0", env=ENV, config_hash="c" * 64,
+                  config_hashes={"model_config": "m" * 64, "scheduler_config": "s" * 64},
+                  model="/node/scratch/model", code_hash="d" * 64, compiler_hash="e" * 64,
+                  traced_files={"/site/vllm/model_executor/models/llama.py": "f" * 64},
+                  aot_extra=[], model_hash_key="k" * 64)
+    fields.update(changes)
+    factors = CompileFactors(**fields)
+    names = node_dir_names(factors)
+    return factors.model_copy(update={"backbone_dir": names.get("backbone"), "aot_dir": names.get("aot")})
+
+
+def pod_factors(node: CompileFactors, **changes) -> PodCompileFactors:
+    fields = dict(vllm_version=node.vllm_version, env=dict(node.env), config_hash="p" * 64,
+                  config_hash_as_node=node.config_hash, config_hashes_as_node=dict(node.config_hashes),
+                  traced_files=dict(node.traced_files))
+    fields.update(changes)
+    return PodCompileFactors(**fields)
+
+
+def test_where_the_model_lives_is_no_difference_and_names_follow_the_pods_config():
+    node = node_factors()
+    pod = pod_factors(node)  # its own model path: its own config hash, the node's with the node's path
+    assert differences(node, pod) == []
+    names = pod_dir_names(node, pod)
+    assert names == {
+        node.backbone_dir: backbone_dir_name(env_hash(ENV), "p" * 64, "d" * 64, "e" * 64),
+        f"torch_aot_compile/{node.aot_dir}": "torch_aot_compile/" + aot_dir_name(env_hash(ENV), "p" * 64, [], "k" * 64),
+    }
+    assert len(names[node.backbone_dir]) == 10 and len(node.aot_dir) == 64
+
+
+def test_a_pod_with_the_nodes_factors_gets_the_nodes_names():
+    node = node_factors()
+    pod = pod_factors(node, config_hash=node.config_hash)
+    assert pod_dir_names(node, pod) == {node.backbone_dir: node.backbone_dir,
+                                        f"torch_aot_compile/{node.aot_dir}": f"torch_aot_compile/{node.aot_dir}"}
+
+
+def test_each_differing_factor_is_named_in_one_line():
+    node = node_factors()
+    pod = pod_factors(node, vllm_version="0.26.0", env={**ENV, "VLLM_USE_AOT_COMPILE": False, "VLLM_NEW": "1"},
+                      config_hash_as_node="x" * 64, config_hashes_as_node={**node.config_hashes, "scheduler_config": "t" * 64},
+                      traced_files={"/site/vllm/model_executor/models/llama.py": None})
+    lines = differences(node, pod)
+    assert lines[0] == "vLLM version: node 0.25.0, pod 0.26.0"
+    assert "environment VLLM_NEW: node '(unset)', pod '1'" in lines
+    assert "environment VLLM_USE_AOT_COMPILE: node true, pod false" in lines
+    assert any(line.startswith("vLLM config scheduler_config: its hash differs") for line in lines)
+    assert not any("model_config" in line for line in lines)
+    assert lines[-1].startswith("traced source /site/vllm/model_executor/models/llama.py: not on this pod")
+    assert len(lines) == 5
+
+
+def test_a_config_difference_outside_the_named_sub_configs_is_still_named():
+    node = node_factors()
+    lines = differences(node, pod_factors(node, config_hash_as_node="x" * 64))
+    assert lines == [f"vLLM config hash: node {'c' * 12}, pod {'x' * 12}"]
+
+
+def test_changed_traced_source_is_named():
+    node = node_factors()
+    lines = differences(node, pod_factors(node, traced_files={"/site/vllm/model_executor/models/llama.py": "0" * 64}))
+    assert lines == ["traced source /site/vllm/model_executor/models/llama.py: its content differs"]
+
+
+def test_a_directory_without_its_factors_keeps_the_nodes_name_only_for_equal_hashes():
+    node = node_factors(model_hash_key=None)
+    assert f"torch_aot_compile/{node.aot_dir}" not in pod_dir_names(node, pod_factors(node))
+    node = node.model_copy(update={"aot_dir": "a" * 64})
+    same = pod_factors(node, config_hash=node.config_hash)
+    assert pod_dir_names(node, same)[f"torch_aot_compile/{'a' * 64}"] == f"torch_aot_compile/{'a' * 64}"
