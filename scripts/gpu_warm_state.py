@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> None:
             os.environ.clear()
             os.environ.update(saved)
         tuner_log = "\n".join(p.read_text(errors="replace") for p in (work / "tune").rglob("*.log")) + tuned.stderr
+        (out / f"{args.name}-cold.log").write_text(tuner_log)
         ready = re.findall(r"vLLM engine built, kernel_warmup done \(([\d.]+) s\)", tuner_log + tuned.stdout)
         scratch = next((p for p in (work / "tune").rglob("vllm-scratch") if p.is_dir()), None)
         cold_dirs = {**node, **({"vc": scratch / "vllm-cache", "triton": scratch / "triton", "dg": scratch / "deep_gemm"}

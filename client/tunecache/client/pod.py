@@ -18,9 +18,10 @@ own outcome (:mod:`tunecache.client.report`, in the background); nothing here ra
 Before any worker exists, the engine's main process installs the rest of the boot's warm
 state (:class:`WarmBoot`): in vLLM's ``EngineArgs.create_engine_config``, before the model is
 inspected, the FlashInfer JIT modules, the DeepGEMM cache, Triton's cache and vLLM's
-model-inspection cache; once vLLM's config exists, before the engine core starts and
-compiles, the compile cache under the directory names that config gives. It sets
-:data:`WARM_STATE_VARIABLE` for the workers it starts, which then install the tactics only.
+model-inspection cache, and stages the compile cache, which each worker puts under the
+directory names its own vLLM config gives right before it compiles
+(:func:`install_staged_compile_cache`). The workers then install the tactics only
+(:data:`WARM_STATE_VARIABLE`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,9 +52,9 @@ from tunecache.client.install import (
     install,
 )
 from tunecache.client.layouts import deep_gemm_cache_dir
-from tunecache.client.warm_state import TritonCache, VllmCacheRoot
-from tunecache.formats.vllm_compile import PodCompileFactors
-from tunecache.contract import EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
+from tunecache.client.warm_state import TritonCache, VllmCacheRoot, read_compile_factors, vllm_cache_root
+from tunecache.formats.vllm_compile import CompileFactors, PodCompileFactors
+from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
 from tunecache.signing import load_trusted_keys
 
 #: The vLLM plugin's logger (``tunecache.client.vllm_plugin.log``): under vLLM's own
@@ -329,82 +331,124 @@ def _write_record(pod: Pod, record: PodRecord) -> None:
 #: Set by the engine's main process once it installed a run's warm state (the run's id), for
 #: the workers it starts: they install the tactics only.
 WARM_STATE_VARIABLE = "TUNECACHE_WARM_STATE_RUN"
+#: Set by the engine's main process to the run's compile cache, staged for the workers it
+#: starts: each installs it (:func:`install_staged_compile_cache`) right before vLLM compiles.
+COMPILE_CACHE_VARIABLE = "TUNECACHE_COMPILE_CACHE"
 
 
 @dataclass
 class WarmBoot:
     """The engine main process's install of one boot's warm state (the vLLM plugin's
-    ``create_engine_config`` hook): :meth:`before` the model is inspected, :meth:`after`
-    vLLM's config exists. Logs one line at the end; nothing here raises."""
+    ``create_engine_config`` hook), :meth:`before` the model is inspected (or, when the key
+    is known only from vLLM's config, :meth:`after`): the FlashInfer JIT modules, the
+    DeepGEMM cache, Triton's cache and vLLM's model-inspection cache installed, the compile
+    cache staged for the workers (vLLM settles parts of its config, the KV-cache block size
+    among them, in the engine core, so only a worker's config gives the names its vLLM will
+    look for). Logs one line; nothing here raises."""
 
     settings: Any
     started: float
     key: TuningKey | None = None
     fetched: FetchedTuning | None = None
-    first: InstallResult | None = None
+    result: InstallResult | None = None
     failure: str | None = None
 
     @classmethod
     def before(cls, settings: Any, key: TuningKey | None, environment: EnvironmentMetadata | None) -> WarmBoot:
-        """Fetch the run for ``key`` (``None``: not known before vLLM's config, then
-        :meth:`after` does everything) within the install deadline and install all of its
-        warm state but the compile cache."""
         boot = cls(settings, time.monotonic(), key)
         if key is not None and environment is not None:
-            boot._fetch_and_install(environment, compile_cache=False)
+            boot._fetch_and_install(environment, "")
         return boot
 
-    def after(self, key: TuningKey | None, environment: EnvironmentMetadata | None,
-              pod_factors: PodCompileFactors | None, note: str = "") -> InstallResult | None:
-        """Install the compile cache under the names of ``pod_factors`` (and, when nothing
-        was fetched before, everything else for ``key``); log the boot's one line."""
+    def after(self, key: TuningKey | None, environment: EnvironmentMetadata | None) -> None:
+        """When nothing was looked up before (the key needed vLLM's config), do it now."""
         if self.fetched is None and self.failure is None and key is not None and environment is not None:
             self.key = key
-            self._fetch_and_install(environment, compile_cache=False)
-        result = None
-        if self.fetched is not None:
-            try:
-                result = install(self.fetched, InstallTarget(
-                    vllm_cache=VllmCacheRoot(pod_factors=pod_factors, modelinfos=False), tactics=None))
-            except Exception as exc:
-                self.failure = f"compile cache not installed: {type(exc).__name__}: {exc}"
-        self._log(result, note)
-        return result
+            self._fetch_and_install(environment, " (max_num_batched_tokens was not given to vLLM, so the key was "
+                                                 "known only after vLLM inspected the model)")
 
-    def _fetch_and_install(self, environment: EnvironmentMetadata, compile_cache: bool) -> None:
+    def _fetch_and_install(self, environment: EnvironmentMetadata, note: str) -> None:
         try:
             deadline = install_deadline(self.settings)
             trusted = load_trusted_keys(self.settings.trusted_keys) if self.settings.trusted_keys else None
+            cache = VllmCacheRoot(compile_cache=False)
             target = InstallTarget(jit_modules=JitWorkspace(), deep_gemm=DeepGemmCache(), triton=TritonCache(),
-                                   vllm_cache=VllmCacheRoot(compile_cache=compile_cache), tactics=None)
+                                   vllm_cache=cache, tactics=None)
             with TunecacheClient.from_settings(self.settings) as client:
                 self.fetched = fetch_tuning(client, self.key, environment, trusted_keys=trusted,
                                             deadline_s=self.started + deadline - time.monotonic(),
                                             **target.fetch_options())
             if self.fetched.executable_refused:
                 self.failure, self.fetched = self.fetched.executable_refused, None
-                return
-            self.first = install(self.fetched, target)
-            if self.first.deep_gemm_dir is not None:
-                os.environ["DG_JIT_CACHE_DIR"] = str(self.first.deep_gemm_dir)
-            os.environ[WARM_STATE_VARIABLE] = str(self.fetched.run.id)
+            else:
+                self.result = install(self.fetched, target)
+                if self.result.deep_gemm_dir is not None:
+                    os.environ["DG_JIT_CACHE_DIR"] = str(self.result.deep_gemm_dir)
+                os.environ[WARM_STATE_VARIABLE] = str(self.fetched.run.id)
+                staged = self._stage_compile_cache(vllm_cache_root())
+                if staged is not None:
+                    os.environ[COMPILE_CACHE_VARIABLE] = str(staged)
         except Exception as exc:  # whatever happens, vLLM boots as it would without tunecache
-            self.fetched = None
+            self.fetched, self.result = None, None
             self.failure = InstallResult.of_failure(exc).reason
+        self._log(note)
 
-    def _log(self, compiled: InstallResult | None, note: str) -> None:
+    def _stage_compile_cache(self, root: Path) -> Path | None:
+        data = self.fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if self.fetched else None
+        if data is None:
+            return None
+        path = root / ".tunecache" / f"compile-cache-run-{self.fetched.run.id}.tar.gz"
+        write_atomically(path, data)
+        return path
+
+    def _log(self, note: str) -> None:
         took = time.monotonic() - self.started
-        if self.fetched is None or self.first is None:
-            log.log(logging.INFO if self.failure else logging.WARNING,
-                    "tunecache: no warm state installed (%.1f s): %s%s", took, self.failure or "nothing looked up",
-                    note)
+        if self.result is None:
+            log.info("tunecache: no warm state installed (%.1f s): %s%s", took, self.failure or "nothing looked up", note)
             return
-        parts = [f"{len(self.first.jit_modules)} JIT modules", *self.first.warm_state,
-                 *(compiled.warm_state if compiled else ())]
-        if self.first.deep_gemm_dir is not None:
-            parts.append(f"DeepGEMM cache into {self.first.deep_gemm_dir}")
-        skipped = [s for s in (self.first.jit_skipped, compiled.compile_cache_skipped if compiled else None,
-                               self.failure) if s]
+        parts = [f"{len(self.result.jit_modules)} JIT modules", *self.result.warm_state]
+        if self.result.deep_gemm_dir is not None:
+            parts.append(f"DeepGEMM cache into {self.result.deep_gemm_dir}")
+        if os.environ.get(COMPILE_CACHE_VARIABLE):
+            parts.append("compile cache staged for the workers")
+        skipped = f"; {self.result.jit_skipped}" if self.result.jit_skipped else ""
         log.info("tunecache: warm state of run %s installed for %s in %.1f s: %s%s%s", self.fetched.run.id,
-                 self.key.model if self.key else "?", took, ", ".join(parts),
-                 ("; " + "; ".join(skipped)) if skipped else "", note)
+                 self.key.model if self.key else "?", took, ", ".join(parts), skipped, note)
+
+
+@dataclass(frozen=True)
+class _Staged:
+    warm_state: dict[ArtifactKind, bytes]
+
+
+def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodCompileFactors], rank: int) -> InstallResult | None:
+    """In a worker, right before its vLLM compiles: install the compile cache its engine's
+    main process staged (:data:`COMPILE_CACHE_VARIABLE`) under the directory names
+    ``pod_factors`` (this worker's factors, from its own ``VllmConfig``) give, or name each
+    factor that differs; the workers of one engine take turns under a lock (the first
+    installs, the others find the directories in place). Logs one line; never raises."""
+    staged = os.environ.get(COMPILE_CACHE_VARIABLE)
+    if not staged:
+        return None
+    started = time.monotonic()
+    try:
+        path = Path(staged)
+        data = path.read_bytes()
+        node = read_compile_factors(data)
+        if node is None:
+            raise ValueError("the run's compile cache records no factors")
+        factors = pod_factors(node)
+        with file_lock(path.with_suffix(".lock"), DEFAULT_INSTALL_DEADLINE_S):
+            written = VllmCacheRoot(path.parent.parent, factors, modelinfos=False).stage(
+                _Staged({ArtifactKind.VLLM_COMPILE_CACHE: data}))()
+        result = InstallResult(outcome=ReportOutcome.INSTALLED, **written)
+        if result.compile_cache_skipped:
+            log.info("tunecache: %s (rank %s)", result.compile_cache_skipped, rank)
+        else:
+            log.info("tunecache: %s from run %s, under the names this worker's vLLM config gives (rank %s, %.2f s)",
+                     ", ".join(result.warm_state) or "compile cache already in place",
+                     os.environ.get(WARM_STATE_VARIABLE, "?"), rank, time.monotonic() - started)
+        return result
+    except Exception as exc:
+        log.warning("tunecache: compile cache not installed, vLLM will compile: %s: %s", type(exc).__name__, exc)
+        return InstallResult.of_failure(exc)

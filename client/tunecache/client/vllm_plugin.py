@@ -96,9 +96,44 @@ def register() -> None:
     if settings.jit:
         try:
             _wrap_engine_config()
+            _wrap_worker_compile()
         except Exception as exc:
-            log.warning("tunecache: not installing the warm state: cannot hook vLLM's create_engine_config (%s: %s)",
-                        type(exc).__name__, exc)
+            log.warning("tunecache: not installing the warm state: cannot hook vLLM's create_engine_config or its "
+                        "worker (%s: %s)", type(exc).__name__, exc)
+
+
+def _wrap_worker_compile() -> None:
+    """Wrap ``vllm.v1.worker.gpu_worker.Worker.determine_available_memory``, whose profiling
+    run is the worker's first forward pass, where vLLM's torch.compile loads or compiles:
+    the compile cache the main process staged is installed just before it
+    (:func:`tunecache.client.pod.install_staged_compile_cache`). A vLLM without it: nothing."""
+    import functools
+
+    from vllm.v1.worker import gpu_worker
+
+    original = getattr(gpu_worker.Worker, "determine_available_memory", None)
+    if original is None or getattr(original, "_tunecache_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _install_compile_cache(self)
+        return original(self, *args, **kwargs)
+
+    determine_available_memory._tunecache_wrapped = True  # type: ignore[attr-defined]
+    gpu_worker.Worker.determine_available_memory = determine_available_memory
+
+
+def _install_compile_cache(worker: Any) -> None:
+    """This worker's install of the staged compile cache, from its own ``VllmConfig``. Never raises."""
+    try:
+        from tunecache.client.pod import install_staged_compile_cache
+
+        config = worker.vllm_config
+        install_staged_compile_cache(lambda node: pod_compile_factors(config, node),
+                                     int(getattr(config.parallel_config, "rank", 0)))
+    except Exception as exc:
+        log.warning("tunecache: compile cache not installed: %s: %s", type(exc).__name__, exc)
 
 
 def _wrap_engine_config() -> None:
@@ -118,7 +153,8 @@ def _wrap_engine_config() -> None:
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         boot = _warm_boot_before(self)
         config = original(self, *args, **kwargs)
-        _warm_boot_after(boot, config)
+        if boot is not None and boot.key is None:
+            _warm_boot_after(boot, config)
         return config
 
     create_engine_config._tunecache_wrapped = True  # type: ignore[attr-defined]
@@ -146,46 +182,27 @@ def _warm_boot_before(engine_args: Any):
 
 
 def _warm_boot_after(boot: Any, config: Any) -> None:
-    """Finish ``boot`` with vLLM's config: the pod's compile factors from vLLM's own
-    functions, then the compile cache. Never raises."""
-    if boot is None:
-        return
+    """``boot`` with the key from vLLM's config, when ``EngineArgs`` did not give it. Never raises."""
     try:
-        note = ""
-        key = environment = None
-        if boot.key is None:
-            environment = _main_process_environment(boot.settings)
-            key = _config_key(config, environment, boot.settings)
-            note = (" (max_num_batched_tokens was not given to vLLM, so the key was known only after vLLM inspected "
-                    "the model: its model-inspection cache was installed for the next boot)")
-        factors = None
-        if boot.fetched is not None or key is not None:
-            factors = pod_compile_factors(config, boot)
-        boot.after(key, environment, factors, note)
+        environment = _main_process_environment(boot.settings)
+        boot.after(_config_key(config, environment, boot.settings), environment)
     except Exception as exc:
-        log.warning("tunecache: compile cache not installed: %s: %s", type(exc).__name__, exc)
+        log.warning("tunecache: no warm state installed: %s: %s", type(exc).__name__, exc)
 
 
-def pod_compile_factors(config: Any, boot: Any):
-    """This pod's :class:`tunecache.formats.vllm_compile.PodCompileFactors` from vLLM's own
+def pod_compile_factors(config: Any, node: Any):
+    """This worker's :class:`tunecache.formats.vllm_compile.PodCompileFactors` for the node's
+    ``node`` (:class:`~tunecache.formats.vllm_compile.CompileFactors`), from vLLM's own
     functions: ``vllm.envs.compile_factors()``, ``VllmConfig.compute_hash()`` (also with
-    ``ModelConfig.model`` set to the node's, so that where the model lives is not a
-    difference) and the sha256 of the node's traced source files as this pod has them;
-    ``None`` when the run has no compile cache or records no factors."""
+    ``ModelConfig.model`` set to the node's, so that where the model lives is no difference)
+    and the sha256 of the node's traced source files as this pod has them."""
     import json
 
     import vllm
     import vllm.envs as envs
 
-    from tunecache.contract import ArtifactKind
-    from tunecache.client.warm_state import read_compile_factors
     from tunecache.formats.vllm_compile import PodCompileFactors, config_hashes, file_digests
 
-    fetched = boot.fetched
-    data = fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if fetched is not None else None
-    node = read_compile_factors(data) if data is not None else None
-    if node is None:
-        return None
     model_config = config.model_config
     own_model = model_config.model
     try:

@@ -130,7 +130,9 @@ def compile_facts(worker: Any) -> dict[str, Any]:
 
     config = worker.vllm_config
     model = worker.model_runner.model
-    keys = sorted({_model_hash_key(m.forward) for m in model.modules() if hasattr(m, "aot_compiled_fn")})
+    # every module @support_torch_compile made (its __init__ sets this flag) is a compiled one
+    keys = sorted({_model_hash_key(m.forward) for m in model.modules()
+                   if hasattr(m, "was_aot_compile_fn_loaded_from_disk")})
     return {
         "vllm_version": vllm.__version__,
         "config_hashes": config_hashes(config),
