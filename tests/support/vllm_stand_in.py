@@ -23,7 +23,73 @@ STAND_IN = {
         def record(step, **seen):
             print(json.dumps({"step": step, **seen}), flush=True)
     '''),
-    "vllm/__init__.py": "",
+    "vllm/__init__.py": "__version__ = '0.25.0'\n",
+    "vllm/envs.py": textwrap.dedent('''
+        # vLLM's compile factors: every known vLLM variable but the ignored ones (here two)
+        import os
+        VLLM_CACHE_ROOT = os.environ.get("VLLM_CACHE_ROOT", os.path.expanduser("~/.cache/vllm"))
+        def compile_factors():
+            return {name: os.environ.get(name) for name in ("VLLM_USE_AOT_COMPILE", "VLLM_PP_LAYER_PARTITION")}
+    '''),
+    "vllm/config/__init__.py": "",
+    "vllm/config/utils.py": textwrap.dedent('''
+        import hashlib, json
+        def hash_factors(items):
+            return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()
+    '''),
+    "stand_in_config.py": textwrap.dedent('''
+        # A VllmConfig of three sub-configs, each with compute_hash() over its hashed fields, the
+        # whole hash over theirs; vLLM's compile-cache names (backends.py, decorators.py) from them.
+        import dataclasses, hashlib, os
+        import vllm.envs as envs
+        from vllm.config.utils import hash_factors
+        def _h(*values):
+            return hashlib.sha256(repr(values).encode()).hexdigest()
+        @dataclasses.dataclass
+        class ModelConfig:
+            model: str
+            served_model_name: str | None
+            max_model_len: int
+            def compute_hash(self):  # served_model_name is not hashed, the model's place is
+                return _h(self.model, self.max_model_len)
+        @dataclasses.dataclass
+        class CacheConfig:
+            block_size: int
+            def compute_hash(self):
+                return _h(self.block_size)
+        @dataclasses.dataclass
+        class SchedulerConfig:
+            max_num_batched_tokens: int
+            def compute_hash(self):
+                return _h(self.max_num_batched_tokens)
+        @dataclasses.dataclass
+        class ParallelConfig:
+            tensor_parallel_size: int
+            rank: int = 0
+            data_parallel_rank: int = 0
+            data_parallel_size: int = 1
+            def compute_hash(self):
+                return _h(self.tensor_parallel_size)
+        @dataclasses.dataclass
+        class VllmConfig:
+            model_config: ModelConfig
+            cache_config: CacheConfig
+            scheduler_config: SchedulerConfig
+            parallel_config: ParallelConfig
+            instance_id: str = ""
+            def compute_hash(self):
+                return _h(*(getattr(self, f.name).compute_hash() for f in dataclasses.fields(self)
+                            if hasattr(getattr(self, f.name), "compute_hash")))
+        CODE_HASH, COMPILER_HASH, MODEL_KEY = "d" * 64, "e" * 64, "k" * 64
+        def cache_names(config):
+            env_hash, config_hash = hash_factors(envs.compile_factors()), config.compute_hash()
+            backbone = hashlib.sha256(str([env_hash, config_hash, CODE_HASH, COMPILER_HASH]).encode()).hexdigest()[:10]
+            aot = hashlib.sha256(str([env_hash, config_hash, MODEL_KEY]).encode()).hexdigest()
+            return backbone, aot
+        def config_of(model, served, max_num_batched_tokens, tp=1, block_size=None):
+            return VllmConfig(ModelConfig(model, served, int(os.environ.get("STAND_IN_MAX_MODEL_LEN", "4096"))),
+                              CacheConfig(block_size or 16), SchedulerConfig(max_num_batched_tokens), ParallelConfig(tp))
+    '''),
     "vllm/distributed/__init__.py": "",
     "vllm/distributed/parallel_state.py": textwrap.dedent('''
         import os
@@ -104,9 +170,26 @@ STAND_IN = {
     '''),
     "vllm/engine/__init__.py": "",
     "vllm/engine/arg_utils.py": textwrap.dedent('''
-        class EngineArgs:  # the main process's config builder; the stand-in's workers never call it
+        import json, os
+        from pathlib import Path
+        import vllm.envs as envs
+        from stand_in_config import config_of
+        from stand_in_record import record
+        MODELINFO = "vllm-model_executor-models-llama-LlamaForCausalLM.json"
+        class EngineArgs:
+            # the engine's main process: vLLM inspects the model class (cached in modelinfos/)
+            # while it builds its config; the workers never call it
+            def __init__(self, model, served_model_name=None, max_num_batched_tokens=None, tensor_parallel_size=1):
+                self.model, self.served_model_name = model, served_model_name
+                self.max_num_batched_tokens, self.tensor_parallel_size = max_num_batched_tokens, tensor_parallel_size
             def create_engine_config(self, *args, **kwargs):
-                raise NotImplementedError
+                info = Path(envs.VLLM_CACHE_ROOT) / "modelinfos" / MODELINFO
+                record("inspect_model", cached=info.is_file())
+                if not info.is_file():
+                    info.parent.mkdir(parents=True, exist_ok=True)
+                    info.write_text(json.dumps({"hash": "h", "modelinfo": {}}))
+                return config_of(self.model, self.served_model_name, self.max_num_batched_tokens or 8192,
+                                 self.tensor_parallel_size)
     '''),
     "vllm/v1/__init__.py": "",
     "vllm/v1/worker/__init__.py": "",
@@ -115,11 +198,27 @@ STAND_IN = {
         class Worker:
             def __init__(self, model_runner):
                 self.model_runner = model_runner
+                self.vllm_config = model_runner.vllm_config
                 self.scheduler_config = model_runner.vllm_config.scheduler_config
             def get_model(self):
                 return object()
             def compile_or_warm_up_model(self):
                 kernel_warmup(self)
+            def determine_available_memory(self):
+                # the profiling run: vLLM's torch.compile looks up its two cache directories
+                import os
+                from pathlib import Path
+                import vllm.envs as envs
+                from stand_in_config import cache_names
+                from stand_in_record import record
+                backbone, aot = cache_names(self.vllm_config)
+                root = Path(envs.VLLM_CACHE_ROOT) / "torch_compile_cache"
+                found = {"backbone": (root / backbone).is_dir(), "aot": (root / "torch_aot_compile" / aot).is_dir()}
+                record("compile", **found)
+                if not all(found.values()) and os.environ.get("TRITON_CACHE_DIR"):  # compiling writes a kernel
+                    kernel = Path(os.environ["TRITON_CACHE_DIR"]) / "COMPILEDHERE"
+                    kernel.mkdir(parents=True, exist_ok=True)
+                    (kernel / "triton_poi_fused_0.cubin").write_bytes(b"cubin")
     '''),
 }
 
@@ -181,6 +280,84 @@ POD = textwrap.dedent('''
                 files[str(path.relative_to(spec["list"]))] = hashlib.sha256(path.read_bytes()).hexdigest()
     (out / "pod.json").write_text(json.dumps({"codes": codes, "files": files}))
 ''')
+
+
+ENGINE = textwrap.dedent('''
+    # The engine's main process, then its one worker in the same process (vLLM 0.25's
+    # single-process engine): plugins loaded, EngineArgs built and its config made, then the
+    # worker's profiling run and warmup, as vLLM calls them.
+    import logging, os, sys
+    from types import SimpleNamespace as NS
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    from importlib.metadata import entry_points
+    [plugin] = [e for e in entry_points(group="vllm.general_plugins") if e.name == "tunecache"]
+    plugin.load()()   # EngineArgs.__post_init__ -> load_general_plugins
+    from vllm.engine.arg_utils import EngineArgs
+    args = EngineArgs(os.environ["STAND_IN_MODEL"], served_model_name="meta-llama/Llama-3.1-8B",
+                      max_num_batched_tokens=int(os.environ["STAND_IN_MNBT"]) if os.environ.get("STAND_IN_MNBT") else None)
+    config = args.create_engine_config()
+    config.instance_id = os.environ["STAND_IN_INSTANCE_ID"]
+    if os.environ.get("STAND_IN_BLOCK_SIZE"):  # the engine core settles the block size for its attention backend
+        config.cache_config.block_size = int(os.environ["STAND_IN_BLOCK_SIZE"])
+    from vllm.v1.worker.gpu_worker import Worker
+    worker = Worker(NS(vllm_config=config))
+    worker.determine_available_memory()
+    worker.compile_or_warm_up_model()
+''')
+
+
+NODE_SCRATCH = textwrap.dedent('''
+    # What a tuning node's vLLM leaves in its scratch after one compile-and-graphs boot, made
+    # with the stand-in's config and names: argv[1] the scratch, argv[2] the node's model
+    # path, argv[3] a JSON object of overrides (block_size, vllm_version, traced_files).
+    import json, sys
+    from pathlib import Path
+    import vllm.envs as envs
+    from stand_in_config import CODE_HASH, COMPILER_HASH, MODEL_KEY, cache_names, config_of
+    scratch, model, overrides = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+    config = config_of(model, "meta-llama/Llama-3.1-8B", 8192, block_size=overrides.get("block_size"))
+    backbone, aot = cache_names(config)
+    compiled = scratch / "vllm-cache" / "torch_compile_cache"
+    local = compiled / backbone / "rank_0_0" / "backbone"
+    local.mkdir(parents=True)
+    (local / "cache_key_factors.json").write_text(json.dumps({"env": envs.compile_factors(),
+        "config_hash": config.compute_hash(), "code_hash": CODE_HASH, "compiler_hash": COMPILER_HASH}))
+    (local / "artifact_compile_range_1_8192_subgraph_0").write_bytes(b"inductor artifact")
+    (compiled / "torch_aot_compile" / aot / "rank_0_0").mkdir(parents=True)
+    (compiled / "torch_aot_compile" / aot / "rank_0_0" / "model").write_bytes(b"aot model")
+    infos = scratch / "vllm-cache" / "modelinfos"
+    infos.mkdir(parents=True)
+    (infos / "vllm-model_executor-models-llama-LlamaForCausalLM.json").write_text(json.dumps({"hash": "h", "modelinfo": {}}))
+    kernel = scratch / "triton" / "HASHB"
+    kernel.mkdir(parents=True)
+    (kernel / "_fwd_kernel.cubin").write_bytes(b"cubin")
+    (kernel / "__grp___fwd_kernel.json").write_text(json.dumps({"child_paths": {"_fwd_kernel.cubin": str(kernel / "_fwd_kernel.cubin")}}))
+    hashes = {name: getattr(config, name).compute_hash() for name in ("model_config", "cache_config", "scheduler_config", "parallel_config")}
+    (scratch / "compile-facts.json").write_text(json.dumps({"vllm_version": overrides.get("vllm_version", "0.25.0"),
+        "config_hashes": hashes, "model": model, "aot_extra": [], "model_hash_key": MODEL_KEY,
+        "traced_files": overrides.get("traced_files", [])}))
+''')
+
+
+def node_scratch(tmp_path: Path, model: str, **overrides) -> Path:
+    """A tuning node's scratch as its vLLM leaves it (:data:`NODE_SCRATCH`), with the node's environment."""
+    stand_in = write_stand_in(tmp_path)
+    (tmp_path / "node_scratch.py").write_text(NODE_SCRATCH)
+    scratch = tmp_path / "node-scratch"
+    env = {**os.environ, "PYTHONPATH": f"{stand_in}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "VLLM_USE_AOT_COMPILE": "1"}
+    subprocess.run([sys.executable, str(tmp_path / "node_scratch.py"), str(scratch), model, json.dumps(overrides)],
+                   check=True, env=env)
+    return scratch
+
+
+def run_engine(tmp_path: Path, **env: str) -> tuple[dict, str]:
+    """A stand-in engine's boot (main process and its worker) to its end: (what its steps saw, its log)."""
+    write_stand_in(tmp_path)
+    (tmp_path / "engine.py").write_text(ENGINE)
+    result = subprocess.run([sys.executable, str(tmp_path / "engine.py")], capture_output=True, text=True, timeout=120,
+                            env=worker_env(tmp_path, **env))
+    assert result.returncode == 0, result.stderr  # never raises into vLLM
+    return parse_seen(result.stdout), result.stderr
 
 
 def write_stand_in(tmp_path: Path) -> Path:

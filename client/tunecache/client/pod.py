@@ -290,13 +290,44 @@ def _report(record: PodRecord, settings: Any, client: TunecacheClient | None, st
     fields = result.report_fields()
     if record.key is None or record.environment is None or fields is None or not getattr(settings, "report", True):
         return
+    seconds = time.monotonic() - started if started is not None else 0.0
+    if _deferred is not None:  # sent once the worker warmed up, with what its boot compiled
+        _deferred.append((record, settings, client, seconds, rank, looked_up, result))
+        return
+    _send_report(record, settings, client, seconds, rank, looked_up, result)
+
+
+#: Reports held until the worker warmed up (:func:`defer_reports`), else ``None``.
+_deferred: list[tuple] | None = None
+
+
+def defer_reports() -> None:
+    """Hold this worker's install report until :func:`send_deferred_reports` (the vLLM plugin
+    does, when it can count what the boot compiled once the worker warmed up)."""
+    global _deferred
+    if _deferred is None:
+        _deferred = []
+
+
+def send_deferred_reports(compiled: dict | None) -> None:
+    """Send the held reports, each with the boot's attestation ``compiled``. Never raises."""
+    global _deferred
+    held, _deferred = _deferred or [], None
+    for record, settings, client, seconds, rank, looked_up, result in held:
+        _send_report(record, settings, client, seconds, rank, looked_up, result, compiled)
+
+
+def _send_report(record: PodRecord, settings: Any, client: TunecacheClient | None, seconds: float, rank: int,
+                 looked_up: bool, result: InstallResult, compiled: dict | None = None) -> None:
+    fields = result.report_fields() or {}
+    if compiled is not None:
+        fields["compiled"] = compiled
     try:
         from tunecache.client.report import build_report, send_in_background
 
         if client is None:
             client = TunecacheClient.from_settings(settings)
             client.close()  # only its server, token and TLS settings are used, by the report's own client
-        seconds = time.monotonic() - started if started is not None else 0.0
         send_in_background(client, build_report(record.key, record.environment, result.outcome, seconds,
                                                 ReportSource.PLUGIN, rank=rank, looked_up=looked_up, **fields))
     except Exception as exc:

@@ -89,6 +89,9 @@ def register() -> None:
     settings = _settings_safely()
     if settings is None or not settings.url:
         return
+    from tunecache.client.attestation import mark_boot_started
+
+    mark_boot_started()
     try:
         _wrap_warmup()
     except Exception as exc:  # another vLLM layout than 0.33's: vLLM boots as without tunecache
@@ -122,6 +125,36 @@ def _wrap_worker_compile() -> None:
 
     determine_available_memory._tunecache_wrapped = True  # type: ignore[attr-defined]
     gpu_worker.Worker.determine_available_memory = determine_available_memory
+    warm_up = getattr(gpu_worker.Worker, "compile_or_warm_up_model", None)
+    if warm_up is not None:
+        from tunecache.client.pod import defer_reports
+
+        @functools.wraps(warm_up)
+        def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return warm_up(self, *args, **kwargs)
+            finally:
+                _attest(self)
+
+        compile_or_warm_up_model._tunecache_wrapped = True  # type: ignore[attr-defined]
+        gpu_worker.Worker.compile_or_warm_up_model = compile_or_warm_up_model
+        defer_reports()
+
+
+def _attest(worker: Any) -> None:
+    """Once the worker warmed up: log what its boot still compiled and send its install
+    report with it (:mod:`tunecache.client.attestation`). Never raises."""
+    try:
+        from tunecache.client.attestation import shown, this_boot
+        from tunecache.client.pod import send_deferred_reports
+
+        counts = this_boot()
+        rank = getattr(getattr(getattr(worker, "vllm_config", None), "parallel_config", None), "rank", 0)
+        log.info("tunecache: this boot compiled %s (rank %s)%s", shown(counts), rank,
+                 "" if any(counts.values()) else ": at the floor")
+        send_deferred_reports({kind.value: n for kind, n in counts.items()})
+    except Exception as exc:
+        log.warning("tunecache: boot not attested: %s: %s", type(exc).__name__, exc)
 
 
 def _install_compile_cache(worker: Any) -> None:

@@ -104,6 +104,7 @@ from tunecache.contract.reports import (
     ReportedDifference,
     ReportOutcome,
     ReportSource,
+    CompiledKind,
     WantedTuning,
 )
 from tunecache.contract.tokens import (

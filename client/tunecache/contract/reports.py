@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -52,6 +53,33 @@ class ReportedDifference(BaseModel):
     yours: Text = Field(max_length=4096)
 
 
+class CompiledKind(StrEnum):
+    """What a boot can still compile (or tune) when its warm state is not all there; a pod's
+    attestation counts each (:attr:`PodReportCreate.compiled`).
+
+    * ``flashinfer_jit_modules``: FlashInfer JIT modules built (``.so`` files written in the
+      FlashInfer workspace during the boot);
+    * ``dynamo_traces``: graphs vLLM's torch.compile traced (none when the AOT artifact loads);
+    * ``inductor_graphs``: graphs Inductor compiled (vLLM's ``num_inductor_compiles``; loaded
+      ones are not counted);
+    * ``aot_compiles``: AOT compilations (vLLM's ``num_aot_compiles``);
+    * ``triton_kernels``: Triton kernels compiled (``.cubin`` files written in Triton's and
+      Inductor's caches);
+    * ``deep_gemm_kernels``: DeepGEMM kernels built (``kernel.*`` directories written);
+    * ``model_inspections``: model classes vLLM inspected (``modelinfos`` files written);
+    * ``autotune_ops``: operations FlashInfer's autotuner profiled.
+    """
+
+    FLASHINFER_JIT_MODULES = "flashinfer_jit_modules"
+    DYNAMO_TRACES = "dynamo_traces"
+    INDUCTOR_GRAPHS = "inductor_graphs"
+    AOT_COMPILES = "aot_compiles"
+    TRITON_KERNELS = "triton_kernels"
+    DEEP_GEMM_KERNELS = "deep_gemm_kernels"
+    MODEL_INSPECTIONS = "model_inspections"
+    AUTOTUNE_OPS = "autotune_ops"
+
+
 class PodReportCreate(BaseModel):
     """Body of ``POST /v1/reports``: what one install on a pod came to, sent after it
     finished (best-effort, in the background: it never delays or fails an install).
@@ -68,7 +96,10 @@ class PodReportCreate(BaseModel):
       run not installed (unsigned run, built elsewhere, no workspace);
     * ``pod`` (the hostname), ``rank`` (vLLM's rank of the worker; ``None`` outside vLLM),
       ``source`` (:class:`ReportSource`), ``looked_up``: whether this install asked the
-      server itself (``False``: a vLLM worker that took its pod's first worker's result).
+      server itself (``False``: a vLLM worker that took its pod's first worker's result);
+    * ``compiled``: the boot's attestation, what this worker's boot still compiled, by
+      :class:`CompiledKind` (sent by the vLLM plugin once the worker warmed up; ``None``:
+      not counted); a boot at the floor has every count 0.
 
     Nothing in a report chooses a path, a tuning or a token: the service only counts it.
     """
@@ -89,6 +120,7 @@ class PodReportCreate(BaseModel):
     rank: WholeNumber | None = Field(default=None, ge=0, le=1 << 20)
     source: ReportSource
     looked_up: bool = True
+    compiled: dict[CompiledKind, Annotated[int, Field(ge=0, le=1_000_000)]] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "PodReportCreate":
@@ -132,6 +164,12 @@ class FleetKey(BaseModel):
     errors: int
     hit_rate: float | None
     last_report_at: dt.datetime | None
+    attested: int = 0
+    """Reports in the window that said what their boot still compiled."""
+    at_floor: int = 0
+    """Of those, the boots that compiled nothing (every count 0)."""
+    still_compiled: dict[CompiledKind, int] = {}
+    """What the other attested boots compiled, summed by kind."""
 
 
 class WantedTuning(BaseModel):

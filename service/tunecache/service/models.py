@@ -369,3 +369,7 @@ class PodReport(Base):
     rank: Mapped[int | None] = mapped_column(Integer)
     source: Mapped[str] = mapped_column(String(16))
     looked_up: Mapped[bool] = mapped_column(Boolean, default=True)
+    compiled: Mapped[dict[str, int] | None] = mapped_column(JSON)
+    """The boot's attestation (:attr:`tunecache.contract.PodReportCreate.compiled`), when sent."""
+    compiled_total: Mapped[int | None] = mapped_column(Integer)
+    """The sum of ``compiled`` (0: the boot compiled nothing), for the fleet view's counts."""

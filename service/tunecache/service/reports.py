@@ -43,7 +43,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, Text, bindparam, cast, delete, func, select
+from sqlalchemy import Connection, Engine, Select, Text, bindparam, case, cast, delete, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -84,6 +84,8 @@ def report_row(report: PodReportCreate, received_at: dt.datetime) -> dict:
         rank=report.rank,
         source=report.source.value,
         looked_up=report.looked_up,
+        compiled={k.value: v for k, v in report.compiled.items()} if report.compiled is not None else None,
+        compiled_total=sum(report.compiled.values()) if report.compiled is not None else None,
     )
 
 
@@ -126,6 +128,20 @@ def report_counts(since: dt.datetime | BindParameter) -> Select:
     return (select(PodReport.key_hash, PodReport.outcome, func.count(), func.max(PodReport.received_at))
             .where(PodReport.received_at >= since)
             .group_by(PodReport.key_hash, PodReport.outcome))
+
+
+def attestations(since: dt.datetime | BindParameter) -> Select:
+    """Attested reports received since ``since`` by key: ``(key_hash, attested, at the floor)``."""
+    return (select(PodReport.key_hash, func.count(PodReport.compiled_total),
+                   func.sum(case((PodReport.compiled_total == 0, 1), else_=0)))
+            .where(PodReport.received_at >= since, PodReport.compiled_total.is_not(None))
+            .group_by(PodReport.key_hash))
+
+
+def still_compiling(since: dt.datetime, key_hashes: list[str]) -> Select:
+    """The attestations of boots that compiled something, received since ``since``, of ``key_hashes``."""
+    return (select(PodReport.key_hash, PodReport.compiled)
+            .where(PodReport.received_at >= since, PodReport.compiled_total > 0, PodReport.key_hash.in_(key_hashes)))
 
 
 def miss_groups(since: dt.datetime | BindParameter) -> Select:
@@ -189,6 +205,7 @@ _INSTALLED, _MISS, _ERROR = ReportOutcome.INSTALLED.value, ReportOutcome.MISS.va
 #: :func:`report_counts` and :func:`wanted_rows` built once, the window's start a parameter.
 _SINCE = bindparam("since")
 _REPORT_COUNTS = report_counts(_SINCE)
+_ATTESTATIONS = attestations(_SINCE)
 _WANTED_ROWS = wanted_rows(_SINCE)
 
 
@@ -346,6 +363,7 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
     for key_hash, outcome, count, latest in connection.execute(_REPORT_COUNTS, {"since": since}):
         counts[key_hash][outcome] = count
         last_report[key_hash] = max(latest, last_report.get(key_hash, latest))
+    attested = {key_hash: (n, int(floor or 0)) for key_hash, n, floor in connection.execute(_ATTESTATIONS, {"since": since})}
 
     # Wanted: groups whose key and environment have no current tuning. Their rows also name
     # the reported keys without a current tuning; any others are read by key hash.
@@ -368,6 +386,12 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
             by_outcome = counts.get(key_hash, {})
             order.append((-sum(by_outcome.values()), key.model, key.gpu_name, key.max_num_batched_tokens, key_hash))
     order.sort()
+    page = [entry[-1] for entry in order[offset:offset + limit]]
+    compiled: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for start in range(0, len(page), _IN_CHUNK):
+        for key_hash, counted in connection.execute(still_compiling(since, page[start:start + _IN_CHUNK])):
+            for kind, count in (json.loads(counted) if isinstance(counted, str) else counted or {}).items():
+                compiled[key_hash][kind] += int(count)
     matrix = []
     for minus_total, _model, _gpu_name, _tokens, key_hash in order[offset:offset + limit]:
         by_outcome = counts.get(key_hash, {})
@@ -379,7 +403,9 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
                         for run in current.runs.get(key_hash, ())],
             "reports": total, "installed": installed, "missed": by_outcome.get(_MISS, 0),
             "errors": by_outcome.get(_ERROR, 0), "hit_rate": installed / total if total else None,
-            "last_report_at": last_report.get(key_hash)})
+            "last_report_at": last_report.get(key_hash),
+            "attested": attested.get(key_hash, (0, 0))[0], "at_floor": attested.get(key_hash, (0, 0))[1],
+            "still_compiled": dict(compiled.get(key_hash, {}))})
 
     groups.sort(key=lambda g: (-g[2], -g[3], -g[4].timestamp(), g[0], g[1]))
     wanted = []

@@ -1,0 +1,106 @@
+"""A boot's attestation: what it still compiled, by :class:`tunecache.contract.CompiledKind`.
+
+Counted in each vLLM worker once it warmed up (the plugin wraps the worker's
+``compile_or_warm_up_model``), from what vLLM and FlashInfer count themselves and from the
+files the boot wrote since it started (:data:`BOOT_STARTED_VARIABLE`, set by the engine's
+main process when it loads the plugin, inherited by its workers):
+
+* vLLM's ``vllm.compilation.counter.compilation_counter``: ``num_graphs_seen`` (graphs
+  Dynamo traced), ``num_inductor_compiles``, ``num_aot_compiles``;
+* FlashInfer's ``AutoTuner.get().stats.tuned_op_total_configs`` (operations profiled);
+* files: FlashInfer JIT modules (``*.so`` in the FlashInfer workspace), Triton kernels
+  (``*.cubin`` in Triton's cache, vLLM's compile cache and Inductor's cache), DeepGEMM
+  kernels (``cache/kernel.*`` directories), vLLM's model inspections (``modelinfos/*.json``).
+
+A boot at the floor counts 0 of everything. Counts of a source that cannot be read here
+(no vLLM, no FlashInfer) are left out rather than guessed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tunecache.contract import CompiledKind
+
+#: Nanoseconds since the epoch when the boot started (the engine's main process loaded the plugin).
+BOOT_STARTED_VARIABLE = "TUNECACHE_BOOT_STARTED_NS"
+
+
+def mark_boot_started() -> int:
+    """This boot's start (:data:`BOOT_STARTED_VARIABLE`), set now if no process above set it."""
+    return int(os.environ.setdefault(BOOT_STARTED_VARIABLE, str(time.time_ns())))
+
+
+def written_since(roots: Iterable[Path | None], pattern: str, since_ns: int, directories: bool = False) -> int:
+    """Distinct files (or directories) matching ``pattern`` under ``roots``, modified at or after ``since_ns``."""
+    seen: set[Path] = set()
+    for root in roots:
+        if root is None or not root.is_dir():
+            continue
+        for path in root.rglob(pattern):
+            try:
+                if (path.is_dir() if directories else path.is_file()) and path.stat().st_mtime_ns >= since_ns:
+                    seen.add(path.resolve())
+            except OSError:
+                continue
+    return len(seen)
+
+
+def count_files(since_ns: int, *, workspace: Path | None, triton_dirs: Iterable[Path | None],
+                deep_gemm_dir: Path | None, vllm_cache_root: Path | None) -> dict[CompiledKind, int]:
+    """The counts that the files a boot wrote since ``since_ns`` tell."""
+    return {
+        CompiledKind.FLASHINFER_JIT_MODULES: written_since([workspace], "*.so", since_ns),
+        CompiledKind.TRITON_KERNELS: written_since(triton_dirs, "*.cubin", since_ns),
+        CompiledKind.DEEP_GEMM_KERNELS: written_since([deep_gemm_dir / "cache" if deep_gemm_dir else None], "kernel.*",
+                                                      since_ns, directories=True),
+        CompiledKind.MODEL_INSPECTIONS: written_since([vllm_cache_root / "modelinfos" if vllm_cache_root else None],
+                                                      "*.json", since_ns),
+    }
+
+
+def count_vllm(counter: Any) -> dict[CompiledKind, int]:
+    """The counts vLLM's ``compilation_counter`` holds."""
+    return {
+        CompiledKind.DYNAMO_TRACES: int(getattr(counter, "num_graphs_seen", 0)),
+        CompiledKind.INDUCTOR_GRAPHS: int(getattr(counter, "num_inductor_compiles", 0)),
+        CompiledKind.AOT_COMPILES: int(getattr(counter, "num_aot_compiles", 0)),
+    }
+
+
+def this_boot() -> dict[CompiledKind, int]:
+    """What this worker's boot compiled, from vLLM, FlashInfer and the files it wrote."""
+    from tunecache.client.jit_install import flashinfer_workspace
+    from tunecache.client.layouts import deep_gemm_cache_dir
+    from tunecache.client.warm_state import triton_cache_dir, vllm_cache_root
+
+    since = int(os.environ.get(BOOT_STARTED_VARIABLE) or 0)
+    root = vllm_cache_root()
+    workspace = flashinfer_workspace()
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    counts = count_files(since, workspace=workspace.path if workspace else None,
+                         triton_dirs=[triton_cache_dir(), root / "torch_compile_cache", Path(inductor) if inductor else None],
+                         deep_gemm_dir=deep_gemm_cache_dir(), vllm_cache_root=root)
+    try:
+        from vllm.compilation.counter import compilation_counter
+
+        counts.update(count_vllm(compilation_counter))
+    except Exception:
+        pass
+    try:
+        from flashinfer.autotuner import AutoTuner
+
+        counts[CompiledKind.AUTOTUNE_OPS] = len(getattr(AutoTuner.get().stats, "tuned_op_total_configs", {}))
+    except Exception:
+        pass
+    return counts
+
+
+def shown(counts: dict[CompiledKind, int]) -> str:
+    """``nothing`` or ``2 inductor_graphs, 14 triton_kernels`` (the kinds counted above 0)."""
+    parts = [f"{n} {kind.value}" for kind, n in counts.items() if n]
+    return ", ".join(parts) if parts else "nothing"

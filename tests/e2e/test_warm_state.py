@@ -1,0 +1,121 @@
+"""The whole warm state through the vLLM plugin, with a stand-in `vllm` at the edge
+(tests/support/vllm_stand_in.py): a run harvested from a tuning node's scratch
+(:func:`tunecache.service.tuner.vllm_warmup.harvest_warm_state`), recorded signed, and a
+stand-in engine booting from zero (empty cache root and Triton cache): its main process
+inspects the model (vLLM's ``modelinfos`` cache), its worker settles the KV-cache block size
+and then looks up its two compile-cache directories by vLLM's formulas.
+
+Checked: every cache in place before vLLM reads it, the compile cache under the names the
+worker's own config gives (another model path, a block size settled in the worker), each
+differing factor named in one line with the compile cache left out, the boot's attestation
+(what it still compiled) logged and reported, and an unsigned run installing none of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from tests.support.builders import h200_key, run_payload, signed, stored_reports
+from tests.support.paths import CUDNN_FILE
+from tests.support.serve import as_admin
+from tests.support.vllm_stand_in import node_scratch, run_engine, tunecache_lines
+
+# What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
+SERVER_DATABASE_INCIDENTAL = True
+
+NODE_MODEL = "/node/work/vllm-scratch/model"
+
+
+def push_warm_run(server, tmp_path, signing_key, **overrides) -> int:
+    """Harvest a node's scratch and record its run (tactics + warm state), signed by the node."""
+    from tunecache.service.tuner.vllm_warmup import harvest_warm_state
+
+    scratch = node_scratch(tmp_path, NODE_MODEL, **overrides)
+    out = tmp_path / "harvest"
+    out.mkdir()
+    artifacts, summary = harvest_warm_state(scratch, out)
+    assert summary["names_checked"] == {"backbone": True, "aot": True}
+    payload = run_payload(CUDNN_FILE, h200_key())
+    for blob in [CUDNN_FILE.read_bytes()] + [(out / a["path"]).read_bytes() for a in artifacts]:
+        assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code in (200, 201)
+    payload["artifacts"] += [{"kind": a["kind"], "name": a["name"], "media_type": a["media_type"],
+                              "sha256": hashlib.sha256((out / a["path"]).read_bytes()).hexdigest()} for a in artifacts]
+    payload["summary"]["vllm_compile"] = summary
+    answer = as_admin.post(f"{server}/v1/tunings", json=signed(payload, signing_key))
+    assert answer.status_code == 201, answer.text
+    return answer.json()["id"]
+
+
+def pod_env(tmp_path, server, **env):
+    return {"TUNECACHE_URL": server, "STAND_IN_MODEL": "/models/llama", "STAND_IN_MNBT": "8192",
+            "STAND_IN_BLOCK_SIZE": "32", "VLLM_USE_AOT_COMPILE": "1", "TRITON_CACHE_DIR": str(tmp_path / "pod-triton"),
+            **env}
+
+
+def test_a_boot_from_zero_finds_every_cache_in_place_and_attests_it_compiled_nothing(server, tmp_path,
+                                                                                    node_signing_key, database_url):
+    run = push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server))
+    assert seen["inspect_model"] == {"cached": True}  # modelinfos installed before vLLM inspected the model
+    assert seen["compile"] == {"backbone": True, "aot": True}  # under this pod's names: its model path, its block size
+    lines = tunecache_lines(log)
+    assert lines[0].startswith(f"tunecache: warm state of run {run} installed for meta-llama/Llama-3.1-8B in ")
+    assert "Triton cache (1 kernels), modelinfos (1 files), compile cache staged for the workers" in lines[0]
+    assert lines[1].startswith(f"tunecache: compile cache (2 of 2 directories) from run {run}, under the names this "
+                               "worker's vLLM config gives (rank 0, ")
+    assert lines[-1] == "tunecache: this boot compiled nothing (rank 0): at the floor"
+    group = tmp_path / "pod-triton" / "HASHB" / "__grp___fwd_kernel.json"
+    assert json.loads(group.read_text())["child_paths"] == {"_fwd_kernel.cubin": str(group.parent / "_fwd_kernel.cubin")}
+    [report] = stored_reports(database_url, 1)
+    assert report.outcome == "installed" and report.compiled_total == 0
+    assert set(report.compiled) >= {"flashinfer_jit_modules", "triton_kernels", "model_inspections", "deep_gemm_kernels"}
+
+
+@pytest.mark.parametrize("case, node, pod, named", [
+    ("environment", {"block_size": 32}, {"VLLM_USE_AOT_COMPILE": "0"},
+     "environment VLLM_USE_AOT_COMPILE: node '1', pod '0'"),
+    ("model setting", {"block_size": 32}, {"STAND_IN_MAX_MODEL_LEN": "8192"}, "vLLM config model_config: its hash differs"),
+    ("block size", {"block_size": 32}, {"STAND_IN_BLOCK_SIZE": ""}, "vLLM config cache_config: its hash differs"),
+    ("vLLM version", {"block_size": 32, "vllm_version": "0.24.0"}, {}, "vLLM version: node 0.24.0, pod 0.25.0"),
+    ("traced source", {"block_size": 32, "traced_files": "TRACED"}, {}, "traced source {traced}: not on this pod"),
+])
+def test_each_differing_factor_is_named_and_the_boot_compiles_as_without(server, tmp_path, node_signing_key,
+                                                                         case, node, pod, named):
+    traced = tmp_path / "site" / "llama.py"
+    if node.get("traced_files") == "TRACED":  # on the node when it was harvested, not on the pod
+        traced.parent.mkdir()
+        traced.write_text("class LlamaModel: ...\n")
+        node = {**node, "traced_files": [str(traced)]}
+    push_warm_run(server, tmp_path, node_signing_key, **node)
+    traced.unlink(missing_ok=True)
+    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server, **pod))
+    assert seen["inspect_model"] == {"cached": True}  # the rest of the warm state is installed all the same
+    assert seen["compile"] == {"backbone": False, "aot": False}
+    lines = tunecache_lines(log)
+    [skipped] = [line for line in lines if "compile cache not installed" in line]
+    assert skipped.startswith("tunecache: compile cache not installed, vLLM would not use it: ")
+    assert named.format(traced=traced) in skipped
+    assert lines[-1] == "tunecache: this boot compiled 1 triton_kernels (rank 0)"
+
+
+def test_a_key_known_only_from_vllms_config_installs_after_the_inspection(server, tmp_path, node_signing_key):
+    push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server, STAND_IN_MNBT=""))
+    assert seen["inspect_model"] == {"cached": False} and seen["compile"] == {"backbone": True, "aot": True}
+    first = tunecache_lines(log)[0]
+    assert first.endswith("(max_num_batched_tokens was not given to vLLM, so the key was known only after vLLM "
+                          "inspected the model)")
+    assert tunecache_lines(log)[-1] == "tunecache: this boot compiled 1 model_inspections (rank 0)"
+
+
+def test_without_trusted_keys_no_warm_state_is_installed(server, tmp_path, node_signing_key, monkeypatch):
+    push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+    monkeypatch.delenv("TUNECACHE_TRUSTED_KEYS")
+    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server))
+    assert seen["inspect_model"] == {"cached": False} and seen["compile"] == {"backbone": False, "aot": False}
+    assert tunecache_lines(log)[0].startswith("tunecache: no warm state installed (")
+    assert "install only from a run signed by a trusted key" in tunecache_lines(log)[0]
+    assert not (tmp_path / "pod-triton" / "HASHB").exists()
