@@ -82,6 +82,7 @@ from tunecache.client.install import (
     fetch_and_install,
 )
 from tunecache.formats.jit_module import BadJitArtifact
+from tunecache.client.warm_state import BadWarmStateArtifact, TritonCache, VllmCacheRoot
 from tunecache.client.layouts import vllm_rank_file_name
 from tunecache.client.settings import load_client_settings
 from tunecache.contract import (
@@ -412,10 +413,20 @@ def pull(
         Optional[Path], typer.Option(help="install the JIT modules into this FlashInfer workspace directory instead "
                                       "(used as given; for a pod without FlashInfer, e.g. an init container)")
     ] = None,
+    warm_state: Annotated[bool, typer.Option("--warm-state", help="also install the run's vLLM model-inspection "
+                                             "cache, compile cache and Triton cache (a signed run only)")] = False,
+    vllm_cache_root: Annotated[Optional[Path], typer.Option(help="--warm-state: vLLM's cache root (default: "
+                                                            "VLLM_CACHE_ROOT, else vLLM's default)")] = None,
+    triton_cache_dir: Annotated[Optional[Path], typer.Option(help="--warm-state: Triton's cache (default: "
+                                                             "TRITON_CACHE_DIR, else Triton's default)")] = None,
 ) -> None:
     """Fetch the tuning matching this GPU and environment and install it where FlashInfer or vLLM read it.
 
     Prints the installed path(s). Layout 'file': use with flashinfer.autotune(False, cache=PATH).
+    With --warm-state (an init container before vLLM starts) the compile cache goes under the
+    tuning node's directory names, which the pod's vLLM finds only if its compile factors are
+    the node's (same model path, engine settings, VLLM_* environment and image); the vLLM
+    plugin instead puts it under the names the pod's own config gives.
     """
     if file_name is not None:
         try:
@@ -453,15 +464,17 @@ def pull(
     else:
         tactics = FlashInferV2Store(dest)
     jit_modules = JitWorkspace(jit_workspace) if (jit or jit_workspace) else None
+    target = InstallTarget(jit_modules=jit_modules, tactics=tactics,
+                           triton=TritonCache(triton_cache_dir) if warm_state else None,
+                           vllm_cache=VllmCacheRoot(vllm_cache_root) if warm_state else None)
     with client_for(server, settings) as client:
         try:  # reported to the server when done, in the background (TUNECACHE_REPORT=0: not)
-            installed = fetch_and_install(client, key, env, InstallTarget(jit_modules=jit_modules, tactics=tactics),
-                                          trusted, ReportSource.CLI)
+            installed = fetch_and_install(client, key, env, target, trusted, ReportSource.CLI)
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
         except UntrustedRun as exc:
             fail(ExitCode.UNTRUSTED_RUN, f"{exc}; nothing was installed")
-        except BadJitArtifact as exc:
+        except (BadJitArtifact, BadWarmStateArtifact) as exc:
             fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; the tuning was not installed")
         except ImportError as exc:
             fail(ExitCode.USAGE, f"--layout {layout.value} needs FlashInfer installed here ({exc})")
@@ -480,6 +493,11 @@ def pull(
         typer.echo(f"installed {len(modules)} FlashInfer JIT modules into {installed.jit_workspace}", err=True)
     if skipped:
         typer.echo(f"tunecache: {skipped} (the tactics are installed)", err=True)
+    if warm_state:
+        done = ", ".join(installed.warm_state) or "none (the run has no warm state, or it is not signed)"
+        typer.echo(f"tunecache: warm state installed: {done}", err=True)
+        if installed.compile_cache_skipped:
+            typer.echo(f"tunecache: {installed.compile_cache_skipped}", err=True)
     for path in installed.paths:
         typer.echo(str(path))
 

@@ -119,3 +119,27 @@ def test_without_trusted_keys_no_warm_state_is_installed(server, tmp_path, node_
     assert tunecache_lines(log)[0].startswith("tunecache: no warm state installed (")
     assert "install only from a run signed by a trusted key" in tunecache_lines(log)[0]
     assert not (tmp_path / "pod-triton" / "HASHB").exists()
+
+
+def test_an_init_container_pulls_the_warm_state_under_the_nodes_names(server, tmp_path, node_signing_key, monkeypatch):
+    """``tunecache pull --warm-state``: no vLLM config to compute from, so the compile cache keeps
+    the node's directory names (found by a pod whose factors are the node's)."""
+    from tunecache.client.warm_state import read_compile_factors
+    from tests.support.cli import pull
+
+    push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+    root, triton = tmp_path / "init" / "vllm-cache", tmp_path / "init" / "triton"
+    pulled = pull(server, tmp_path / "init" / "file", CUDNN_FILE, "--warm-state", "--vllm-cache-root", str(root),
+                  "--triton-cache-dir", str(triton))
+    assert pulled.returncode == 0, pulled.stderr
+    assert "tunecache: warm state installed: Triton cache (1 kernels), modelinfos (1 files), compile cache (2 of 2 " \
+           "directories)" in pulled.stderr
+    factors = read_compile_factors((tmp_path / "harvest" / "vllm-compile-cache.tar.gz").read_bytes())
+    assert (root / "torch_compile_cache" / factors.backbone_dir / "rank_0_0" / "backbone").is_dir()
+    assert (root / "torch_compile_cache" / "torch_aot_compile" / factors.aot_dir / "rank_0_0" / "model").is_file()
+    assert (root / "modelinfos").is_dir() and (triton / "HASHB" / "_fwd_kernel.cubin").is_file()
+    monkeypatch.delenv("TUNECACHE_TRUSTED_KEYS")
+    unsigned = pull(server, tmp_path / "plain" / "file", CUDNN_FILE, "--warm-state", "--vllm-cache-root",
+                    str(tmp_path / "plain" / "root"))
+    assert unsigned.returncode == 0 and "warm state installed: none" in unsigned.stderr
+    assert not (tmp_path / "plain" / "root").exists()

@@ -139,3 +139,35 @@ def test_contains_keeps_the_rows_of_a_model_or_gpu_and_counts_only_those(engine)
 def test_a_limit_under_1_or_a_negative_offset_is_refused(engine, page):
     with pytest.raises(ValueError, match="must be at least"):
         _view(engine, **page)
+
+
+def test_attested_boots_are_counted_per_key_with_what_the_rest_still_compiled(engine):
+    key, other = h200_key(), h200_key(model="other/model")
+    env = file_environment(CUDNN_FILE)
+    attestations = [(key, {"inductor_graphs": 0, "triton_kernels": 0}), (key, {"inductor_graphs": 0, "triton_kernels": 0}),
+                    (key, {"inductor_graphs": 2, "triton_kernels": 14}), (key, {"triton_kernels": 1}), (key, None),
+                    (other, None)]
+    with db.session_factory(engine).begin() as session:
+        for n, (k, compiled) in enumerate(attestations):
+            reports.record_report(session, PodReportCreate(
+                key=k, environment_hash=env.environment_hash(), outcome=ReportOutcome.INSTALLED, run_id=1,
+                install_seconds=0.1, pod=f"pod-{n}", source=ReportSource.PLUGIN, compiled=compiled),
+                received_at=NOW - dt.timedelta(hours=1))
+        reports.record_report(session, PodReportCreate(  # outside the window
+            key=key, environment_hash=env.environment_hash(), outcome=ReportOutcome.INSTALLED, run_id=1,
+            install_seconds=0.1, pod="old", source=ReportSource.PLUGIN, compiled={"aot_compiles": 1}),
+            received_at=NOW - dt.timedelta(hours=30))
+    rows = {row.key.model: row for row in _view(engine).keys}
+    mine = rows[key.model]
+    assert (mine.reports, mine.attested, mine.at_floor) == (5, 4, 2)
+    assert {k.value: v for k, v in mine.still_compiled.items()} == {"inductor_graphs": 2, "triton_kernels": 15}
+    assert (rows[other.model].attested, rows[other.model].at_floor, rows[other.model].still_compiled) == (0, 0, {})
+
+
+def test_an_attestation_out_of_bounds_or_of_an_unknown_kind_is_refused():
+    env = file_environment(CUDNN_FILE)
+    fields = dict(key=h200_key(), environment_hash=env.environment_hash(), outcome=ReportOutcome.INSTALLED, run_id=1,
+                  install_seconds=0.1, pod="p", source=ReportSource.PLUGIN)
+    for compiled in ({"triton_kernels": -1}, {"triton_kernels": 1_000_001}, {"espresso": 1}):
+        with pytest.raises(ValueError):
+            PodReportCreate(**fields, compiled=compiled)

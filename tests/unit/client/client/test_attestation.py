@@ -1,0 +1,43 @@
+"""A boot's attestation: counts from the files the boot wrote and from vLLM's own counter."""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+
+from tunecache.client.attestation import count_files, count_vllm, shown, written_since
+from tunecache.contract import CompiledKind
+
+
+def _touch(path, mtime_ns=None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    if mtime_ns is not None:
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+    return path
+
+
+def test_only_what_the_boot_wrote_counts(tmp_path):
+    started = time.time_ns()
+    before = started - 10**9  # installed from a run: the node's file times, before the boot
+    _touch(tmp_path / "ws" / "cached_ops" / "sampling" / "sampling.so")
+    _touch(tmp_path / "ws" / "cached_ops" / "prefill" / "prefill.so", before)
+    _touch(tmp_path / "triton" / "A" / "k.cubin")
+    _touch(tmp_path / "vc" / "torch_compile_cache" / "torch_aot_compile" / "h" / "inductor_cache" / "triton" / "0" / "B" / "k.cubin")
+    _touch(tmp_path / "triton" / "C" / "old.cubin", before)
+    (tmp_path / "dg" / "cache" / "kernel.fp8_gemm.abc").mkdir(parents=True)
+    _touch(tmp_path / "vc" / "modelinfos" / "vllm-model_executor-models-llama-LlamaForCausalLM.json")
+    counts = count_files(started, workspace=tmp_path / "ws", deep_gemm_dir=tmp_path / "dg", vllm_cache_root=tmp_path / "vc",
+                         triton_dirs=[tmp_path / "triton", tmp_path / "vc" / "torch_compile_cache", tmp_path / "triton", None])
+    assert counts == {CompiledKind.FLASHINFER_JIT_MODULES: 1, CompiledKind.TRITON_KERNELS: 2,
+                      CompiledKind.DEEP_GEMM_KERNELS: 1, CompiledKind.MODEL_INSPECTIONS: 1}
+    assert written_since([tmp_path / "missing", None], "*", started) == 0
+
+
+def test_vllms_counter_and_the_line():
+    counter = SimpleNamespace(num_graphs_seen=3, num_inductor_compiles=2, num_aot_compiles=1, num_compiled_artifacts_loaded=9)
+    counts = count_vllm(counter)
+    assert counts == {CompiledKind.DYNAMO_TRACES: 3, CompiledKind.INDUCTOR_GRAPHS: 2, CompiledKind.AOT_COMPILES: 1}
+    assert shown(counts) == "3 dynamo_traces, 2 inductor_graphs, 1 aot_compiles"
+    assert shown({kind: 0 for kind in CompiledKind}) == "nothing"
