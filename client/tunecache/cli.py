@@ -84,7 +84,7 @@ from tunecache.client.install import (
 from tunecache.formats.jit_module import BadJitArtifact
 from tunecache.client.warm_state import BadWarmStateArtifact, TritonCache, VllmCacheRoot
 from tunecache.client.layouts import vllm_rank_file_name
-from tunecache.client.settings import load_client_settings
+from tunecache.client.settings import EMPTY_TOKEN, load_client_settings
 from tunecache.contract import (
     TOKEN_NAME_PATTERN,
     TUNABLE_STAGES,
@@ -339,6 +339,8 @@ def client_settings():
     try:
         return load_client_settings(token=_token_option)
     except ValueError as exc:
+        if EMPTY_TOKEN in str(exc):
+            fail(ExitCode.NOT_AUTHORISED, f"{'--token' if _token_option == '' else 'TUNECACHE_TOKEN'} {EMPTY_TOKEN}")
         fail(ExitCode.USAGE, str(exc))
 
 

@@ -272,3 +272,21 @@ def test_bad_tls_files_and_token_names_are_one_line_errors(tmp_path):
         revoked = subprocess.run([tunecache_executable(), "token", "revoke", "--server", "http://127.0.0.1:1", name],
                                  capture_output=True, text=True, timeout=60)
         assert revoked.returncode == 2 and "token name" in revoked.stderr, (name, revoked.stderr)
+
+
+def test_an_empty_token_is_refused_never_the_local_admin_token(server):
+    """On a machine with a tunecache serve's admin.token, ``--token ''`` or ``TUNECACHE_TOKEN=``
+    (an optional Secret left blank) would otherwise fall back to that file and act as admin."""
+    as_admin = subprocess.run([tunecache_executable(), "token", "create", "--name", "reader", "--scope", "read", "--server", server],
+                              capture_output=True, text=True, timeout=60)
+    assert as_admin.returncode == 0, as_admin.stderr  # no token given: the local admin.token, as documented
+    for how, args, env in (("--token", ["--token", ""], {}), ("TUNECACHE_TOKEN", [], {"TUNECACHE_TOKEN": ""})):
+        refused = subprocess.run([tunecache_executable(), *args, "token", "create", "--name", "sneaky", "--scope", "admin",
+                                  "--server", server], capture_output=True, text=True, timeout=60,
+                                 env={**os.environ, **env})
+        assert refused.returncode == 13, refused.stderr
+        assert refused.stderr.strip() == f"tunecache: error: {how} is set but empty: an empty token is refused, never " \
+                                         "taken as no token (which would fall back to TUNECACHE_TOKEN_FILE or a local " \
+                                         "server's admin.token); unset it, or give a token"
+    names = [t["name"] for t in httpx.get(f"{server}/v1/tokens", headers=admin_headers()).json()]
+    assert "sneaky" not in names and "reader" in names

@@ -106,11 +106,16 @@ class ClientSettings(BaseSettings):
     @classmethod
     def _token_fits_a_header(cls, token: SecretStr | None) -> SecretStr | None:
         value = token.get_secret_value() if token is not None else None
-        if value == "":  # set but empty (an optional Secret left blank): as if unset
-            return None
+        if value == "":  # never "no token": that would fall back to the token file (an admin's, on a server's machine)
+            raise ValueError(EMPTY_TOKEN)
         if value is not None and not (value.isascii() and value.isprintable() and " " not in value and value):
             raise ValueError("must be printable ASCII without spaces (it is sent in an HTTP header)")
         return token
+
+
+#: Why an empty token is refused (the CLI exits 13 with it).
+EMPTY_TOKEN = ("is set but empty: an empty token is refused, never taken as no token (which would fall back to "
+               "TUNECACHE_TOKEN_FILE or a local server's admin.token); unset it, or give a token")
 
 
 def load_client_settings(**overrides: object) -> ClientSettings:

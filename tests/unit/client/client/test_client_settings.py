@@ -93,8 +93,10 @@ def test_the_token_comes_from_the_option_the_variable_or_the_file(tmp_path, monk
     assert ClientSettings(token_file=token_file, token="tc_given").resolved_token() == "tc_given"
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path))
     assert ClientSettings().resolved_token() == "tc_from_file"  # the admin.token of a local tunecache serve
-    monkeypatch.setenv("TUNECACHE_TOKEN", "")  # an optional Secret left empty: as if unset
-    assert ClientSettings().resolved_token() == "tc_from_file"
+    monkeypatch.setenv("TUNECACHE_TOKEN", "")  # set but empty: refused, never a fall-back to the admin's file
+    with pytest.raises(ValueError, match="set but empty: an empty token is refused"):
+        ClientSettings()
+    monkeypatch.delenv("TUNECACHE_TOKEN")
     token_file.write_text("\n")
     with pytest.raises(ValueError, match="TUNECACHE_TOKEN_FILE=.*the file is empty"):
         ClientSettings(token_file=token_file).resolved_token()
