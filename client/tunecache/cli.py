@@ -60,7 +60,7 @@ import typer
 from pydantic import ValidationError
 
 from tunecache.client.autotune_file import pushed_run
-from tunecache.formats.autotune_file import NotAnAutotuneFile, parse_autotune_file
+from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
 from tunecache.client.http import (
     ArtifactCorrupt,
@@ -364,7 +364,7 @@ def push(
     """Upload a FlashInfer autotune cache file; its environment is read from its _metadata."""
     try:
         data = file.read_bytes()
-        parsed = parse_autotune_file(data, source=str(file))
+        parsed = check_loadable(data, source=str(file))
     except OSError as exc:
         fail(ExitCode.BAD_INPUT, f"cannot read {file}: {exc.strerror}")
     except NotAnAutotuneFile as exc:

@@ -92,6 +92,56 @@ def parse_autotune_file(data: bytes, source: str = "file") -> AutotuneFile:
     )
 
 
+#: Bookkeeping keys of a v1 file beside ``_metadata``, by the FlashInfer that reads them:
+#: FlashInfer 0.7 pops ``_generation`` and ``_records`` (an object) before reading entries;
+#: FlashInfer 0.6 pops only ``_metadata`` and reads every other key as an entry.
+_BOOKKEEPING_07 = ("_generation", "_records")
+
+
+def check_loadable(data: bytes, source: str = "file") -> AutotuneFile:
+    """:func:`parse_autotune_file`, and every entry as FlashInfer's loader
+    (``AutoTuner.load_configs``, 0.6.13 and 0.7.4) reads it: the value of each key but the
+    bookkeeping ones is ``[runner_class: str, tactic, ...]``, a third element (the profiling
+    policy, read with ``tuple(...)``) is a list, and FlashInfer 0.7's ``_records`` is an
+    object. An entry FlashInfer cannot read makes its ``load_configs`` raise (an
+    ``IndexError`` for ``"key": "x"``) in every pod that installs the file.
+
+    And a ``_metadata`` value ``"*"`` is refused: FlashInfer's loader takes it as "any
+    environment", while tunecache files a run under exactly one environment and hands it only
+    to pods of that environment; a wildcard file would be stored under a ``"*"`` environment no
+    pod has (record the file FlashInfer wrote where it tuned).
+
+    The checks are written here rather than run through FlashInfer's loader: on a server, the
+    loader compares the file's environment with the server's own first and, as they differ,
+    skips the entries unread (tests/unit/client/formats/test_autotune_file.py holds both to
+    the same cases).
+
+    Raises:
+        NotAnAutotuneFile: as :func:`parse_autotune_file`, or naming the first entry or
+            ``_metadata`` field FlashInfer would not load.
+    """
+    parsed = parse_autotune_file(data, source)
+    doc = _json_object(data, source)
+    wildcards = [k for k, v in doc["_metadata"].items() if v == "*"]
+    if wildcards:
+        raise NotAnAutotuneFile(f"{source}: _metadata.{wildcards[0]} is the wildcard '*': tunecache stores a run under "
+                                "the one environment it was tuned in; record the file FlashInfer wrote there")
+    version = str(doc["_metadata"].get("flashinfer_version", ""))
+    bookkeeping = _BOOKKEEPING_07 if not version.startswith("0.6") else ()
+    if "_records" in bookkeeping and "_records" in doc and not isinstance(doc["_records"], dict):
+        raise NotAnAutotuneFile(f"{source}: _records is not an object (FlashInfer's loader raises on it)")
+    for key, value in doc.items():
+        if key == "_metadata" or key in bookkeeping:
+            continue
+        shown = key if len(key) <= 120 else key[:117] + "..."
+        if not isinstance(value, list) or len(value) < 2 or not isinstance(value[0], str):
+            raise NotAnAutotuneFile(f"{source}: entry {shown!r} is not [runner_class, tactic, ...] "
+                                    f"(FlashInfer's loader fails on {json.dumps(value)[:80]})")
+        if len(value) > 2 and not isinstance(value[2], list):
+            raise NotAnAutotuneFile(f"{source}: entry {shown!r} has a profiling policy that is not a list")
+    return parsed
+
+
 @dataclass(frozen=True)
 class AutotuneEntry:
     """One entry of a FlashInfer autotune file: its key (``file_key``; ``key`` read, or

@@ -34,7 +34,7 @@ from tunecache.contract import (
     differences,
     encode_run_cursor,
 )
-from tunecache.formats.autotune_file import NotAnAutotuneFile, parse_autotune_file
+from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable
 from tunecache.service import blobs, dialect
 from tunecache.service.models import (
     ArtifactBlob,
@@ -154,7 +154,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     Raises:
         ArtifactsMissing: an artifact's sha256 has no uploaded bytes.
         NotAFlashInferFile: a ``flashinfer_autotune_v1`` artifact that
-            :func:`tunecache.formats.autotune_file.parse_autotune_file` refuses (not JSON,
+            :func:`tunecache.formats.autotune_file.check_loadable` refuses (not JSON,
             no ``_metadata``, ...).
         IndeterminateEnvironment: a succeeded run whose environment has ``"unknown"``
             fields (FlashInfer's ``load_configs`` would reject its file everywhere).
@@ -177,7 +177,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     for artifact in run.artifacts:
         if artifact.kind is ArtifactKind.FLASHINFER_AUTOTUNE:
             try:
-                parse_autotune_file(blobs.read_blob(session, artifact.sha256) or b"", f"artifact {artifact.name!r}")
+                check_loadable(blobs.read_blob(session, artifact.sha256) or b"", f"artifact {artifact.name!r}")
             except NotAnAutotuneFile as exc:
                 raise NotAFlashInferFile(f"{exc} (a {ArtifactKind.FLASHINFER_AUTOTUNE} artifact must be one)") from None
 
