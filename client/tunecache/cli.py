@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import hashlib
 import functools
 import inspect
 import json
@@ -375,10 +376,15 @@ def push(
     if trigger not in (RunTrigger.UPLOAD, RunTrigger.POD):
         fail(ExitCode.USAGE, "--trigger must be 'upload' or 'pod'")
     key = key_options.key(parsed.environment.gpu)
+    try:  # the record's own rules (a key no pod could ask for, another GPU's file) before any upload
+        record = pushed_run(key, parsed, hashlib.sha256(data).hexdigest(), trigger, socket.gethostname())
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        fail(ExitCode.BAD_INPUT, f"{file}: {str(error['msg']).removeprefix('Value error, ')}; nothing was uploaded")
     with client_for(server) as client:
         try:
-            stored = client.upload_artifact(data)
-            run = client.record_run(pushed_run(key, parsed, stored.sha256, trigger, socket.gethostname()))
+            client.upload_artifact(data)
+            run = client.record_run(record)
         except Exception as exc:
             client_errors(exc)
     state = "current" if run.is_current else "recorded, not current"

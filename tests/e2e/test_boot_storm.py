@@ -116,7 +116,7 @@ def test_two_replicas_on_one_postgres_behave_as_one_service(postgres_schema_url,
         assert as_admin.post(f"{url_b}/v1/tunings/lookup", json=body).json()["id"] == second["id"]
         assert as_admin.post(f"{url_a}/v1/tunings/lookup", json=body).json()["id"] == second["id"]
 
-        job = {"key": h200_key(model="replicated").model_dump(), "hf_config": {"hidden_size": 8}}
+        job = {"key": h200_key(model="replicated").model_dump(), "hf_config": {"model_type": "llama", "hidden_size": 8}}
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda i: as_admin.post(f"{(url_a, url_b)[i % 2]}/v1/tuning-jobs", json=job, timeout=30),
                                     range(40)))

@@ -44,10 +44,12 @@ def _upload(server: str, path=CUDNN_FILE) -> None:
 
 
 def _record(server: str, key=None, environment: dict | None = None, **overrides) -> dict:
-    """Record a run of the H200 file (admin token) and return it as the server answered."""
+    """Record a run of the H200 file, as if tuned on the key's GPU (admin token), and return it as
+    the server answered."""
     payload = run_payload(CUDNN_FILE, key or h200_key(), **overrides)
     if environment is not None:
         payload["environment"] = environment
+    payload["environment"] = {**payload["environment"], "gpu": payload["key"]["gpu_name"]}
     if payload.get("status") == "failed":
         payload["artifacts"] = []
     answer = as_admin.post(f"{server}/v1/tunings", json=payload, timeout=30)

@@ -22,7 +22,7 @@ from tests.support.jobs import stand_in_tuner
 
 
 def test_fifty_concurrent_posts_make_one_job(server):
-    body = {"key": h200_key().model_dump(), "hf_config": {"hidden_size": 4096}}
+    body = {"key": h200_key().model_dump(), "hf_config": {"model_type": "llama", "hidden_size": 4096}}
 
     def post(_):
         return as_admin.post(f"{server}/v1/tuning-jobs", json=body, timeout=60)

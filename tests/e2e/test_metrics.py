@@ -208,7 +208,7 @@ def test_the_worker_records_job_and_stage_durations(engine):
 
     def enqueue(tokens: int) -> None:
         with sessions.begin() as session:
-            jobs.enqueue(session, TuningJobCreate(key=h200_key(max_num_batched_tokens=tokens), hf_config={"hidden_size": 1}))
+            jobs.enqueue(session, TuningJobCreate(key=h200_key(max_num_batched_tokens=tokens), hf_config={"model_type": "llama", "hidden_size": 1}))
 
     def failing(spec, work_dir, timeout_s, on_event, **_):
         on_event(StageChanged(stage="gemm", status="running"))

@@ -47,3 +47,40 @@ def test_a_wildcard_environment_is_refused_naming_the_field(server, tmp_path):
     wildcard.write_text(json.dumps(doc))
     pushed = push(server, wildcard)
     assert pushed.returncode == 7 and "_metadata.cuda_version is the wildcard" in pushed.stderr
+
+
+def _h100_file(tmp_path):
+    doc = json.loads(CUDNN_FILE.read_text())
+    doc["_metadata"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    path = tmp_path / "h100.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_keys_no_pod_could_ask_for_are_refused_with_the_field_named(server, tmp_path):
+    pushed = push(server, _h100_file(tmp_path), "--gpu-name", "NVIDIA H200")
+    assert pushed.returncode == 7, pushed.stderr
+    assert "key.gpu_name 'NVIDIA H200' is not the GPU the file was tuned on (_metadata.gpu 'NVIDIA H100 80GB HBM3')" \
+        in pushed.stderr
+    for field, value, named in (("model", "   ", "model"), ("model", "meta-llama/Llama\t3", "control characters"),
+                                ("model", " meta-llama/Llama-3.1-8B", "whitespace"),
+                                ("dtype", "potato", "dtype 'potato' is not one of vLLM's --dtype choices"),
+                                ("quantization", "fp9", "quantization 'fp9' is not one of vLLM's --quantization")):
+        payload = run_payload(CUDNN_FILE, h200_key())
+        payload["key"][field] = value
+        _put(server, CUDNN_FILE.read_bytes())
+        answer = as_admin.post(f"{server}/v1/tunings", json=payload)
+        assert answer.status_code == 422 and named in answer.text, (field, value, answer.text)
+    assert as_admin.get(f"{server}/v1/tunings").json()["total"] == 0
+
+
+def test_jobs_no_tuner_could_run_are_refused_with_the_field_named(server):
+    key = h200_key().model_dump()
+    for body, named in (({"key": key, "gemm_backends": ["bogus"]}, "'bogus': not a FlashInfer GEMM backend"),
+                        ({"key": key, "hf_config": json.loads(CUDNN_FILE.read_text())},
+                         "is a FlashInfer autotune file (it has _metadata), not a model's config.json"),
+                        ({"key": key, "hf_config": {"hidden_size": 4096}}, "neither model_type nor architectures"),
+                        ({"key": {**key, "dtype": "potato"}, "hf_config": {"model_type": "llama"}}, "key.dtype 'potato'")):
+        answer = as_admin.post(f"{server}/v1/tuning-jobs", json=body)
+        assert answer.status_code == 422 and named in answer.text, (body.keys(), answer.text)
+    assert as_admin.get(f"{server}/v1/tuning-jobs").json()["total"] == 0

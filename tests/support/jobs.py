@@ -39,4 +39,4 @@ def stand_in_tuner(delay_s: float = 0.0):
 def enqueue(sessions, **key_fields):
     """Queue a job for the H200 key (``key_fields`` changed) as a POST /v1/jobs would."""
     with sessions.begin() as session:
-        return jobs.enqueue(session, TuningJobCreate(key=h200_key(**key_fields), hf_config={"hidden_size": 1}))
+        return jobs.enqueue(session, TuningJobCreate(key=h200_key(**key_fields), hf_config={"model_type": "llama", "hidden_size": 1}))

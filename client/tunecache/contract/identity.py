@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import unicodedata
 import json
 from typing import Annotated, Any
 
@@ -80,6 +81,34 @@ def _whole_number(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
+
+
+def _model_name(value: str) -> str:
+    """A model name as vLLM takes it: no control characters (tab, newline, ...), no space at
+    either end, not blank."""
+    if not value.strip():
+        raise ValueError("must not be blank")
+    if value != value.strip():
+        raise ValueError("must not start or end with whitespace")
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise ValueError("must not contain control characters (tab, newline, ...)")
+    return value
+
+
+#: A model name (:func:`_model_name`).
+ModelName = Annotated[str, AfterValidator(_model_name), Field(json_schema_extra={"pattern": r"^\S(.*\S)?$"})]
+
+#: vLLM's ``--dtype`` choices (``vllm/config/model.py::ModelDType``, vLLM 0.25 and 0.33).
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+#: vLLM's ``--quantization`` choices (``vllm.model_executor.layers.quantization.QUANTIZATION_METHODS``,
+#: vLLM 0.25), with ``auto`` (as the checkpoint says).
+VLLM_QUANTIZATIONS = (
+    "auto", "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+    "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
+    "bitsandbytes", "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4",
+    "deepseek_v4_fp8", "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+    "mxfp8",
+)
 
 
 #: A whole number as JSON Schema means it (no strings, booleans or fractions).
@@ -193,7 +222,7 @@ class DeploymentKey(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, from_attributes=True)
 
-    model: Text = Field(min_length=1, max_length=512)
+    model: ModelName = Field(min_length=1, max_length=512)
     max_num_batched_tokens: WholeNumber = Field(gt=0, le=MAX_NUM_BATCHED_TOKENS)
     dtype: Text = Field(default="auto", min_length=1, max_length=32)
     quantization: Text = Field(default="auto", min_length=1, max_length=32)
@@ -210,6 +239,18 @@ class DeploymentKey(BaseModel):
             raise ValueError(f"expert_parallel_size {self.expert_parallel_size} must be 1 or a multiple of "
                              f"tensor_parallel_size x data_parallel_size ({ranks}), as vLLM's --enable-expert-parallel makes it")
         return self
+
+    def unmatchable(self) -> list[str]:
+        """Why no vLLM pod could ever ask for this deployment (a ``dtype`` or ``quantization``
+        vLLM does not take), one line per field; ``[]``: none. Checked where runs and jobs are
+        made, not on lookups (a pod that asks for something else simply misses)."""
+        problems = []
+        if self.dtype not in VLLM_DTYPES:
+            problems.append(f"dtype {self.dtype!r} is not one of vLLM's --dtype choices ({', '.join(VLLM_DTYPES)})")
+        if self.quantization not in VLLM_QUANTIZATIONS:
+            problems.append(f"quantization {self.quantization!r} is not one of vLLM's --quantization methods "
+                            f"(auto, fp8, awq, gptq, compressed-tensors, ...)")
+        return problems
 
     def on_gpu(self, gpu_name: str, arch: str) -> "TuningKey":
         """The key of this deployment on a GPU named ``gpu_name`` of ``arch``."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tunecache.contract.events import TunableStage
 from tunecache.contract.identity import StrEnum, TuningKey, _storable_json
@@ -37,6 +37,25 @@ ACTIVE_JOB_STATUSES: tuple[JobStatus, ...] = (JobStatus.QUEUED, JobStatus.RUNNIN
 MAX_HF_CONFIG_BYTES = 1024 * 1024
 
 
+#: FlashInfer's GEMM backends (``mm_bf16`` / ``mm_fp8``'s ``backend`` choices, FlashInfer
+#: 0.6.13 to 0.7.4, without ``auto``, which the tuner never asks for).
+GEMM_BACKENDS = frozenset({"cudnn", "cublas", "cublaslt", "cutlass", "tgv", "tinygemm", "cute-dsl", "cutile", "trtllm"})
+
+
+def not_a_model_config(config: dict[str, Any]) -> str | None:
+    """Why ``config`` is not a Hugging Face model config (``config.json``: a ``model_type``
+    string or an ``architectures`` list of strings, and not a FlashInfer autotune file);
+    ``None`` when it is one."""
+    if "_metadata" in config:
+        return "is a FlashInfer autotune file (it has _metadata), not a model's config.json"
+    model_type, architectures = config.get("model_type"), config.get("architectures")
+    if isinstance(model_type, str) and model_type:
+        return None
+    if isinstance(architectures, list) and architectures and all(isinstance(a, str) for a in architectures):
+        return None
+    return "is not a model's config.json (it has neither model_type nor architectures)"
+
+
 class TuningJobCreate(BaseModel):
     """Body of ``POST /v1/tuning-jobs``: tune this key on a GPU node that has its GPU.
 
@@ -64,7 +83,24 @@ class TuningJobCreate(BaseModel):
         encoded = _storable_json(config)
         if len(encoded) > MAX_HF_CONFIG_BYTES:
             raise ValueError(f"is {len(encoded)} bytes as JSON; at most {MAX_HF_CONFIG_BYTES}")
+        if problem := not_a_model_config(config):
+            raise ValueError(problem)
         return config
+
+    @field_validator("gemm_backends")
+    @classmethod
+    def _known_backends(cls, backends: list[str] | None) -> list[str] | None:
+        unknown = [b for b in backends or () if b not in GEMM_BACKENDS]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))}: not a FlashInfer GEMM backend "
+                             f"({', '.join(sorted(GEMM_BACKENDS))})")
+        return backends
+
+    @model_validator(mode="after")
+    def _matchable(self) -> "TuningJobCreate":
+        if problems := self.key.unmatchable():
+            raise ValueError("key." + "; key.".join(problems))
+        return self
 
 
 class WorkerStatus(BaseModel):

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from tunecache.contract.identity import (
+    INDETERMINATE_VALUES,
     ENVIRONMENT_FIELDS,
     KEY_FIELDS,
     MAX_ID,
@@ -175,6 +176,12 @@ class TuningRunCreate(BaseModel):
             raise ValueError(
                 f"a succeeded run needs a {ArtifactKind.FLASHINFER_AUTOTUNE} artifact (FlashInfer's cache file)"
             )
+        if problems := self.key.unmatchable():
+            raise ValueError("key." + "; key.".join(problems))
+        if self.environment.gpu not in INDETERMINATE_VALUES and self.environment.gpu != self.key.gpu_name:
+            raise ValueError(f"key.gpu_name {self.key.gpu_name!r} is not the GPU the file was tuned on "
+                             f"(_metadata.gpu {self.environment.gpu!r}); pods on {self.key.gpu_name} would get tactics "
+                             "of another GPU")
         return self
 
 

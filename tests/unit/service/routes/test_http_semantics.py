@@ -49,7 +49,7 @@ def test_job_requests_past_the_rate_get_429(engine, tmp_path):
     from tunecache.service.settings import Settings
 
     settings = Settings(database_url=str(engine.url), worker="off", data_dir=tmp_path, job_request_rate="3/minute")
-    job = {"key": h200_key().model_dump(), "hf_config": {"hidden_size": 8}}
+    job = {"key": h200_key().model_dump(), "hf_config": {"model_type": "llama", "hidden_size": 8}}
     with TestClient(create_app(settings, engine=engine)) as client:
         client.headers["Authorization"] = f"Bearer {make_token(engine, 'test-admin', 'admin')}"
         answers = [client.post("/v1/tuning-jobs", json=job) for _ in range(5)]
