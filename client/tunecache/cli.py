@@ -32,7 +32,8 @@ Exit codes (also in docs/pods.md):
       bytes do not match its signed manifest; nothing was installed
 15    ``retune``: a job for the key is already queued or running with other options (its
       id and each difference are printed); ``job cancel``: the job already succeeded or
-      failed
+      failed; ``promote``: the run cannot be current (failed, a pod's, or not signed by a
+      key the service trusts)
 16    ``retune --wait``: the job was cancelled (``tunecache job cancel``) before it finished
 17    ``retune --require-worker``: no live GPU worker for the key's GPU; nothing was queued
 18    ``diff --fail-on-regression``: a changed entry is slower beyond its recorded margin
@@ -361,8 +362,15 @@ def push(
     server: ServerOpt,
     key_options: KeyOptions,
     trigger: Annotated[str, typer.Option(help="'upload', or 'pod' for a pod's own tuning (stored unverified)")] = "upload",
+    force: Annotated[bool, typer.Option("--force", help="make it current past the service's promotion policy "
+                                        "(admin token; audited)")] = False,
 ) -> None:
-    """Upload a FlashInfer autotune cache file; its environment is read from its _metadata."""
+    """Upload a FlashInfer autotune cache file; its environment is read from its _metadata.
+
+    The run becomes current unless the service's promotion policy holds it (not signed by a
+    key the service trusts, fewer entries than the current run, a regression against it):
+    then it is stored, not current, and the reason is printed (--force, or promote, passes it).
+    """
     try:
         data = file.read_bytes()
         parsed = check_loadable(data, source=str(file))
@@ -384,10 +392,12 @@ def push(
     with client_for(server) as client:
         try:
             client.upload_artifact(data)
-            run = client.record_run(record)
+            run = client.record_run(record, force=force)
         except Exception as exc:
             client_errors(exc)
     state = "current" if run.is_current else "recorded, not current"
+    if run.held:
+        typer.echo(f"tunecache: run {run.id} is not current: {run.held}", err=True)
     typer.echo(f"stored run {run.id} ({parsed.entries} entries, {state}) for {key.model} on {key.gpu_name}")
 
 
@@ -1001,6 +1011,31 @@ def job_cancel(
         typer.echo(f"job {job.id}: running on {job.worker}; cancellation requested, its worker stops the tuner within seconds")
     else:
         typer.echo(f"job {job.id}: {job.status}")
+
+
+@app.command()
+def promote(
+    server: ServerOpt,
+    run_id: Annotated[int, typer.Argument(min=1, help="the run to make current (history lists them)")],
+) -> None:
+    """Make a run the current tuning of its key and environment (needs an admin token).
+
+    Rolls a key back to an earlier run, or takes a run the promotion policy held. The run
+    must have succeeded, be a tuner's or an admin's, and, when the service has trusted keys,
+    be signed by one of them; pods install it at their next lookup. Exit 15 when it cannot
+    be current (the reason is printed), 5 when there is no such run.
+    """
+    with client_for(server) as client:
+        try:
+            run = client.promote_run(run_id)
+        except ServerError as exc:
+            if exc.status_code == 409:
+                fail(ExitCode.JOB_CONFLICT, str(exc.detail))
+            client_errors(exc)
+        except TunecacheError as exc:
+            client_errors(exc)
+    typer.echo(f"run {run.id} is current for {run.key.model} on {run.key.gpu_name} "
+               f"(max_num_batched_tokens {run.key.max_num_batched_tokens})")
 
 
 token_app = typer.Typer(help="Bearer tokens of a tunecache service (needs an admin token).", no_args_is_help=True)

@@ -9,7 +9,7 @@ import json
 
 from tests.support.builders import h200_key, run_payload
 from tests.support.cli import push
-from tests.support.paths import CUDNN_FILE
+from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tests.support.serve import as_admin
 
 
@@ -84,3 +84,83 @@ def test_jobs_no_tuner_could_run_are_refused_with_the_field_named(server):
         answer = as_admin.post(f"{server}/v1/tuning-jobs", json=body)
         assert answer.status_code == 422 and named in answer.text, (body.keys(), answer.text)
     assert as_admin.get(f"{server}/v1/tuning-jobs").json()["total"] == 0
+
+
+def _signed_run(server, signing_key, path=CUDNN_FILE, data: bytes | None = None, **key):
+    from tests.support.builders import signed
+
+    data = data if data is not None else path.read_bytes()
+    payload = run_payload(CUDNN_FILE, h200_key(**key))
+    payload["artifacts"][0]["sha256"] = _put(server, data)
+    payload["summary"]["entries"] = sum(1 for k in json.loads(data) if not k.startswith("_"))
+    return payload if signing_key is None else signed(payload, signing_key)
+
+
+def _lookup(server):
+    body = {"key": h200_key().model_dump(), "environment": run_payload(CUDNN_FILE)["environment"]}
+    return as_admin.post(f"{server}/v1/tunings/lookup", json=body)
+
+
+def _audit(server) -> list[str]:
+    return [event.get("detail") or "" for event in as_admin.get(f"{server}/v1/audit").json()["events"]]
+
+
+def test_with_trusted_keys_only_a_signed_run_becomes_current(node_signing_key, server):
+    """The service trusts the node's key (TUNECACHE_TRUSTED_KEYS, set before it started)."""
+    first = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, node_signing_key)).json()
+    assert first["is_current"] and first["signature_verified"] is True and first["held"] is None
+    unsigned = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, None))
+    assert unsigned.status_code == 201
+    assert not unsigned.json()["is_current"]
+    assert unsigned.json()["held"] == ("not signed by a key this service trusts (TUNECACHE_TRUSTED_KEYS): run is unsigned")
+    assert _lookup(server).json()["id"] == first["id"]  # pods keep the signed run
+    assert any(f"run {unsigned.json()['id']}" in d and "held: not signed" in d for d in _audit(server))
+
+
+def test_an_emptier_run_or_a_flagged_regression_is_held_unless_forced(server, tmp_path):
+    full = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, None)).json()
+    assert full["is_current"]
+    doc = json.loads(CUDNN_FILE.read_text())
+    empty = json.dumps({"_metadata": doc["_metadata"]}).encode()
+    held = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, None, data=empty)).json()
+    assert not held["is_current"]
+    assert held["held"] == (f"it has 0 FlashInfer entries, fewer than the 42 of current run {full['id']}: an emptier "
+                            "run does not replace the current one unless forced")
+    slower = dict(doc)
+    key = next(k for k, v in doc.items() if not k.startswith("_") and isinstance(v, list) and len(v) > 3)
+    runner, tactic, policy, selection = doc[key]
+    slower[key] = [runner, [tactic, "other"] if not isinstance(tactic, int) else tactic + 1000, policy,
+                   {**selection, "time_ms": selection["time_ms"] * 1.5}]  # 50 % slower, far beyond its margin
+    regressed = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, None, data=json.dumps(slower).encode())).json()
+    assert not regressed["is_current"]
+    assert regressed["held"].startswith(f"the run diff against current run {full['id']} flags 1 regression")
+    assert _lookup(server).json()["id"] == full["id"]
+    path = tmp_path / "empty.json"
+    path.write_bytes(empty)
+    pushed = push(server, path)
+    assert pushed.returncode == 0 and "is not current: it has 0 FlashInfer entries" in pushed.stderr
+    forced = push(server, path, "--force")
+    assert forced.returncode == 0 and "current)" in forced.stdout and "not current" not in forced.stdout, forced.stdout
+    assert any("forced" in d for d in _audit(server))
+
+
+def test_a_key_rolls_back_to_an_earlier_signed_run_with_one_command(node_signing_key, server, tmp_path):
+    from tests.support.cli import tunecache
+
+    old = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, node_signing_key)).json()
+    new = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, node_signing_key, path=CUBLASLT_FILE)).json()
+    assert new["is_current"] and _lookup(server).json()["id"] == new["id"]
+    rolled = tunecache("promote", str(old["id"]), "--server", server)
+    assert rolled.returncode == 0, rolled.stderr
+    assert rolled.stdout.strip() == f"run {old['id']} is current for meta-llama/Llama-3.1-8B on NVIDIA H200 " \
+                                    "(max_num_batched_tokens 8192)"
+    assert _lookup(server).json()["id"] == old["id"]
+    pulled = tunecache("pull", "--server", server, "--model", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens",
+                       "8192", "--dest", str(tmp_path / "pod"), "--environment", str(CUDNN_FILE))
+    assert pulled.returncode == 0 and f"run {old['id']} is signed by trusted key" in pulled.stderr, pulled.stderr
+    assert (tmp_path / "pod").glob("*.json") and next((tmp_path / "pod").glob("*.json")).read_bytes() == CUDNN_FILE.read_bytes()
+    unsigned = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, None)).json()
+    refused = tunecache("promote", str(unsigned["id"]), "--server", server)
+    assert refused.returncode == 15 and "is not signed by a key this service trusts" in refused.stderr
+    assert tunecache("promote", "999999", "--server", server).returncode == 5
+    assert any(f"promoted run {old['id']}" in d for d in _audit(server))

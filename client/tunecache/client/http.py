@@ -756,16 +756,30 @@ class TunecacheClient:
         digest = hashlib.sha256(data).hexdigest()
         return self._answer(self._request("PUT", f"/v1/artifacts/{digest}", content=data), ArtifactStored)
 
-    def record_run(self, run: TuningRunCreate) -> TuningRunRead:
-        """``POST /v1/tunings``: record a run whose artifacts were uploaded first.
+    def record_run(self, run: TuningRunCreate, force: bool = False) -> TuningRunRead:
+        """``POST /v1/tunings``: record a run whose artifacts were uploaded first; ``force``
+        (admin): past the service's promotion policy. The answer's ``held`` says why a run
+        did not become current.
 
         Raises:
-            ServerError: 422 naming the field, or the artifacts never uploaded; other errors.
+            ServerError: 422 naming the field, or the artifacts never uploaded; 403 ``force``
+                without an admin token; other errors.
             ServerUnreachable.
         """
-        response = self._request("POST", "/v1/tunings", content=run.model_dump_json(),
+        response = self._request("POST", "/v1/tunings" + ("?force=true" if force else ""), content=run.model_dump_json(),
                                  headers={"Content-Type": "application/json"})
         return self._answer(response, TuningRunRead)
+
+    def promote_run(self, run_id: int) -> TuningRunRead:
+        """``POST /v1/tunings/{id}/promote`` (admin): make the run current for its key and
+        environment (roll back to it, or take a run the promotion policy held).
+
+        Raises:
+            ServerError: 404 no such run; 409 it cannot be current (the detail says why);
+                401/403 without an admin token.
+            ServerUnreachable.
+        """
+        return self._answer(self._request("POST", f"/v1/tunings/{run_id}/promote"), TuningRunRead)
 
     def create_job(self, job: TuningJobCreate) -> TuningJobRead:
         """``POST /v1/tuning-jobs``: queue a tuning of ``job.key`` (or get the one already

@@ -358,6 +358,13 @@ class TuningRunRead(BaseModel):
     artifacts: list[ArtifactRead]
     signature: RunSignature | None = None
     recorded_by: str | None = None
+    held: str | None = None
+    """Why this succeeded run is not current though it could be (the service's promotion
+    policy held it back: not signed by a key the service trusts, emptier than the current run,
+    a regression the run diff flags); ``tunecache promote`` makes it current anyway."""
+    signature_verified: bool | None = None
+    """Whether the service checked the signature against its own trusted keys
+    (``TUNECACHE_TRUSTED_KEYS`` on the server; ``None``: it has none, or the run is unsigned)."""
     """The name of the token that recorded the run (``None``: recorded on the database)."""
 
     def artifact(self, kind: ArtifactKind) -> ArtifactRead | None:

@@ -33,7 +33,7 @@ from tunecache.service.routes import artifacts, audit, health, jobs, reports, to
 from tunecache.service.routes import metrics as metrics_route
 
 from tunecache.contract import MAX_REPORT_BYTES, WorkerStatus
-from tunecache.service.settings import Settings, variable_name
+from tunecache.service.settings import Settings, server_trusted_keys, variable_name
 from tunecache.service.worker import JobWorker, detect_gpu
 from tunecache.signing import load_signing_key
 
@@ -85,6 +85,7 @@ def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
         work_root=settings.data_dir / "work",
         model_config_dir=settings.model_config_dir,
         signing_key=load_signing_key(settings.signing_key) if settings.signing_key else None,
+        trusted_keys=app.state.trusted_keys,
     )
     (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
     worker.start()
@@ -135,6 +136,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
         app.state.token_cache = TTLCache(maxsize=4096, ttl=settings.token_cache_seconds)
+        app.state.trusted_keys = server_trusted_keys(settings)
         worker = generation_connection = report_intake = None
         try:
             db.check_schema(app.state.engine)

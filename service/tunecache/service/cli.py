@@ -99,7 +99,7 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from tunecache.service.settings import Settings, variable_name
+    from tunecache.service.settings import Settings, server_trusted_keys, variable_name
 
     if workers is not None:
         if processes is not None and processes != workers:
@@ -113,6 +113,10 @@ def serve(
     except ValidationError as exc:
         error = exc.errors()[0]
         fail(ExitCode.USAGE, f"invalid setting {error['loc'][0]} ({variable_name(str(error['loc'][0]))}): {error['msg']}")
+    try:  # refuse in one line now, not in the app's startup
+        server_trusted_keys(settings)
+    except Exception as exc:  # SigningError: no usable keys, an unreadable file
+        fail(ExitCode.USAGE, f"invalid setting trusted_keys ({variable_name('trusted_keys')}): {exc}")
     if settings.job_worker == "on":  # refuse at once, in one line, rather than in the app's startup
         from tunecache.service.worker import detect_gpu
 
@@ -305,7 +309,10 @@ def _sql_store(url: str):
     from tunecache.service import db
     from tunecache.service.store import SqlTuningStore
 
-    return SqlTuningStore(db.session_factory(_ready_engine(url)), owns_engine=True)
+    from tunecache.service.settings import Settings, server_trusted_keys
+
+    return SqlTuningStore(db.session_factory(_ready_engine(url)), owns_engine=True,
+                          trusted_keys=server_trusted_keys(Settings()))
 
 
 def _store_errors(exc: Exception):

@@ -170,6 +170,13 @@ class TuningRun(Base):
     signing_key_id: Mapped[str | None] = mapped_column(String(16))
     signature: Mapped[str | None] = mapped_column(String(128))
     recorded_by: Mapped[str | None] = mapped_column(String(64))
+    held: Mapped[str | None] = mapped_column(String(1024))
+    """Why this succeeded, verified run did not become current at record (the promotion
+    policy: not signed by a key the service trusts, emptier than the current run, or a
+    flagged regression against it); cleared when it is promoted."""
+    signature_verified: Mapped[bool | None] = mapped_column(Boolean)
+    """Whether the service checked the signature against its own trusted keys (``None``:
+    it has none, or the run is unsigned)."""
     """Name of the token that recorded the run; ``None`` for runs written on the database."""
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")

@@ -11,6 +11,8 @@ Results are the contract's read models (:mod:`tunecache.contract`), never rows.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
+from typing import Any
 
 from sqlalchemy import Connection, Select, func, select, tuple_, update
 from sqlalchemy.orm import Session
@@ -122,6 +124,8 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
         created_at=run.created_at,
         signature=RunSignature(key_id=run.signing_key_id, signature=run.signature) if run.signature else None,
         recorded_by=run.recorded_by,
+        held=run.held,
+        signature_verified=run.signature_verified,
         artifacts=[
             ArtifactRead(
                 kind=a.kind,
@@ -137,7 +141,8 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
 
 
 def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
-               recorded_by: str | None = None) -> TuningRunRead:
+               recorded_by: str | None = None, trusted_keys: Mapping[str, Any] | None = None,
+               force: bool = False) -> TuningRunRead:
     """Record a finished run; a succeeded, verified run becomes current for its key and environment.
 
     Earlier runs are kept (history); only the ``current_tunings`` pointer moves, in the
@@ -150,6 +155,12 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     ``pod``, whatever ``run.trigger`` says; runs with trigger ``pod`` are recorded
     unverified and never become current. ``recorded_by``: the token's name, kept with
     the run. The run's signature is stored as sent (pods check it).
+
+    The promotion policy (:func:`hold_reason`) decides whether a succeeded, verified run
+    becomes current: with ``trusted_keys`` (the service's ``TUNECACHE_TRUSTED_KEYS``) only a
+    run signed by one of them; never one with fewer entries than the current run of its key
+    and environment, nor one the run diff flags a regression in against it. A run held back
+    is stored with the reason (``held``). ``force`` (an admin's, audited) skips the policy.
 
     Raises:
         ArtifactsMissing: an artifact's sha256 has no uploaded bytes.
@@ -174,10 +185,12 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     )
     if missing := [s for s in shas if s not in sizes]:
         raise ArtifactsMissing(missing)
+    autotune_file = b""
     for artifact in run.artifacts:
         if artifact.kind is ArtifactKind.FLASHINFER_AUTOTUNE:
+            autotune_file = blobs.read_blob(session, artifact.sha256) or b""
             try:
-                check_loadable(blobs.read_blob(session, artifact.sha256) or b"", f"artifact {artifact.name!r}")
+                check_loadable(autotune_file, f"artifact {artifact.name!r}")
             except NotAnAutotuneFile as exc:
                 raise NotAFlashInferFile(f"{exc} (a {ArtifactKind.FLASHINFER_AUTOTUNE} artifact must be one)") from None
 
@@ -190,6 +203,10 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     )
     trigger = run.trigger if trusted else RunTrigger.POD
     verified = trigger is not RunTrigger.POD
+    signed_by, unsigned_why = _server_verification(run, trusted_keys)
+    held = None
+    if run.status is RunStatus.SUCCEEDED and verified and not force:
+        held = hold_reason(session, run, autotune_file, key_row, env_row, trusted_keys, unsigned_why)
     row = TuningRun(
         key=key_row,
         environment=env_row,
@@ -206,6 +223,8 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
         signing_key_id=run.signature.key_id if run.signature else None,
         signature=run.signature.signature if run.signature else None,
         recorded_by=recorded_by,
+        held=held,
+        signature_verified=(signed_by is not None) if trusted_keys and run.signature else None,
         artifacts=[
             RunArtifact(kind=a.kind.value, name=a.name, media_type=a.media_type, sha256=a.sha256, size_bytes=sizes[a.sha256])
             for a in run.artifacts
@@ -213,7 +232,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     )
     session.add(row)
     session.flush()
-    if run.status is RunStatus.SUCCEEDED and verified:
+    if run.status is RunStatus.SUCCEEDED and verified and held is None:
         # Lookup caches of every process drop their answers when this commits.
         session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
         # The newest run (highest id) stays current when several are recorded at once.
@@ -225,6 +244,98 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
             newer="run_id",
         )
     return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
+
+
+def _server_verification(run: TuningRunCreate, trusted_keys: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """``(signing key id, None)`` when the run's signature checks against ``trusted_keys``
+    (:func:`tunecache.signing.verify_run`, over the run's own key and environment), else
+    ``(None, why not)``; ``(None, None)`` without trusted keys."""
+    if not trusted_keys:
+        return None, None
+    from tunecache.signing import UntrustedRun, verify_run
+
+    try:
+        return verify_run(run.signature, run.key, run.environment, run.artifacts, trusted_keys), None
+    except UntrustedRun as exc:
+        return None, str(exc)
+
+
+def current_run_of(session: Session, key_id: int, environment_id: int) -> TuningRun | None:
+    """The current run of a key in an environment, or ``None``."""
+    run_id = session.scalar(select(CurrentTuning.run_id).where(CurrentTuning.key_id == key_id,
+                                                              CurrentTuning.environment_id == environment_id))
+    return session.get(TuningRun, run_id) if run_id is not None else None
+
+
+def hold_reason(session: Session, run: TuningRunCreate, autotune_file: bytes, key_row: TuningKeyRow, env_row: Environment,
+                trusted_keys: Mapping[str, Any] | None, unsigned_why: str | None) -> str | None:
+    """Why the promotion policy keeps a succeeded, verified run from becoming current, in one
+    line; ``None``: it becomes current. In order: with trusted keys, a run not signed by one
+    of them (``unsigned_why``); a run with fewer FlashInfer entries than the current run of
+    its key and environment; a run the run diff (:func:`tunecache.service.run_diff.diff_runs`,
+    current as ``a``) flags a regression in."""
+    if trusted_keys and unsigned_why is not None:
+        return f"not signed by a key this service trusts (TUNECACHE_TRUSTED_KEYS): {unsigned_why}"
+    current = current_run_of(session, key_row.id, env_row.id)
+    if current is None:
+        return None
+    current_read = _to_read(current, is_current=True)
+    artifact = current_read.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
+    current_file = blobs.read_blob(session, artifact.sha256) if artifact is not None else None
+    if current_file is None:
+        return None
+    from tunecache.formats.autotune_file import parse_autotune_file
+    from tunecache.service.run_diff import diff_runs
+
+    entries, current_entries = parse_autotune_file(autotune_file).entries, parse_autotune_file(current_file).entries
+    if entries < current_entries:
+        return (f"it has {entries} FlashInfer entries, fewer than the {current_entries} of current run {current.id}: "
+                "an emptier run does not replace the current one unless forced")
+    new_read = current_read.model_copy(update={"id": 0, "environment": run.environment, "key": run.key})
+    try:
+        summary = diff_runs(current_read, current_file, new_read, autotune_file).summary
+    except NotAnAutotuneFile:  # the current run's file cannot be read: nothing to compare with
+        return None
+    if summary.regressions:
+        return (f"the run diff against current run {current.id} flags {summary.regressions} regression"
+                f"{'s' if summary.regressions != 1 else ''} (tunecache diff {current.id} <this run>)")
+    return None
+
+
+def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] | None) -> tuple[TuningRunRead, int | None]:
+    """Make run ``run_id`` the current run of its key and environment, whatever its age, and
+    clear its ``held``; returns it and the run that was current before (``None``: none).
+
+    Raises:
+        LookupError: no such run.
+        ValueError: it failed, is a pod's (unverified), or, with ``trusted_keys``, is not
+            signed by one of them (the message says which).
+    """
+    row = session.get(TuningRun, run_id)
+    if row is None:
+        raise LookupError(f"no tuning run {run_id}")
+    read = _to_read(row, is_current=False)
+    if read.status is not RunStatus.SUCCEEDED:
+        raise ValueError(f"run {run_id} {read.status}: only a succeeded run can be current")
+    if not read.verified:
+        raise ValueError(f"run {run_id} is a pod's run (unverified): only a run a tuner or an admin recorded can be current")
+    if trusted_keys:
+        from tunecache.signing import UntrustedRun, verify_run
+
+        try:
+            verify_run(read.signature, read.key, read.environment, read.artifacts, trusted_keys)
+        except UntrustedRun as exc:
+            raise ValueError(f"run {run_id} is not signed by a key this service trusts: {exc}") from None
+        row.signature_verified = True
+    previous = current_run_of(session, row.key_id, row.environment_id)
+    row.held = None
+    session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
+    dialect.upsert_if_newer(  # any run id: the pointer moves to this run, older or not
+        session, CurrentTuning.__table__,
+        {"key_id": row.key_id, "environment_id": row.environment_id, "run_id": row.id, "updated_at": utcnow()},
+        conflict=["key_id", "environment_id"], newer=None)
+    session.flush()
+    return _to_read(row, is_current=True), previous.id if previous is not None else None
 
 
 #: The generation's one row (``None`` where the row is missing).

@@ -145,6 +145,9 @@ class Settings(BaseSettings):
     job_request_rate: str = "30/minute"
     read_token_required: bool = False
     signing_key: Path | None = None
+    #: Ed25519 public keys whose runs may become current (a file or inline keys, as pods read
+    #: them: tunecache.signing.load_trusted_keys); unset: any verified run may.
+    trusted_keys: str | None = None
     model_config_dir: Path | None = None
     token_cache_seconds: float = Field(default=10.0, gt=0, le=3600)
     report_retention_days: float = Field(default=14.0, gt=0, le=3650)
@@ -217,3 +220,16 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.data_dir / 'tunecache.db'}"
+
+
+def server_trusted_keys(settings: "Settings") -> dict | None:
+    """The service's trusted keys (``TUNECACHE_TRUSTED_KEYS``), or ``None`` when unset.
+
+    Raises:
+        tunecache.signing.SigningError: the setting names no usable keys (one line).
+    """
+    if not settings.trusted_keys:
+        return None
+    from tunecache.signing import load_trusted_keys
+
+    return load_trusted_keys(settings.trusted_keys)

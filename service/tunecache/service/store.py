@@ -8,7 +8,9 @@ which never commit on their own.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,11 +33,15 @@ class SqlTuningStore:
     Args:
         sessions: session factory of the database (``tunecache.service.db.session_factory``).
         owns_engine: dispose of the engine on :meth:`close` (a CLI that made it).
+        trusted_keys: the keys whose runs may become current (the service's
+            ``TUNECACHE_TRUSTED_KEYS``; :func:`tunecache.service.repository.hold_reason`).
     """
 
-    def __init__(self, sessions: sessionmaker[Session], *, owns_engine: bool = False):
+    def __init__(self, sessions: sessionmaker[Session], *, owns_engine: bool = False,
+                 trusted_keys: Mapping[str, Any] | None = None):
         self.sessions = sessions
         self.owns_engine = owns_engine
+        self.trusted_keys = trusted_keys
 
     def close(self) -> None:
         if self.owns_engine:
@@ -56,7 +62,7 @@ class SqlTuningStore:
             ArtifactsMissing, IndeterminateEnvironment (nothing is recorded).
         """
         with self.sessions.begin() as session:
-            return repository.record_run(session, run)
+            return repository.record_run(session, run, trusted_keys=self.trusted_keys)
 
     def lookup(self, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:
         """The current run for this key and environment.

@@ -116,6 +116,7 @@ class JobWorker:
         work_root: Path | None = None,
         model_config_dir: Path | None = None,
         signing_key: Ed25519PrivateKey | None = None,
+        trusted_keys: dict | None = None,
         tuner: Tuner = run_tuner,
         heartbeat_s: float = WORKER_HEARTBEAT_S,
     ):
@@ -129,6 +130,7 @@ class JobWorker:
         self.work_root = work_root
         self.model_config_dir = model_config_dir
         self.signing_key = signing_key
+        self.trusted_keys = trusted_keys
         self.tuner = tuner
         self.heartbeat_s = heartbeat_s
         self.started_at = jobs.utcnow()
@@ -276,7 +278,7 @@ class JobWorker:
                     jobs.finish_cancelled(session, job_id, self.name, log_tail=progress.get("log_tail"))
                 metrics.observe_job("cancelled", time.monotonic() - started)
                 return
-            store = SqlTuningStore(self.sessions)
+            store = SqlTuningStore(self.sessions, trusted_keys=self.trusted_keys)
             if failure is not None:
                 record = failure.run_record(spec, RunTrigger.HTTP, self.name)
                 run_id = store.record_run(record).id if record is not None else None

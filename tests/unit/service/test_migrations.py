@@ -121,15 +121,27 @@ def test_job_cancel_and_worker_heartbeats_migration_keeps_jobs_both_ways(databas
     engine.dispose()
 
 
-def test_pod_reports_migration_adds_the_table_and_the_history_indexes_both_ways(database_url):
-    """0009: ``pod_reports`` with its two indexes, and the history's indexes on
-    ``tuning_runs``; a downgrade drops them and keeps the runs."""
-    engine = db.create_db_engine(database_url)
-    db.upgrade(engine, "0008")
+def _run_count(engine) -> int:
+    """Runs in the table, read without the ORM (whose model is the head revision's)."""
+    with engine.connect() as connection:
+        return connection.execute(text("SELECT count(*) FROM tuning_runs")).scalar_one()
+
+
+def _one_run(engine) -> None:
+    """One run recorded at the head revision."""
     with db.session_factory(engine)() as session:
         store_file(session, CUDNN_FILE)
         repository.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
         session.commit()
+
+
+def test_pod_reports_migration_adds_the_table_and_the_history_indexes_both_ways(database_url):
+    """0009: ``pod_reports`` with its two indexes, and the history's indexes on
+    ``tuning_runs``; a downgrade drops them and keeps the runs."""
+    engine = db.create_db_engine(database_url)
+    db.upgrade(engine)
+    _one_run(engine)
+    db.downgrade(engine, "0008")
     history_indexes = {"ix_tuning_runs_created_id", "ix_tuning_runs_key_created", "ix_tuning_runs_environment_created"}
     db.upgrade(engine, "0009")
     assert {i["name"] for i in inspect(engine).get_indexes("pod_reports")} == {
@@ -138,8 +150,26 @@ def test_pod_reports_migration_adds_the_table_and_the_history_indexes_both_ways(
     db.downgrade(engine, "0008")
     assert "pod_reports" not in inspect(engine).get_table_names()
     assert not history_indexes & {i["name"] for i in inspect(engine).get_indexes("tuning_runs")}
-    with db.session_factory(engine)() as session:
-        assert repository.list_runs(session).total == 1
+    assert _run_count(engine) == 1
     db.upgrade(engine)
     assert db.check_schema(engine) == db.head_revision()
+    engine.dispose()
+
+
+def test_attestation_and_promotion_columns_come_and_go_and_keep_the_rows(database_url):
+    """0010: ``pod_reports.compiled`` and ``compiled_total``; 0011: ``tuning_runs.held`` and
+    ``signature_verified``. Downgrades drop the columns and keep runs and reports."""
+    engine = db.create_db_engine(database_url)
+    db.upgrade(engine)
+    _one_run(engine)
+    columns = lambda table: {c["name"] for c in inspect(engine).get_columns(table)}  # noqa: E731
+    assert {"held", "signature_verified"} <= columns("tuning_runs")
+    assert {"compiled", "compiled_total"} <= columns("pod_reports")
+    db.downgrade(engine, "0010")
+    assert not {"held", "signature_verified"} & columns("tuning_runs") and "compiled" in columns("pod_reports")
+    db.downgrade(engine, "0009")
+    assert not {"compiled", "compiled_total"} & columns("pod_reports")
+    assert _run_count(engine) == 1
+    db.upgrade(engine)
+    assert db.check_schema(engine) == db.head_revision() and _run_count(engine) == 1
     engine.dispose()

@@ -33,29 +33,62 @@ from tunecache.service import run_diff
 from tunecache.service import blobs, repository
 from tunecache.service import metrics
 from tunecache.service.deps import SessionDep
-from tunecache.service.policy import PushCaller, ReadCaller
+from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller
 
 router = APIRouter(prefix="/tunings", tags=["tunings"])
 
 
-@router.post("", response_model=TuningRunRead, status_code=201)
-def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller, request: Request) -> TuningRunRead:
+@router.post("", response_model=TuningRunRead, status_code=201,
+             responses={403: {"model": ErrorBody, "description": "force=true without an admin token"}})
+def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller, request: Request,
+                  force: Annotated[bool, Query(description="skip the promotion policy (admin only, audited)")] = False,
+                  ) -> TuningRunRead:
     """Record one tuning run with its artifacts (uploaded before with ``PUT /v1/artifacts/{sha256}``).
 
     Needs a ``push`` token. With a ``tune`` or ``admin`` token, a succeeded run becomes
-    the current tuning of its key and environment; with a ``push`` token it is stored as
-    a pod's run (trigger ``pod``, unverified) and never becomes current: the token decides,
-    never the body. Earlier runs stay in the history. Errors: 422 for an invalid body (pydantic names the field), for
-    artifacts whose bytes were never uploaded (``missing`` lists their sha256), for a
-    ``flashinfer_autotune_v1`` artifact that is not a FlashInfer autotune file, and for a
-    succeeded run whose environment has fields FlashInfer reported as ``"unknown"``.
+    the current tuning of its key and environment when the promotion policy lets it
+    (:func:`tunecache.service.repository.hold_reason`: with ``TUNECACHE_TRUSTED_KEYS`` on the
+    service, signed by one of those keys; not fewer entries than the current run; no
+    regression the run diff flags against it); a run held back is stored, not current, with
+    the reason in ``held`` (and the audit log); ``force=true`` (admin) skips the policy.
+    With a ``push`` token it is stored as a pod's run (trigger ``pod``, unverified) and never
+    becomes current: the token decides, never the body. Earlier runs stay in the history.
+    Errors: 422 for an invalid body (pydantic names the field), for artifacts whose bytes
+    were never uploaded (``missing`` lists their sha256), for a ``flashinfer_autotune_v1``
+    artifact FlashInfer's loader could not load, and for a succeeded run whose environment
+    has fields FlashInfer reported as ``"unknown"``; 403 for ``force`` without an admin token.
     """
+    if force and not caller.scope.includes(Scope.ADMIN):
+        raise HTTPException(403, detail="force=true (skipping the promotion policy) needs an admin token")
     try:  # ArtifactsMissing: 422 with "missing" (tunecache.service.errors)
-        run = repository.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name)
+        run = repository.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name,
+                                    trusted_keys=request.app.state.trusted_keys, force=force)
     except (repository.IndeterminateEnvironment, repository.NotAFlashInferFile) as exc:
         raise HTTPException(422, detail=str(exc)) from None
     request.state.audit_detail = (f"run {run.id} ({run.trigger}, {'verified' if run.verified else 'unverified'}"
-                                  f"{', current' if run.is_current else ''}) of {run.key.model}")
+                                  f"{', current' if run.is_current else ''}{', forced' if force else ''}) of "
+                                  f"{run.key.model}" + (f"; held: {run.held}" if run.held else ""))
+    return run
+
+
+@router.post("/{run_id}/promote", response_model=TuningRunRead,
+             responses={404: {"model": ErrorBody, "description": "no such run"},
+                        409: {"model": ErrorBody, "description": "the run cannot be current (failed, a pod's, "
+                                                                 "or not signed by a key the service trusts)"}})
+def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, caller: AdminCaller,
+                   request: Request) -> TuningRunRead:
+    """Make a run the current tuning of its key and environment (admin): roll back to an
+    earlier run, or take one the promotion policy held back. The run must have succeeded and
+    be verified (not a pod's), and, with ``TUNECACHE_TRUSTED_KEYS`` on the service, be signed
+    by one of those keys: pods that trust them install it at their next lookup. Audited."""
+    try:
+        run, previous = repository.promote_run(session, run_id, request.app.state.trusted_keys)
+    except LookupError as exc:
+        raise HTTPException(404, detail=str(exc)) from None
+    except ValueError as exc:
+        raise HTTPException(409, detail=str(exc)) from None
+    request.state.audit_detail = (f"promoted run {run.id} of {run.key.model} (current before: "
+                                  f"{previous if previous is not None else 'none'})")
     return run
 
 
