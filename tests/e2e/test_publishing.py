@@ -164,3 +164,29 @@ def test_a_key_rolls_back_to_an_earlier_signed_run_with_one_command(node_signing
     assert refused.returncode == 15 and "is not signed by a key this service trusts" in refused.stderr
     assert tunecache("promote", "999999", "--server", server).returncode == 5
     assert any(f"promoted run {old['id']}" in d for d in _audit(server))
+
+
+def test_the_dashboard_says_signed_by_only_for_a_verified_signature_and_rolls_back(node_signing_key, server):
+    import re
+
+    import httpx
+
+    from tests.support.serve import admin_token
+
+    old = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, node_signing_key)).json()
+    new = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, node_signing_key, path=CUBLASLT_FILE)).json()
+    unsigned = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, None)).json()
+    with httpx.Client(base_url=server, timeout=30) as browser:
+        page = browser.get(f"/runs/{old['id']}").text
+        assert "signed by" in page and "(verified by this service against its trusted keys)" in page
+        assert "Make this run current (roll back)" in page
+        held = browser.get(f"/runs/{unsigned['id']}").text
+        assert re.search(r'id="signature">unsigned<', held) and 'id="held"' in held and "not signed by a key" in held
+        assert "Make this run current" not in browser.get(f"/runs/{new['id']}").text  # it is current
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+        refused = browser.post(f"/runs/{old['id']}/promote", data={"csrf": csrf, "token": "tc_not_a_token"})
+        assert refused.status_code == 401
+        promoted = browser.post(f"/runs/{old['id']}/promote", data={"csrf": csrf, "token": admin_token()})
+        assert promoted.status_code == 200 and 'class="badge">current<' in promoted.text
+    assert _lookup(server).json()["id"] == old["id"]
+    assert any(f"promoted run {old['id']}" in d and "from the dashboard" in d for d in _audit(server))

@@ -16,7 +16,8 @@ from tests.support.paths import FIXTURES
 from tunecache.contract import Scope
 from tunecache.service import dashboard
 from tunecache.service.app import MOUNTED_ROUTERS, create_app
-from tunecache.service.dashboard.security import CSRF_COOKIE, FORM_ADMIN, PAGE_READ, SESSION_COOKIE, form_csrf
+from tunecache.service.dashboard.security import (CSRF_COOKIE, FORM_ADMIN, PAGE_READ, PROMOTE_FORM_ADMIN, SESSION_COOKIE,
+                                                  form_csrf)
 from tunecache.service.policy import PUBLIC, READ, CallerPolicy, requires
 from tunecache.service.settings import Settings
 
@@ -149,6 +150,7 @@ DASHBOARD_EXPECTED = {
     ("GET", "/diff"): PAGE_READ,
     ("GET", "/retune"): PAGE_READ,
     ("POST", "/retune"): FORM_ADMIN,
+    ("POST", "/runs/{run_id}/promote"): PROMOTE_FORM_ADMIN,
     ("GET", "/sign-in"): PUBLIC,
     ("POST", "/sign-in"): PUBLIC,
     ("POST", "/sign-out"): PUBLIC,
@@ -187,7 +189,7 @@ def _dashboard_request(client: TestClient, method: str, path: str, token: str | 
         elif token:
             headers["Authorization"] = f"Bearer {token}"
         return client.get(concrete, params=params, headers=headers, follow_redirects=False)
-    form = {"/retune": "retune", "/sign-in": "sign-in", "/sign-out": "sign-out"}[path]
+    form = {"/retune": "retune", "/sign-in": "sign-in", "/sign-out": "sign-out", "/runs/{run_id}/promote": "promote"}[path]
     fields = {**(_KEY_QUERY if path == "/retune" else {}), "csrf": form_csrf(secret, form), "token": token or ""}
     return client.post(concrete, data=fields, follow_redirects=False)
 
@@ -201,7 +203,7 @@ def _dashboard_expected(policy: CallerPolicy, method: str, path: str, presented:
         return None if presented is Scope.READ else 403
     if policy is PUBLIC:
         return None
-    if policy is FORM_ADMIN:
+    if policy in (FORM_ADMIN, PROMOTE_FORM_ADMIN):
         if presented in (None, "invalid", "revoked"):
             return 401
         return None if presented is Scope.ADMIN else 403

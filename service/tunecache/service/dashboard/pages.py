@@ -56,6 +56,7 @@ from tunecache.service.dashboard.queries import reports_page
 from tunecache.service.dashboard.render import STATIC, DashboardRoute, page
 from tunecache.service.dashboard.security import (
     FormAdminCaller,
+    PromoteFormCaller,
     FormFields,
     PageCaller,
     check_csrf,
@@ -219,6 +220,16 @@ def run_page(run_id: RunId, request: Request, session: SessionDep, _caller: Page
     stages = run.summary.get("stages") if isinstance(run.summary.get("stages"), dict) else {}
     return page(request, "run.html", run=run, previous=previous[0] if previous else None, stages=stages,
                 key_params=_key_params)
+
+
+@router.post("/runs/{run_id:int}/promote")
+def promote(run_id: RunId, request: Request, session: SessionDep, caller: PromoteFormCaller) -> Response:
+    """Make the run current (roll back to it, or take a held run): the API's
+    ``POST /v1/tunings/{id}/promote`` (its function: the same checks, 409 naming why not),
+    audited with the pasted admin token's name. The run's page again, now current."""
+    tuning_routes.promote_tuning(run_id, session, caller, request)
+    request.state.audit_detail = f"{request.state.audit_detail} from the dashboard"
+    return run_page(run_id, request, session, caller)
 
 
 @router.get("/diff")

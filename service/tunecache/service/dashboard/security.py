@@ -186,9 +186,11 @@ class _FormAdmin(CallerPolicy):
 
 PAGE_READ = _PageRead()
 FORM_ADMIN = _FormAdmin("retune")
+PROMOTE_FORM_ADMIN = _FormAdmin("promote")
 
 PageCaller = Annotated[Caller, Depends(PAGE_READ)]
 FormAdminCaller = Annotated[Caller, Depends(FORM_ADMIN, scope="function")]
+PromoteFormCaller = Annotated[Caller, Depends(PROMOTE_FORM_ADMIN, scope="function")]
 
 
 def set_session(request: Request, response: Response, token: str) -> None:
