@@ -62,8 +62,19 @@ __all__ = [
     "verify_run",
 ]
 
-#: The ``format`` field of every manifest; a change to what is signed gets a new one.
-MANIFEST_FORMAT = "tunecache-run-manifest/1"
+#: The ``format`` field of a manifest, by :attr:`RunSignature.manifest`; a change to what is
+#: signed gets a new one. 2 adds the run's install fields (:func:`install_fields`).
+MANIFEST_FORMATS = {1: "tunecache-run-manifest/1", 2: "tunecache-run-manifest/2"}
+MANIFEST_FORMAT = MANIFEST_FORMATS[2]
+
+
+def install_fields(summary: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The fields of a run's ``summary`` that decide what a pod installs, signed with the run
+    (manifest 2): ``flashinfer_jit``, the FlashInfer workspace and the JIT validity fields
+    the pod compares with its own before it installs JIT modules. (vLLM's compile factors are
+    signed inside the compile-cache tarball itself.)"""
+    jit = (summary or {}).get("flashinfer_jit")
+    return {"flashinfer_jit": jit if isinstance(jit, dict) else {}}
 #: Name of the private key file :func:`generate_signing_key` writes.
 PRIVATE_KEY_FILE = "signing.key"
 #: Name of the public key file :func:`generate_signing_key` writes.
@@ -333,6 +344,8 @@ def canonical_manifest(
     environment: EnvironmentMetadata,
     artifacts: Iterable[SignedArtifact],
     signing_key_id: str,
+    fields: Mapping[str, Any] | None = None,
+    manifest: int = 2,
 ) -> bytes:
     """The bytes a run's signature is over: canonical JSON (sorted keys, no spaces, ASCII) of
 
@@ -349,21 +362,24 @@ def canonical_manifest(
     environment sit inside the manifest, so a signature of one key's run cannot be
     replayed onto another key or environment (a pod verifies over its own). The run's
     status, trigger, node, timings, error and summary are **not** signed: a pod installs
-    none of them. A field added to :class:`TuningKey` or :class:`EnvironmentMetadata`
-    changes every manifest, so it needs a new :data:`MANIFEST_FORMAT`.
+    none of them, except (manifest 2) ``install_fields``: what of the summary decides what a
+    pod installs (:func:`install_fields`). A field added to :class:`TuningKey` or
+    :class:`EnvironmentMetadata` changes every manifest, so it needs a new format.
     """
     listed = sorted(
         ({"kind": _kind_text(a.kind), "name": str(a.name), "sha256": str(a.sha256)} for a in artifacts),
         key=lambda a: (a["kind"], a["name"], a["sha256"]),
     )
-    manifest = {
-        "format": MANIFEST_FORMAT,
+    document = {
+        "format": MANIFEST_FORMATS[manifest],
         "key": key.model_dump(mode="json"),
         "environment": environment.model_dump(mode="json"),
         "artifacts": listed,
         "signing_key_id": signing_key_id,
     }
-    return json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+    if manifest >= 2:  # the summary's install fields (:func:`install_fields` of the run's summary)
+        document["install_fields"] = dict(fields or install_fields(None))
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 def sign_run(
@@ -371,16 +387,18 @@ def sign_run(
     key: TuningKey,
     environment: EnvironmentMetadata,
     artifacts: Iterable[SignedArtifact],
+    summary: Mapping[str, Any] | None = None,
 ) -> RunSignature:
-    """Sign a run's manifest (:func:`canonical_manifest`) with a tuner node's key.
+    """Sign a run's manifest (:func:`canonical_manifest`, format 2: with the
+    :func:`install_fields` of its ``summary``) with a tuner node's key.
 
     Returns:
         the :class:`RunSignature` to send with the run (``TuningRunCreate.signature``): the
-        key's id and base64 of the 64-byte Ed25519 signature.
+        key's id, base64 of the 64-byte Ed25519 signature and the manifest format.
     """
     signer_id = key_id(private_key.public_key())
-    signature = private_key.sign(canonical_manifest(key, environment, artifacts, signer_id))
-    return RunSignature(key_id=signer_id, signature=base64.b64encode(signature).decode("ascii"))
+    signature = private_key.sign(canonical_manifest(key, environment, artifacts, signer_id, install_fields(summary)))
+    return RunSignature(key_id=signer_id, signature=base64.b64encode(signature).decode("ascii"), manifest=2)
 
 
 def verify_run(
@@ -389,9 +407,11 @@ def verify_run(
     environment: EnvironmentMetadata,
     artifacts: Iterable[SignedArtifact],
     trusted: Mapping[str, Ed25519PublicKey] | None,
+    summary: Mapping[str, Any] | None = None,
 ) -> str:
     """Check a run's signature against the trusted keys, over the manifest of ``key``,
-    ``environment`` (a pod passes its *own*, never the run's) and the run's ``artifacts``.
+    ``environment`` (a pod passes its *own*, never the run's), the run's ``artifacts`` and
+    (manifest 2) the :func:`install_fields` of the run's ``summary``.
 
     Returns:
         the id of the trusted key that signed the run.
@@ -421,7 +441,8 @@ def verify_run(
     if len(raw) != _SIGNATURE_BYTES:
         raise mismatch
     try:
-        public_key.verify(raw, canonical_manifest(key, environment, artifacts, signature.key_id))
+        public_key.verify(raw, canonical_manifest(key, environment, artifacts, signature.key_id, install_fields(summary),
+                                                  signature.manifest))
     except InvalidSignature:
         raise mismatch from None
     return signature.key_id

@@ -9,8 +9,10 @@ Create Date: 2026-12-01
   current run, a flagged regression); cleared by a promotion.
 * ``tuning_runs.signature_verified`` (boolean, nullable): whether the service checked the
   run's signature against its own trusted keys (``TUNECACHE_TRUSTED_KEYS``).
+* ``tuning_runs.signature_manifest`` (integer, nullable): the manifest format the signature
+  is over (NULL: format 1, every signature before this revision).
 
-Downgrade drops both columns.
+Downgrade drops the three columns.
 """
 from alembic import op
 import sqlalchemy as sa
@@ -26,9 +28,11 @@ def upgrade() -> None:
     with op.batch_alter_table('tuning_runs') as batch:
         batch.add_column(sa.Column('held', sa.String(length=1024), nullable=True))
         batch.add_column(sa.Column('signature_verified', sa.Boolean(), nullable=True))
+        batch.add_column(sa.Column('signature_manifest', sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table('tuning_runs') as batch:
+        batch.drop_column('signature_manifest')
         batch.drop_column('signature_verified')
         batch.drop_column('held')

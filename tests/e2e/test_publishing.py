@@ -190,3 +190,26 @@ def test_the_dashboard_says_signed_by_only_for_a_verified_signature_and_rolls_ba
         assert promoted.status_code == 200 and 'class="badge">current<' in promoted.text
     assert _lookup(server).json()["id"] == old["id"]
     assert any(f"promoted run {old['id']}" in d and "from the dashboard" in d for d in _audit(server))
+
+
+def test_a_replay_that_changes_the_signed_summary_fields_is_refused_by_pods(node_signing_key, server, tmp_path):
+    """A second recorder replays run 1's signature and artifacts with the JIT validity fields
+    of its summary changed (so that pods would skip, or take, modules built elsewhere while
+    saying "signed by trusted key"): those fields are inside the signature (manifest 2)."""
+    from tests.support.builders import signed
+    from tests.support.cli import tunecache
+
+    payload = _signed_run(server, None)
+    payload["summary"]["flashinfer_jit"] = {"workspace_subdir": "0.7.4/90a", "cuda_home": "/usr/local/cuda"}
+    original = signed(payload, node_signing_key)
+    assert original["signature"]["manifest"] == 2
+    as_admin.post(f"{server}/v1/tunings", json=original)
+    replay = {**original, "summary": {**original["summary"], "flashinfer_jit": {"workspace_subdir": "0.7.4/100a",
+                                                                               "cuda_home": "/usr/local/cuda"}}}
+    replayed = as_admin.post(f"{server}/v1/tunings", json=replay).json()
+    assert replayed["held"].startswith("not signed by a key this service trusts")  # the service checks it too
+    forced = as_admin.post(f"{server}/v1/tunings?force=true", json=replay).json()
+    assert forced["is_current"]  # an admin forced it past the service: the pods are the last line
+    pulled = tunecache("pull", "--server", server, "--model", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens",
+                       "8192", "--dest", str(tmp_path / "pod"), "--environment", str(CUDNN_FILE))
+    assert pulled.returncode == 14 and "signature does not match the run's manifest" in pulled.stderr, pulled.stderr

@@ -64,7 +64,7 @@ def signed(payload: dict, signing_key) -> dict:
     from tunecache.signing import sign_run
 
     run = TuningRunCreate.model_validate(payload)
-    return {**payload, "signature": sign_run(signing_key, run.key, run.environment, run.artifacts).model_dump()}
+    return {**payload, "signature": sign_run(signing_key, run.key, run.environment, run.artifacts, run.summary).model_dump()}
 
 
 def store_file(session, path: Path) -> str:

@@ -132,7 +132,8 @@ def fetch_tuning(
     with client.deadline_scope(deadline_s):
         run = client.lookup(key, environment)
         try:
-            signed_by = verify_run(run.signature, key, environment, run.artifacts, trusted_keys) if trusted_keys else None
+            signed_by = (verify_run(run.signature, key, environment, run.artifacts, trusted_keys, run.summary)
+                         if trusted_keys else None)
         except UntrustedRun as exc:
             raise UntrustedRun(f"tuning run {run.id} refused: {exc}") from None
         refused = None
@@ -140,6 +141,11 @@ def fetch_tuning(
             refused = ("JIT modules, DeepGEMM caches and the rest of the warm state install only from a run signed "
                        "by a trusted key, and no trusted keys are set (TUNECACHE_TRUSTED_KEYS)")
             jit = deep_gemm = warm_state = False
+        elif jit and run.signature is not None and run.signature.manifest < 2:
+            refused = ("JIT modules not installed: the run's signature (manifest format 1) does not cover the JIT "
+                       "validity fields they are checked against; re-tune, or promote the run again from a node of "
+                       "this version")
+            jit = False
         artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
         if artifact is None:
             raise TunecacheError(f"tuning run {run.id} has no {ArtifactKind.FLASHINFER_AUTOTUNE} artifact")

@@ -130,6 +130,8 @@ class RunSignature(BaseModel):
     key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="first 16 hex digits of sha256 of the raw public key")
     signature: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9+/=]+$",
                            description="base64 of the 64-byte Ed25519 signature")
+    manifest: int = Field(default=1, ge=1, le=2, description="the manifest format signed: 2 includes the summary's "
+                                                              "install fields (tunecache.signing.install_fields)")
 
 
 class TuningRunCreate(BaseModel):

@@ -174,6 +174,8 @@ class TuningRun(Base):
     """Why this succeeded, verified run did not become current at record (the promotion
     policy: not signed by a key the service trusts, emptier than the current run, or a
     flagged regression against it); cleared when it is promoted."""
+    signature_manifest: Mapped[int | None] = mapped_column(Integer)
+    """The manifest format the signature is over (:attr:`tunecache.contract.RunSignature.manifest`)."""
     signature_verified: Mapped[bool | None] = mapped_column(Boolean)
     """Whether the service checked the signature against its own trusted keys (``None``:
     it has none, or the run is unsigned)."""

@@ -122,7 +122,8 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
         verified=run.verified,
         is_current=is_current,
         created_at=run.created_at,
-        signature=RunSignature(key_id=run.signing_key_id, signature=run.signature) if run.signature else None,
+        signature=(RunSignature(key_id=run.signing_key_id, signature=run.signature, manifest=run.signature_manifest or 1)
+                   if run.signature else None),
         recorded_by=run.recorded_by,
         held=run.held,
         signature_verified=run.signature_verified,
@@ -222,6 +223,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
         created_at=utcnow(),
         signing_key_id=run.signature.key_id if run.signature else None,
         signature=run.signature.signature if run.signature else None,
+        signature_manifest=run.signature.manifest if run.signature else None,
         recorded_by=recorded_by,
         held=held,
         signature_verified=(signed_by is not None) if trusted_keys and run.signature else None,
@@ -255,7 +257,7 @@ def _server_verification(run: TuningRunCreate, trusted_keys: Mapping[str, Any] |
     from tunecache.signing import UntrustedRun, verify_run
 
     try:
-        return verify_run(run.signature, run.key, run.environment, run.artifacts, trusted_keys), None
+        return verify_run(run.signature, run.key, run.environment, run.artifacts, trusted_keys, run.summary), None
     except UntrustedRun as exc:
         return None, str(exc)
 
@@ -323,7 +325,7 @@ def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] |
         from tunecache.signing import UntrustedRun, verify_run
 
         try:
-            verify_run(read.signature, read.key, read.environment, read.artifacts, trusted_keys)
+            verify_run(read.signature, read.key, read.environment, read.artifacts, trusted_keys, read.summary)
         except UntrustedRun as exc:
             raise ValueError(f"run {run_id} is not signed by a key this service trusts: {exc}") from None
         row.signature_verified = True

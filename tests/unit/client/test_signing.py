@@ -310,7 +310,10 @@ def test_run_signature_validates_its_fields():
 def test_the_manifest_is_canonical_json_of_what_a_pod_installs():
     manifest = canonical_manifest(KEY, ENVIRONMENT, ARTIFACTS, "0123456789abcdef")
     decoded = json.loads(manifest)
-    assert decoded["format"] == MANIFEST_FORMAT == "tunecache-run-manifest/1"
+    assert decoded["format"] == MANIFEST_FORMAT == "tunecache-run-manifest/2"
+    assert decoded["install_fields"] == {"flashinfer_jit": {}}
+    assert json.loads(canonical_manifest(KEY, ENVIRONMENT, ARTIFACTS, "0123456789abcdef", manifest=1))["format"] == \
+        "tunecache-run-manifest/1"
     assert decoded["key"] == KEY.model_dump(mode="json") and decoded["environment"] == ENVIRONMENT.model_dump(mode="json")
     assert decoded["signing_key_id"] == "0123456789abcdef"
     assert [a["kind"] for a in decoded["artifacts"]] == sorted(a.kind.value for a in ARTIFACTS)
@@ -325,6 +328,24 @@ def test_artifact_order_does_not_change_the_manifest():
         == forward
     node = Ed25519PrivateKey.generate()
     assert verify_run(sign_run(node, KEY, ENVIRONMENT, ARTIFACTS), KEY, ENVIRONMENT, ARTIFACTS[::-1], _trust(node))
+
+
+def test_the_summary_fields_that_decide_an_install_are_signed():
+    """A replay that changes the JIT validity fields of a signed run's summary (so that a pod
+    skips, or takes, modules built elsewhere) no longer checks."""
+    node = Ed25519PrivateKey.generate()
+    summary = {"entries": 42, "flashinfer_jit": {"workspace_subdir": "0.7.4/90a", "cuda_home": "/usr/local/cuda"}}
+    signature = sign_run(node, KEY, ENVIRONMENT, ARTIFACTS, summary)
+    assert signature.manifest == 2
+    assert verify_run(signature, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), summary) == signature.key_id
+    assert verify_run(signature, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), {**summary, "entries": 0})  # not an install field
+    tampered = {**summary, "flashinfer_jit": {**summary["flashinfer_jit"], "cuda_home": "/opt/other"}}
+    with pytest.raises(UntrustedRun, match="does not match"):
+        verify_run(signature, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), tampered)
+    # a format-1 signature (before this field was signed) still checks over what it covers
+    old = node.sign(canonical_manifest(KEY, ENVIRONMENT, ARTIFACTS, key_id(node.public_key()), manifest=1))
+    legacy = RunSignature(key_id=key_id(node.public_key()), signature=base64.b64encode(old).decode(), manifest=1)
+    assert verify_run(legacy, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), tampered) == legacy.key_id
 
 
 def test_the_manifest_names_the_signing_key():

@@ -114,7 +114,8 @@ class TunerResult:
             finished_at=self.finished_at,
             summary=self.summary,
             artifacts=artifacts,
-            signature=sign_run(signing_key, key, self.environment, artifacts) if signing_key is not None else None,
+            signature=(sign_run(signing_key, key, self.environment, artifacts, self.summary)
+                       if signing_key is not None else None),
         )
 
     def record(self, store: TuningStore, spec: TuneSpec, trigger: RunTrigger, node: str | None,
