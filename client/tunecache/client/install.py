@@ -141,7 +141,8 @@ def fetch_tuning(
             refused = ("JIT modules, DeepGEMM caches and the rest of the warm state install only from a run signed "
                        "by a trusted key, and no trusted keys are set (TUNECACHE_TRUSTED_KEYS)")
             jit = deep_gemm = warm_state = False
-        elif jit and run.signature is not None and run.signature.manifest < 2:
+        elif jit and run.signature is not None and run.signature.manifest < 2 and \
+                run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE):
             refused = ("JIT modules not installed: the run's signature (manifest format 1) does not cover the JIT "
                        "validity fields they are checked against; re-tune, or promote the run again from a node of "
                        "this version")
