@@ -35,6 +35,8 @@ def _private_data_dir(tmp_path, monkeypatch):
     """Every test (and every process it starts) keeps the service's files in its own
     directory, never in the user's data directory."""
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path / "tunecache-data"))
+    # and what pods installed before (tunecache.client.installed) is this test's own
+    monkeypatch.setenv("TUNECACHE_STATE_DIR", str(tmp_path / "pod-state"))
     # Tests that post many jobs from one address are not about the rate limit
     # (tests/unit/service/routes/test_http_semantics.py::test_job_requests_past_the_rate_get_429 is).
     monkeypatch.setenv("TUNECACHE_JOB_REQUEST_RATE", "100000/minute")

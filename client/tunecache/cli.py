@@ -105,7 +105,7 @@ from tunecache.contract import (
     TuningRunQuery,
     expert_parallel_size,
 )
-from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_trusted_keys
+from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_signing_key, load_trusted_keys, sign_run
 from tunecache.store import NoCompatibleTuning, TunecacheError
 
 #: Entry-point group through which other distributions add commands to ``tunecache``.
@@ -1017,17 +1017,32 @@ def job_cancel(
 def promote(
     server: ServerOpt,
     run_id: Annotated[int, typer.Argument(min=1, help="the run to make current (history lists them)")],
+    signing_key: Annotated[Optional[Path], typer.Option(
+        help="sign the run anew with this Ed25519 key (a key the pods trust): pods that installed a newer run "
+             "take it, which they otherwise refuse as a replayed older one")] = None,
 ) -> None:
     """Make a run the current tuning of its key and environment (needs an admin token).
 
     Rolls a key back to an earlier run, or takes a run the promotion policy held. The run
     must have succeeded, be a tuner's or an admin's, and, when the service has trusted keys,
-    be signed by one of them; pods install it at their next lookup. Exit 15 when it cannot
-    be current (the reason is printed), 5 when there is no such run.
+    be signed by one of them; pods install it at their next lookup. Pods never move back to
+    a run signed before one they installed: for a roll back, sign it anew with
+    --signing-key. Exit 15 when it cannot be current (the reason is printed), 5 when there
+    is no such run.
     """
+    private = None
+    if signing_key is not None:
+        try:
+            private = load_signing_key(signing_key)
+        except SigningError as exc:
+            fail(ExitCode.USAGE, str(exc))
     with client_for(server) as client:
         try:
-            run = client.promote_run(run_id)
+            signature = None
+            if private is not None:
+                run = client.get_run(run_id)
+                signature = sign_run(private, run.key, run.environment, run.artifacts, run.summary)
+            run = client.promote_run(run_id, signature)
         except ServerError as exc:
             if exc.status_code == 409:
                 fail(ExitCode.JOB_CONFLICT, str(exc.detail))
@@ -1035,7 +1050,8 @@ def promote(
         except TunecacheError as exc:
             client_errors(exc)
     typer.echo(f"run {run.id} is current for {run.key.model} on {run.key.gpu_name} "
-               f"(max_num_batched_tokens {run.key.max_num_batched_tokens})")
+               f"(max_num_batched_tokens {run.key.max_num_batched_tokens})"
+               + (f", signed anew by {run.signature.key_id}" if signature is not None and run.signature else ""))
 
 
 token_app = typer.Typer(help="Bearer tokens of a tunecache service (needs an admin token).", no_args_is_help=True)

@@ -24,11 +24,13 @@ one-line message; a run that must not be installed is an :class:`UntrustedRun`.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import binascii
 import enum
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +68,10 @@ __all__ = [
 #: signed gets a new one. 2 adds the run's install fields (:func:`install_fields`).
 MANIFEST_FORMATS = {1: "tunecache-run-manifest/1", 2: "tunecache-run-manifest/2"}
 MANIFEST_FORMAT = MANIFEST_FORMATS[2]
+#: How long a signature is valid (days) unless the signer says otherwise: pods refuse it
+#: after that (a frozen proxy cannot serve an old run for ever); ``promote --signing-key``
+#: signs a run anew.
+SIGNATURE_VALID_DAYS = 90.0
 
 
 def install_fields(summary: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -346,6 +352,8 @@ def canonical_manifest(
     signing_key_id: str,
     fields: Mapping[str, Any] | None = None,
     manifest: int = 2,
+    signed_at: int | None = None,
+    expires_at: int | None = None,
 ) -> bytes:
     """The bytes a run's signature is over: canonical JSON (sorted keys, no spaces, ASCII) of
 
@@ -377,8 +385,9 @@ def canonical_manifest(
         "artifacts": listed,
         "signing_key_id": signing_key_id,
     }
-    if manifest >= 2:  # the summary's install fields (:func:`install_fields` of the run's summary)
+    if manifest >= 2:  # the summary's install fields (:func:`install_fields` of the run's summary), and when
         document["install_fields"] = dict(fields or install_fields(None))
+        document["signed_at"], document["expires_at"] = signed_at, expires_at
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
@@ -388,17 +397,24 @@ def sign_run(
     environment: EnvironmentMetadata,
     artifacts: Iterable[SignedArtifact],
     summary: Mapping[str, Any] | None = None,
+    valid_days: float = SIGNATURE_VALID_DAYS,
+    now: float | None = None,
 ) -> RunSignature:
     """Sign a run's manifest (:func:`canonical_manifest`, format 2: with the
-    :func:`install_fields` of its ``summary``) with a tuner node's key.
+    :func:`install_fields` of its ``summary``, the signing time and an expiry ``valid_days``
+    later) with a tuner node's (or an operator's) key.
 
     Returns:
         the :class:`RunSignature` to send with the run (``TuningRunCreate.signature``): the
-        key's id, base64 of the 64-byte Ed25519 signature and the manifest format.
+        key's id, base64 of the 64-byte Ed25519 signature, the manifest format and its times.
     """
     signer_id = key_id(private_key.public_key())
-    signature = private_key.sign(canonical_manifest(key, environment, artifacts, signer_id, install_fields(summary)))
-    return RunSignature(key_id=signer_id, signature=base64.b64encode(signature).decode("ascii"), manifest=2)
+    signed_at = int(time.time() if now is None else now)
+    expires_at = signed_at + max(1, int(valid_days * 86400))
+    signature = private_key.sign(canonical_manifest(key, environment, artifacts, signer_id, install_fields(summary),
+                                                    signed_at=signed_at, expires_at=expires_at))
+    return RunSignature(key_id=signer_id, signature=base64.b64encode(signature).decode("ascii"), manifest=2,
+                        signed_at=signed_at, expires_at=expires_at)
 
 
 def verify_run(
@@ -408,6 +424,7 @@ def verify_run(
     artifacts: Iterable[SignedArtifact],
     trusted: Mapping[str, Ed25519PublicKey] | None,
     summary: Mapping[str, Any] | None = None,
+    now: float | None = None,
 ) -> str:
     """Check a run's signature against the trusted keys, over the manifest of ``key``,
     ``environment`` (a pod passes its *own*, never the run's), the run's ``artifacts`` and
@@ -442,7 +459,10 @@ def verify_run(
         raise mismatch
     try:
         public_key.verify(raw, canonical_manifest(key, environment, artifacts, signature.key_id, install_fields(summary),
-                                                  signature.manifest))
+                                                  signature.manifest, signature.signed_at, signature.expires_at))
     except InvalidSignature:
         raise mismatch from None
+    if signature.expires_at is not None and (time.time() if now is None else now) > signature.expires_at:
+        when = dt.datetime.fromtimestamp(signature.expires_at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        raise UntrustedRun(f"signature expired at {when} (re-sign it: tunecache promote RUN --signing-key KEY)")
     return signature.key_id

@@ -213,3 +213,61 @@ def test_a_replay_that_changes_the_signed_summary_fields_is_refused_by_pods(node
     pulled = tunecache("pull", "--server", server, "--model", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens",
                        "8192", "--dest", str(tmp_path / "pod"), "--environment", str(CUDNN_FILE))
     assert pulled.returncode == 14 and "signature does not match the run's manifest" in pulled.stderr, pulled.stderr
+
+
+def test_pods_never_move_back_to_an_older_run_unless_a_signer_signed_the_move(node_signing_key, server, tmp_path):
+    """Run 2 is current after run 1, and a pod installed it; then run 1 comes back (a second
+    recorder replays its signature and artifacts, or an admin promotes it unsigned): the pod
+    refuses it as a replayed older run. Signed anew (promote --signing-key), it installs."""
+    import os
+    import time
+
+    from tests.support.builders import signed
+    from tests.support.cli import tunecache
+    from tunecache.signing import generate_signing_key
+
+    pull_args = ("pull", "--server", server, "--model", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens", "8192",
+                 "--dest", str(tmp_path / "pod"), "--environment", str(CUDNN_FILE))
+    run_1 = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, node_signing_key)).json()
+    assert tunecache(*pull_args).returncode == 0
+    time.sleep(1.1)  # signing times are whole seconds
+    run_2 = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, node_signing_key, path=CUBLASLT_FILE)).json()
+    assert run_2["is_current"] and run_2["signature"]["signed_at"] > run_1["signature"]["signed_at"]
+    assert tunecache(*pull_args).returncode == 0
+    assert tunecache("promote", str(run_1["id"]), "--server", server).returncode == 0  # run 1 back, its old signature
+    refused = tunecache(*pull_args)
+    assert refused.returncode == 14, refused.stderr
+    assert "before the run this pod installed for the key" in refused.stderr and "a replayed older run" in refused.stderr
+    assert next((tmp_path / "pod").glob("*.json")).read_bytes() == CUBLASLT_FILE.read_bytes()  # kept run 2's file
+    key_file = tmp_path / "node-key-file"
+    assert "TUNECACHE_TRUSTED_KEYS" in os.environ  # the pods' and the service's: the node's key only
+    private = generate_signing_key(tmp_path / "operator")  # an operator key the pods do not trust: refused anew
+    untrusted = tunecache("promote", str(run_1["id"]), "--server", server, "--signing-key", str(private.private_path))
+    assert untrusted.returncode == 15 and "not signed by a key this service trusts" in untrusted.stderr
+    from cryptography.hazmat.primitives import serialization
+
+    key_file.write_bytes(node_signing_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                        serialization.NoEncryption()))
+    resigned = tunecache("promote", str(run_1["id"]), "--server", server, "--signing-key", str(key_file))
+    assert resigned.returncode == 0 and "signed anew by" in resigned.stdout, resigned.stderr
+    accepted = tunecache(*pull_args)
+    assert accepted.returncode == 0 and f"run {run_1['id']} is signed by trusted key" in accepted.stderr, accepted.stderr
+    assert next((tmp_path / "pod").glob("*.json")).read_bytes() == CUDNN_FILE.read_bytes()
+
+
+def test_an_expired_signature_is_refused_by_the_service_and_by_pods(node_signing_key, server, tmp_path):
+    from tests.support.cli import tunecache
+    from tunecache.contract import TuningRunCreate
+    from tunecache.signing import sign_run
+
+    payload = _signed_run(server, None)
+    run = TuningRunCreate.model_validate(payload)
+    old = sign_run(node_signing_key, run.key, run.environment, run.artifacts, run.summary, valid_days=1, now=1_700_000_000)
+    answer = as_admin.post(f"{server}/v1/tunings", json={**payload, "signature": old.model_dump()}).json()
+    assert answer["held"].startswith("not signed by a key this service trusts (TUNECACHE_TRUSTED_KEYS): signature expired")
+    as_admin.post(f"{server}/v1/tunings/{answer['id']}/promote")  # refused by the service too
+    forced = as_admin.post(f"{server}/v1/tunings?force=true", json={**payload, "signature": old.model_dump()}).json()
+    assert forced["is_current"]
+    pulled = tunecache("pull", "--server", server, "--model", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens",
+                       "8192", "--dest", str(tmp_path / "pod"), "--environment", str(CUDNN_FILE))
+    assert pulled.returncode == 14 and "signature expired at 2023-11-15" in pulled.stderr, pulled.stderr

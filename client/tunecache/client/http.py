@@ -61,6 +61,8 @@ from tunecache.contract import (
     TuningRunPage,
     TuningRunQuery,
     TuningRunRead,
+    RunSignature,
+    PromoteRequest,
     TuningRunDiff,
 )
 from tunecache.store import NoCompatibleTuning, TunecacheError, file_sha256
@@ -770,16 +772,20 @@ class TunecacheClient:
                                  headers={"Content-Type": "application/json"})
         return self._answer(response, TuningRunRead)
 
-    def promote_run(self, run_id: int) -> TuningRunRead:
+    def promote_run(self, run_id: int, signature: RunSignature | None = None) -> TuningRunRead:
         """``POST /v1/tunings/{id}/promote`` (admin): make the run current for its key and
-        environment (roll back to it, or take a run the promotion policy held).
+        environment (roll back to it, or take a run the promotion policy held); with
+        ``signature``, the run's manifest signed anew (pods then take it as the newest).
 
         Raises:
             ServerError: 404 no such run; 409 it cannot be current (the detail says why);
                 401/403 without an admin token.
             ServerUnreachable.
         """
-        return self._answer(self._request("POST", f"/v1/tunings/{run_id}/promote"), TuningRunRead)
+        body = PromoteRequest(signature=signature).model_dump_json() if signature is not None else None
+        response = self._request("POST", f"/v1/tunings/{run_id}/promote", content=body,
+                                 headers={"Content-Type": "application/json"} if body else None)
+        return self._answer(response, TuningRunRead)
 
     def create_job(self, job: TuningJobCreate) -> TuningJobRead:
         """``POST /v1/tuning-jobs``: queue a tuning of ``job.key`` (or get the one already

@@ -8,6 +8,7 @@ API, the vLLM plugin's pod): a fetched run (:func:`fetch_tuning`) and an
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import re
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tunecache.client.atomic import write_atomically
 from tunecache.client.http import TunecacheClient
+from tunecache.client.installed import newest_installed, remember_installed
 from tunecache.client.jit_install import flashinfer_workspace, install_jit_module, jit_mismatches, shown
 from tunecache.client.layouts import (
     deep_gemm_cache_dir,
@@ -134,6 +136,8 @@ def fetch_tuning(
         try:
             signed_by = (verify_run(run.signature, key, environment, run.artifacts, trusted_keys, run.summary)
                          if trusted_keys else None)
+            if signed_by is not None:
+                _not_older(run, key, environment)
         except UntrustedRun as exc:
             raise UntrustedRun(f"tuning run {run.id} refused: {exc}") from None
         refused = None
@@ -162,6 +166,25 @@ def fetch_tuning(
             run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
             signed_by=signed_by, executable_refused=refused, warm_state=warm,
         )
+
+
+def _not_older(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata) -> None:
+    """Refuse a signed run signed before one this pod installed for the key
+    (:mod:`tunecache.client.installed`): pods never move backwards unless a signer signed
+    the move (``tunecache promote RUN --signing-key KEY`` signs the older run anew).
+
+    Raises:
+        UntrustedRun: it is older, or undated (a format-1 signature) after a dated one.
+    """
+    newest = newest_installed(key, environment)
+    if newest is None:
+        return
+    signed_at = run.signature.signed_at if run.signature is not None else None
+    if signed_at is None or signed_at < newest:
+        when = lambda t: dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")  # noqa: E731
+        raise UntrustedRun(f"it was signed {'at ' + when(signed_at) if signed_at is not None else 'without a date'}, "
+                           f"before the run this pod installed for the key (signed at {when(newest)}): a replayed older "
+                           "run; to roll back, sign it anew (tunecache promote RUN --signing-key KEY)")
 
 
 #: Writes one artifact kind's staged install; returns the :class:`InstallResult` fields it sets.
@@ -411,6 +434,8 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
     for commit in commits:
         fields_set = commit()
         written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
+    if fetched.signed_by is not None and fetched.run.signature is not None:
+        remember_installed(fetched.run.key, fetched.run.environment, fetched.run.signature.signed_at)
     return InstallResult(outcome=ReportOutcome.INSTALLED, run_id=fetched.run.id, entries=fetched.run.entries,
                          sha256=fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE).sha256,
                          signed_by=fetched.signed_by, **written)

@@ -19,6 +19,9 @@ variable                        default      meaning
                                              (one ``ed25519:...`` per line) or a comma list;
                                              runs signed by none of them install no JIT
                                              module, no DeepGEMM cache, and no tactics
+``TUNECACHE_STATE_DIR``         see meaning  where a pod remembers the newest signing time it
+                                             installed per key (it refuses older runs);
+                                             default ``~/.cache/tunecache``
 ``TUNECACHE_CONNECT_TIMEOUT``   ``5``        seconds to connect
 ``TUNECACHE_READ_TIMEOUT``      ``30``       seconds to wait for each read
 ``TUNECACHE_TOTAL_TIMEOUT``     ``120``      seconds one attempt may take in all

@@ -132,6 +132,19 @@ class RunSignature(BaseModel):
                            description="base64 of the 64-byte Ed25519 signature")
     manifest: int = Field(default=1, ge=1, le=2, description="the manifest format signed: 2 includes the summary's "
                                                               "install fields (tunecache.signing.install_fields)")
+    signed_at: int | None = Field(default=None, ge=0, le=1 << 40,
+                                  description="manifest 2: when it was signed (seconds since the epoch); pods never "
+                                              "install a run signed before one they installed for the key")
+    expires_at: int | None = Field(default=None, ge=0, le=1 << 40,
+                                   description="manifest 2: after this (seconds since the epoch) pods refuse the signature")
+
+    @model_validator(mode="after")
+    def _dated_from_manifest_2(self) -> "RunSignature":
+        if self.manifest >= 2 and (self.signed_at is None or self.expires_at is None):
+            raise ValueError("a manifest-2 signature carries signed_at and expires_at")
+        if self.signed_at is not None and self.expires_at is not None and self.expires_at <= self.signed_at:
+            raise ValueError("expires_at must be after signed_at")
+        return self
 
 
 class TuningRunCreate(BaseModel):
@@ -185,6 +198,16 @@ class TuningRunCreate(BaseModel):
                              f"(_metadata.gpu {self.environment.gpu!r}); pods on {self.key.gpu_name} would get tactics "
                              "of another GPU")
         return self
+
+
+class PromoteRequest(BaseModel):
+    """Body of ``POST /v1/tunings/{id}/promote`` (optional): the run's manifest signed anew
+    (``tunecache promote RUN --signing-key KEY``), so that pods that installed a newer run
+    take this older one as a new version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    signature: RunSignature | None = None
 
 
 class LookupRequest(BaseModel):

@@ -175,6 +175,8 @@ class TuningRun(Base):
     policy: not signed by a key the service trusts, emptier than the current run, or a
     flagged regression against it); cleared when it is promoted."""
     signature_manifest: Mapped[int | None] = mapped_column(Integer)
+    signature_signed_at: Mapped[int | None] = mapped_column(BigInteger)
+    signature_expires_at: Mapped[int | None] = mapped_column(BigInteger)
     """The manifest format the signature is over (:attr:`tunecache.contract.RunSignature.manifest`)."""
     signature_verified: Mapped[bool | None] = mapped_column(Boolean)
     """Whether the service checked the signature against its own trusted keys (``None``:

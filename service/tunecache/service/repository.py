@@ -122,7 +122,8 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
         verified=run.verified,
         is_current=is_current,
         created_at=run.created_at,
-        signature=(RunSignature(key_id=run.signing_key_id, signature=run.signature, manifest=run.signature_manifest or 1)
+        signature=(RunSignature(key_id=run.signing_key_id, signature=run.signature, manifest=run.signature_manifest or 1,
+                                signed_at=run.signature_signed_at, expires_at=run.signature_expires_at)
                    if run.signature else None),
         recorded_by=run.recorded_by,
         held=run.held,
@@ -224,6 +225,8 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
         signing_key_id=run.signature.key_id if run.signature else None,
         signature=run.signature.signature if run.signature else None,
         signature_manifest=run.signature.manifest if run.signature else None,
+        signature_signed_at=run.signature.signed_at if run.signature else None,
+        signature_expires_at=run.signature.expires_at if run.signature else None,
         recorded_by=recorded_by,
         held=held,
         signature_verified=(signed_by is not None) if trusted_keys and run.signature else None,
@@ -304,9 +307,11 @@ def hold_reason(session: Session, run: TuningRunCreate, autotune_file: bytes, ke
     return None
 
 
-def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] | None) -> tuple[TuningRunRead, int | None]:
+def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] | None,
+                signature: RunSignature | None = None) -> tuple[TuningRunRead, int | None]:
     """Make run ``run_id`` the current run of its key and environment, whatever its age, and
-    clear its ``held``; returns it and the run that was current before (``None``: none).
+    clear its ``held``; with ``signature`` (its manifest signed anew), store that signature
+    in place of the run's. Returns it and the run that was current before (``None``: none).
 
     Raises:
         LookupError: no such run.
@@ -321,6 +326,11 @@ def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] |
         raise ValueError(f"run {run_id} {read.status}: only a succeeded run can be current")
     if not read.verified:
         raise ValueError(f"run {run_id} is a pod's run (unverified): only a run a tuner or an admin recorded can be current")
+    if signature is not None:
+        read = read.model_copy(update={"signature": signature})
+        row.signing_key_id, row.signature, row.signature_manifest = signature.key_id, signature.signature, signature.manifest
+        row.signature_signed_at, row.signature_expires_at = signature.signed_at, signature.expires_at
+        row.signature_verified = None
     if trusted_keys:
         from tunecache.signing import UntrustedRun, verify_run
 

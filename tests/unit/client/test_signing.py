@@ -348,6 +348,20 @@ def test_the_summary_fields_that_decide_an_install_are_signed():
     assert verify_run(legacy, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), tampered) == legacy.key_id
 
 
+def test_a_signature_is_dated_and_refused_once_it_expired():
+    node = Ed25519PrivateKey.generate()
+    signature = sign_run(node, KEY, ENVIRONMENT, ARTIFACTS, valid_days=1, now=1_800_000_000)
+    assert (signature.signed_at, signature.expires_at) == (1_800_000_000, 1_800_086_400)
+    assert verify_run(signature, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), now=1_800_086_400) == signature.key_id
+    with pytest.raises(UntrustedRun, match=r"signature expired at 2027-01-1[67] .*promote RUN --signing-key"):
+        verify_run(signature, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), now=1_800_086_401)
+    moved = signature.model_copy(update={"expires_at": 1_900_000_000})  # the dates are inside the signature
+    with pytest.raises(UntrustedRun, match="does not match"):
+        verify_run(moved, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), now=1_800_100_000)
+    with pytest.raises(ValueError, match="carries signed_at and expires_at"):
+        RunSignature(key_id=signature.key_id, signature=signature.signature, manifest=2)
+
+
 def test_the_manifest_names_the_signing_key():
     assert canonical_manifest(KEY, ENVIRONMENT, ARTIFACTS, "0123456789abcdef") != canonical_manifest(
         KEY, ENVIRONMENT, ARTIFACTS, "fedcba9876543210")

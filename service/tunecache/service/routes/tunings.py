@@ -20,6 +20,7 @@ from tunecache.contract import (
     Scope,
     LookupMiss,
     LookupRequest,
+    PromoteRequest,
     TuningRunCreate,
     TuningRunPage,
     TuningRunQuery,
@@ -76,13 +77,16 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
                         409: {"model": ErrorBody, "description": "the run cannot be current (failed, a pod's, "
                                                                  "or not signed by a key the service trusts)"}})
 def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, caller: AdminCaller,
-                   request: Request) -> TuningRunRead:
+                   request: Request, body: PromoteRequest | None = None) -> TuningRunRead:
     """Make a run the current tuning of its key and environment (admin): roll back to an
     earlier run, or take one the promotion policy held back. The run must have succeeded and
     be verified (not a pod's), and, with ``TUNECACHE_TRUSTED_KEYS`` on the service, be signed
-    by one of those keys: pods that trust them install it at their next lookup. Audited."""
+    by one of those keys: pods that trust them install it at their next lookup. With a body
+    ``{"signature": ...}`` (the run's manifest signed anew) the run carries that signature
+    from now on: pods that installed a newer run take it as the newer one. Audited."""
     try:
-        run, previous = repository.promote_run(session, run_id, request.app.state.trusted_keys)
+        run, previous = repository.promote_run(session, run_id, request.app.state.trusted_keys,
+                                               body.signature if body is not None else None)
     except LookupError as exc:
         raise HTTPException(404, detail=str(exc)) from None
     except ValueError as exc:

@@ -1,0 +1,58 @@
+"""What this pod installed before: the newest signing time per key and environment, so that a
+replayed older run (a proxy or a second recorder serving run 1 after run 2) is refused.
+
+Kept in ``$TUNECACHE_STATE_DIR/installed-signatures.json`` (default ``~/.cache/tunecache``;
+give pods a persistent directory there for the memory to outlive them), a JSON object
+``{"<key hash>/<environment hash>": signed_at}``, rewritten whole (staged and renamed). A
+missing or unreadable file is an empty memory: a fresh pod accepts any run whose signature
+checks and has not expired (the expiry bounds that window).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tunecache.client.atomic import write_atomically
+from tunecache.contract import EnvironmentMetadata, TuningKey
+
+STATE_FILE = "installed-signatures.json"
+
+
+def state_path() -> Path:
+    """``$TUNECACHE_STATE_DIR/installed-signatures.json`` (default ``~/.cache/tunecache``)."""
+    base = os.environ.get("TUNECACHE_STATE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "tunecache")
+    return Path(base).expanduser() / STATE_FILE
+
+
+def _slot(key: TuningKey, environment: EnvironmentMetadata) -> str:
+    return f"{key.key_hash()}/{environment.environment_hash()}"
+
+
+def _read() -> dict[str, int]:
+    try:
+        doc = json.loads(state_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(v, int)} if isinstance(doc, dict) else {}
+
+
+def newest_installed(key: TuningKey, environment: EnvironmentMetadata) -> int | None:
+    """The newest signing time (seconds since the epoch) of a run this pod installed for the key."""
+    return _read().get(_slot(key, environment))
+
+
+def remember_installed(key: TuningKey, environment: EnvironmentMetadata, signed_at: int | None) -> None:
+    """Remember ``signed_at`` for the key when it is newer. Never raises (a read-only state
+    directory only means a shorter memory)."""
+    if signed_at is None:
+        return
+    try:
+        state = _read()
+        slot = _slot(key, environment)
+        if state.get(slot, -1) < signed_at:
+            state[slot] = signed_at
+            write_atomically(state_path(), json.dumps(state, sort_keys=True).encode())
+    except OSError:
+        pass
