@@ -85,7 +85,7 @@ def _run(module: bytes, pod_jit: dict, signing_key=None, signature=None) -> Tuni
                                  "media_type": "application/gzip", "sha256": hashlib.sha256(module).hexdigest()})
     run = TuningRunCreate.model_validate(payload)
     if signing_key is not None:
-        signature = sign_run(signing_key, run.key, run.environment, run.artifacts)
+        signature = sign_run(signing_key, run.key, run.environment, run.artifacts, run.summary)
     return run.model_copy(update={"signature": signature})
 
 

@@ -136,8 +136,9 @@ def test_the_plugins_line_appears_in_vllms_own_log(server, tmp_path):
     there, in vLLM's format."""
     assert push(server).returncode == 0
     _, log = run_worker(tmp_path, TUNECACHE_URL=server, STAND_IN_VLLM_LOGGING="1")
-    [line] = [line for line in log.splitlines() if "tunecache:" in line]
+    [line, attested] = [line for line in log.splitlines() if "tunecache:" in line]
     assert line.startswith("(EngineCore) tunecache: installed run 1 (42 entries, 0 JIT modules) for meta-llama/Llama-3.1-8B")
+    assert attested.startswith("(EngineCore) tunecache: this boot compiled ")  # the attestation, in vLLM's log too
 
 
 def test_a_pod_serving_weights_from_a_directory_asks_for_its_served_model_name(server, tmp_path):

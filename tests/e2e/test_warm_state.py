@@ -61,7 +61,7 @@ def test_a_boot_from_zero_finds_every_cache_in_place_and_attests_it_compiled_not
     seen, log = run_engine(tmp_path, **pod_env(tmp_path, server))
     assert seen["inspect_model"] == {"cached": True}  # modelinfos installed before vLLM inspected the model
     assert seen["compile"] == {"backbone": True, "aot": True}  # under this pod's names: its model path, its block size
-    lines = tunecache_lines(log)
+    lines = tunecache_lines(log, attestation=True)
     assert lines[0].startswith(f"tunecache: warm state of run {run} installed for meta-llama/Llama-3.1-8B in ")
     assert "Triton cache (1 kernels), modelinfos (1 files), compile cache staged for the workers" in lines[0]
     assert lines[1].startswith(f"tunecache: compile cache (2 of 2 directories) from run {run}, under the names this "
@@ -94,7 +94,7 @@ def test_each_differing_factor_is_named_and_the_boot_compiles_as_without(server,
     seen, log = run_engine(tmp_path, **pod_env(tmp_path, server, **pod))
     assert seen["inspect_model"] == {"cached": True}  # the rest of the warm state is installed all the same
     assert seen["compile"] == {"backbone": False, "aot": False}
-    lines = tunecache_lines(log)
+    lines = tunecache_lines(log, attestation=True)
     [skipped] = [line for line in lines if "compile cache not installed" in line]
     assert skipped.startswith("tunecache: compile cache not installed, vLLM would not use it: ")
     assert named.format(traced=traced) in skipped
@@ -105,10 +105,10 @@ def test_a_key_known_only_from_vllms_config_installs_after_the_inspection(server
     push_warm_run(server, tmp_path, node_signing_key, block_size=32)
     seen, log = run_engine(tmp_path, **pod_env(tmp_path, server, STAND_IN_MNBT=""))
     assert seen["inspect_model"] == {"cached": False} and seen["compile"] == {"backbone": True, "aot": True}
-    first = tunecache_lines(log)[0]
+    first = tunecache_lines(log, attestation=True)[0]
     assert first.endswith("(max_num_batched_tokens was not given to vLLM, so the key was known only after vLLM "
                           "inspected the model)")
-    assert tunecache_lines(log)[-1] == "tunecache: this boot compiled 1 model_inspections (rank 0)"
+    assert tunecache_lines(log, attestation=True)[-1] == "tunecache: this boot compiled 1 model_inspections (rank 0)"
 
 
 def test_without_trusted_keys_no_warm_state_is_installed(server, tmp_path, node_signing_key, monkeypatch):
@@ -116,8 +116,8 @@ def test_without_trusted_keys_no_warm_state_is_installed(server, tmp_path, node_
     monkeypatch.delenv("TUNECACHE_TRUSTED_KEYS")
     seen, log = run_engine(tmp_path, **pod_env(tmp_path, server))
     assert seen["inspect_model"] == {"cached": False} and seen["compile"] == {"backbone": False, "aot": False}
-    assert tunecache_lines(log)[0].startswith("tunecache: no warm state installed (")
-    assert "install only from a run signed by a trusted key" in tunecache_lines(log)[0]
+    assert tunecache_lines(log, attestation=True)[0].startswith("tunecache: no warm state installed (")
+    assert "install only from a run signed by a trusted key" in tunecache_lines(log, attestation=True)[0]
     assert not (tmp_path / "pod-triton" / "HASHB").exists()
 
 

@@ -393,8 +393,14 @@ def parse_seen(stdout: str) -> dict:
     return seen
 
 
-def tunecache_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines() if line.startswith("tunecache:")]
+#: The attestation line each worker logs once it warmed up (tests/e2e/test_warm_state.py checks it).
+ATTESTATION = "tunecache: this boot compiled "
+
+
+def tunecache_lines(log: str, attestation: bool = False) -> list[str]:
+    """The plugin's lines in a worker's log; the boot's attestation line only with ``attestation``."""
+    return [line for line in log.splitlines()
+            if line.startswith("tunecache:") and (attestation or not line.startswith(ATTESTATION))]
 
 
 def run_worker(tmp_path, rank=0, world_size=1, instance=None, **env):
