@@ -451,6 +451,8 @@ def verify_run(
             f"signed by key {signature.key_id}, which is not among the {count} trusted key{'s' if count != 1 else ''}"
         )
     mismatch = UntrustedRun("signature does not match the run's manifest (key, environment or artifacts changed)")
+    if signature.manifest >= 2 and (signature.signed_at is None or signature.expires_at is None):
+        raise UntrustedRun("signature of manifest format 2 without its signing time and expiry")
     try:
         raw = base64.b64decode(signature.signature, validate=True)
     except (binascii.Error, ValueError, TypeError):

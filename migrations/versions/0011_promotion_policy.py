@@ -27,7 +27,7 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table('tuning_runs') as batch:
-        batch.add_column(sa.Column('held', sa.String(length=1024), nullable=True))
+        batch.add_column(sa.Column('held', sa.Text(), nullable=True))
         batch.add_column(sa.Column('signature_verified', sa.Boolean(), nullable=True))
         batch.add_column(sa.Column('signature_manifest', sa.Integer(), nullable=True))
         batch.add_column(sa.Column('signature_signed_at', sa.BigInteger(), nullable=True))

@@ -170,7 +170,7 @@ class TuningRun(Base):
     signing_key_id: Mapped[str | None] = mapped_column(String(16))
     signature: Mapped[str | None] = mapped_column(String(128))
     recorded_by: Mapped[str | None] = mapped_column(String(64))
-    held: Mapped[str | None] = mapped_column(String(1024))
+    held: Mapped[str | None] = mapped_column(Text)
     """Why this succeeded, verified run did not become current at record (the promotion
     policy: not signed by a key the service trusts, emptier than the current run, or a
     flagged regression against it); cleared when it is promoted."""

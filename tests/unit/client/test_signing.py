@@ -358,8 +358,9 @@ def test_a_signature_is_dated_and_refused_once_it_expired():
     moved = signature.model_copy(update={"expires_at": 1_900_000_000})  # the dates are inside the signature
     with pytest.raises(UntrustedRun, match="does not match"):
         verify_run(moved, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), now=1_800_100_000)
-    with pytest.raises(ValueError, match="carries signed_at and expires_at"):
-        RunSignature(key_id=signature.key_id, signature=signature.signature, manifest=2)
+    undated = RunSignature(key_id=signature.key_id, signature=signature.signature, manifest=2)
+    with pytest.raises(UntrustedRun, match="without its signing time and expiry"):
+        verify_run(undated, KEY, ENVIRONMENT, ARTIFACTS, _trust(node), now=1_800_000_001)
 
 
 def test_the_manifest_names_the_signing_key():
