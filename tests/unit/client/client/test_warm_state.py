@@ -153,7 +153,7 @@ def _tarball(name: str, kind: str = "file") -> bytes:
     (_tarball("HASH/link", "link"), "unsafe entry"),
     (b"\x1f\x8b partial gzip", "not a gzipped tarball"),
     (_tarball("HASH/k.cubin")[:40], "not a gzipped tarball"),
-])
+], ids=["dot-dot", "absolute", "link", "not-gzip", "cut-short"])  # named: the tarballs' bytes hold gzip's time
 def test_hostile_or_corrupt_tarballs_are_refused_before_anything_is_written(tmp_path, data, message):
     triton = tmp_path / "pod" / "triton"
     root = tmp_path / "pod" / "vllm-cache"
