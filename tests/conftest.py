@@ -5,15 +5,23 @@ PostgreSQL: ``TUNECACHE_TEST_POSTGRES_URL`` (default
 dropped afterwards. Where the server cannot be reached the PostgreSQL variants are
 skipped with the reason, unless ``TUNECACHE_REQUIRE_POSTGRES=1`` (set by ``.ci/run``),
 which turns that skip into a failure.
+
+A test that takes ``engine`` or ``server`` on SQLite gets a copy of a database migrated
+once per test process; on PostgreSQL its schema is migrated in the test process. The
+migrations run from empty in tests/unit/service/test_migrations.py, in ``tunecache db
+upgrade`` (tests/e2e/test_cli.py) and in each ``tunecache serve`` a test starts on a
+database of its own.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,7 +30,7 @@ from sqlalchemy import Engine, create_engine, text
 from tunecache.service import db
 
 from tests.support.builders import make_token
-from tests.support.cli import tunecache, tunecache_executable
+from tests.support.cli import tunecache_executable
 from tests.support.serve import free_port
 
 POSTGRES_URL = os.environ.get(
@@ -77,17 +85,32 @@ def postgres_schema_url() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def _migrated_sqlite(tmp_path_factory) -> Path:
+    """A SQLite database migrated to the head revision, once per test process."""
+    path = tmp_path_factory.mktemp("migrated") / "tunecache.db"
+    engine = db.create_db_engine(f"sqlite:///{path}")
+    db.upgrade(engine)
+    engine.dispose()  # the last connection checkpoints the WAL into the file
+    assert not path.with_name(path.name + "-wal").exists()
+    return path
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database_url(request, tmp_path) -> str:
-    """An empty database of each kind."""
+    """A database of each kind: empty, but on SQLite, for a test that takes ``engine`` or
+    ``server``, a copy of one already migrated to the head revision."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'tunecache.db'}"
+        path = tmp_path / "tunecache.db"
+        if {"engine", "server"} & set(request.fixturenames):
+            shutil.copyfile(request.getfixturevalue("_migrated_sqlite"), path)
+        return f"sqlite:///{path}"
     return request.getfixturevalue("postgres_schema_url")
 
 
 @pytest.fixture
 def engine(database_url) -> Iterator[Engine]:
-    """A database migrated to the head revision."""
+    """A database migrated to the head revision (on SQLite, ``upgrade`` finds nothing to do)."""
     engine = db.create_db_engine(database_url)
     db.upgrade(engine)
     yield engine
@@ -180,10 +203,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def server(database_url, tmp_path):
-    """A real `tunecache serve` process on a free port; PostgreSQL is upgraded with `tunecache db upgrade` first."""
+    """A real `tunecache serve` process on a free port. Its database is at the head revision
+    before it starts: on SQLite a copy of a migrated one (serve migrates a new SQLite file
+    itself), on PostgreSQL migrated here, where an operator runs `tunecache db upgrade`
+    (tests/e2e/test_cli.py runs that command)."""
     if database_url.startswith("postgresql"):
-        upgraded = tunecache("db", "upgrade", "--database", database_url, check=True)
-        assert f"database at revision {db.head_revision()}" in upgraded.stdout
+        engine = db.create_db_engine(database_url)
+        try:
+            db.upgrade(engine)
+        finally:
+            engine.dispose()
     port = free_port()
     log = open(tmp_path / "serve.log", "w")
     process = subprocess.Popen(
