@@ -16,6 +16,11 @@ python -m pip install -q torch==2.13.0
 # Both distributions from the checkout: tunecache-client (client/) and tunecache-server (.).
 python -m pip install -q -e ./client -e '.[test,tuner]'
 
+# Let Python cache bytecode (the checkout's and pytest's rewritten test modules): the suite
+# starts a few hundred `tunecache` processes, and an image that sets PYTHONDONTWRITEBYTECODE
+# would have each of them compile the checkout's modules again.
+unset PYTHONDONTWRITEBYTECODE
+
 # pytest's exit 5 ("no tests collected") is not a failure here: a part the arguments leave empty.
 pytest_part() { python -m pytest "$@" || { status=$?; [ "$status" -eq 5 ] && return 5; return "$status"; }; }
 workers="${TUNECACHE_TEST_WORKERS:-auto}"

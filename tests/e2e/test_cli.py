@@ -15,7 +15,8 @@ import pytest
 
 from tests.support.cli import tunecache, tunecache_executable
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
-from tests.support.serve import free_port, as_admin
+from tests.support.serve import free_port, as_admin, start_server, stop_server
+from tunecache.service import db
 from tests.support.cli import MODEL, pull, push
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
@@ -82,6 +83,19 @@ def test_serve_refuses_a_postgres_database_without_schema(postgres_schema_url):
     result = tunecache("serve", "--port", str(free_port()), "--database", postgres_schema_url)
     assert result.returncode == 9
     assert "run `tunecache db upgrade" in result.stderr
+
+
+@pytest.mark.postgres
+def test_db_upgrade_brings_an_empty_postgres_schema_to_the_head_and_serve_starts_on_it(postgres_schema_url, tmp_path):
+    """What an operator does before the first `tunecache serve` on PostgreSQL (the ``server``
+    fixture starts its servers on copies of a migrated database instead)."""
+    upgraded = tunecache("db", "upgrade", "--database", postgres_schema_url, check=True)
+    assert f"database at revision {db.head_revision()}" in upgraded.stdout
+    process, url = start_server(postgres_schema_url, tmp_path, "upgraded")
+    try:
+        assert httpx.get(f"{url}/v1/health").status_code == 200
+    finally:
+        stop_server(process)
 
 
 class _NotTunecache(http.server.BaseHTTPRequestHandler):

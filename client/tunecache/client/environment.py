@@ -8,7 +8,9 @@ Elsewhere (a laptop, a CPU-only CI) it is read from a file: a FlashInfer cache f
 
 from __future__ import annotations
 
+import ctypes
 import json
+import sys
 from pathlib import Path
 
 from tunecache.contract import ENVIRONMENT_FIELDS, EnvironmentMetadata, TuningKey
@@ -70,6 +72,21 @@ def environment_from_file(path: Path) -> EnvironmentMetadata:
         raise EnvironmentUnavailable(f"environment file {path}: {exc}") from None
 
 
+def _no_cuda_driver() -> bool:
+    """Whether this is a Linux machine whose NVIDIA driver library (``libcuda.so.1``, what
+    torch's CUDA runtime loads) cannot be loaded, in a process that has not imported torch:
+    then torch can find no CUDA device, and :func:`detect_arch` need not spend the seconds
+    of importing it to hear so (a ``tunecache push`` on a laptop, an init container
+    without a GPU)."""
+    if not sys.platform.startswith("linux") or "torch" in sys.modules:
+        return False
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return False
+
+
 def detect_arch(gpu_name: str) -> str:
     """The arch (``"sm90"``) of the local CUDA device 0, else of a known ``gpu_name``.
 
@@ -77,10 +94,11 @@ def detect_arch(gpu_name: str) -> str:
         EnvironmentUnavailable: no CUDA device and an unknown GPU name.
     """
     try:
-        import torch
+        if not _no_cuda_driver():
+            import torch
 
-        if torch.cuda.is_available():
-            return arch_from_capability(*torch.cuda.get_device_capability(0))
+            if torch.cuda.is_available():
+                return arch_from_capability(*torch.cuda.get_device_capability(0))
     except ImportError:
         pass
     arch = arch_for_gpu_name(gpu_name)
