@@ -139,7 +139,12 @@ class JobWorker:
         self._beat: threading.Thread | None = None
 
     def start(self) -> None:
-        """Run the claim loop and the worker's heartbeat, each on a daemon thread."""
+        """Run the claim loop and the worker's heartbeat, each on a daemon thread; the worker
+        is announced (listed live) before this returns (the heartbeat retries if that fails)."""
+        try:
+            self.announce()
+        except Exception as exc:  # the database is away: the heartbeat thread announces later
+            log.warning("worker %s: not announced yet: %s: %s", self.name, type(exc).__name__, exc)
         self._beat = threading.Thread(target=self._beat_forever, name=f"tunecache-worker-beat-{self.name}", daemon=True)
         self._beat.start()
         self._thread = threading.Thread(target=self.run_forever, name=f"tunecache-worker-{self.name}", daemon=True)
