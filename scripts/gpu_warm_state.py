@@ -92,6 +92,10 @@ def compiled_counts(log: str, dirs: dict[str, Path], since_ns: int) -> tuple[dic
     return compiled, loaded
 
 
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
+
+
 def _dirs(base: Path) -> dict[str, Path]:
     return {"ws": base / "flashinfer-base", "vc": base / "vllm-cache", "triton": base / "triton",
             "dg": base / "deep-gemm", "inductor": base / "inductor"}
@@ -109,13 +113,17 @@ def _boot(name: str, args: argparse.Namespace, dirs: dict[str, Path], out: Path,
                "--engine-args", json.dumps(engine_args(args))]
     since = time.time_ns()
     started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **_environment(dirs), **env},
-                            timeout=args.boot_timeout)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **_environment(dirs), **env},
+                                timeout=args.boot_timeout)
+    except subprocess.TimeoutExpired as exc:
+        result = subprocess.CompletedProcess(command, 124, _text(exc.stdout), _text(exc.stderr))
     wall = round(time.perf_counter() - started, 2)
     log = result.stdout + result.stderr
     (out / f"{args.name}-{name}.log").write_text(f"$ {' '.join(command)}\n(exit {result.returncode}, {wall} s)\n{log}")
-    if result.returncode != 0:
-        sys.exit(f"{name} boot failed ({result.returncode})\n{log[-4000:]}")
+    if result.returncode != 0:  # recorded, and the next boot still runs: one call is one whole experiment
+        return {"model": args.model, "attention": args.attention or "default", "boot": name, "ready_s": None,
+                "failed": result.returncode, "process_wall_s": wall, "log_tail": log[-3000:]}
     measured = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
     compiled, loaded = compiled_counts(log, dirs, since)
     return {"model": args.model, "attention": args.attention or "default", "boot": name,

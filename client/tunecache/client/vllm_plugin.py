@@ -64,13 +64,14 @@ the install deadline), read once per worker when its install runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 #: Under vLLM's own ``vllm`` logger, whose handler vLLM configures (``vllm/logger.py``:
 #: ``DEFAULT_LOGGING_CONFIG``, ``propagate: False``; the root logger has none), so the
@@ -184,10 +185,12 @@ def _wrap_engine_config() -> None:
 
     @functools.wraps(original)
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        boot = _warm_boot_before(self)
+        with cuda_answered_by_nvml():
+            boot = _warm_boot_before(self)
         config = original(self, *args, **kwargs)
         if boot is not None and boot.key is None:
-            _warm_boot_after(boot, config)
+            with cuda_answered_by_nvml():
+                _warm_boot_after(boot, config)
         return config
 
     create_engine_config._tunecache_wrapped = True  # type: ignore[attr-defined]
@@ -251,29 +254,65 @@ def pod_compile_factors(config: Any, node: Any):
     )
 
 
+@contextlib.contextmanager
+def cuda_answered_by_nvml() -> Iterator[None]:
+    """Within: ``torch.cuda.get_device_name``, ``get_device_capability`` and
+    ``current_device`` answered by vLLM's ``current_platform`` (NVML), which initializes no
+    CUDA context. For the engine's main process: FlashInfer asks torch for the GPU's
+    capability when ``flashinfer.jit.env`` is first imported (``CompilationContext``, for
+    its workspace's arch folder) and for its name in ``_collect_metadata()``; either would
+    initialize CUDA there, and vLLM then starts its engine core with ``spawn`` instead of
+    ``fork``: every import again, 15 s of a 32 s boot measured on the H200. Where vLLM's
+    platform cannot answer (no NVML, a stand-in vLLM), nothing is replaced."""
+    try:
+        import torch
+        from vllm.platforms import current_platform
+
+        platform_name, platform_capability = current_platform.get_device_name, current_platform.get_device_capability
+    except Exception:
+        yield
+        return
+
+    def index(device: Any = None) -> int:
+        if device is None:
+            return 0
+        if isinstance(device, int):
+            return device
+        if isinstance(device, str):
+            return int(device.rsplit(":", 1)[1]) if ":" in device else 0
+        return getattr(device, "index", None) or 0  # torch.device
+
+    def get_device_capability(device: Any = None) -> tuple[int, int]:
+        capability = platform_capability(index(device))
+        if capability is None:
+            raise RuntimeError("NVML gave no capability")
+        return (int(capability.major), int(capability.minor))
+
+    replaced = {"get_device_name": lambda device=None: platform_name(index(device)),
+                "get_device_capability": get_device_capability, "current_device": lambda: 0}
+    saved = {name: getattr(torch.cuda, name) for name in replaced}
+    for name, function in replaced.items():
+        setattr(torch.cuda, name, function)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.cuda, name, function)
+
+
 def _main_process_environment(settings: Any):
-    """This pod's FlashInfer environment, in the engine's main process without initializing
-    CUDA there (vLLM would then start its engine core with ``spawn``: a second import of
-    everything): ``TUNECACHE_ENVIRONMENT_FILE`` when set, else FlashInfer's own
-    ``flashinfer.autotuner._collect_metadata()`` with the GPU's name read through vLLM's
-    ``current_platform.get_device_name()`` (NVML) in place of ``torch.cuda``'s."""
+    """This pod's FlashInfer environment in the engine's main process:
+    ``TUNECACHE_ENVIRONMENT_FILE`` when set, else FlashInfer's own
+    ``flashinfer.autotuner._collect_metadata()``, called under :func:`cuda_answered_by_nvml`
+    (it asks ``torch.cuda.get_device_name``)."""
     from tunecache.client.environment import environment_from_file
     from tunecache.contract import EnvironmentMetadata
 
     if settings.environment_file:
         return environment_from_file(settings.environment_file)
-    import torch
     from flashinfer.autotuner import _collect_metadata
-    from vllm.platforms import current_platform
 
-    name = current_platform.get_device_name(0)
-    saved = torch.cuda.get_device_name, torch.cuda.current_device
-    torch.cuda.get_device_name, torch.cuda.current_device = (lambda *a, **k: name), (lambda: 0)
-    try:
-        metadata = _collect_metadata()
-    finally:
-        torch.cuda.get_device_name, torch.cuda.current_device = saved
-    return EnvironmentMetadata.from_flashinfer_metadata(metadata)
+    return EnvironmentMetadata.from_flashinfer_metadata(_collect_metadata())  # under cuda_answered_by_nvml()
 
 
 def _engine_args_key(engine_args: Any, environment: Any, settings: Any):

@@ -7,3 +7,66 @@ from importlib.metadata import entry_points
 
 def test_entry_point_is_registered():
     assert "tunecache" in {e.name for e in entry_points(group="vllm.general_plugins")}
+
+
+def _platform_module(names: dict[int, str], capability: tuple[int, int]):
+    """A ``vllm.platforms`` whose ``current_platform`` answers as vLLM's NVML platform does."""
+    import types
+    from collections import namedtuple
+
+    capability_type = namedtuple("DeviceCapability", "major minor")
+    asked: list[tuple[str, int]] = []
+
+    class Platform:
+        @staticmethod
+        def get_device_name(device_id=0):
+            asked.append(("name", device_id))
+            return names[device_id]
+
+        @staticmethod
+        def get_device_capability(device_id=0):
+            asked.append(("capability", device_id))
+            return capability_type(*capability)
+
+    module = types.ModuleType("vllm.platforms")
+    module.current_platform = Platform()
+    return module, asked
+
+
+def test_the_main_process_asks_nvml_not_cuda(monkeypatch):
+    """FlashInfer's import asks torch for the GPU's capability and _collect_metadata for its
+    name; in the engine's main process vLLM's platform (NVML) answers, and torch's own
+    functions are back afterwards."""
+    import sys
+    import types
+
+    import torch
+
+    from tunecache.client.vllm_plugin import cuda_answered_by_nvml
+
+    platforms, asked = _platform_module({0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}, (9, 0))
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    originals = (torch.cuda.get_device_name, torch.cuda.get_device_capability, torch.cuda.current_device)
+    with cuda_answered_by_nvml():
+        assert torch.cuda.get_device_capability() == (9, 0)
+        assert torch.cuda.get_device_capability(torch.device("cuda", 1)) == (9, 0)
+        assert torch.cuda.get_device_name("cuda:1") == "NVIDIA H100 80GB HBM3"
+        assert torch.cuda.get_device_name(0) == "NVIDIA H200"
+        assert torch.cuda.current_device() == 0
+        assert not torch.cuda.is_initialized()
+    assert asked == [("capability", 0), ("capability", 1), ("name", 1), ("name", 0)]
+    assert (torch.cuda.get_device_name, torch.cuda.get_device_capability, torch.cuda.current_device) == originals
+
+
+def test_without_vllms_platform_torch_answers(monkeypatch):
+    import sys
+
+    import torch
+
+    from tunecache.client.vllm_plugin import cuda_answered_by_nvml
+
+    monkeypatch.setitem(sys.modules, "vllm.platforms", None)  # import fails
+    original = torch.cuda.get_device_capability
+    with cuda_answered_by_nvml():
+        assert torch.cuda.get_device_capability is original
