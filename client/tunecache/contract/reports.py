@@ -59,9 +59,10 @@ class CompiledKind(StrEnum):
 
     * ``flashinfer_jit_modules``: FlashInfer JIT modules built (``.so`` files written in the
       FlashInfer workspace during the boot);
-    * ``dynamo_traces``: graphs vLLM's torch.compile traced (none when the AOT artifact loads);
-    * ``inductor_graphs``: graphs Inductor compiled (vLLM's ``num_inductor_compiles``; loaded
-      ones are not counted);
+    * ``dynamo_traces``: graphs vLLM's torch.compile traced; not counted by today's pods
+      (vLLM 0.25 runs Dynamo's bytecode transform in every boot, one at the floor too);
+    * ``inductor_graphs``: graphs Inductor compiled (vLLM's ``num_compiled_artifacts_saved``:
+      loaded ones are not counted);
     * ``aot_compiles``: AOT compilations (vLLM's ``num_aot_compiles``);
     * ``triton_kernels``: Triton kernels compiled (``.cubin`` files written in Triton's and
       Inductor's caches);
