@@ -73,6 +73,8 @@ pins=(
   cloudpickle==3.1.3 pybase64==1.5.1 uvloop==0.23.0 PyYAML==6.0.4 filelock==4.3.1
   einops==0.8.2 setproctitle==1.3.8 six==1.17.0 email-validator==2.4.0 dnspython==2.9.2
   llguidance==1.7.6 xgrammar==0.2.3
+  # quantized checkpoints: ModelConfig._verify_quantization imports every method's config (block fp8 too)
+  compressed-tensors==0.17.0 loguru==0.7.3
   # FlashInfer and the parts of its stack a torch machine lacks
   flashinfer-python==0.6.13 apache-tvm-ffi==0.1.9 nvidia-cudnn-frontend==1.28.0
   nvidia-ml-py==13.615.71 tabulate==0.10.0 click==8.5.1 packaging==26.4 ninja==1.13.2
@@ -206,7 +208,7 @@ print(f"2.{max(need)} or newer (the highest of the wheels\x27 lowest manylinux t
   echo "nvidia-cutlass-dsl (+libs), cuda-tile, quack-kernels, humming-kernels, tilelang, tokenspeed-mla: CuTe-DSL / special kernels, imports guarded"
   echo "torchvision, torchaudio, torchcodec, PyNvVideoCodec, opencv-python-headless, mistral_common: multimodal only, imports guarded"
   echo "opentelemetry-*, grpcio: tracing, import guarded in vllm.tracing"
-  echo "numba, compressed-tensors, fastsafetensors, depyf, nvtx, tiktoken, outlines_core, lm-format-enforcer, diskcache, lark: spec decoding, quantized checkpoints, other loaders, compile debugging, other structured-output backends"
+  echo "numba, fastsafetensors, depyf, nvtx, tiktoken, outlines_core, lm-format-enforcer, diskcache, lark: spec decoding, other loaders, compile debugging, other structured-output backends"
   echo "anthropic, mcp, model-hosting-container-standards, prometheus-fastapi-instrumentator, ray: the OpenAI/Anthropic server and Ray only"
   echo
   echo "## pruned from the unpacked wheels"

@@ -54,6 +54,7 @@ vllm.v1.worker.gpu_worker vllm.v1.worker.gpu_model_runner
 vllm.v1.worker.gpu.model_runner vllm.v1.worker.gpu.warmup vllm.v1.worker.gpu.sample.sampler
 vllm.model_executor.models.llama vllm.model_executor.model_loader vllm.model_executor.model_loader.dummy_loader
 vllm.model_executor.warmup.kernel_warmup vllm.v1.sample.sampler
+vllm.model_executor.layers.quantization.auto_awq vllm.model_executor.layers.quantization.fp8 vllm.utils.deep_gemm
 vllm.v1.attention.backends.flashinfer vllm.v1.attention.backends.triton_attn
 vllm.v1.attention.backends.flex_attention vllm.v1.attention.backends.flash_attn
 flashinfer flashinfer.prefill flashinfer.decode flashinfer.jit flashinfer.page flashinfer.sampling
