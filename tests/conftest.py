@@ -45,6 +45,8 @@ def _private_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path / "tunecache-data"))
     # and what pods installed before (tunecache.client.installed) is this test's own
     monkeypatch.setenv("TUNECACHE_STATE_DIR", str(tmp_path / "pod-state"))
+    # and its tuners' GPU lock (tunecache.service.tuner.guard) is its own: tests in parallel hold "one GPU" each
+    monkeypatch.setenv("TUNECACHE_GPU_LOCK_DIR", str(tmp_path / "gpu-locks"))
     # Tests that post many jobs from one address are not about the rate limit
     # (tests/unit/service/routes/test_http_semantics.py::test_job_requests_past_the_rate_get_429 is).
     monkeypatch.setenv("TUNECACHE_JOB_REQUEST_RATE", "100000/minute")
