@@ -63,6 +63,7 @@ from tunecache.contract import (
     TuningRunQuery,
     TuningRunRead,
     RunSignature,
+    RunVerification,
     PromoteRequest,
     TuningRunDiff,
 )
@@ -796,6 +797,17 @@ class TunecacheClient:
             ServerUnreachable.
         """
         response = self._request("POST", "/v1/tunings" + ("?force=true" if force else ""), content=run.model_dump_json(),
+                                 headers={"Content-Type": "application/json"})
+        return self._answer(response, TuningRunRead)
+
+    def record_verification(self, run_id: int, verification: RunVerification) -> TuningRunRead:
+        """``PUT /v1/tunings/{id}/verification`` (tune): store a run's verification boot.
+
+        Raises:
+            ServerError: 404 no such run; 409 it did not succeed; 401/403 without a tune token.
+            ServerUnreachable.
+        """
+        response = self._request("PUT", f"/v1/tunings/{run_id}/verification", content=verification.model_dump_json(),
                                  headers={"Content-Type": "application/json"})
         return self._answer(response, TuningRunRead)
 

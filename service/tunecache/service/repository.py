@@ -28,6 +28,7 @@ from tunecache.contract import (
     RunSignature,
     RunStatus,
     RunTrigger,
+    RunVerification,
     TuningKey,
     TuningRunCreate,
     TuningRunPage,
@@ -128,6 +129,7 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
         recorded_by=run.recorded_by,
         held=run.held,
         signature_verified=run.signature_verified,
+        verification=RunVerification.model_validate(run.verification) if run.verification else None,
         artifacts=[
             ArtifactRead(
                 kind=a.kind,
@@ -305,6 +307,25 @@ def hold_reason(session: Session, run: TuningRunCreate, autotune_file: bytes, ke
         return (f"the run diff against current run {current.id} flags {summary.regressions} regression"
                 f"{'s' if summary.regressions != 1 else ''} (tunecache diff {current.id} <this run>)")
     return None
+
+
+def record_verification(session: Session, run_id: int, verification: RunVerification) -> TuningRunRead:
+    """Store run ``run_id``'s verification boot (a later one replaces it). The generation
+    moves, so that answers cached with the run carry it.
+
+    Raises:
+        LookupError: no such run.
+        ValueError: the run did not succeed (there is nothing to boot).
+    """
+    row = session.get(TuningRun, run_id)
+    if row is None:
+        raise LookupError(f"no tuning run {run_id}")
+    if row.status != RunStatus.SUCCEEDED.value:
+        raise ValueError(f"run {run_id} {row.status}: only a succeeded run is booted to verify it")
+    row.verification = verification.model_dump(mode="json")
+    session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
+    session.flush()
+    return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
 
 
 def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] | None,
