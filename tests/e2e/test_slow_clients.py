@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from tests.support.builders import lookup_body
-from tests.support.cli import tunecache_executable
+from tests.support.cli import pull, tunecache_executable
 from tests.support.serve import as_admin, free_port, push_run, share_admin_token, start_server, stop_server
 
 OTHER_ADDRESS = "127.0.0.2"
@@ -98,7 +98,8 @@ def _unread_download(server: str, sha: str) -> socket.socket:
 def test_slow_bodies_and_unread_answers_leave_the_service_answering(tmp_path, processes, slow):
     """Clients that send their bodies slowly or never read their answers, three times the
     in-flight limit of each process, and long timeouts (they stay for the whole test): health
-    checks and lookups are answered 200 within 2 s throughout, never 503."""
+    checks and lookups are answered 200 within 2 s throughout, never 503, and a pod's
+    ``tunecache pull`` installs."""
     process, server = start_server(
         _sqlite(tmp_path, "slow"), tmp_path, "slow", TUNECACHE_SERVER_PROCESSES=str(processes),
         TUNECACHE_MAX_IN_FLIGHT="16", TUNECACHE_BODY_TIMEOUT_SECONDS="120", TUNECACHE_SEND_TIMEOUT_SECONDS="120")
@@ -125,6 +126,8 @@ def test_slow_bodies_and_unread_answers_leave_the_service_answering(tmp_path, pr
             time.sleep(0.2)
         assert set(statuses) == {200}, f"{statuses.count(503)} of {len(statuses)} answered 503"
         assert slowest < 2
+        pulled = pull(server, tmp_path / "pulled")  # a pod boots warm, not cold (exit 5)
+        assert pulled.returncode == 0, pulled.stderr
     finally:
         for sock in held:
             sock.close()
