@@ -150,6 +150,10 @@ def serve(
         uvicorn.run("tunecache.service.app:create_app", factory=True, host=settings.host, port=settings.port,
                     workers=settings.server_processes, log_level="info", access_log=settings.access_log,
                     timeout_keep_alive=settings.keep_alive_seconds,
+                    # uvicorn's protocol with bounds on slow, idle and unreading clients and on
+                    # connections per address (tunecache.service.connections)
+                    http="tunecache.service.connections:GuardedHttpProtocol",
+                    proxy_headers=True, forwarded_allow_ips=settings.forwarded_allow_ips,
                     timeout_graceful_shutdown=10,
                     ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
                     ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
