@@ -87,6 +87,14 @@ _MEDIA_TYPES = {
 }
 
 
+#: Largest FlashInfer autotune file (``flashinfer_autotune_v1`` artifact) the service reads,
+#: in bytes: recording a run checks it with FlashInfer's loader rules and a diff parses it,
+#: so this bounds their memory and time (a 4 MiB file: about 20,000 entries, 1-2 s and
+#: 100 MB to check; the real files are a few kB to a few hundred kB). A run whose file is
+#: larger is refused (422).
+MAX_AUTOTUNE_FILE_BYTES = 4 * 1024 * 1024
+
+
 class RunStatus(StrEnum):
     """How a tuning run ended. Only ``succeeded`` runs can become current."""
 

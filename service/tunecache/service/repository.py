@@ -21,6 +21,7 @@ from tunecache.contract import (
     ArtifactKind,
     ENVIRONMENT_FIELDS,
     KEY_FIELDS,
+    MAX_AUTOTUNE_FILE_BYTES,
     ArtifactRead,
     ClosestTuning,
     EnvironmentMetadata,
@@ -192,6 +193,9 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     autotune_file = b""
     for artifact in run.artifacts:
         if artifact.kind is ArtifactKind.FLASHINFER_AUTOTUNE:
+            if sizes[artifact.sha256] > MAX_AUTOTUNE_FILE_BYTES:  # read whole and parsed below: bounded
+                raise NotAFlashInferFile(f"artifact {artifact.name!r} is {sizes[artifact.sha256]:,} bytes; a FlashInfer "
+                                         f"autotune file is at most {MAX_AUTOTUNE_FILE_BYTES:,} bytes here")
             autotune_file = blobs.read_blob(session, artifact.sha256) or b""
             try:
                 check_loadable(autotune_file, f"artifact {artifact.name!r}")

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (
+    MAX_AUTOTUNE_FILE_BYTES,
     MAX_ID,
     RUN_CSV_COLUMNS,
     ErrorBody,
@@ -243,9 +244,9 @@ def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDe
     return run
 
 
-#: Largest FlashInfer file a diff reads, in bytes (they are a few hundred KB to a few MB):
-#: the route's memory and time stay bounded whatever was stored.
-MAX_DIFF_FILE_BYTES = 16 * 1024 * 1024
+#: Largest FlashInfer file a diff reads, in bytes: the route's memory and time stay bounded
+#: whatever was stored (runs recorded before the bound existed may hold larger ones).
+MAX_DIFF_FILE_BYTES = MAX_AUTOTUNE_FILE_BYTES
 
 RunId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
