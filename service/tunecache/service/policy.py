@@ -9,8 +9,9 @@ enumerates the routes and fails on one without):
   touching the database while a token's answer is cached (``TUNECACHE_TOKEN_CACHE_SECONDS``),
   so a boot storm stays off the database.
 * :func:`requires` (``push``, ``tune``, ``admin``): writes. The token is checked against
-  the database on every request (a revoked token stops at once), in the request's own unit
-  of work, and the write is recorded in the audit log (``audit_events``) in that same
+  the database on every request (a revoked token stops at once), in a short transaction
+  of its own (the request's unit of work takes its connection only where the route runs),
+  and the write is recorded in the audit log (``audit_events``) in that same
   transaction: with the write, or not at all.
 
 Answers: 401 (no token, or one that is unknown, revoked or malformed; with
@@ -111,7 +112,10 @@ class _Write(CallerPolicy):
         if credentials is None:
             raise _unauthorized(f"{request.method} {request.url.path} needs a token with scope {self.scope!s}: "
                                 f"send Authorization: Bearer <token>")
-        caller = tokens.authenticate(session, credentials.credentials)
+        # In a short transaction of its own: the request's session takes its connection in
+        # the route's thread, not here (a connection held while the request waits for a
+        # thread is one the threads running routes may not find: 503 no connection free).
+        caller = _authenticate_in_own_session(request.app.state.sessions, credentials.credentials)
         if caller is None:
             raise _invalid(self.scope)
         _check_scope(caller, self.scope, request)

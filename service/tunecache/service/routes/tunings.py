@@ -43,7 +43,7 @@ router = APIRouter(prefix="/tunings", tags=["tunings"])
              responses={403: {"model": ErrorBody, "description": "force=true without an admin token"}})
 def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller, request: Request,
                   force: Annotated[bool, Query(description="skip the promotion policy (admin only, audited)")] = False,
-                  ) -> TuningRunRead:
+                  ) -> Response:
     """Record one tuning run with its artifacts (uploaded before with ``PUT /v1/artifacts/{sha256}``).
 
     Needs a ``push`` token. With a ``tune`` or ``admin`` token, a succeeded run becomes
@@ -69,7 +69,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
     request.state.audit_detail = (f"run {run.id} ({run.trigger}, {'verified' if run.verified else 'unverified'}"
                                   f"{', current' if run.is_current else ''}{', forced' if force else ''}) of "
                                   f"{run.key.model}" + (f"; held: {run.held}" if run.held else ""))
-    return run
+    return _json(run, 201)
 
 
 @router.post("/{run_id}/promote", response_model=TuningRunRead,
@@ -77,7 +77,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
                         409: {"model": ErrorBody, "description": "the run cannot be current (failed, a pod's, "
                                                                  "or not signed by a key the service trusts)"}})
 def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, caller: AdminCaller,
-                   request: Request, body: PromoteRequest | None = None) -> TuningRunRead:
+                   request: Request, body: PromoteRequest | None = None) -> Response:
     """Make a run the current tuning of its key and environment (admin): roll back to an
     earlier run, or take one the promotion policy held back. The run must have succeeded and
     be verified (not a pod's), and, with ``TUNECACHE_TRUSTED_KEYS`` on the service, be signed
@@ -93,7 +93,15 @@ def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: Sessi
         raise HTTPException(409, detail=str(exc)) from None
     request.state.audit_detail = (f"promoted run {run.id} of {run.key.model} (current before: "
                                   f"{previous if previous is not None else 'none'})")
-    return run
+    return _json(run)
+
+
+def _json(run: TuningRunRead, status: int = 200) -> Response:
+    """A write's answer, serialized in the route's own thread: FastAPI would serialize a
+    returned model of a sync route in another worker thread, for which the request would
+    wait holding its transaction's row locks (the generation's, a new key's) while the
+    threads it could run on wait for those locks (until the statement timeout)."""
+    return Response(run.model_dump_json(), status_code=status, media_type="application/json")
 
 
 @router.post(
