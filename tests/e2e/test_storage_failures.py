@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import resource
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,9 +22,11 @@ from sqlalchemy import create_engine, text
 
 from tests.support.builders import lookup_body, run_payload
 from tests.support.paths import CUDNN_FILE
-from tests.support.serve import Scrape, admin_token, as_admin, push_run, start_server, stop_server
+from tests.support.cli import tunecache_executable
+from tests.support.serve import (Scrape, admin_token, as_admin, free_port, push_run, share_admin_token, start_server,
+                                 stop_server)
 from tunecache.client.http import TunecacheClient
-from tunecache.contract import TuningRunCreate
+from tunecache.contract import EnvironmentMetadata, TuningKey, TuningRunCreate
 from tunecache.service import db
 
 PUSHES = 60
@@ -65,3 +68,77 @@ def test_sixty_identical_pushes_at_once_all_succeed(postgres_url, tmp_path):
         assert history["total"] == PUSHES
     finally:
         stop_server(process)
+
+
+#: Largest file the server of the full-disk test may write, bytes (RLIMIT_FSIZE): the admin
+#: token fits, no artifact does.
+FILE_SIZE_LIMIT = 4096
+
+
+def _start_server_that_cannot_write_files(database_url: str, tmp_path) -> tuple[subprocess.Popen, str, list[str]]:
+    """``tunecache serve`` whose every write past :data:`FILE_SIZE_LIMIT` bytes of a file
+    fails in the kernel (``RLIMIT_FSIZE``: write(2) returns EFBIG, Python ignores SIGXFSZ),
+    as on a full disk every write of a new artifact file fails. Its log goes through a pipe
+    (not a file the limit would cut). Returns (process, URL, log lines)."""
+    port = free_port()
+    data_dir = tmp_path / "full-data"
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+
+    process = subprocess.Popen(
+        [tunecache_executable(), "serve", "--port", str(port), "--database", database_url],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=limit_file_size,
+        env={**os.environ, "TUNECACHE_WORKER": "off", "TUNECACHE_DATA_DIR": str(data_dir)})
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(process.stdout), daemon=True).start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                share_admin_token(data_dir)
+                return process, url, log
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, "".join(log)
+        time.sleep(0.1)
+
+
+@pytest.mark.postgres
+def test_artifacts_are_served_from_the_database_when_the_mirror_cannot_be_written(postgres_url, tmp_path):
+    """A node whose artifact mirror cannot be written (full disk) serves every artifact from
+    the database (a small one from memory after the first read, a large one streamed), and
+    its /v1/health says degraded and why; no 500 reaches a pod."""
+    process, server, log = _start_server_that_cannot_write_files(postgres_url, tmp_path)
+    try:
+        run = push_run(server)
+        small = CUDNN_FILE.read_bytes()
+        small_sha = run["artifacts"][0]["sha256"]
+        large = os.urandom(3 * 1024 * 1024 + 17)  # over the 1 MiB held in memory: streamed from the database
+        large_sha = hashlib.sha256(large).hexdigest()
+        assert as_admin.put(f"{server}/v1/artifacts/{large_sha}", content=large, timeout=60).status_code == 201
+        assert httpx.get(f"{server}/v1/health", timeout=5).json() == {"status": "ok"}
+
+        for _ in range(3):  # the first read fills memory from the database, the next come from memory
+            answer = httpx.get(f"{server}/v1/artifacts/{small_sha}", timeout=30)
+            assert answer.status_code == 200, answer.text
+            assert answer.content == small and answer.headers["etag"] == f'"{small_sha}"'
+        for headers in ({}, {"Range": "bytes=0-99"}):  # a range is answered with the whole artifact
+            answer = httpx.get(f"{server}/v1/artifacts/{large_sha}", headers=headers, timeout=60)
+            assert answer.status_code == 200, answer.text
+            assert answer.content == large and answer.headers["content-length"] == str(len(large))
+        with TunecacheClient(server) as client:  # what a booting pod does
+            found = client.lookup(TuningKey.model_validate(run["key"]), EnvironmentMetadata.model_validate(run["environment"]))
+            assert found.id == run["id"]
+            assert client.download_artifact(small_sha) == small
+
+        assert httpx.get(f"{server}/v1/health", timeout=5).json() == {"status": "degraded"}
+        detail = as_admin.get(f"{server}/v1/health", timeout=5).json()
+        assert detail["status"] == "degraded"
+        assert any("artifact mirror" in problem and "served from the database" in problem
+                   for problem in detail["problems"]), detail
+        assert not list((tmp_path / "full-data" / "artifact-cache").rglob("*" + small_sha))  # really never written
+    finally:
+        stop_server(process)
+    assert "internal error" not in "".join(log)

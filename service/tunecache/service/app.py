@@ -135,6 +135,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.report_pruner = Pruner()
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
+        app.state.health_probes = SingleFlight()
         app.state.token_cache = TTLCache(maxsize=4096, ttl=settings.token_cache_seconds)
         app.state.trusted_keys = server_trusted_keys(settings)
         worker = generation_connection = report_intake = None

@@ -202,6 +202,23 @@ class ArtifactFiles:
         self.memory_max_item = memory_max_item
         self._memory: LRUCache = LRUCache(maxsize=max(memory_bytes, 1), getsizeof=len)
         self._lock = threading.Lock()
+        #: Why the last mirror write failed (``None`` once one succeeded again): /v1/health's "degraded".
+        self.write_failure: str | None = None
+
+    def note_written(self) -> None:
+        """A mirror write succeeded: the mirror is writable again."""
+        self.write_failure = None
+
+    def note_write_failure(self, exc: OSError) -> None:
+        """A mirror write failed (full disk, I/O error): artifacts come from the database meanwhile."""
+        self.write_failure = f"artifact mirror {self.root} cannot be written ({exc.strerror or exc}); artifacts are served from the database"
+
+    def hold(self, sha256: str, data: bytes) -> None:
+        """Hold a small artifact's verified bytes in memory (read from the database when the
+        mirror could not be written)."""
+        if len(data) <= self.memory_max_item:
+            with self._lock:
+                self._memory[sha256] = data
 
     def path(self, sha256: str) -> Path:
         return self.root / sha256[:2] / sha256

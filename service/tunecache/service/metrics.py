@@ -65,7 +65,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tunecache.contract import JobStatus, ReportOutcome, Stage
@@ -239,6 +239,11 @@ class _CountsArtifactBytes:
 
 class ArtifactResponse(_CountsArtifactBytes, Response):
     """An artifact's bytes from memory, counted in ``tunecache_artifact_bytes_served_total``."""
+
+
+class ArtifactStreamingResponse(_CountsArtifactBytes, StreamingResponse):
+    """An artifact's bytes streamed from the database (its mirror could not be written),
+    counted in ``tunecache_artifact_bytes_served_total``."""
 
 
 class ArtifactFileResponse(_CountsArtifactBytes, FileResponse):

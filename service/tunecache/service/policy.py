@@ -24,9 +24,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
+import anyio
+import anyio.to_thread
 from cachetools import TTLCache
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -64,12 +67,30 @@ class CallerPolicy:
 
 
 class _Public(CallerPolicy):
-    """Anyone; a valid token makes the caller known (an invalid one is ignored)."""
+    """Anyone; a valid token makes the caller known (an invalid one is ignored, and so is
+    one the database could not check within ``TUNECACHE_HEALTH_TIMEOUT``: a public route
+    such as ``/v1/health`` answers in time whatever the database does). Sets
+    ``request.state.deadline`` (``anyio.current_time()`` by which the route answers)."""
 
-    def __call__(self, session: SessionDep, credentials: Credentials) -> Caller:
+    async def __call__(self, request: Request, credentials: Credentials) -> Caller:
+        state = request.app.state
+        request.state.deadline = anyio.current_time() + state.settings.health_timeout
         if credentials is None:
             return ANONYMOUS
-        return tokens.authenticate(session, credentials.credentials) or ANONYMOUS
+        presented = credentials.credentials
+        caller = state.token_cache.get(presented)
+        if caller is not None:
+            return caller
+        try:
+            with anyio.fail_after(state.settings.health_timeout):
+                caller = await anyio.to_thread.run_sync(_authenticate_in_own_session, state.sessions, presented,
+                                                        abandon_on_cancel=True)
+        except (TimeoutError, SQLAlchemyError):
+            return ANONYMOUS
+        if caller is None:
+            return ANONYMOUS
+        state.token_cache[presented] = caller
+        return caller
 
 
 class _Read(CallerPolicy):

@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     * ``TUNECACHE_DB_CONNECT_TIMEOUT`` / ``TUNECACHE_DB_STATEMENT_TIMEOUT``: seconds to
       connect to the database, and that one statement may run (PostgreSQL; SQLite's busy
       timeout).
+    * ``TUNECACHE_HEALTH_TIMEOUT``: ``/v1/health`` answers within this (1 s) whatever the
+      database does, ``degraded`` when the database did not answer in it.
     * ``TUNECACHE_MAX_IN_FLIGHT``: requests one process handles at once; more are answered
       503 with ``Retry-After`` at once.
     * ``TUNECACHE_RETRY_AFTER_SECONDS``: the ``Retry-After`` of those answers.
@@ -136,6 +138,8 @@ class Settings(BaseSettings):
     db_pool_timeout: float = Field(default=2.0, gt=0, le=300)
     db_connect_timeout: float = Field(default=5.0, gt=0, le=300)
     db_statement_timeout: float = Field(default=10.0, gt=0, le=3600)
+    #: Seconds /v1/health takes at most, whatever the database does.
+    health_timeout: float = Field(default=1.0, gt=0, le=60)
     max_in_flight: int = Field(default=256, gt=0, le=100_000)
     retry_after_seconds: int = Field(default=1, gt=0, le=3600)
     lookup_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)

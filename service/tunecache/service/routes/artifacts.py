@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import re
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Annotated
 
@@ -16,8 +20,10 @@ from tunecache.contract import SHA256_PATTERN, ArtifactStored, ErrorBody
 from tunecache.service import blobs
 from tunecache.service.deps import SessionDep
 from tunecache.service.hot_path import ArtifactFiles
-from tunecache.service.metrics import ArtifactFileResponse, ArtifactResponse
+from tunecache.service.metrics import ArtifactFileResponse, ArtifactResponse, ArtifactStreamingResponse
 from tunecache.service.policy import PushCaller, ReadCaller
+
+log = logging.getLogger("tunecache")
 
 router = APIRouter(prefix="/artifacts", tags=["artifacts"])
 
@@ -118,17 +124,26 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
     outside the artifact is 416). 404 if none are stored.
     """
     files = request.app.state.artifact_files
+    sessions = request.app.state.sessions
     data = files.in_memory(sha256)
     wants_range = "range" in request.headers
     path = None
     if data is None or wants_range:  # ranges come from the file (mirrored again if it was removed)
-        path = await request.app.state.artifact_mirrors.run(
-            sha256, lambda: run_in_threadpool(_mirrored, request.app.state.sessions, files, sha256))
-        if path is None:
+        found = await request.app.state.artifact_mirrors.run(
+            sha256, lambda: run_in_threadpool(_mirrored, sessions, files, sha256))
+        if found is None:
             raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
+        if isinstance(found, FilePath):
+            path = found
+        else:  # the mirror cannot be written: the bytes come from the database, whole (a Range is ignored)
+            data, wants_range = (found, False) if isinstance(found, bytes) else (None, False)
     headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
     if _not_modified(request.headers.get("if-none-match"), sha256):
         return Response(status_code=304, headers=headers)
+    if path is None and data is None:  # too large to hold in memory: streamed, one chunk per transaction
+        headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE, "Content-Length": str(found.size)}
+        return ArtifactStreamingResponse(_chunks_from_database(sessions, sha256), media_type="application/octet-stream",
+                                         headers=headers)
     if wants_range:
         size = path.stat().st_size
         use_range, satisfiable = _usable_ranges(request.headers.get("range"), size)
@@ -145,16 +160,63 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
     return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers)
 
 
-def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str) -> FilePath | None:
+@dataclass(frozen=True)
+class _InDatabase:
+    """An artifact that could not be mirrored and is too large to hold in memory: sent
+    from the database chunk by chunk."""
+
+    size: int
+
+
+def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str) -> FilePath | bytes | _InDatabase | None:
     """The artifact's file, mirrored from the database (one unit of work) when it is not
-    yet; ``None`` when nothing is stored under ``sha256``."""
+    yet; ``None`` when nothing is stored under ``sha256``.
+
+    When the mirror cannot be written (a full disk, an I/O error: ``OSError``) the node
+    keeps serving from the database, and ``/v1/health`` says ``degraded`` until a mirror
+    write succeeds again: a small artifact's bytes (verified, then held in memory), or
+    :class:`_InDatabase` for a large one."""
     path = files.get(sha256)
     if path is None:
         with sessions.begin() as session:
-            path = files.mirror(session, sha256)
+            try:
+                path = files.mirror(session, sha256)
+            except OSError as exc:
+                log.warning("artifact %s not mirrored, served from the database: %s", sha256, exc)
+                files.note_write_failure(exc)
+                return _from_database(session, files, sha256)
+            if path is not None:
+                files.note_written()
     if path is not None:
         files.remember(sha256, path)
     return path
+
+
+def _from_database(session: Session, files: ArtifactFiles, sha256: str) -> bytes | _InDatabase | None:
+    """A small artifact's bytes read and verified (and held in memory), or the size of a large one."""
+    size = blobs.blob_size(session, sha256)
+    if size is None:
+        return None
+    if size > files.memory_max_item:
+        return _InDatabase(size)
+    data = blobs.read_blob(session, sha256) or b""
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise blobs.DigestMismatch(f"stored blob {sha256} hashes to {hashlib.sha256(data).hexdigest()}")
+    files.hold(sha256, data)
+    return data
+
+
+def _chunks_from_database(sessions: sessionmaker[Session], sha256: str) -> Iterator[bytes]:
+    """A stored blob's chunks, each read in a short transaction of its own (no connection
+    is held while the pod reads)."""
+    seq = 0
+    while True:
+        with sessions.begin() as session:
+            chunk = blobs.read_chunk(session, sha256, seq)
+        if chunk is None:
+            return
+        yield chunk
+        seq += 1
 
 
 @router.head("/{sha256}", responses={200: {"description": "stored: Content-Length and ETag"},
