@@ -14,7 +14,10 @@ import resource
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -142,3 +145,124 @@ def test_artifacts_are_served_from_the_database_when_the_mirror_cannot_be_writte
     finally:
         stop_server(process)
     assert "internal error" not in "".join(log)
+
+
+@contextmanager
+def tables_locked(schema_url: str) -> Iterator[int]:
+    """Every table of the test's own PostgreSQL schema held ACCESS EXCLUSIVE by another
+    connection (its backend's pid is yielded): every statement that reads one waits, as on
+    a frozen server, until the lock is let go (at the end of the block)."""
+    schema = unquote(schema_url.rsplit("search_path%3D", 1)[1])
+    engine = create_engine(schema_url.rsplit("?", 1)[0])
+    try:
+        with engine.connect() as connection:
+            transaction = connection.begin()
+            tables = connection.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = :schema"),
+                                        {"schema": schema}).all()
+            assert tables
+            connection.execute(text("SET LOCAL lock_timeout = '30s'"))
+            connection.execute(text(f"LOCK TABLE {', '.join(f'{schema}.{t}' for t in tables)} IN ACCESS EXCLUSIVE MODE"))
+            try:
+                yield connection.scalar(text("SELECT pg_backend_pid()"))
+            finally:
+                transaction.rollback()
+    finally:
+        engine.dispose()
+
+
+def _timed(call) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    answer = call()
+    return answer, time.monotonic() - started
+
+
+#: Seconds an answer bounded by a 2 s lock timeout (or the 1 s health bound) may take on a
+#: loaded CI machine: generous, but far below the statement timeout (30 s) they replace.
+BOUND_S = 8
+
+
+@pytest.mark.postgres
+def test_a_frozen_database_still_answers_boots_health_and_files(postgres_url, tmp_path):
+    """The test's tables locked (a frozen database for every reader): a lookup answered
+    before is served from memory, marked Tunecache-Stale; any other lookup, the history and
+    a write get 503 with Retry-After within the lock timeout, each lookup 503 counted as an
+    error; /v1/health says degraded within its 1 s bound; /metrics answers; mirrored
+    artifacts are served (GET and HEAD). Afterwards everything answers as before."""
+    process, server = start_server(postgres_url, tmp_path, "frozen", TUNECACHE_DB_LOCK_TIMEOUT="2",
+                                   TUNECACHE_DB_STATEMENT_TIMEOUT="30", TUNECACHE_DB_POOL_TIMEOUT="30")
+    try:
+        run = push_run(server)
+        sha = run["artifacts"][0]["sha256"]
+        body, other = lookup_body(), lookup_body(max_num_batched_tokens=4096)
+        assert httpx.post(f"{server}/v1/tunings/lookup", json=body, timeout=30).json()["id"] == run["id"]
+        assert httpx.get(f"{server}/v1/artifacts/{sha}", timeout=30).status_code == 200  # now mirrored
+        before = Scrape(httpx.get(f"{server}/metrics", timeout=30).text)
+
+        with tables_locked(postgres_url):
+            for _ in range(3):
+                stale, waited = _timed(lambda: httpx.post(f"{server}/v1/tunings/lookup", json=body, timeout=60))
+                assert stale.status_code == 200 and stale.json()["id"] == run["id"], stale.text
+                assert float(stale.headers["tunecache-stale"]) >= 0 and waited < BOUND_S, (stale.headers, waited)
+            unknown, waited = _timed(lambda: httpx.post(f"{server}/v1/tunings/lookup", json=other, timeout=60))
+            assert unknown.status_code == 503 and unknown.headers["retry-after"] == "1", unknown.text
+            assert waited < BOUND_S and "detail" in unknown.json()
+            health, waited = _timed(lambda: httpx.get(f"{server}/v1/health", timeout=60))
+            assert health.status_code == 200 and health.json() == {"status": "degraded"} and waited < BOUND_S, waited
+            history, waited = _timed(lambda: httpx.get(f"{server}/v1/tunings", timeout=60))
+            assert history.status_code == 503 and history.headers["retry-after"] == "1" and waited < BOUND_S, history.text
+            scrape, waited = _timed(lambda: httpx.get(f"{server}/metrics", timeout=60))
+            assert scrape.status_code == 200 and waited < BOUND_S
+            assert Scrape(scrape.text).value("tunecache_database_up") == 0
+            head, waited = _timed(lambda: httpx.head(f"{server}/v1/artifacts/{sha}", timeout=60))
+            assert head.status_code == 200 and waited < BOUND_S
+            assert httpx.get(f"{server}/v1/artifacts/{sha}", timeout=60).content == CUDNN_FILE.read_bytes()
+        after = Scrape(httpx.get(f"{server}/metrics", timeout=30).text)
+        assert after.total("tunecache_lookups_total", outcome="error") - before.total("tunecache_lookups_total", outcome="error") == 1
+        assert after.value("tunecache_database_up") == 1
+
+        fresh = httpx.post(f"{server}/v1/tunings/lookup", json=body, timeout=30)
+        assert fresh.status_code == 200 and "tunecache-stale" not in fresh.headers
+        assert httpx.get(f"{server}/v1/health", timeout=30).json() == {"status": "ok"}
+    finally:
+        stop_server(process)
+
+
+@pytest.mark.postgres
+def test_file_serving_never_waits_for_routes_stuck_on_the_database(postgres_url, tmp_path):
+    """Every thread of a 2-thread process waits on a locked table (history requests, with a
+    30 s lock timeout): a mirrored artifact's file is still served, whole and by range,
+    and HEAD answers, while those requests still wait."""
+    process, server = start_server(postgres_url, tmp_path, "stuck", TUNECACHE_THREADS="2",
+                                   TUNECACHE_DB_LOCK_TIMEOUT="30", TUNECACHE_DB_STATEMENT_TIMEOUT="60")
+    try:
+        large = os.urandom(2 * 1024 * 1024 + 5)  # over the 1 MiB held in memory: served from its file
+        sha = hashlib.sha256(large).hexdigest()
+        assert as_admin.put(f"{server}/v1/artifacts/{sha}", content=large, timeout=60).status_code == 201
+        assert httpx.get(f"{server}/v1/artifacts/{sha}", timeout=60).content == large  # now mirrored
+
+        with ThreadPoolExecutor(4) as pool, tables_locked(postgres_url) as locker:  # the lock goes first
+            stuck = [pool.submit(httpx.get, f"{server}/v1/tunings", timeout=120) for _ in range(4)]
+            _wait_for_lock_waiters(postgres_url, locker, 2)
+            whole = httpx.get(f"{server}/v1/artifacts/{sha}", timeout=10)
+            assert whole.status_code == 200 and whole.content == large
+            part = httpx.get(f"{server}/v1/artifacts/{sha}", headers={"Range": "bytes=10-19"}, timeout=10)
+            assert part.status_code == 206 and part.content == large[10:20]
+            assert httpx.head(f"{server}/v1/artifacts/{sha}", timeout=10).headers["content-length"] == str(len(large))
+            assert not any(future.done() for future in stuck)  # all this while the history still waited
+        assert all(future.result().status_code == 200 for future in stuck)
+    finally:
+        stop_server(process)
+
+
+def _wait_for_lock_waiters(schema_url: str, locker: int, count: int) -> None:
+    """Until ``count`` sessions wait for the lock of backend ``locker`` (the server's stuck threads)."""
+    engine = create_engine(schema_url.rsplit("?", 1)[0], isolation_level="AUTOCOMMIT")  # a fresh view each time
+    try:
+        deadline = time.monotonic() + 30
+        with engine.connect() as connection:
+            while connection.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE :locker = ANY(pg_blocking_pids(pid))"),
+                                    {"locker": locker}) < count:
+                assert time.monotonic() < deadline, "the server's requests never waited for the lock"
+                time.sleep(0.1)
+    finally:
+        engine.dispose()

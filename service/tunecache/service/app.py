@@ -136,6 +136,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
         app.state.health_probes = SingleFlight()
+        # Mirrored artifact files are read in threads of their own, never behind database work.
+        app.state.file_threads = anyio.CapacityLimiter(settings.file_threads)
         app.state.token_cache = TTLCache(maxsize=4096, ttl=settings.token_cache_seconds)
         app.state.trusted_keys = server_trusted_keys(settings)
         worker = generation_connection = report_intake = None

@@ -22,6 +22,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
 from typing import TypeVar
 from collections.abc import Awaitable, Callable, Hashable
 from pathlib import Path
@@ -122,6 +123,20 @@ class GenerationReader:
         self._next: asyncio.Future[int] | None = None  # for requests that came in after the read in flight began
         self._reading = False
         self._tasks: set[asyncio.Task] = set()
+        #: The last generation read, and when its read began (``time.monotonic()``); ``None`` before the first.
+        self.last: tuple[int, float] | None = None
+
+    def last_read(self, max_age_s: float) -> int | None:
+        """The generation of the last successful read if that read began at most
+        ``max_age_s`` seconds ago (what a stale answer may be served at), else ``None``."""
+        last = self.last
+        if last is None or time.monotonic() - last[1] > max_age_s:
+            return None
+        return last[0]
+
+    def age(self) -> float:
+        """Seconds since the last successful read began (``inf`` before the first)."""
+        return time.monotonic() - self.last[1] if self.last is not None else float("inf")
 
     async def current(self) -> int:
         """The generation, from a read that began after this call.
@@ -141,8 +156,11 @@ class GenerationReader:
         self._reading = True
 
         async def read() -> None:
+            began = time.monotonic()
             try:
-                waiting.set_result(await anyio.to_thread.run_sync(self._read))
+                value = await anyio.to_thread.run_sync(self._read)
+                self.last = (value, began)
+                waiting.set_result(value)
             except BaseException as exc:  # every waiter gets the failure
                 waiting.set_exception(exc)
             finally:

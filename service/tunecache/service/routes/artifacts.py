@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import tempfile
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Annotated
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Path, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
@@ -128,9 +131,13 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
     data = files.in_memory(sha256)
     wants_range = "range" in request.headers
     path = None
+    file_threads = request.app.state.file_threads
     if data is None or wants_range:  # ranges come from the file (mirrored again if it was removed)
-        found = await request.app.state.artifact_mirrors.run(
-            sha256, lambda: run_in_threadpool(_mirrored, sessions, files, sha256))
+        # a mirrored file is found in a file thread: never behind routes waiting for the database
+        found = await anyio.to_thread.run_sync(_mirrored_file, files, sha256, limiter=file_threads)
+        if found is None:
+            found = await request.app.state.artifact_mirrors.run(
+                sha256, lambda: run_in_threadpool(_mirrored, sessions, files, sha256))
         if found is None:
             raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
         if isinstance(found, FilePath):
@@ -144,20 +151,32 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
         headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE, "Content-Length": str(found.size)}
         return ArtifactStreamingResponse(_chunks_from_database(sessions, sha256), media_type="application/octet-stream",
                                          headers=headers)
+    if path is not None:
+        stat_result = await anyio.to_thread.run_sync(os.stat, path, limiter=file_threads)
     if wants_range:
-        size = path.stat().st_size
+        size = stat_result.st_size
         use_range, satisfiable = _usable_ranges(request.headers.get("range"), size)
         if use_range and not satisfiable:
             return JSONResponse(status_code=416, content={"detail": f"no requested range starts within the {size} bytes"},
                                 headers={**headers, "Content-Range": f"bytes */{size}"})
         if use_range:
-            return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers)
+            return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers,
+                                        stat_result=stat_result, limiter=file_threads)
         # ignored: FileResponse must not see it either
         request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"range"]
     # the bytes sent are counted (tunecache_artifact_bytes_served_total)
     if data is not None:
         return ArtifactResponse(content=data, media_type="application/octet-stream", headers=headers)
-    return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers)
+    return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers, stat_result=stat_result,
+                                limiter=file_threads)
+
+
+def _mirrored_file(files: ArtifactFiles, sha256: str) -> FilePath | None:
+    """The artifact's mirrored file (its bytes then held in memory when small), or ``None``."""
+    path = files.get(sha256)
+    if path is not None:
+        files.remember(sha256, path)
+    return path
 
 
 @dataclass(frozen=True)
@@ -221,11 +240,22 @@ def _chunks_from_database(sessions: sessionmaker[Session], sha256: str) -> Itera
 
 @router.head("/{sha256}", responses={200: {"description": "stored: Content-Length and ETag"},
                                      404: {"description": "nothing is stored under this sha256"}})
-def artifact_exists(sha256: Sha256, session: SessionDep, _caller: ReadCaller) -> Response:
-    """200 with ``Content-Length`` when the bytes are stored (uploaders skip them), else 404."""
-    size = blobs.blob_size(session, sha256)
+async def artifact_exists(sha256: Sha256, request: Request, _caller: ReadCaller) -> Response:
+    """200 with ``Content-Length`` when the bytes are stored (uploaders skip them), else 404.
+    A mirrored artifact is answered from its file (in a file thread, without the database)."""
+    state = request.app.state
+    path = await anyio.to_thread.run_sync(state.artifact_files.get, sha256, limiter=state.file_threads)
+    if path is not None:
+        size = (await anyio.to_thread.run_sync(os.stat, path, limiter=state.file_threads)).st_size
+    else:
+        size = await run_in_threadpool(_stored_size, state.sessions, sha256)
     if size is None:
         return Response(status_code=404, media_type="application/json")
     return Response(status_code=200, media_type="application/octet-stream",
                     headers={"ETag": _etag(sha256), "Content-Length": str(size), "Cache-Control": IMMUTABLE,
                              "Accept-Ranges": "bytes"})
+
+
+def _stored_size(sessions: sessionmaker[Session], sha256: str) -> int | None:
+    with sessions.begin() as session:
+        return blobs.blob_size(session, sha256)

@@ -127,12 +127,27 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     that miss on the same key and environment at the same time. A database that does not
     answer within ``TUNECACHE_DB_STATEMENT_TIMEOUT`` + ``TUNECACHE_DB_POOL_TIMEOUT`` seconds
     (frozen, partitioned) gives 503 with ``Retry-After``.
+
+    When the generation cannot be read within ``TUNECACHE_LOOKUP_STALE_AFTER`` seconds (or
+    its read fails), an answer held in memory at the last generation read, at most
+    ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, is served with ``Tunecache-Stale: <seconds
+    since that read began>``: a pod boots with what was current then.
     """
     state = request.app.state
     settings = state.settings
+    reader = state.generation_reader
     try:
         with anyio.fail_after(settings.db_statement_timeout + settings.db_pool_timeout):
-            generation = await state.generation_reader.current()
+            try:
+                with anyio.fail_after(settings.lookup_stale_after):
+                    generation = await reader.current()
+            except Exception as exc:  # noqa: BLE001 - too slow or failed: an answer held in memory, or wait on
+                stale = _stale_answer(state, body)
+                if stale is not None:
+                    return stale
+                if not isinstance(exc, TimeoutError):
+                    raise
+                generation = await reader.current()
             answer = cached = state.lookup_cache.get(generation, body.key, body.environment)
             if cached is None:
                 answer = await state.lookup_cache.answer(
@@ -147,6 +162,23 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
         raise
     metrics.count_lookup(answer[0], from_cache=cached is not None)
     return Response(content=answer[1], status_code=answer[0], media_type="application/json")
+
+
+def _stale_answer(state, body: LookupRequest) -> Response | None:
+    """The answer held in memory at the last generation read, when that read began at most
+    ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, marked ``Tunecache-Stale``; else ``None``."""
+    generation = state.generation_reader.last_read(state.settings.lookup_stale_seconds)
+    answer = None if generation is None else state.lookup_cache.get(generation, body.key, body.environment)
+    if answer is None:
+        return None
+    metrics.count_lookup(answer[0], from_cache=True)
+    return Response(content=answer[1], status_code=answer[0], media_type="application/json",
+                    headers={STALE_HEADER: f"{state.generation_reader.age():.1f}"})
+
+
+#: Header of a lookup answered from memory while the generation could not be read: the
+#: seconds since the read of the generation it was answered at began.
+STALE_HEADER = "Tunecache-Stale"
 
 
 def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest) -> tuple[int, bytes]:
