@@ -185,7 +185,7 @@ BOUND_S = 8
 def test_a_frozen_database_still_answers_boots_health_and_files(postgres_url, tmp_path):
     """The test's tables locked (a frozen database for every reader): a lookup answered
     before is served from memory, marked Tunecache-Stale; any other lookup, the history and
-    a write get 503 with Retry-After within the lock timeout, each lookup 503 counted as an
+    the dashboard get 503 with Retry-After within the lock timeout, each lookup 503 counted as an
     error; /v1/health says degraded within its 1 s bound; /metrics answers; mirrored
     artifacts are served (GET and HEAD). Afterwards everything answers as before."""
     process, server = start_server(postgres_url, tmp_path, "frozen", TUNECACHE_DB_LOCK_TIMEOUT="2",
@@ -210,6 +210,8 @@ def test_a_frozen_database_still_answers_boots_health_and_files(postgres_url, tm
             assert health.status_code == 200 and health.json() == {"status": "degraded"} and waited < BOUND_S, waited
             history, waited = _timed(lambda: httpx.get(f"{server}/v1/tunings", timeout=60))
             assert history.status_code == 503 and history.headers["retry-after"] == "1" and waited < BOUND_S, history.text
+            page, waited = _timed(lambda: httpx.get(f"{server}/history", timeout=60))  # the dashboard
+            assert page.status_code == 503 and page.headers["retry-after"] == "1" and waited < BOUND_S, page.text
             scrape, waited = _timed(lambda: httpx.get(f"{server}/metrics", timeout=60))
             assert scrape.status_code == 200 and waited < BOUND_S
             assert Scrape(scrape.text).value("tunecache_database_up") == 0
