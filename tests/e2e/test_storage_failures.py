@@ -148,10 +148,11 @@ def test_artifacts_are_served_from_the_database_when_the_mirror_cannot_be_writte
 
 
 @contextmanager
-def tables_locked(schema_url: str) -> Iterator[int]:
-    """Every table of the test's own PostgreSQL schema held ACCESS EXCLUSIVE by another
-    connection (its backend's pid is yielded): every statement that reads one waits, as on
-    a frozen server, until the lock is let go (at the end of the block)."""
+def tables_locked(schema_url: str, only: tuple[str, ...] | None = None) -> Iterator[int]:
+    """Every table of the test's own PostgreSQL schema (or those named in ``only``) held
+    ACCESS EXCLUSIVE by another connection (its backend's pid is yielded): every statement
+    that reads one waits, as on a frozen server, until the lock is let go (at the end of
+    the block)."""
     schema = unquote(schema_url.rsplit("search_path%3D", 1)[1])
     engine = create_engine(schema_url.rsplit("?", 1)[0])
     try:
@@ -159,6 +160,7 @@ def tables_locked(schema_url: str) -> Iterator[int]:
             transaction = connection.begin()
             tables = connection.scalars(text("SELECT tablename FROM pg_tables WHERE schemaname = :schema"),
                                         {"schema": schema}).all()
+            tables = [table for table in tables if only is None or table in only]
             assert tables
             connection.execute(text("SET LOCAL lock_timeout = '30s'"))
             connection.execute(text(f"LOCK TABLE {', '.join(f'{schema}.{t}' for t in tables)} IN ACCESS EXCLUSIVE MODE"))
@@ -233,7 +235,8 @@ def test_a_frozen_database_still_answers_boots_health_and_files(postgres_url, tm
 def test_file_serving_never_waits_for_routes_stuck_on_the_database(postgres_url, tmp_path):
     """Every thread of a 2-thread process waits on a locked table (history requests, with a
     30 s lock timeout): a mirrored artifact's file is still served, whole and by range,
-    and HEAD answers, while those requests still wait."""
+    HEAD answers, and /v1/health (whose database still answers) says ok, while those
+    requests still wait."""
     process, server = start_server(postgres_url, tmp_path, "stuck", TUNECACHE_THREADS="2",
                                    TUNECACHE_DB_LOCK_TIMEOUT="30", TUNECACHE_DB_STATEMENT_TIMEOUT="60")
     try:
@@ -242,7 +245,7 @@ def test_file_serving_never_waits_for_routes_stuck_on_the_database(postgres_url,
         assert as_admin.put(f"{server}/v1/artifacts/{sha}", content=large, timeout=60).status_code == 201
         assert httpx.get(f"{server}/v1/artifacts/{sha}", timeout=60).content == large  # now mirrored
 
-        with ThreadPoolExecutor(4) as pool, tables_locked(postgres_url) as locker:  # the lock goes first
+        with ThreadPoolExecutor(4) as pool, tables_locked(postgres_url, only=("tuning_runs",)) as locker:  # released first
             stuck = [pool.submit(httpx.get, f"{server}/v1/tunings", timeout=120) for _ in range(4)]
             _wait_for_lock_waiters(postgres_url, locker, 2)
             whole = httpx.get(f"{server}/v1/artifacts/{sha}", timeout=10)
@@ -250,6 +253,7 @@ def test_file_serving_never_waits_for_routes_stuck_on_the_database(postgres_url,
             part = httpx.get(f"{server}/v1/artifacts/{sha}", headers={"Range": "bytes=10-19"}, timeout=10)
             assert part.status_code == 206 and part.content == large[10:20]
             assert httpx.head(f"{server}/v1/artifacts/{sha}", timeout=10).headers["content-length"] == str(len(large))
+            assert httpx.get(f"{server}/v1/health", timeout=10).json() == {"status": "ok"}
             assert not any(future.done() for future in stuck)  # all this while the history still waited
         assert all(future.result().status_code == 200 for future in stuck)
     finally:

@@ -118,8 +118,9 @@ class GenerationReader:
     older than the one committed before it arrived.
     """
 
-    def __init__(self, read: Callable[[], int]):
+    def __init__(self, read: Callable[[], int], limiter: anyio.CapacityLimiter | None = None):
         self._read = read
+        self._limiter = limiter  # threads of its own: never behind routes that wait for the database
         self._next: asyncio.Future[int] | None = None  # for requests that came in after the read in flight began
         self._reading = False
         self._tasks: set[asyncio.Task] = set()
@@ -158,7 +159,7 @@ class GenerationReader:
         async def read() -> None:
             began = time.monotonic()
             try:
-                value = await anyio.to_thread.run_sync(self._read)
+                value = await anyio.to_thread.run_sync(self._read, limiter=self._limiter)
                 self.last = (value, began)
                 waiting.set_result(value)
             except BaseException as exc:  # every waiter gets the failure

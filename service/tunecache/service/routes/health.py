@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Request
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from tunecache.contract import Health
@@ -27,17 +27,18 @@ async def health(request: Request, caller: PublicCaller) -> Health:
     also says what is wrong (``problems``), which database, its schema revision, and whether
     this node runs tuning jobs: ``{"status": "ok", "database": "sqlite"|"postgresql",
     "schema_revision": "0006", "worker": {"enabled": true, "gpu_name": "NVIDIA H200",
-    "arch": "sm90", ...}}``. One database probe runs at a time, shared by the requests
-    that come meanwhile; one that does not finish in time goes on without them.
+    "arch": "sm90", ...}}``. The database check is the read of the tuning generation that
+    lookups share (:class:`~tunecache.service.hot_path.GenerationReader`: one at a time, on
+    a connection and in a thread of its own, so a node whose threads are all busy is not
+    called degraded); a read that does not finish in time goes on without the request.
     """
     state = request.app.state
     timeout = state.settings.health_timeout
     problems: list[str] = []
     revision = None
-    try:
+    try:  # what a boot needs first: the generation, read as lookups read it
         with anyio.fail_after(max(request.state.deadline - anyio.current_time(), 0.0)):
-            revision = await state.health_probes.run(
-                "database", lambda: anyio.to_thread.run_sync(_probe, state.engine, abandon_on_cancel=True))
+            await state.generation_reader.current()
     except TimeoutError:
         problems.append(f"database did not answer within {timeout:g} s")
     except SQLAlchemyError as exc:
@@ -47,12 +48,17 @@ async def health(request: Request, caller: PublicCaller) -> Health:
     status = "degraded" if problems else "ok"
     if caller.anonymous:
         return Health(status=status)
+    try:  # the schema revision, for a caller with a token: left out when it cannot be read in time
+        with anyio.fail_after(max(request.state.deadline - anyio.current_time(), 0.0)):
+            revision = await state.health_probes.run(
+                "revision", lambda: anyio.to_thread.run_sync(_revision, state.engine, limiter=state.health_threads))
+    except (TimeoutError, SQLAlchemyError):
+        pass
     return Health(status=status, problems=problems or None, database=state.engine.dialect.name,
                   schema_revision=revision, worker=state.worker_status)
 
 
-def _probe(engine: Engine) -> str | None:
-    """The schema revision, read with one pooled connection (the database answers)."""
+def _revision(engine: Engine) -> str | None:
+    """The schema revision, read with one pooled connection."""
     with engine.connect() as connection:
-        connection.execute(text("SELECT 1"))
         return db.revision_of(connection)
