@@ -183,6 +183,10 @@ def _timed(call) -> tuple[httpx.Response, float]:
 BOUND_S = 8
 
 
+#: Seconds /v1/health may take with its 1 s bound on a loaded CI machine.
+HEALTH_BOUND_S = 3
+
+
 @pytest.mark.postgres
 def test_a_frozen_database_still_answers_boots_health_and_files(postgres_url, tmp_path):
     """The test's tables locked (a frozen database for every reader): a lookup answered
@@ -209,7 +213,7 @@ def test_a_frozen_database_still_answers_boots_health_and_files(postgres_url, tm
             assert unknown.status_code == 503 and unknown.headers["retry-after"] == "1", unknown.text
             assert waited < BOUND_S and "detail" in unknown.json()
             health, waited = _timed(lambda: httpx.get(f"{server}/v1/health", timeout=60))
-            assert health.status_code == 200 and health.json() == {"status": "degraded"} and waited < BOUND_S, waited
+            assert health.status_code == 200 and health.json() == {"status": "degraded"} and waited < HEALTH_BOUND_S, waited
             history, waited = _timed(lambda: httpx.get(f"{server}/v1/tunings", timeout=60))
             assert history.status_code == 503 and history.headers["retry-after"] == "1" and waited < BOUND_S, history.text
             page, waited = _timed(lambda: httpx.get(f"{server}/history", timeout=60))  # the dashboard
