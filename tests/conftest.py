@@ -166,7 +166,7 @@ SERIAL = {
     "test_boot_storm.py::test_idle_connections_are_closed_after_the_keep_alive_setting",
     # a fast 503 within 5 s of a 1 s statement timeout
     "test_frozen_database.py",
-    # issue 21: answers within 8 s of a 2 s lock timeout; a file served within 10 s while every thread waits;
+    # issue 21: answers within 8 s of a 2 s lock timeout, health within 3 s; a file served within 10 s while every thread waits;
     # 60 pushes at once within the client's retries
     "test_storage_failures.py::test_a_frozen_database_still_answers_boots_health_and_files",
     "test_storage_failures.py::test_file_serving_never_waits_for_routes_stuck_on_the_database",

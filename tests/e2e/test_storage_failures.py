@@ -8,7 +8,6 @@ EXCLUSIVE lock on the tables a request reads, as a frozen server would make them
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import resource
 import subprocess
