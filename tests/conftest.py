@@ -168,6 +168,11 @@ SERIAL = {
     "test_boot_storm.py::test_idle_connections_are_closed_after_the_keep_alive_setting",
     # a fast 503 within 5 s of a 1 s statement timeout
     "test_frozen_database.py",
+    # issue 21: answers within 8 s of a 2 s lock timeout, health within 3 s; a file served within 10 s while every thread waits;
+    # 60 pushes at once within the client's retries
+    "test_storage_failures.py::test_a_frozen_database_still_answers_boots_health_and_files",
+    "test_storage_failures.py::test_file_serving_never_waits_for_routes_stuck_on_the_database",
+    "test_storage_failures.py::test_sixty_identical_pushes_at_once_all_succeed",
     # a 2 s install deadline that a pull through a proxy must also meet; 2.4-3.5 s; under 2 s
     "test_install_deadline.py::test_the_lookup_and_the_download_share_one_deadline",
     "test_install_deadline.py::test_a_body_that_stops_after_a_trickle_is_cut_at_the_deadline",

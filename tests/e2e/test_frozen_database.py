@@ -1,6 +1,7 @@
 """A PostgreSQL that stops answering (SIGSTOP: the kernel still accepts its connections,
-nothing replies): pods asking for a lookup get 503 with ``Retry-After`` within the
-configured timeouts instead of hanging, artifacts already mirrored are still served, and
+nothing replies): a lookup answered before is served from memory (``Tunecache-Stale``),
+other lookups get 503 with ``Retry-After`` within the configured timeouts instead of
+hanging, ``/v1/health`` says degraded, artifacts already mirrored are still served, and
 the service recovers by itself when the database does. The test runs a private PostgreSQL
 server of its own (Debian's ``postgresql`` binaries, as the ``postgres`` user)."""
 
@@ -83,11 +84,15 @@ def test_a_frozen_database_gives_fast_503s_and_the_service_recovers(private_post
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()
-        frozen = as_admin.post(f"{server}/v1/tunings/lookup", json=body, timeout=30)
+        stale = httpx.post(f"{server}/v1/tunings/lookup", json=body, timeout=30)  # answered before: from memory
+        assert stale.status_code == 200 and stale.json()["id"] == run["id"] and "tunecache-stale" in stale.headers
+        frozen = httpx.post(f"{server}/v1/tunings/lookup", json=lookup_body(max_num_batched_tokens=4096), timeout=30)
         waited = time.monotonic() - started
         assert frozen.status_code == 503 and frozen.headers["retry-after"] == "1", frozen.text
         assert waited < 5, waited
         assert "127.0.0.1" not in frozen.text and "psycopg" not in frozen.text
+        health = httpx.get(f"{server}/v1/health", timeout=30)  # within its 1 s bound, while no statement ends
+        assert health.status_code == 200 and health.json() == {"status": "degraded"}
         artifact = httpx.get(f"{server}/v1/artifacts/{sha}", timeout=10)
         assert artifact.status_code == 200 and artifact.content == CUDNN_FILE.read_bytes()
 

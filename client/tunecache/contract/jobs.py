@@ -114,9 +114,14 @@ class WorkerStatus(BaseModel):
 
 
 class Health(BaseModel):
-    """Answer of ``GET /v1/health``: only ``status`` without a token; the rest with one."""
+    """Answer of ``GET /v1/health``: only ``status`` without a token; the rest with one.
 
-    status: Literal["ok"]
+    ``degraded``: the node still answers what it can (cached lookups, artifacts from the
+    database or its mirror), and ``problems`` says what is wrong (the database did not
+    answer in time; the artifact mirror cannot be written)."""
+
+    status: Literal["ok", "degraded"]
+    problems: list[str] | None = None
     database: str | None = None
     schema_revision: str | None = None
     worker: WorkerStatus | None = None

@@ -135,6 +135,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.report_pruner = Pruner()
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
+        app.state.health_probes = SingleFlight()
+        app.state.health_threads = anyio.CapacityLimiter(1)  # the one probe in flight (routes/health.py)
+        # Mirrored artifact files are read in threads of their own, never behind database work.
+        app.state.file_threads = anyio.CapacityLimiter(settings.file_threads)
         app.state.token_cache = TTLCache(maxsize=4096, ttl=settings.token_cache_seconds)
         app.state.trusted_keys = server_trusted_keys(settings)
         worker = generation_connection = report_intake = None
@@ -146,7 +150,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             report_intake.start()
 
             generation_connection = GenerationConnection(app.state.engine)
-            app.state.generation_reader = GenerationReader(generation_connection.read)
+            # its one read at a time runs in a thread of its own, on a connection opened now (not
+            # taken from the pool later, when the routes' threads may hold every connection)
+            app.state.generation_reader = GenerationReader(generation_connection.read, limiter=anyio.CapacityLimiter(1))
+            await anyio.to_thread.run_sync(generation_connection.read)
             gc.freeze()  # what startup allocated is never collected: shorter GC pauses under load
             worker = _start_worker(app, settings)
             metrics.set_job_worker(worker is not None)

@@ -77,6 +77,11 @@ def iter_blob(session: Session, sha256: str) -> Iterator[bytes]:
         seq += 1
 
 
+def read_chunk(session: Session, sha256: str, seq: int) -> bytes | None:
+    """Chunk ``seq`` of a blob, or ``None`` past its last chunk (or when it is not stored)."""
+    return session.scalar(select(ArtifactChunk.data).where(ArtifactChunk.sha256 == sha256, ArtifactChunk.seq == seq))
+
+
 def read_blob(session: Session, sha256: str) -> bytes | None:
     """The whole blob, or ``None`` if it is not stored (for small blobs)."""
     if blob_size(session, sha256) is None:

@@ -31,14 +31,16 @@ def create_db_engine(
     pool_timeout_s: float = 30.0,
     connect_timeout_s: float = 5.0,
     statement_timeout_s: float = 30.0,
+    lock_timeout_s: float | None = None,
 ) -> Engine:
     """An engine for ``url`` whose every wait is bounded.
 
     * ``pool_size`` connections and no overflow; a checkout waits at most ``pool_timeout_s``
       (then ``sqlalchemy.exc.TimeoutError``, answered 503 by the service);
     * PostgreSQL: ``connect_timeout`` and, set on each new connection,
-      ``statement_timeout`` (a frozen or locked database ends a statement with an error
-      instead of holding the request);
+      ``statement_timeout`` and ``lock_timeout`` (``lock_timeout_s``, default the statement
+      timeout: a frozen or locked database ends a statement with an error instead of
+      holding the request);
     * SQLite: WAL, foreign keys and a busy timeout of ``statement_timeout_s``; a file's
       parent directory is created if missing.
     """
@@ -62,11 +64,13 @@ def create_db_engine(
         return engine
     engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": max(1, round(connect_timeout_s))}, **pool)
     statement_ms = int(statement_timeout_s * 1000)
+    lock_ms = int((lock_timeout_s if lock_timeout_s is not None else statement_timeout_s) * 1000)
 
     @event.listens_for(engine, "connect")
     def _statement_timeout(dbapi_connection, _record):  # noqa: ANN001
         with dbapi_connection.cursor() as cursor:
             cursor.execute(f"SET statement_timeout = {statement_ms}")
+            cursor.execute(f"SET lock_timeout = {max(lock_ms, 1)}")
         dbapi_connection.commit()
 
     return engine
@@ -81,6 +85,7 @@ def engine_for(settings) -> Engine:
         pool_timeout_s=settings.db_pool_timeout,
         connect_timeout_s=settings.db_connect_timeout,
         statement_timeout_s=settings.db_statement_timeout,
+        lock_timeout_s=settings.db_lock_timeout,
     )
 
 

@@ -22,6 +22,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
 from typing import TypeVar
 from collections.abc import Awaitable, Callable, Hashable
 from pathlib import Path
@@ -117,11 +118,26 @@ class GenerationReader:
     older than the one committed before it arrived.
     """
 
-    def __init__(self, read: Callable[[], int]):
+    def __init__(self, read: Callable[[], int], limiter: anyio.CapacityLimiter | None = None):
         self._read = read
+        self._limiter = limiter  # threads of its own: never behind routes that wait for the database
         self._next: asyncio.Future[int] | None = None  # for requests that came in after the read in flight began
         self._reading = False
         self._tasks: set[asyncio.Task] = set()
+        #: The last generation read, and when its read began (``time.monotonic()``); ``None`` before the first.
+        self.last: tuple[int, float] | None = None
+
+    def last_read(self, max_age_s: float) -> int | None:
+        """The generation of the last successful read if that read began at most
+        ``max_age_s`` seconds ago (what a stale answer may be served at), else ``None``."""
+        last = self.last
+        if last is None or time.monotonic() - last[1] > max_age_s:
+            return None
+        return last[0]
+
+    def age(self) -> float:
+        """Seconds since the last successful read began (``inf`` before the first)."""
+        return time.monotonic() - self.last[1] if self.last is not None else float("inf")
 
     async def current(self) -> int:
         """The generation, from a read that began after this call.
@@ -141,8 +157,11 @@ class GenerationReader:
         self._reading = True
 
         async def read() -> None:
+            began = time.monotonic()
             try:
-                waiting.set_result(await anyio.to_thread.run_sync(self._read))
+                value = await anyio.to_thread.run_sync(self._read, limiter=self._limiter)
+                self.last = (value, began)
+                waiting.set_result(value)
             except BaseException as exc:  # every waiter gets the failure
                 waiting.set_exception(exc)
             finally:
@@ -202,6 +221,23 @@ class ArtifactFiles:
         self.memory_max_item = memory_max_item
         self._memory: LRUCache = LRUCache(maxsize=max(memory_bytes, 1), getsizeof=len)
         self._lock = threading.Lock()
+        #: Why the last mirror write failed (``None`` once one succeeded again): /v1/health's "degraded".
+        self.write_failure: str | None = None
+
+    def note_written(self) -> None:
+        """A mirror write succeeded: the mirror is writable again."""
+        self.write_failure = None
+
+    def note_write_failure(self, exc: OSError) -> None:
+        """A mirror write failed (full disk, I/O error): artifacts come from the database meanwhile."""
+        self.write_failure = f"artifact mirror {self.root} cannot be written ({exc.strerror or exc}); artifacts are served from the database"
+
+    def hold(self, sha256: str, data: bytes) -> None:
+        """Hold a small artifact's verified bytes in memory (read from the database when the
+        mirror could not be written)."""
+        if len(data) <= self.memory_max_item:
+            with self._lock:
+                self._memory[sha256] = data
 
     def path(self, sha256: str) -> Path:
         return self.root / sha256[:2] / sha256

@@ -48,8 +48,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any, BinaryIO
+
+import anyio
+import anyio.to_thread
 
 from prometheus_client import (
     REGISTRY,
@@ -65,7 +69,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tunecache.contract import JobStatus, ReportOutcome, Stage
@@ -241,9 +245,47 @@ class ArtifactResponse(_CountsArtifactBytes, Response):
     """An artifact's bytes from memory, counted in ``tunecache_artifact_bytes_served_total``."""
 
 
+class ArtifactStreamingResponse(_CountsArtifactBytes, StreamingResponse):
+    """An artifact's bytes streamed from the database (its mirror could not be written),
+    counted in ``tunecache_artifact_bytes_served_total``."""
+
+
 class ArtifactFileResponse(_CountsArtifactBytes, FileResponse):
     """An artifact's file (whole, or the ranges asked for), counted in
-    ``tunecache_artifact_bytes_served_total``."""
+    ``tunecache_artifact_bytes_served_total``; read in threads of ``limiter``
+    (``TUNECACHE_FILE_THREADS``), not in those that run database work, so that routes
+    waiting for the database never hold up file serving."""
+
+    def __init__(self, path: str | os.PathLike, *, limiter: anyio.CapacityLimiter | None = None, **kwargs: Any):
+        super().__init__(path, **kwargs)
+        self._limiter = limiter
+
+    @asynccontextmanager
+    async def _open_file(self) -> AsyncIterator[Any]:
+        if self._limiter is None:
+            async with super()._open_file() as file:
+                yield file
+            return
+        file = _LimitedFile(await anyio.to_thread.run_sync(open, self.path, "rb", limiter=self._limiter), self._limiter)
+        try:
+            yield file
+        finally:
+            with anyio.CancelScope(shield=True):  # closing must finish even when the transfer is cancelled
+                await anyio.to_thread.run_sync(file.raw.close, limiter=self._limiter)
+
+
+class _LimitedFile:
+    """The part of ``anyio.AsyncFile`` that ``FileResponse`` uses, in threads of one limiter."""
+
+    def __init__(self, raw: BinaryIO, limiter: anyio.CapacityLimiter):
+        self.raw = raw
+        self._limiter = limiter
+
+    async def read(self, size: int = -1) -> bytes:
+        return await anyio.to_thread.run_sync(self.raw.read, size, limiter=self._limiter)
+
+    async def seek(self, offset: int, whence: int = 0) -> int:
+        return await anyio.to_thread.run_sync(self.raw.seek, offset, whence, limiter=self._limiter)
 
 
 #: Jobs per state: a scan of the ``(status, created_at)`` index, not of the table.

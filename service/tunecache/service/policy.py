@@ -9,8 +9,9 @@ enumerates the routes and fails on one without):
   touching the database while a token's answer is cached (``TUNECACHE_TOKEN_CACHE_SECONDS``),
   so a boot storm stays off the database.
 * :func:`requires` (``push``, ``tune``, ``admin``): writes. The token is checked against
-  the database on every request (a revoked token stops at once), in the request's own unit
-  of work, and the write is recorded in the audit log (``audit_events``) in that same
+  the database on every request (a revoked token stops at once), in a short transaction
+  of its own (the request's unit of work takes its connection only where the route runs),
+  and the write is recorded in the audit log (``audit_events``) in that same
   transaction: with the write, or not at all.
 
 Answers: 401 (no token, or one that is unknown, revoked or malformed; with
@@ -23,9 +24,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
+import anyio
+import anyio.to_thread
 from cachetools import TTLCache
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -63,12 +67,30 @@ class CallerPolicy:
 
 
 class _Public(CallerPolicy):
-    """Anyone; a valid token makes the caller known (an invalid one is ignored)."""
+    """Anyone; a valid token makes the caller known (an invalid one is ignored, and so is
+    one the database could not check within ``TUNECACHE_HEALTH_TIMEOUT``: a public route
+    such as ``/v1/health`` answers in time whatever the database does). Sets
+    ``request.state.deadline`` (``anyio.current_time()`` by which the route answers)."""
 
-    def __call__(self, session: SessionDep, credentials: Credentials) -> Caller:
+    async def __call__(self, request: Request, credentials: Credentials) -> Caller:
+        state = request.app.state
+        request.state.deadline = anyio.current_time() + state.settings.health_timeout
         if credentials is None:
             return ANONYMOUS
-        return tokens.authenticate(session, credentials.credentials) or ANONYMOUS
+        presented = credentials.credentials
+        caller = state.token_cache.get(presented)
+        if caller is not None:
+            return caller
+        try:
+            with anyio.fail_after(state.settings.health_timeout):
+                caller = await anyio.to_thread.run_sync(_authenticate_in_own_session, state.sessions, presented,
+                                                        abandon_on_cancel=True)
+        except (TimeoutError, SQLAlchemyError):
+            return ANONYMOUS
+        if caller is None:
+            return ANONYMOUS
+        state.token_cache[presented] = caller
+        return caller
 
 
 class _Read(CallerPolicy):
@@ -111,7 +133,10 @@ class _Write(CallerPolicy):
         if credentials is None:
             raise _unauthorized(f"{request.method} {request.url.path} needs a token with scope {self.scope!s}: "
                                 f"send Authorization: Bearer <token>")
-        caller = tokens.authenticate(session, credentials.credentials)
+        # In a short transaction of its own: the request's session takes its connection in
+        # the route's thread, not here (a connection held while the request waits for a
+        # thread is one the threads running routes may not find: 503 no connection free).
+        caller = _authenticate_in_own_session(request.app.state.sessions, credentials.credentials)
         if caller is None:
             raise _invalid(self.scope)
         _check_scope(caller, self.scope, request)

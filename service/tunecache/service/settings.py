@@ -75,11 +75,23 @@ class Settings(BaseSettings):
       processes of ``tunecache serve`` (uvicorn's worker processes); one of a node's
       processes runs the job worker.
     * ``TUNECACHE_THREADS``: threads per process that run database work (sync routes).
-    * ``TUNECACHE_DB_POOL_SIZE``: database connections per process (default: the threads).
+    * ``TUNECACHE_DB_POOL_SIZE``: database connections per process (default: the threads,
+      and 2 more: the generation reader's and the report flusher's).
     * ``TUNECACHE_DB_POOL_TIMEOUT``: seconds a request waits for a connection before 503.
     * ``TUNECACHE_DB_CONNECT_TIMEOUT`` / ``TUNECACHE_DB_STATEMENT_TIMEOUT``: seconds to
       connect to the database, and that one statement may run (PostgreSQL; SQLite's busy
       timeout).
+    * ``TUNECACHE_DB_LOCK_TIMEOUT``: seconds a statement waits for a lock before it fails
+      (PostgreSQL ``lock_timeout``): a table locked by a migration or a stuck session gives
+      503 with ``Retry-After`` instead of holding the request's thread.
+    * ``TUNECACHE_HEALTH_TIMEOUT``: ``/v1/health`` answers within this (1 s) whatever the
+      database does, ``degraded`` when the database did not answer in it.
+    * ``TUNECACHE_LOOKUP_STALE_SECONDS`` / ``TUNECACHE_LOOKUP_STALE_AFTER``: when the
+      tuning generation cannot be read within ``..._STALE_AFTER`` seconds (0.5), a lookup
+      answer held in memory from a generation read at most ``..._STALE_SECONDS`` (60) ago
+      is served, marked ``Tunecache-Stale``; 0 turns this off.
+    * ``TUNECACHE_FILE_THREADS``: threads per process that read mirrored artifact files,
+      apart from ``TUNECACHE_THREADS``: file serving never waits for database work.
     * ``TUNECACHE_MAX_IN_FLIGHT``: requests one process handles at once; more are answered
       503 with ``Retry-After`` at once.
     * ``TUNECACHE_RETRY_AFTER_SECONDS``: the ``Retry-After`` of those answers.
@@ -153,6 +165,16 @@ class Settings(BaseSettings):
     db_pool_timeout: float = Field(default=2.0, gt=0, le=300)
     db_connect_timeout: float = Field(default=5.0, gt=0, le=300)
     db_statement_timeout: float = Field(default=10.0, gt=0, le=3600)
+    #: Seconds a statement waits for a lock (PostgreSQL lock_timeout; SQLite's busy timeout is the statement's).
+    db_lock_timeout: float = Field(default=2.0, gt=0, le=3600)
+    #: Seconds /v1/health takes at most, whatever the database does.
+    health_timeout: float = Field(default=1.0, gt=0, le=60)
+    #: Seconds a lookup answer stays servable from memory while the generation cannot be read.
+    lookup_stale_seconds: float = Field(default=60.0, ge=0, le=86400)
+    #: Seconds a lookup waits for the generation before it answers from memory (stale).
+    lookup_stale_after: float = Field(default=0.5, gt=0, le=60)
+    #: Threads per process that read mirrored artifact files (never taken by database work).
+    file_threads: int = Field(default=8, gt=0, le=1024)
     max_in_flight: int = Field(default=256, gt=0, le=100_000)
     retry_after_seconds: int = Field(default=1, gt=0, le=3600)
     lookup_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
@@ -211,9 +233,10 @@ class Settings(BaseSettings):
 
     @property
     def pool_size(self) -> int:
-        """Connections per process: ``db_pool_size``, or one per thread so that a thread
-        never waits for a connection another thread is not using."""
-        return self.db_pool_size or self.threads
+        """Connections per process: ``db_pool_size``, or one per thread and one each for
+        the generation reader and the report flusher (which hold theirs outside the
+        threads), so that a thread never waits for a connection another thread is not using."""
+        return self.db_pool_size or self.threads + 2
 
     @property
     def admin_token_file(self) -> Path:

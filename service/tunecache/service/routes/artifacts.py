@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import re
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Annotated
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Path, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
@@ -16,8 +23,10 @@ from tunecache.contract import SHA256_PATTERN, ArtifactStored, ErrorBody
 from tunecache.service import blobs
 from tunecache.service.deps import SessionDep
 from tunecache.service.hot_path import ArtifactFiles
-from tunecache.service.metrics import ArtifactFileResponse, ArtifactResponse
+from tunecache.service.metrics import ArtifactFileResponse, ArtifactResponse, ArtifactStreamingResponse
 from tunecache.service.policy import PushCaller, ReadCaller
+
+log = logging.getLogger("tunecache")
 
 router = APIRouter(prefix="/artifacts", tags=["artifacts"])
 
@@ -118,52 +127,135 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
     outside the artifact is 416). 404 if none are stored.
     """
     files = request.app.state.artifact_files
+    sessions = request.app.state.sessions
     data = files.in_memory(sha256)
     wants_range = "range" in request.headers
     path = None
+    file_threads = request.app.state.file_threads
     if data is None or wants_range:  # ranges come from the file (mirrored again if it was removed)
-        path = await request.app.state.artifact_mirrors.run(
-            sha256, lambda: run_in_threadpool(_mirrored, request.app.state.sessions, files, sha256))
-        if path is None:
+        # a mirrored file is found in a file thread: never behind routes waiting for the database
+        found = await anyio.to_thread.run_sync(_mirrored_file, files, sha256, limiter=file_threads)
+        if found is None:
+            found = await request.app.state.artifact_mirrors.run(
+                sha256, lambda: run_in_threadpool(_mirrored, sessions, files, sha256))
+        if found is None:
             raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
+        if isinstance(found, FilePath):
+            path = found
+        else:  # the mirror cannot be written: the bytes come from the database, whole (a Range is ignored)
+            data, wants_range = (found, False) if isinstance(found, bytes) else (None, False)
     headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
     if _not_modified(request.headers.get("if-none-match"), sha256):
         return Response(status_code=304, headers=headers)
+    if path is None and data is None:  # too large to hold in memory: streamed, one chunk per transaction
+        headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE, "Content-Length": str(found.size)}
+        return ArtifactStreamingResponse(_chunks_from_database(sessions, sha256), media_type="application/octet-stream",
+                                         headers=headers)
+    if path is not None:
+        stat_result = await anyio.to_thread.run_sync(os.stat, path, limiter=file_threads)
     if wants_range:
-        size = path.stat().st_size
+        size = stat_result.st_size
         use_range, satisfiable = _usable_ranges(request.headers.get("range"), size)
         if use_range and not satisfiable:
             return JSONResponse(status_code=416, content={"detail": f"no requested range starts within the {size} bytes"},
                                 headers={**headers, "Content-Range": f"bytes */{size}"})
         if use_range:
-            return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers)
+            return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers,
+                                        stat_result=stat_result, limiter=file_threads)
         # ignored: FileResponse must not see it either
         request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"range"]
     # the bytes sent are counted (tunecache_artifact_bytes_served_total)
     if data is not None:
         return ArtifactResponse(content=data, media_type="application/octet-stream", headers=headers)
-    return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers)
+    return ArtifactFileResponse(path, media_type="application/octet-stream", headers=headers, stat_result=stat_result,
+                                limiter=file_threads)
 
 
-def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str) -> FilePath | None:
-    """The artifact's file, mirrored from the database (one unit of work) when it is not
-    yet; ``None`` when nothing is stored under ``sha256``."""
+def _mirrored_file(files: ArtifactFiles, sha256: str) -> FilePath | None:
+    """The artifact's mirrored file (its bytes then held in memory when small), or ``None``."""
     path = files.get(sha256)
-    if path is None:
-        with sessions.begin() as session:
-            path = files.mirror(session, sha256)
     if path is not None:
         files.remember(sha256, path)
     return path
 
 
+@dataclass(frozen=True)
+class _InDatabase:
+    """An artifact that could not be mirrored and is too large to hold in memory: sent
+    from the database chunk by chunk."""
+
+    size: int
+
+
+def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str) -> FilePath | bytes | _InDatabase | None:
+    """The artifact's file, mirrored from the database (one unit of work) when it is not
+    yet; ``None`` when nothing is stored under ``sha256``.
+
+    When the mirror cannot be written (a full disk, an I/O error: ``OSError``) the node
+    keeps serving from the database, and ``/v1/health`` says ``degraded`` until a mirror
+    write succeeds again: a small artifact's bytes (verified, then held in memory), or
+    :class:`_InDatabase` for a large one."""
+    path = files.get(sha256)
+    if path is None:
+        with sessions.begin() as session:
+            try:
+                path = files.mirror(session, sha256)
+            except OSError as exc:
+                log.warning("artifact %s not mirrored, served from the database: %s", sha256, exc)
+                files.note_write_failure(exc)
+                return _from_database(session, files, sha256)
+            if path is not None:
+                files.note_written()
+    if path is not None:
+        files.remember(sha256, path)
+    return path
+
+
+def _from_database(session: Session, files: ArtifactFiles, sha256: str) -> bytes | _InDatabase | None:
+    """A small artifact's bytes read and verified (and held in memory), or the size of a large one."""
+    size = blobs.blob_size(session, sha256)
+    if size is None:
+        return None
+    if size > files.memory_max_item:
+        return _InDatabase(size)
+    data = blobs.read_blob(session, sha256) or b""
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise blobs.DigestMismatch(f"stored blob {sha256} hashes to {hashlib.sha256(data).hexdigest()}")
+    files.hold(sha256, data)
+    return data
+
+
+def _chunks_from_database(sessions: sessionmaker[Session], sha256: str) -> Iterator[bytes]:
+    """A stored blob's chunks, each read in a short transaction of its own (no connection
+    is held while the pod reads)."""
+    seq = 0
+    while True:
+        with sessions.begin() as session:
+            chunk = blobs.read_chunk(session, sha256, seq)
+        if chunk is None:
+            return
+        yield chunk
+        seq += 1
+
+
 @router.head("/{sha256}", responses={200: {"description": "stored: Content-Length and ETag"},
                                      404: {"description": "nothing is stored under this sha256"}})
-def artifact_exists(sha256: Sha256, session: SessionDep, _caller: ReadCaller) -> Response:
-    """200 with ``Content-Length`` when the bytes are stored (uploaders skip them), else 404."""
-    size = blobs.blob_size(session, sha256)
+async def artifact_exists(sha256: Sha256, request: Request, _caller: ReadCaller) -> Response:
+    """200 with ``Content-Length`` when the bytes are stored (uploaders skip them), else 404.
+    A mirrored artifact is answered from its file (in a file thread, without the database)."""
+    state = request.app.state
+    path = await anyio.to_thread.run_sync(state.artifact_files.get, sha256, limiter=state.file_threads)
+    if path is not None:
+        size = (await anyio.to_thread.run_sync(os.stat, path, limiter=state.file_threads)).st_size
+    else:
+        size = await run_in_threadpool(_stored_size, state.sessions, sha256)
     if size is None:
         return Response(status_code=404, media_type="application/json")
     return Response(status_code=200, media_type="application/octet-stream",
                     headers={"ETag": _etag(sha256), "Content-Length": str(size), "Cache-Control": IMMUTABLE,
                              "Accept-Ranges": "bytes"})
+
+
+def _stored_size(sessions: sessionmaker[Session], sha256: str) -> int | None:
+    with sessions.begin() as session:
+        return blobs.blob_size(session, sha256)

@@ -1,34 +1,64 @@
-"""``/v1/health``: up or down for anyone; details for a caller with a token."""
+"""``/v1/health``: ok or degraded, within ``TUNECACHE_HEALTH_TIMEOUT`` whatever the database
+does; details for a caller with a token."""
 
 from __future__ import annotations
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Request
-from sqlalchemy import text
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from tunecache.contract import Health
 from tunecache.service import db
-from tunecache.service.deps import SessionDep
 from tunecache.service.policy import PublicCaller
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/health", response_model=Health, response_model_exclude_none=True)
-def health(session: SessionDep, request: Request, caller: PublicCaller) -> Health:
-    """Liveness and readiness: the database answers (else 503).
+async def health(request: Request, caller: PublicCaller) -> Health:
+    """Liveness and readiness: 200 within ``TUNECACHE_HEALTH_TIMEOUT`` (1 s), ``{"status":
+    "ok"}`` when the database answered and the artifact mirror is writable, else
+    ``{"status": "degraded"}``: the node still serves what it can (lookup answers it holds,
+    artifacts from its mirror or from the database).
 
-    Open to anyone, who learns only ``{"status": "ok"}``. With a valid token of any scope
-    the answer also says which database, its schema revision, and whether this node runs
-    tuning jobs: ``{"status": "ok", "database": "sqlite"|"postgresql", "schema_revision":
-    "0006", "worker": {"enabled": true, "gpu_name": "NVIDIA H200", "arch": "sm90", ...}}``.
+    Open to anyone, who learns only the status. With a valid token of any scope the answer
+    also says what is wrong (``problems``), which database, its schema revision, and whether
+    this node runs tuning jobs: ``{"status": "ok", "database": "sqlite"|"postgresql",
+    "schema_revision": "0006", "worker": {"enabled": true, "gpu_name": "NVIDIA H200",
+    "arch": "sm90", ...}}``. The database check is the read of the tuning generation that
+    lookups share (:class:`~tunecache.service.hot_path.GenerationReader`: one at a time, on
+    a connection and in a thread of its own, so a node whose threads are all busy is not
+    called degraded); a read that does not finish in time goes on without the request.
     """
-    connection = session.connection()  # the request's one connection answers both questions
-    connection.execute(text("SELECT 1"))
+    state = request.app.state
+    timeout = state.settings.health_timeout
+    problems: list[str] = []
+    revision = None
+    try:  # what a boot needs first: the generation, read as lookups read it
+        with anyio.fail_after(max(request.state.deadline - anyio.current_time(), 0.0)):
+            await state.generation_reader.current()
+    except TimeoutError:
+        problems.append(f"database did not answer within {timeout:g} s")
+    except SQLAlchemyError as exc:
+        problems.append(f"database unavailable ({type(exc).__name__})")
+    if state.artifact_files.write_failure is not None:
+        problems.append(state.artifact_files.write_failure)
+    status = "degraded" if problems else "ok"
     if caller.anonymous:
-        return Health(status="ok")
-    return Health(
-        status="ok",
-        database=connection.dialect.name,
-        schema_revision=db.revision_of(connection),
-        worker=request.app.state.worker_status,
-    )
+        return Health(status=status)
+    try:  # the schema revision, for a caller with a token: left out when it cannot be read in time
+        with anyio.fail_after(max(request.state.deadline - anyio.current_time(), 0.0)):
+            revision = await state.health_probes.run(
+                "revision", lambda: anyio.to_thread.run_sync(_revision, state.engine, limiter=state.health_threads))
+    except (TimeoutError, SQLAlchemyError):
+        pass
+    return Health(status=status, problems=problems or None, database=state.engine.dialect.name,
+                  schema_revision=revision, worker=state.worker_status)
+
+
+def _revision(engine: Engine) -> str | None:
+    """The schema revision, read with one pooled connection."""
+    with engine.connect() as connection:
+        return db.revision_of(connection)

@@ -45,7 +45,7 @@ router = APIRouter(prefix="/tunings", tags=["tunings"])
              responses={403: {"model": ErrorBody, "description": "force=true without an admin token"}})
 def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller, request: Request,
                   force: Annotated[bool, Query(description="skip the promotion policy (admin only, audited)")] = False,
-                  ) -> TuningRunRead:
+                  ) -> Response:
     """Record one tuning run with its artifacts (uploaded before with ``PUT /v1/artifacts/{sha256}``).
 
     Needs a ``push`` token. With a ``tune`` or ``admin`` token, a succeeded run becomes
@@ -71,7 +71,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
     request.state.audit_detail = (f"run {run.id} ({run.trigger}, {'verified' if run.verified else 'unverified'}"
                                   f"{', current' if run.is_current else ''}{', forced' if force else ''}) of "
                                   f"{run.key.model}" + (f"; held: {run.held}" if run.held else ""))
-    return run
+    return _json(run, 201)
 
 
 @router.post("/{run_id}/promote", response_model=TuningRunRead,
@@ -79,7 +79,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
                         409: {"model": ErrorBody, "description": "the run cannot be current (failed, a pod's, "
                                                                  "or not signed by a key the service trusts)"}})
 def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, caller: AdminCaller,
-                   request: Request, body: PromoteRequest | None = None) -> TuningRunRead:
+                   request: Request, body: PromoteRequest | None = None) -> Response:
     """Make a run the current tuning of its key and environment (admin): roll back to an
     earlier run, or take one the promotion policy held back. The run must have succeeded and
     be verified (not a pod's), and, with ``TUNECACHE_TRUSTED_KEYS`` on the service, be signed
@@ -95,7 +95,15 @@ def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: Sessi
         raise HTTPException(409, detail=str(exc)) from None
     request.state.audit_detail = (f"promoted run {run.id} of {run.key.model} (current before: "
                                   f"{previous if previous is not None else 'none'})")
-    return run
+    return _json(run)
+
+
+def _json(run: TuningRunRead, status: int = 200) -> Response:
+    """A write's answer, serialized in the route's own thread: FastAPI would serialize a
+    returned model of a sync route in another worker thread, for which the request would
+    wait holding its transaction's row locks (the generation's, a new key's) while the
+    threads it could run on wait for those locks (until the statement timeout)."""
+    return Response(run.model_dump_json(), status_code=status, media_type="application/json")
 
 
 @router.put("/{run_id}/verification", response_model=TuningRunRead,
@@ -143,12 +151,27 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     that miss on the same key and environment at the same time. A database that does not
     answer within ``TUNECACHE_DB_STATEMENT_TIMEOUT`` + ``TUNECACHE_DB_POOL_TIMEOUT`` seconds
     (frozen, partitioned) gives 503 with ``Retry-After``.
+
+    When the generation cannot be read within ``TUNECACHE_LOOKUP_STALE_AFTER`` seconds (or
+    its read fails), an answer held in memory at the last generation read, at most
+    ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, is served with ``Tunecache-Stale: <seconds
+    since that read began>``: a pod boots with what was current then.
     """
     state = request.app.state
     settings = state.settings
+    reader = state.generation_reader
     try:
         with anyio.fail_after(settings.db_statement_timeout + settings.db_pool_timeout):
-            generation = await state.generation_reader.current()
+            try:
+                with anyio.fail_after(settings.lookup_stale_after):
+                    generation = await reader.current()
+            except Exception as exc:  # noqa: BLE001 - too slow or failed: an answer held in memory, or wait on
+                stale = _stale_answer(state, body)
+                if stale is not None:
+                    return stale
+                if not isinstance(exc, TimeoutError):
+                    raise
+                generation = await reader.current()
             answer = cached = state.lookup_cache.get(generation, body.key, body.environment)
             if cached is None:
                 answer = await state.lookup_cache.answer(
@@ -163,6 +186,23 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
         raise
     metrics.count_lookup(answer[0], from_cache=cached is not None)
     return Response(content=answer[1], status_code=answer[0], media_type="application/json")
+
+
+def _stale_answer(state, body: LookupRequest) -> Response | None:
+    """The answer held in memory at the last generation read, when that read began at most
+    ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, marked ``Tunecache-Stale``; else ``None``."""
+    generation = state.generation_reader.last_read(state.settings.lookup_stale_seconds)
+    answer = None if generation is None else state.lookup_cache.get(generation, body.key, body.environment)
+    if answer is None:
+        return None
+    metrics.count_lookup(answer[0], from_cache=True)
+    return Response(content=answer[1], status_code=answer[0], media_type="application/json",
+                    headers={STALE_HEADER: f"{state.generation_reader.age():.1f}"})
+
+
+#: Header of a lookup answered from memory while the generation could not be read: the
+#: seconds since the read of the generation it was answered at began.
+STALE_HEADER = "Tunecache-Stale"
 
 
 def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest) -> tuple[int, bytes]:
