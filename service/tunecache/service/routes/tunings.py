@@ -110,7 +110,7 @@ def _json(run: TuningRunRead, status: int = 200) -> Response:
             responses={404: {"model": ErrorBody, "description": "no such run"},
                        409: {"model": ErrorBody, "description": "the run did not succeed"}})
 def record_verification(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: RunVerification, session: SessionDep,
-                        caller: TuneCaller, request: Request) -> TuningRunRead:
+                        caller: TuneCaller, request: Request) -> Response:
     """Store a run's verification boot (:class:`~tunecache.contract.RunVerification`): a
     tuning node's new vLLM process that installed the stored run as a pod does and counted
     what it still compiled. Needs a ``tune`` token (the nodes that record runs); a later
@@ -125,7 +125,7 @@ def record_verification(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: Run
     shown = ", ".join(f"{n} {kind}" for kind, n in body.compiled.items() if n) or "nothing"
     request.state.audit_detail = (f"verification of run {run.id}: " +
                                   (f"did not boot: {body.error}" if body.error else f"compiled {shown}"))[:500]
-    return run
+    return _json(run)  # it moved the generation: answered without holding its row lock (see _json)
 
 
 @router.post(
