@@ -178,6 +178,34 @@ def test_serve_configuration_errors(tmp_path):
     assert taken.returncode == 11 and "could not serve" in taken.stderr
 
 
+def test_serve_on_a_busy_port_exits_11_in_one_line_before_touching_the_database(tmp_path):
+    """Issue 21: the port is checked before the database is created, migrated or given an admin token."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNECACHE_DATABASE_URL", "TUNECACHE_SERVER_PROCESSES")}
+    env |= {"TUNECACHE_DATA_DIR": str(data), "TUNECACHE_JOB_WORKER": "off"}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        taken = subprocess.run([tunecache_executable(), "serve", "--port", str(port)],
+                               env=env, capture_output=True, text=True, timeout=120)
+    assert taken.returncode == 11, taken.stderr
+    assert taken.stderr.splitlines() == [
+        f"tunecache: error: could not serve on http://127.0.0.1:{port} with 1 process(es): Address already in use"]
+    assert not (data / "tunecache.db").exists() and not (data / "admin.token").exists()
+
+
+def test_serve_on_a_host_it_cannot_listen_on_exits_11_in_one_line(tmp_path):
+    env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path / "data"), "TUNECACHE_JOB_WORKER": "off"}
+    env.pop("TUNECACHE_DATABASE_URL", None)
+    bad = subprocess.run([tunecache_executable(), "serve", "--host", "no-such-host.invalid", "--port", str(free_port())],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 11, bad.stderr
+    lines = bad.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tunecache: error: could not serve on http://no-such-host.invalid:")
+    assert not (tmp_path / "data" / "tunecache.db").exists()
+
+
 @pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks a node without a GPU")
 def test_worker_on_without_a_gpu_is_refused_in_one_line(tmp_path):
     env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path), "TUNECACHE_WORKER": "on"}
