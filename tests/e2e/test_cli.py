@@ -395,14 +395,17 @@ def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path, node_sign
     assert not (tmp_path / "workspace").exists() and not (tmp_path / "dest").exists()
 
 
-def test_a_jit_module_with_a_bad_time_header_is_a_bad_artifact(server, tmp_path, node_signing_key):
-    """A module whose TUNECACHE.mtime_ns header is not a number: exit 6, nothing installed."""
+@pytest.mark.parametrize("header", ["not-a-number", str(2**63), "9" * 20, "1" + "0" * 19])
+def test_a_jit_module_with_a_bad_time_header_is_a_bad_artifact(server, tmp_path, node_signing_key, header):
+    """A module whose TUNECACHE.mtime_ns header is not a number, or one past what a signed
+    64-bit count of nanoseconds holds (ninja's, and st_mtime_ns's): exit 6, nothing installed
+    (issue 21: 2**63 and 20 digits were installed with another time than the header's)."""
     import hashlib
 
     from tests.support.builders import run_payload, signed
     from tests.support.jit import tarball
 
-    bad = tarball([("cached_ops/m/m.so", "mtime_ns=not-a-number")])
+    bad = tarball([("cached_ops/m/m.so", f"mtime_ns={header}")])
     payload = run_payload(CUDNN_FILE)
     for blob in (bad, CUDNN_FILE.read_bytes()):
         as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob)
