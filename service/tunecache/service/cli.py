@@ -10,6 +10,7 @@ commands start as fast with the server installed as without it.
 
 from __future__ import annotations
 
+import errno
 import socket
 import tempfile
 from pathlib import Path
@@ -169,13 +170,15 @@ def _check_listen(host: str, port: int, where: str) -> None:
     that does not resolve or is not this machine's), before ``serve`` touches the database.
 
     Binds every address of ``host`` as uvicorn's server then does (``SO_REUSEADDR``, IPv6
-    sockets v6-only) and closes them again; a port taken between this check and uvicorn's
+    sockets v6-only, an address family not enabled here skipped) and closes them again; a port taken between this check and uvicorn's
     bind is still caught by uvicorn (exit 11 after its log)."""
     try:
         addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
         fail(ExitCode.SERVE_FAILED, f"could not serve on {where}: host {host!r} not found "
                                     f"({getattr(exc, 'strerror', None) or exc})")
+    unavailable = None
+    bound = 0
     for family, kind, proto, _, address in dict.fromkeys(addresses):
         try:
             with socket.socket(family, kind, proto) as probe:
@@ -183,8 +186,14 @@ def _check_listen(host: str, port: int, where: str) -> None:
                 if family == socket.AF_INET6:
                     probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 probe.bind(address)
+                bound += 1
         except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:  # a family not enabled here: asyncio skips it too
+                unavailable = unavailable or exc
+                continue
             fail(ExitCode.SERVE_FAILED, f"could not serve on {where}: {exc.strerror or exc}")
+    if not bound and unavailable is not None:  # an address of no interface of this machine
+        fail(ExitCode.SERVE_FAILED, f"could not serve on {where}: {unavailable.strerror or unavailable}")
 
 
 def _metrics_multiprocess_dir(processes: int) -> str | None:
