@@ -194,7 +194,9 @@ def run(args: argparse.Namespace) -> None:
                       "ready_s": float(ready[-1]) if ready else None, "compiled": compiled, "loaded": loaded,
                       "tune_command_s": round(tune_s, 2), "run": run_doc["id"],
                       "artifacts": [(a["kind"], a["name"], a["size_bytes"]) for a in run_doc["artifacts"]],
-                      "vllm_compile": run_doc["summary"].get("vllm_compile", {}).get("names_checked")})
+                      "vllm_compile": run_doc["summary"].get("vllm_compile", {}).get("names_checked"),
+                      # tune's own verification boot of the stored run (empty caches, through the plugin)
+                      "verification": run_doc.get("verification")})
         (out / f"{args.name}-run.json").write_text(json.dumps(run_doc, indent=1))
         pod = _dirs(work / "pod")
         for directory in pod.values():

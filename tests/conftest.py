@@ -45,6 +45,8 @@ def _private_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path / "tunecache-data"))
     # and what pods installed before (tunecache.client.installed) is this test's own
     monkeypatch.setenv("TUNECACHE_STATE_DIR", str(tmp_path / "pod-state"))
+    # and its tuners' GPU lock (tunecache.service.tuner.guard) is its own: tests in parallel hold "one GPU" each
+    monkeypatch.setenv("TUNECACHE_GPU_LOCK_DIR", str(tmp_path / "gpu-locks"))
     # Tests that post many jobs from one address are not about the rate limit
     # (tests/unit/service/routes/test_http_semantics.py::test_job_requests_past_the_rate_get_429 is).
     monkeypatch.setenv("TUNECACHE_JOB_REQUEST_RATE", "100000/minute")
@@ -178,6 +180,10 @@ SERIAL = {
     "test_job_control.py::test_cancelling_a_running_job_terminates_the_tuner_child_and_records_no_run",
     "test_job_control.py::test_workers_beat_and_say_which_are_live",
     "test_jobs.py::test_retune_wait_follows_the_job_to_its_end",  # a 1 s job, progress polled every 0.2 s
+    # every health check and lookup answered within 2 s beside 100-200 slow clients; an
+    # unread answer dropped within 4 s of a 1 s send timeout
+    "test_slow_clients.py::test_slow_bodies_and_unread_answers_leave_the_service_answering",
+    "test_slow_clients.py::test_an_answer_the_client_does_not_read_is_dropped",
 }
 
 

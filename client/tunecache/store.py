@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 from tunecache.contract import (
     EnvironmentMetadata,
     LookupMiss,
+    RunVerification,
     TuningKey,
     TuningRunCreate,
     TuningRunPage,
@@ -73,6 +74,10 @@ class TuningStore(Protocol):
         Raises:
             ArtifactsMissing (SQL) or ServerError 422 (HTTP): an artifact was not uploaded.
         """
+        ...
+
+    def record_verification(self, run_id: int, verification: RunVerification) -> TuningRunRead:
+        """Store the verification boot of a recorded run (:class:`tunecache.contract.RunVerification`)."""
         ...
 
     def lookup(self, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:

@@ -15,7 +15,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
+import socket
 import subprocess
+import sys
 import textwrap
 import time
 
@@ -29,6 +32,7 @@ from tests.support.serve import as_admin
 from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tunecache.contract import JobConflict, TuningJobCreate, TuningJobRead, TuningRunCreate, TuningRunQuery, WorkerList
 from tunecache.service import db, jobs, repository
+from tunecache.service.tuner.stages import TuneSpec
 from tunecache.service.worker import GpuIdentity, JobWorker
 
 H200 = GpuIdentity("NVIDIA H200", "sm90")
@@ -59,11 +63,13 @@ def retune(server: str, *extra: str, model: str = MODEL) -> subprocess.Completed
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        state = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return True
+    return state != "Z"
 
 
 # --------------------------------------------------------------------- the GPU edge
@@ -312,6 +318,97 @@ def test_cancelling_a_running_job_terminates_the_tuner_child_and_records_no_run(
     assert current.id == previous.id  # the previous tuning stays current
     # a cancelled job frees its key
     assert app_client.post("/v1/tuning-jobs", json={"key": h200_key().model_dump(), "hf_config": LLAMA}).json()["id"] != job["id"]
+
+
+# ------------------------------------------------- 4. a worker process that dies (issue 21)
+
+#: A service's job worker in a process of its own (named ``<host>:<pid>`` as serve names it),
+#: running one job with the real tuner child.
+WORKER_PROCESS = """
+import os, socket, sys
+from pathlib import Path
+from tunecache.service import db
+from tunecache.service.worker import GpuIdentity, JobWorker
+sessions = db.session_factory(db.create_db_engine(sys.argv[1]))
+name = f"{socket.gethostname()}:{os.getpid()}"
+JobWorker(sessions, GpuIdentity("NVIDIA H200", "sm90"), name, work_root=Path(sys.argv[2]), lease_s=60).run_once()
+"""
+
+#: A process that runs one tuner child (run_tuner) for the spec in argv[1], in work dir argv[2].
+TUNER_PARENT = """
+import sys
+from pathlib import Path
+from tunecache.service.tuner.process import run_tuner
+from tunecache.service.tuner.stages import TuneSpec
+run_tuner(TuneSpec.model_validate_json(Path(sys.argv[1]).read_text()), Path(sys.argv[2]), 600)
+"""
+
+
+def _pid_in(path):
+    return path.is_file() and path.read_text() and int(path.read_text())
+
+
+def test_a_worker_killed_mid_job_takes_its_tuner_with_it_and_its_job_is_taken_back_at_once(
+        sessions, database_url, standin_gpu, tmp_path):
+    job, _ = _enqueue(sessions, hf_config=LLAMA)
+    work_root = tmp_path / "work"
+    work_root.mkdir()
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_PROCESS, database_url, str(work_root)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tuner = None
+    try:
+        tuner = wait_for(lambda: _pid_in(standin_gpu), timeout_s=120)  # the tuner child is tuning
+        [work_dir] = list(work_root.glob("tunecache-job-*"))
+        worker.kill()  # kill -9 of the service process mid-job
+        worker.wait(timeout=10)
+        wait_for(lambda: not _alive(tuner), timeout_s=15)  # the tuner died with it, not left on the GPU
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        if tuner and _alive(tuner):
+            os.kill(tuner, signal.SIGKILL)
+    with sessions() as session:
+        assert jobs.get_job(session, job.id).status == "running"  # its lease has a minute to go
+    from tests.support.jobs import stand_in_tuner
+
+    # the service started again on this host takes the job back at its first claim, not in a minute
+    again = JobWorker(sessions, H200, f"{socket.gethostname()}:{os.getpid()}", work_root=work_root,
+                      tuner=stand_in_tuner())
+    assert again.run_once()
+    with sessions() as session:
+        done = jobs.get_job(session, job.id)
+    assert (done.status, done.attempts, done.worker) == ("succeeded", 2, again.name)
+    assert not work_dir.exists()  # the dead worker's work directory is removed
+    assert list(work_root.iterdir()) == []
+
+
+def test_one_gpu_never_runs_two_tuners(standin_gpu, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(TuneSpec(deployment=h200_key().deployment(), hf_config=LLAMA).model_dump_json())
+    parents, children = {}, {}
+    try:
+        for name in ("first", "second"):
+            pid_file = tmp_path / f"{name}.pid"
+            parents[name] = subprocess.Popen(
+                [sys.executable, "-c", TUNER_PARENT, str(spec), str(tmp_path / name)],
+                env={**os.environ, "STANDIN_PID_FILE": str(pid_file)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if name == "first":
+                children[name] = wait_for(lambda: _pid_in(pid_file), timeout_s=120)  # tuning, holding the GPU
+        log = tmp_path / "second" / "tuner.log"
+        said = wait_for(lambda: log.is_file() and "waiting for the GPU" in log.read_text() and log.read_text(),
+                        timeout_s=120)
+        assert f"another tuner (pid {children['first']}) holds" in said
+        assert not (tmp_path / "second.pid").exists()  # it has not touched the GPU
+        parents["first"].kill()  # the first one's service dies: its tuner goes with it, and the lock
+        children["second"] = wait_for(lambda: _pid_in(tmp_path / "second.pid"), timeout_s=60)
+        wait_for(lambda: not _alive(children["first"]), timeout_s=15)
+    finally:
+        for process in parents.values():
+            if process.poll() is None:
+                process.kill()
+        for pid in children.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_job_cancel_cli_and_retune_wait_on_a_cancelled_job(server, database_url):

@@ -19,9 +19,9 @@ import json
 import pytest
 
 from tests.support.builders import h200_key, run_payload, signed, stored_reports
-from tests.support.paths import CUDNN_FILE
-from tests.support.serve import as_admin
-from tests.support.vllm_stand_in import node_scratch, run_engine, tunecache_lines
+from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG
+from tests.support.serve import admin_token, as_admin
+from tests.support.vllm_stand_in import node_scratch, run_engine, tunecache_lines, worker_env
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
 SERVER_DATABASE_INCIDENTAL = True
@@ -99,6 +99,54 @@ def test_each_differing_factor_is_named_and_the_boot_compiles_as_without(server,
     assert skipped.startswith("tunecache: compile cache not installed, vLLM would not use it: ")
     assert named.format(traced=traced) in skipped
     assert lines[-1] == "tunecache: this boot compiled 1 triton_kernels (rank 0)"
+
+
+@pytest.mark.parametrize("pod, found", [
+    ({}, "verification boot: compiled nothing, ready in "),
+    ({"VLLM_USE_AOT_COMPILE": "0"}, "verification boot still compiled 1 triton_kernels (ready in "),
+])
+def test_a_verification_boot_installs_the_stored_run_as_a_pod_would_and_says_whether_it_boots_clean(
+        server, tmp_path, node_signing_key, monkeypatch, pod, found):
+    """What ``tune --warmup vllm`` does after it recorded its run: a new engine process with
+    every cache empty, the plugin fetching the run from the service (trusting the node's
+    own key), its attestation stored with the run."""
+    from tunecache.client.http import TunecacheClient
+    from tunecache.service.tuner.stages import TuneSpec
+    from tunecache.service.tuner.verification import shown, verify_run
+    from tunecache.signing import format_public_key
+
+    run = push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+    node = worker_env(tmp_path, **{"STAND_IN_BLOCK_SIZE": "32", "VLLM_USE_AOT_COMPILE": "1", **pod})
+    for name in ("PYTHONPATH", "TUNECACHE_ENVIRONMENT_FILE", "TUNECACHE_ATTEMPTS", "STAND_IN_BLOCK_SIZE",
+                 "VLLM_USE_AOT_COMPILE"):
+        monkeypatch.setenv(name, node[name])
+    monkeypatch.delenv("TUNECACHE_TRUSTED_KEYS")  # the node gives its own key, as tune does
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "node-triton"))  # the node's own: the boot gets an empty one
+    spec = TuneSpec(deployment=h200_key().deployment(), hf_config=json.loads(LLAMA_CONFIG.read_text()), warmup="vllm")
+    verification = verify_run(spec, server, tmp_path / "verify", 120,
+                              trusted_keys=format_public_key(node_signing_key.public_key()))
+    log = (tmp_path / "verify" / "verification.log").read_text()
+    assert verification.error is None, log
+    assert f"tunecache: warm state of run {run} installed for meta-llama/Llama-3.1-8B" in log
+    assert verification.clean is (not pod) and verification.ready_s is not None
+    assert shown(verification).startswith(found)
+    assert not (tmp_path / "node-triton").exists()  # its caches were its own, all empty at the start
+    with TunecacheClient(server, token=admin_token()) as client:
+        stored = client.record_verification(run, verification)
+    assert stored.verification == verification
+    assert as_admin.get(f"{server}/v1/tunings/{run}").json()["verification"]["compiled"] == {
+        kind.value: n for kind, n in verification.compiled.items()}
+
+
+def test_a_verification_boot_that_cannot_boot_says_why(server, tmp_path, monkeypatch):
+    from tunecache.service.tuner.stages import TuneSpec
+    from tunecache.service.tuner.verification import shown, verify_run
+
+    monkeypatch.setenv("PYTHONPATH", "")  # no vllm at all on this "node"
+    spec = TuneSpec(deployment=h200_key().deployment(), hf_config=json.loads(LLAMA_CONFIG.read_text()), warmup="vllm")
+    verification = verify_run(spec, server, tmp_path / "verify", 120)
+    assert not verification.clean and verification.error.startswith("ModuleNotFoundError: No module named 'vllm'")
+    assert shown(verification) == f"verification boot failed: {verification.error}"
 
 
 def test_a_key_known_only_from_vllms_config_installs_after_the_inspection(server, tmp_path, node_signing_key):

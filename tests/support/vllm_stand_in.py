@@ -23,7 +23,29 @@ STAND_IN = {
         def record(step, **seen):
             print(json.dumps({"step": step, **seen}), flush=True)
     '''),
-    "vllm/__init__.py": "__version__ = '0.25.0'\n",
+    "vllm/__init__.py": textwrap.dedent('''
+        __version__ = "0.25.0"
+        class LLM:
+            # the offline engine in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0): plugins
+            # loaded, the engine's config made, then its worker's profiling run and warmup
+            def __init__(self, model, served_model_name=None, max_num_batched_tokens=None, tensor_parallel_size=1,
+                         **others):
+                import os
+                from importlib.metadata import entry_points
+                from types import SimpleNamespace as NS
+                [plugin] = [e for e in entry_points(group="vllm.general_plugins") if e.name == "tunecache"]
+                plugin.load()()
+                from vllm.engine.arg_utils import EngineArgs
+                config = EngineArgs(model, served_model_name=served_model_name, max_num_batched_tokens=max_num_batched_tokens,
+                                    tensor_parallel_size=tensor_parallel_size).create_engine_config()
+                config.instance_id = os.environ.get("STAND_IN_INSTANCE_ID", "llm")
+                if os.environ.get("STAND_IN_BLOCK_SIZE"):
+                    config.cache_config.block_size = int(os.environ["STAND_IN_BLOCK_SIZE"])
+                from vllm.v1.worker.gpu_worker import Worker
+                worker = Worker(NS(vllm_config=config))
+                worker.determine_available_memory()
+                worker.compile_or_warm_up_model()
+    '''),
     "vllm/envs.py": textwrap.dedent('''
         # vLLM's compile factors: every known vLLM variable but the ignored ones (here two)
         import os

@@ -38,6 +38,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from tunecache.client.settings import ClientSettings
+from tunecache.formats.tarball import max_unpack_bytes
 from tunecache.contract import (
     ArtifactStored,
     AuditPage,
@@ -62,6 +63,7 @@ from tunecache.contract import (
     TuningRunQuery,
     TuningRunRead,
     RunSignature,
+    RunVerification,
     PromoteRequest,
     TuningRunDiff,
 )
@@ -128,6 +130,22 @@ class ArtifactCorrupt(TunecacheError):
 
 class DownloadTruncated(ArtifactCorrupt):
     """The connection closed before the whole body arrived."""
+
+
+class AnswerTooLarge(ArtifactCorrupt):
+    """An answer went past its byte bound (:func:`max_answer_bytes` for JSON answers,
+    ``TUNECACHE_MAX_UNPACK_BYTES`` for an artifact); nothing of it is used."""
+
+
+#: Default of ``TUNECACHE_MAX_ANSWER_BYTES``.
+DEFAULT_MAX_ANSWER_BYTES = 16 << 20
+
+
+def max_answer_bytes() -> int:
+    """``TUNECACHE_MAX_ANSWER_BYTES`` (a positive whole number), else 16 MiB: the most a
+    JSON answer (a lookup, a run, a page of runs) may take, as decoded."""
+    value = os.environ.get("TUNECACHE_MAX_ANSWER_BYTES", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_ANSWER_BYTES
 
 
 class _Transient(Exception):
@@ -524,16 +542,25 @@ class TunecacheClient:
         finally:
             self._request_end = outer
 
-    def _read_body(self, response: httpx.Response, deadline: float, sink=None) -> bytes:
+    def _read_body(self, response: httpx.Response, deadline: float, sink=None, max_bytes: int | None = None) -> bytes:
         """Read a streamed body before ``deadline`` (monotonic seconds: the attempt's end,
-        the install deadline's if sooner); ``sink`` sees each part.
+        the install deadline's if sooner); ``sink`` sees each part. At most ``max_bytes``
+        (as decoded: a gzip'd answer is counted as it expands; default
+        :func:`max_answer_bytes`) are read.
 
         Raises:
             InstallDeadlineExceeded: the install deadline came first.
             ServerUnreachable: the request's total timeout (``total_timeout_s``) did.
+            AnswerTooLarge: the body went past ``max_bytes``.
         """
-        parts = []
+        limit = max_answer_bytes() if max_bytes is None else max_bytes
+        parts, size = [], 0
         for part in response.iter_bytes():
+            size += len(part)
+            if size > limit:
+                raise AnswerTooLarge(f"tunecache server {self.base_url} sent more than {limit:,} bytes for "
+                                     f"{response.request.method} {response.request.url.path} "
+                                     f"({'TUNECACHE_MAX_UNPACK_BYTES' if max_bytes is not None else 'TUNECACHE_MAX_ANSWER_BYTES'})")
             if time.monotonic() > deadline:
                 if self._deadline_passed():
                     raise self._deadline_error(response.request.method, response.request.url.path, answered=True)
@@ -744,7 +771,8 @@ class TunecacheClient:
                     raise _status_error(response, _detail_of(self._read_body(response, deadline)))
                 if response.is_error:
                     raise ServerError(response.status_code, _detail_of(self._read_body(response, deadline)))
-                return response.headers.get("content-length"), self._read_body(response, deadline, sink=digest.update)
+                return response.headers.get("content-length"), self._read_body(response, deadline, sink=digest.update,
+                                                                               max_bytes=max_unpack_bytes())
 
             expected, data = self._exchange("GET", f"/v1/artifacts/{sha256}", read)
             if expected is not None and len(data) != int(expected):
@@ -801,6 +829,17 @@ class TunecacheClient:
             ServerUnreachable.
         """
         response = self._request("POST", "/v1/tunings" + ("?force=true" if force else ""), content=run.model_dump_json(),
+                                 headers={"Content-Type": "application/json"})
+        return self._answer(response, TuningRunRead)
+
+    def record_verification(self, run_id: int, verification: RunVerification) -> TuningRunRead:
+        """``PUT /v1/tunings/{id}/verification`` (tune): store a run's verification boot.
+
+        Raises:
+            ServerError: 404 no such run; 409 it did not succeed; 401/403 without a tune token.
+            ServerUnreachable.
+        """
+        response = self._request("PUT", f"/v1/tunings/{run_id}/verification", content=verification.model_dump_json(),
                                  headers={"Content-Type": "application/json"})
         return self._answer(response, TuningRunRead)
 

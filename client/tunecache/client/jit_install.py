@@ -13,16 +13,15 @@ the tuning node's workspace is compared with the pod's, never made into a path.
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
 from tunecache.client.atomic import directory_lock, swap_into_place
 from tunecache.formats.jit_module import JIT_VALIDITY_FIELDS, MTIME_NS_HEADER, BadJitArtifact, check_jit_module
+from tunecache.formats.tarball import open_bounded
 
 
 def shown(value: object, limit: int = 200) -> str:
@@ -84,7 +83,7 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
         BadJitArtifact: the tarball is not one module's files.
     """
     module = check_jit_module(data)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+    with open_bounded(data, "JIT", BadJitArtifact) as tar:
         workspace.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=workspace))
         try:

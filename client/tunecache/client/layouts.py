@@ -29,15 +29,15 @@ and renamed into place.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
 from tunecache.client.atomic import directory_lock, swap_into_place
+from tunecache.formats.tarball import max_unpack_files, open_bounded
+
 
 def vllm_rank_file_name(dp_rank: int, rank: int) -> str:
     """``autotune_configs_dp{dp}_rank{rank}.json`` (vLLM 0.33 ``flashinfer_autotune_filename``)."""
@@ -132,10 +132,15 @@ def install_v2_store(data: bytes, root: Path) -> Path:
 
     Raises:
         ImportError: flashinfer is not importable (the v2 format is FlashInfer's to write).
+        ValueError: more entries than ``TUNECACHE_MAX_UNPACK_FILES``.
     """
     from flashinfer.autotune_cache import ManagedAutotuneCache
 
     doc = json.loads(data)
+    entries = sum(1 for key in doc if not key.startswith("_"))
+    if entries > max_unpack_files():  # one file per entry: bounded as a tarball's entries are
+        raise ValueError(f"autotune file of {entries:,} entries: the v2 store would take more than "
+                         f"{max_unpack_files():,} files (TUNECACHE_MAX_UNPACK_FILES)")
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=root))
     try:
@@ -147,7 +152,7 @@ def install_v2_store(data: bytes, root: Path) -> Path:
             policy = tuple(value[2]) if len(value) > 2 and value[2] is not None else None
             store.publish(key, runner, tactic, profiling_policy=policy)
         written = len(list(store.entries_dir.glob("*.json")))
-        expected = sum(1 for key in doc if not key.startswith("_"))
+        expected = entries
         if written != expected:  # publish() logs and carries on when a write fails
             raise OSError(f"FlashInfer v2 store: {written} of {expected} entries could be written under {root}")
         target = root / "v2" / store.env_hash
@@ -185,10 +190,11 @@ def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
     Returns the kernel directory names installed (possibly none).
 
     Raises:
-        ValueError: the tarball holds absolute or ``..`` paths, links or special files.
+        ValueError: the tarball holds absolute or ``..`` paths, links or special files, or is
+            past the unpack bounds (:func:`tunecache.formats.tarball.open_bounded`).
         OSError: writing failed (kernels already renamed in stay: each is whole).
     """
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+    with open_bounded(data, "DeepGEMM cache", ValueError) as tar:
         for member in tar.getmembers():
             path = PurePosixPath(member.name)
             if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):

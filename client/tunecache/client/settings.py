@@ -32,6 +32,9 @@ variable                        default      meaning
 ``TUNECACHE_INSTALL_DEADLINE``  ``30``       seconds one install (the lookup and every
                                              artifact download together) may take; past
                                              it the pod gives up and installs nothing
+``TUNECACHE_MAX_ANSWER_BYTES``  16 MiB       most bytes a JSON answer may take as it expands
+``TUNECACHE_MAX_UNPACK_BYTES``  1 GiB        most bytes an artifact may have, and unpack to
+``TUNECACHE_MAX_UNPACK_FILES``  ``20000``    most entries a tarball (or a v2 store) may make
 ``TUNECACHE_JIT``               ``true``     plugin: also install the run's JIT modules
 ``TUNECACHE_PUSH_BACK``         ``false``    plugin: upload a pod's own tuning after a miss
 ``TUNECACHE_DTYPE``             ``auto``     plugin: the key's dtype (vLLM's ``--dtype``)

@@ -21,7 +21,6 @@ files) and the compile cache goes under the names the pod's own vLLM computes.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tunecache.formats.tarball import open_bounded
 from tunecache.formats.vllm_compile import (
     FACTORS_FILE,
     CompileFactors,
@@ -73,13 +73,10 @@ def triton_cache_dir() -> Path:
 
 
 def _open_checked(data: bytes, what: str) -> tarfile.TarFile:
-    """The tarball, every entry checked (raises :class:`BadWarmStateArtifact`)."""
-    try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
-        members = tar.getmembers()
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise BadWarmStateArtifact(f"{what} artifact is not a gzipped tarball: {exc}") from None
-    for member in members:
+    """The tarball within the unpack bounds (:func:`tunecache.formats.tarball.open_bounded`),
+    every entry checked (raises :class:`BadWarmStateArtifact`)."""
+    tar = open_bounded(data, what, BadWarmStateArtifact)
+    for member in tar.getmembers():
         path = PurePosixPath(member.name)
         if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
             tar.close()

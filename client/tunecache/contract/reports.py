@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tunecache.contract.identity import (ENVIRONMENT_FIELDS, KEY_FIELDS, MAX_ID, SHA256_PATTERN, EnvironmentMetadata,
                                          FieldDifference, StrEnum, Text, TuningKey, WholeNumber)
-from tunecache.contract.runs import RunTrigger
+from tunecache.contract.runs import CompiledKind, RunTrigger
 
 
 class ReportOutcome(StrEnum):
@@ -51,34 +51,6 @@ class ReportedDifference(BaseModel):
     field: str = Field(pattern=_FIELD_NAMES_PATTERN, description="a key or environment field")
     stored: Text = Field(max_length=4096)
     yours: Text = Field(max_length=4096)
-
-
-class CompiledKind(StrEnum):
-    """What a boot can still compile (or tune) when its warm state is not all there; a pod's
-    attestation counts each (:attr:`PodReportCreate.compiled`).
-
-    * ``flashinfer_jit_modules``: FlashInfer JIT modules built (``.so`` files written in the
-      FlashInfer workspace during the boot);
-    * ``dynamo_traces``: graphs vLLM's torch.compile traced; not counted by today's pods
-      (vLLM 0.25 runs Dynamo's bytecode transform in every boot, one at the floor too);
-    * ``inductor_graphs``: graphs Inductor compiled (vLLM's ``num_compiled_artifacts_saved``:
-      loaded ones are not counted);
-    * ``aot_compiles``: AOT compilations (vLLM's ``num_aot_compiles``);
-    * ``triton_kernels``: Triton kernels compiled (``.cubin`` files written in Triton's and
-      Inductor's caches);
-    * ``deep_gemm_kernels``: DeepGEMM kernels built (``kernel.*`` directories written);
-    * ``model_inspections``: model classes vLLM inspected (``modelinfos`` files written);
-    * ``autotune_ops``: operations FlashInfer's autotuner profiled.
-    """
-
-    FLASHINFER_JIT_MODULES = "flashinfer_jit_modules"
-    DYNAMO_TRACES = "dynamo_traces"
-    INDUCTOR_GRAPHS = "inductor_graphs"
-    AOT_COMPILES = "aot_compiles"
-    TRITON_KERNELS = "triton_kernels"
-    DEEP_GEMM_KERNELS = "deep_gemm_kernels"
-    MODEL_INSPECTIONS = "model_inspections"
-    AUTOTUNE_OPS = "autotune_ops"
 
 
 class PodReportCreate(BaseModel):

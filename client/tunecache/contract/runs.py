@@ -87,6 +87,14 @@ _MEDIA_TYPES = {
 }
 
 
+#: Largest FlashInfer autotune file (``flashinfer_autotune_v1`` artifact) the service reads,
+#: in bytes: recording a run checks it with FlashInfer's loader rules and a diff parses it,
+#: so this bounds their memory and time (a 4 MiB file: about 20,000 entries, 1-2 s and
+#: 100 MB to check; the real files are a few kB to a few hundred kB). A run whose file is
+#: larger is refused (422).
+MAX_AUTOTUNE_FILE_BYTES = 4 * 1024 * 1024
+
+
 class RunStatus(StrEnum):
     """How a tuning run ended. Only ``succeeded`` runs can become current."""
 
@@ -351,6 +359,58 @@ class ArtifactRead(BaseModel):
     """Relative URL that streams the bytes: ``/v1/artifacts/{sha256}``."""
 
 
+class CompiledKind(StrEnum):
+    """What a boot can still compile (or tune) when its warm state is not all there; a pod's
+    attestation counts each (:attr:`PodReportCreate.compiled`).
+
+    * ``flashinfer_jit_modules``: FlashInfer JIT modules built (``.so`` files written in the
+      FlashInfer workspace during the boot);
+    * ``dynamo_traces``: graphs vLLM's torch.compile traced; not counted by today's pods
+      (vLLM 0.25 runs Dynamo's bytecode transform in every boot, one at the floor too);
+    * ``inductor_graphs``: graphs Inductor compiled (vLLM's ``num_compiled_artifacts_saved``:
+      loaded ones are not counted);
+    * ``aot_compiles``: AOT compilations (vLLM's ``num_aot_compiles``);
+    * ``triton_kernels``: Triton kernels compiled (``.cubin`` files written in Triton's and
+      Inductor's caches);
+    * ``deep_gemm_kernels``: DeepGEMM kernels built (``kernel.*`` directories written);
+    * ``model_inspections``: model classes vLLM inspected (``modelinfos`` files written);
+    * ``autotune_ops``: operations FlashInfer's autotuner profiled.
+    """
+
+    FLASHINFER_JIT_MODULES = "flashinfer_jit_modules"
+    DYNAMO_TRACES = "dynamo_traces"
+    INDUCTOR_GRAPHS = "inductor_graphs"
+    AOT_COMPILES = "aot_compiles"
+    TRITON_KERNELS = "triton_kernels"
+    DEEP_GEMM_KERNELS = "deep_gemm_kernels"
+    MODEL_INSPECTIONS = "model_inspections"
+    AUTOTUNE_OPS = "autotune_ops"
+
+
+class RunVerification(BaseModel):
+    """A run's verification boot (``PUT /v1/tunings/{id}/verification``): after a vLLM
+    warmup is recorded, its node boots vLLM once more in a new process with every cache
+    empty, as a pod boots: the plugin fetches the stored run from the service and installs
+    it, and the boot counts what it still compiled (the pod's attestation).
+
+    * ``compiled``: by :class:`~tunecache.contract.reports.CompiledKind`; all 0 (or empty) when
+      the run boots at the floor;
+    * ``ready_s``: ``LLM(...)`` to ready, seconds;
+    * ``clean``: nothing compiled and no error: the run boots clean;
+    * ``error``: why the boot did not get that far (``None`` when it did).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    compiled: dict[CompiledKind, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(default_factory=dict)
+    ready_s: float | None = Field(default=None, ge=0, le=86400)
+    error: Text | None = Field(default=None, max_length=2000)
+
+    @property
+    def clean(self) -> bool:
+        return self.error is None and not any(self.compiled.values())
+
+
 class TuningRunRead(BaseModel):
     """One stored tuning run (``GET /v1/tunings/{id}``, a lookup's 200)."""
 
@@ -376,6 +436,7 @@ class TuningRunRead(BaseModel):
     artifacts: list[ArtifactRead]
     signature: RunSignature | None = None
     recorded_by: str | None = None
+    """The name of the token that recorded the run (``None``: recorded on the database)."""
     held: str | None = None
     """Why this succeeded run is not current though it could be (the service's promotion
     policy held it back: not signed by a key the service trusts, emptier than the current run,
@@ -383,7 +444,9 @@ class TuningRunRead(BaseModel):
     signature_verified: bool | None = None
     """Whether the service checked the signature against its own trusted keys
     (``TUNECACHE_TRUSTED_KEYS`` on the server; ``None``: it has none, or the run is unsigned)."""
-    """The name of the token that recorded the run (``None``: recorded on the database)."""
+    verification: RunVerification | None = None
+    """Its verification boot (:class:`RunVerification`; ``None``: none was made, e.g. not a
+    vLLM warmup, or one recorded without a server to fetch from)."""
 
     def artifact(self, kind: ArtifactKind) -> ArtifactRead | None:
         """The run's first artifact of ``kind``, or ``None``."""

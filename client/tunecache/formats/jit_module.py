@@ -24,6 +24,8 @@ import os
 import tarfile
 from pathlib import Path, PurePosixPath
 
+from tunecache.formats.tarball import open_bounded
+
 #: pax header holding an entry's exact modification time in nanoseconds.
 MTIME_NS_HEADER = "TUNECACHE.mtime_ns"
 
@@ -131,11 +133,9 @@ def check_jit_module(data: bytes) -> str:
     """The module name of a JIT tarball, after checking every entry (nothing is written).
 
     Raises:
-        BadJitArtifact: not a gzip'd tar, not one module's files, or an entry whose
-            ``TUNECACHE.mtime_ns`` header is not a whole number from 0 to 2**63-1.
+        BadJitArtifact: not a gzip'd tar, past the unpack bounds
+            (:func:`tunecache.formats.tarball.open_bounded`), not one module's files, or an
+            entry whose ``TUNECACHE.mtime_ns`` header is not a whole number from 0 to 2**63-1.
     """
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            return _module_of(tar)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise BadJitArtifact(f"JIT artifact is not a gzip'd tar file: {exc}") from None
+    with open_bounded(data, "JIT", BadJitArtifact) as tar:
+        return _module_of(tar)

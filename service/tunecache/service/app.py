@@ -26,7 +26,7 @@ from tunecache.service import db, metrics, policy
 from tunecache.service import dashboard
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
-from tunecache.service.limits import BodySizeLimit, LoadShedding
+from tunecache.service.limits import AllowedHosts, BodyReadTimeout, BodySizeLimit, LoadShedding
 from tunecache.service.report_intake import ReportIntake
 from tunecache.service.reports import Pruner
 from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
@@ -172,6 +172,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     )
     app.state.settings = settings
     install_error_handlers(app, retry_after_s=settings.retry_after_seconds)
+    app.add_middleware(BodyReadTimeout, timeout_s=settings.body_timeout_seconds)
     app.add_middleware(BodySizeLimit, max_upload_bytes=settings.max_upload_bytes, max_json_bytes=settings.max_json_bytes,
                        max_report_bytes=MAX_REPORT_BYTES)
     # Added late, so it runs early: a saturated process answers 503 before doing any work.
@@ -181,6 +182,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.include_router(router, prefix=prefix, responses=COMMON_ERRORS)
         app.state.path_methods += [(compile_path(prefix + route.path)[0], frozenset(route.methods)) for route in router.routes]
     dashboard_templates = dashboard.install(app)  # the web dashboard at / (HTML; not in the OpenAPI document)
+    # Before any work: a Host the service does not answer to (DNS rebinding) gets 400.
+    if settings.allowed_host_list != ["*"]:
+        app.add_middleware(AllowedHosts, allowed_hosts=settings.allowed_host_list)
     # Outermost: counts every answer, the 503s of load shedding too (one increment each).
     app.add_middleware(metrics.RequestCounter, templates=_route_templates(app) | dashboard_templates)
     _document_optional_tokens(app, settings)

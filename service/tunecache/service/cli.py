@@ -152,6 +152,10 @@ def serve(
         uvicorn.run("tunecache.service.app:create_app", factory=True, host=settings.host, port=settings.port,
                     workers=settings.server_processes, log_level="info", access_log=settings.access_log,
                     timeout_keep_alive=settings.keep_alive_seconds,
+                    # uvicorn's protocol with bounds on slow, idle and unreading clients and on
+                    # connections per address (tunecache.service.connections)
+                    http="tunecache.service.connections:GuardedHttpProtocol",
+                    proxy_headers=True, forwarded_allow_ips=settings.forwarded_allow_ips,
                     timeout_graceful_shutdown=10,
                     ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
                     ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
@@ -268,6 +272,8 @@ def tune(
         Optional[Path], typer.Option(envvar="TUNECACHE_SIGNING_KEY", help="sign the run with this Ed25519 key (tunecache keys generate)")
     ] = None,
     work_dir: Annotated[Optional[Path], typer.Option(help="keep the tuner's files here (default: a temporary directory)")] = None,
+    verify: Annotated[bool, typer.Option(help="with --warmup vllm and --server: boot the stored run in a new vLLM "
+                                              "process as a pod would and store what it still compiled")] = True,
 ) -> None:
     """On a GPU node: run the warmup and autotune stages for a model and store the run.
 
@@ -326,16 +332,34 @@ def tune(
                     kept = "no run recorded: the tuner failed before it found its GPU, so there is no key to file it under"
                 fail(ExitCode.TUNING_FAILED, f"{failure.message} ({kept})\n{failure.log_tail}".rstrip())
             run = result.record(store, spec, RunTrigger.CLI, node, signer)
+            typer.echo(
+                f"stored run {run.id}: {result.summary['entries']} entries in {result.summary['tuning_seconds']:.1f} s "
+                f"for {key_options.model} on {result.gpu_name} ({result.arch})"
+            )
+            if spec.warmup == "vllm" and verify:
+                _verify(store, run.id, spec, server, (work_dir or Path(tmp)) / "verification", timeout, signer)
     except typer.Exit:
         raise
     except Exception as exc:
         _store_errors(exc)
     finally:
         store.close()
-    typer.echo(
-        f"stored run {run.id}: {result.summary['entries']} entries in {result.summary['tuning_seconds']:.1f} s "
-        f"for {key_options.model} on {result.gpu_name} ({result.arch})"
-    )
+
+
+def _verify(store, run_id: int, spec, server: str | None, scratch: Path, timeout: float, signer) -> None:
+    """The run's verification boot (:mod:`tunecache.service.tuner.verification`), stored
+    with the run and said in one line; with ``--database`` there is no server for the boot
+    to fetch from, and that is said instead."""
+    from tunecache.service.tuner.verification import shown, verify_run
+    from tunecache.signing import format_public_key
+
+    if server is None:
+        typer.echo("not verified: a verification boot fetches the run from a server (--server)")
+        return
+    trusted = format_public_key(signer.public_key()) if signer is not None else None
+    verification = verify_run(spec, server, scratch, timeout, trusted_keys=trusted)
+    store.record_verification(run_id, verification)
+    typer.echo(shown(verification))
 
 
 def _sql_store(url: str):

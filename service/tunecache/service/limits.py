@@ -1,5 +1,5 @@
-"""Bounds on requests: body sizes (HTTP 413), requests in flight (HTTP 503 at once) and
-request rates per caller (HTTP 429)."""
+"""Bounds on requests: body sizes (HTTP 413), the wait for a body (HTTP 408), requests in
+flight (HTTP 503 at once) and request rates per caller (HTTP 429)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import math
 import time
 from typing import TYPE_CHECKING
 
+import anyio
+
 from fastapi import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
@@ -108,10 +111,15 @@ class BodySizeLimit:
 
 
 class LoadShedding:
-    """ASGI middleware: at most ``max_in_flight`` requests of this process at once; the
-    next ones are answered at once with 503, a JSON body and ``Retry-After``, instead of
-    queueing for threads and database connections they would wait seconds for. Clients
-    (tunecache's own back off with jitter and obey ``Retry-After``) come back later.
+    """ASGI middleware: at most ``max_in_flight`` requests of this process being worked on at
+    once; the next ones are answered at once with 503, a JSON body and ``Retry-After``,
+    instead of queueing for threads and database connections they would wait seconds for.
+    Clients (tunecache's own back off with jitter and obey ``Retry-After``) come back later.
+
+    A request waiting on its client (for the next piece of its body, or for the client to
+    take its answer) is not being worked on: it leaves the count while it waits, so slow
+    clients cannot hold the service's capacity (they are bounded by the body and send
+    timeouts instead: :class:`BodyReadTimeout`, :mod:`tunecache.service.connections`).
     """
 
     def __init__(self, app: ASGIApp, max_in_flight: int, retry_after_s: int):
@@ -131,8 +139,124 @@ class LoadShedding:
                 (b"retry-after", self.retry_after)]})
             await send({"type": "http.response.body", "body": self._body})
             return
+
+        more_body = True
+
+        async def waiting_receive() -> Message:
+            nonlocal more_body
+            if not more_body:  # the body is complete: a wait for a disconnect, beside the work
+                return await receive()
+            self.in_flight -= 1
+            try:
+                message = await receive()
+            finally:
+                self.in_flight += 1
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                more_body = False
+            return message
+
+        async def waiting_send(message: Message) -> None:
+            self.in_flight -= 1
+            try:
+                await send(message)
+            finally:
+                self.in_flight += 1
+
         self.in_flight += 1  # one event loop per process: no lock needed
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, waiting_receive, waiting_send)
         finally:
             self.in_flight -= 1
+
+
+class _BodyTimedOut(Exception):
+    pass
+
+
+class BodyReadTimeout:
+    """ASGI middleware: a request whose body stops arriving (no piece of it for
+    ``timeout_s``, ``TUNECACHE_BODY_TIMEOUT_SECONDS``) is answered 408 with a JSON body and
+    its connection closed. The timeout is between pieces, as the body streams in (an upload
+    over a slow link is not cut while it moves); once the body is complete, nothing is timed.
+    """
+
+    def __init__(self, app: ASGIApp, timeout_s: float):
+        self.app = app
+        self.timeout_s = timeout_s
+        self._body = json.dumps({"detail": f"request body not received: nothing of it for {timeout_s:g} s "
+                                           f"(setting TUNECACHE_BODY_TIMEOUT_SECONDS)"}).encode()
+
+    async def _reject(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 408, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(self._body)).encode()),
+            (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": self._body})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        more_body = True
+        timed_out = answered = False
+
+        async def timed_receive() -> Message:
+            nonlocal more_body, timed_out
+            if not more_body:
+                return await receive()  # the body is complete: this waits for a disconnect
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    message = await receive()
+            except TimeoutError:
+                timed_out = True
+                raise _BodyTimedOut from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                more_body = False
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            # Whatever the app makes of a body cut short (FastAPI answers 400), the client gets the 408.
+            nonlocal answered
+            if timed_out:
+                if not answered:
+                    answered = True
+                    await self._reject(send)
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, guarded_send)
+        except _BodyTimedOut:
+            if not answered:
+                answered = True
+                await self._reject(send)
+
+
+class AllowedHosts(TrustedHostMiddleware):
+    """starlette's ``TrustedHostMiddleware`` (``TUNECACHE_ALLOWED_HOSTS``: a page of another
+    site whose name was rebound to this service's address sends its own name as ``Host``),
+    answering its 400 with a JSON body that names the host and the setting."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: list[str]):
+        async def allowed(scope: Scope, receive: Receive, send: Send) -> None:
+            scope["tunecache.host_allowed"] = True
+            await app(scope, receive, send)
+
+        super().__init__(allowed, allowed_hosts=allowed_hosts, www_redirect=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+
+        async def json_refusal(message: Message) -> None:
+            if scope.get("tunecache.host_allowed"):
+                await send(message)
+            elif message["type"] == "http.response.start":
+                host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")[:100]
+                body = json.dumps({"detail": f"Host header {host!r} is not one this service answers to "
+                                             f"(setting TUNECACHE_ALLOWED_HOSTS)"}).encode()
+                await send({"type": "http.response.start", "status": 400, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+
+        await super().__call__(scope, receive, json_refusal)

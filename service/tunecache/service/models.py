@@ -170,6 +170,7 @@ class TuningRun(Base):
     signing_key_id: Mapped[str | None] = mapped_column(String(16))
     signature: Mapped[str | None] = mapped_column(String(128))
     recorded_by: Mapped[str | None] = mapped_column(String(64))
+    """Name of the token that recorded the run; ``None`` for runs written on the database."""
     held: Mapped[str | None] = mapped_column(Text)
     """Why this succeeded, verified run did not become current at record (the promotion
     policy: not signed by a key the service trusts, emptier than the current run, or a
@@ -181,7 +182,8 @@ class TuningRun(Base):
     signature_verified: Mapped[bool | None] = mapped_column(Boolean)
     """Whether the service checked the signature against its own trusted keys (``None``:
     it has none, or the run is unsigned)."""
-    """Name of the token that recorded the run; ``None`` for runs written on the database."""
+    verification: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """Its verification boot (:class:`tunecache.contract.RunVerification` as JSON; ``None``: none)."""
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")
     environment: Mapped[Environment] = relationship(lazy="joined")

@@ -144,4 +144,5 @@ def requires(scope: Scope) -> CallerPolicy:
 PublicCaller = Annotated[Caller, Depends(PUBLIC)]
 ReadCaller = Annotated[Caller, Depends(READ)]
 PushCaller = Annotated[Caller, Depends(requires(Scope.PUSH), scope="function")]
+TuneCaller = Annotated[Caller, Depends(requires(Scope.TUNE), scope="function")]
 AdminCaller = Annotated[Caller, Depends(requires(Scope.ADMIN), scope="function")]

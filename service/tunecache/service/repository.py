@@ -21,6 +21,7 @@ from tunecache.contract import (
     ArtifactKind,
     ENVIRONMENT_FIELDS,
     KEY_FIELDS,
+    MAX_AUTOTUNE_FILE_BYTES,
     ArtifactRead,
     ClosestTuning,
     EnvironmentMetadata,
@@ -28,6 +29,7 @@ from tunecache.contract import (
     RunSignature,
     RunStatus,
     RunTrigger,
+    RunVerification,
     TuningKey,
     TuningRunCreate,
     TuningRunPage,
@@ -128,6 +130,7 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
         recorded_by=run.recorded_by,
         held=run.held,
         signature_verified=run.signature_verified,
+        verification=RunVerification.model_validate(run.verification) if run.verification else None,
         artifacts=[
             ArtifactRead(
                 kind=a.kind,
@@ -190,6 +193,9 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     autotune_file = b""
     for artifact in run.artifacts:
         if artifact.kind is ArtifactKind.FLASHINFER_AUTOTUNE:
+            if sizes[artifact.sha256] > MAX_AUTOTUNE_FILE_BYTES:  # read whole and parsed below: bounded
+                raise NotAFlashInferFile(f"artifact {artifact.name!r} is {sizes[artifact.sha256]:,} bytes; a FlashInfer "
+                                         f"autotune file is at most {MAX_AUTOTUNE_FILE_BYTES:,} bytes here")
             autotune_file = blobs.read_blob(session, artifact.sha256) or b""
             try:
                 check_loadable(autotune_file, f"artifact {artifact.name!r}")
@@ -305,6 +311,25 @@ def hold_reason(session: Session, run: TuningRunCreate, autotune_file: bytes, ke
         return (f"the run diff against current run {current.id} flags {summary.regressions} regression"
                 f"{'s' if summary.regressions != 1 else ''} (tunecache diff {current.id} <this run>)")
     return None
+
+
+def record_verification(session: Session, run_id: int, verification: RunVerification) -> TuningRunRead:
+    """Store run ``run_id``'s verification boot (a later one replaces it). The generation
+    moves, so that answers cached with the run carry it.
+
+    Raises:
+        LookupError: no such run.
+        ValueError: the run did not succeed (there is nothing to boot).
+    """
+    row = session.get(TuningRun, run_id)
+    if row is None:
+        raise LookupError(f"no tuning run {run_id}")
+    if row.status != RunStatus.SUCCEEDED.value:
+        raise ValueError(f"run {run_id} {row.status}: only a succeeded run is booted to verify it")
+    row.verification = verification.model_dump(mode="json")
+    session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
+    session.flush()
+    return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
 
 
 def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] | None,

@@ -102,6 +102,23 @@ class Settings(BaseSettings):
       long (uvicorn's ``timeout_keep_alive``, 5 s). Behind a proxy or load balancer that
       keeps connections to the service open, set it above the proxy's idle timeout: a
       connection the service closes just as the proxy reuses it is reset.
+      It also closes a new connection that sends nothing for this long.
+    * ``TUNECACHE_HEADER_TIMEOUT_SECONDS``: a request's headers must be complete within this
+      long of their first byte; past it: 408 and the connection closed
+      (``tunecache.service.connections``).
+    * ``TUNECACHE_BODY_TIMEOUT_SECONDS``: the longest wait for the next piece of a request
+      body; past it: 408 and the connection closed (``tunecache.service.limits``).
+    * ``TUNECACHE_SEND_TIMEOUT_SECONDS``: an answer the client stops reading is dropped (the
+      connection reset) after this long.
+    * ``TUNECACHE_MAX_CONNECTIONS_PER_ADDRESS``: connections one client address may hold
+      open to one process; the next get 429 and are closed. Behind a proxy, every
+      connection comes from the proxy's address.
+    * ``TUNECACHE_ALLOWED_HOSTS``: the ``Host`` headers the service answers, comma-separated
+      (starlette's ``TrustedHostMiddleware``: ``*.example.com`` allowed); others get 400.
+      Default ``*``: any.
+    * ``TUNECACHE_FORWARDED_ALLOW_IPS``: addresses of proxies whose ``X-Forwarded-Proto`` and
+      ``X-Forwarded-For`` are believed (uvicorn's ``forwarded_allow_ips``, comma-separated,
+      networks allowed, ``*``: any). Default: the loopback addresses.
     * ``TUNECACHE_ACCESS_LOG``: log every request (uvicorn's access log; off by default:
       under a boot storm it costs a fifth of the CPU).
     * ``TUNECACHE_REPORT_RETENTION_DAYS``: pod reports (``POST /v1/reports``) older than
@@ -141,6 +158,12 @@ class Settings(BaseSettings):
     lookup_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
     max_json_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     keep_alive_seconds: int = Field(default=5, gt=0, le=3600)
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    send_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    max_connections_per_address: int = Field(default=512, gt=0, le=1_000_000)
+    allowed_hosts: str = "*"
+    forwarded_allow_ips: str = "127.0.0.1,::1"
     access_log: bool = False
     job_request_rate: str = "30/minute"
     read_token_required: bool = False
@@ -201,6 +224,22 @@ class Settings(BaseSettings):
     def artifact_cache_dir(self) -> Path:
         """Where downloaded artifacts are mirrored as files (content-addressed, immutable)."""
         return self.data_dir / "artifact-cache"
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        """``allowed_hosts`` as a list, for starlette's ``TrustedHostMiddleware``."""
+        return [host.strip() for host in self.allowed_hosts.split(",") if host.strip()]
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: str) -> str:
+        hosts = [host.strip() for host in value.split(",") if host.strip()]
+        if not hosts:
+            raise ValueError("must name at least one host, or * for any")
+        for host in hosts:
+            if host != "*" and "*" in host and not (host.startswith("*.") and "*" not in host[2:]):
+                raise ValueError(f"{host!r}: a wildcard may only begin a domain, as *.example.com")
+        return value
 
     @field_validator("job_request_rate", "report_rate")
     @classmethod

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tunecache.contract import (
     EnvironmentMetadata,
     LookupMiss,
+    RunVerification,
     TuningKey,
     TuningRunCreate,
     TuningRunPage,
@@ -63,6 +64,11 @@ class SqlTuningStore:
         """
         with self.sessions.begin() as session:
             return repository.record_run(session, run, trusted_keys=self.trusted_keys)
+
+    def record_verification(self, run_id: int, verification: RunVerification) -> TuningRunRead:
+        """:func:`tunecache.service.repository.record_verification` in its own transaction."""
+        with self.sessions.begin() as session:
+            return repository.record_verification(session, run_id, verification)
 
     def lookup(self, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:
         """The current run for this key and environment.

@@ -13,13 +13,17 @@ so that clients can tell whether any live worker will take a job for its GPU. Ea
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +79,61 @@ def detect_gpu() -> tuple[GpuIdentity | None, str]:
         return None, reason
     name, arch = result.stdout.strip().splitlines()[-2:]
     return GpuIdentity(name, arch), ""
+
+
+#: In each job's work directory: the file its worker holds an exclusive ``flock`` on while
+#: the job runs; a directory whose lock can be taken was left by a worker that died.
+WORK_DIR_LOCK = ".tunecache-worker.lock"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def job_work_dir(work_root: Path | None, job_id: int) -> Iterator[Path]:
+    """A new work directory for ``job_id`` under ``work_root`` (the system's temporary
+    directory by default), locked (:data:`WORK_DIR_LOCK`) while in use and removed after."""
+    path = Path(tempfile.mkdtemp(prefix=f"tunecache-job-{job_id}-", dir=work_root))
+    fd = os.open(path / WORK_DIR_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+
+
+def remove_abandoned_work_dirs(work_root: Path | None) -> list[Path]:
+    """Remove the job work directories under ``work_root`` whose worker process is gone
+    (their :data:`WORK_DIR_LOCK` can be taken); those of live workers are left alone, and so
+    is anything without the lock file. Returns what was removed."""
+    removed = []
+    for path in Path(work_root or tempfile.gettempdir()).glob("tunecache-job-*"):
+        try:
+            fd = os.open(path / WORK_DIR_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # not one of ours, or already gone
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a live worker's
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    if removed:
+        log.warning("removed the work directories of dead workers: %s", ", ".join(str(p) for p in removed))
+    return removed
 
 
 class JobWorker:
@@ -140,7 +199,9 @@ class JobWorker:
 
     def start(self) -> None:
         """Run the claim loop and the worker's heartbeat, each on a daemon thread; the worker
-        is announced (listed live) before this returns (the heartbeat retries if that fails)."""
+        is announced (listed live) before this returns (the heartbeat retries if that fails).
+        Work directories left by a worker process that died are removed first."""
+        remove_abandoned_work_dirs(self.work_root)
         try:
             self.announce()
         except Exception as exc:  # the database is away: the heartbeat thread announces later
@@ -189,8 +250,18 @@ class JobWorker:
                 self._stop.wait(self.poll_s)
 
     def run_once(self) -> bool:
-        """Claim one job and run it to the end. Returns False when there was nothing to claim."""
+        """Claim one job and run it to the end. Returns False when there was nothing to claim.
+
+        Jobs that a worker of this host left running when its process died (``kill -9``)
+        are taken back at once (:func:`tunecache.service.jobs.release_jobs_of_dead_workers`),
+        and the work directories no live worker holds are removed."""
+        host = self.name.rpartition(":")[0] if self.name.rpartition(":")[2].isdigit() else None
         with self.sessions.begin() as session:
+            released = jobs.release_jobs_of_dead_workers(session, host, process_alive) if host else []
+            if released:
+                log.warning("worker %s: job(s) %s of a worker process of this host that died are claimable again",
+                            self.name, ", ".join(map(str, released)))
+                remove_abandoned_work_dirs(self.work_root)
             job = jobs.claim(session, self.name, self.gpu.gpu_name, self.gpu.arch, self.lease_s, self.max_attempts)
             if job is None:
                 return False
@@ -257,9 +328,9 @@ class JobWorker:
 
         beat = threading.Thread(target=heartbeat, daemon=True)
         beat.start()
-        with tempfile.TemporaryDirectory(prefix=f"tunecache-job-{job_id}-", dir=self.work_root) as work:
+        with job_work_dir(self.work_root, job_id) as work:
             try:
-                result = self.tuner(spec, Path(work), self.job_timeout_s, on_event, cancel=cancel)
+                result = self.tuner(spec, work, self.job_timeout_s, on_event, cancel=cancel)
                 failure = None
             except TunerCancelled:
                 cancel.set()

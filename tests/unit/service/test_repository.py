@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import io
 
 import pytest
@@ -135,6 +136,28 @@ def test_a_flashinfer_artifact_that_is_not_a_flashinfer_file_is_refused(session,
     session.rollback()
     answer = app_client.post("/v1/tunings", json=payload)
     assert answer.status_code == 422 and "flashinfer_autotune_v1 artifact must be one" in answer.json()["detail"]
+    assert repository.list_runs(session).total == 0
+
+
+def test_an_autotune_file_past_the_bound_is_refused_before_it_is_read(session, app_client):
+    """A run's FlashInfer file is read whole and checked at record: past
+    MAX_AUTOTUNE_FILE_BYTES it is refused on its stored size, unread (issue 21: one 128 MiB
+    file took the service to 2.24 GB); a diff reads no more than that either."""
+    from tunecache.contract import MAX_AUTOTUNE_FILE_BYTES
+
+    doc = json.loads(CUDNN_FILE.read_text())
+    data = json.dumps({**doc, "_padding": "x" * MAX_AUTOTUNE_FILE_BYTES}).encode()  # valid JSON, one byte too many at least
+    digest = hashlib.sha256(data).hexdigest()
+    blobs.store_blob(session, io.BytesIO(data), digest)
+    session.commit()
+    payload = run_payload(CUDNN_FILE)
+    payload["artifacts"][0].update(sha256=digest)
+    with pytest.raises(repository.NotAFlashInferFile, match=f"is {len(data):,} bytes; a FlashInfer autotune file is at "
+                                                            f"most {MAX_AUTOTUNE_FILE_BYTES:,} bytes here"):
+        repository.record_run(session, TuningRunCreate.model_validate(payload))
+    session.rollback()
+    answer = app_client.post("/v1/tunings", json=payload)
+    assert answer.status_code == 422 and f"most {MAX_AUTOTUNE_FILE_BYTES:,} bytes" in answer.json()["detail"]
     assert repository.list_runs(session).total == 0
 
 

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (
+    MAX_AUTOTUNE_FILE_BYTES,
     MAX_ID,
     RUN_CSV_COLUMNS,
     ErrorBody,
@@ -21,6 +22,7 @@ from tunecache.contract import (
     LookupMiss,
     LookupRequest,
     PromoteRequest,
+    RunVerification,
     TuningRunCreate,
     TuningRunPage,
     TuningRunQuery,
@@ -34,7 +36,7 @@ from tunecache.service import run_diff
 from tunecache.service import blobs, repository
 from tunecache.service import metrics
 from tunecache.service.deps import SessionDep
-from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller
+from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller, TuneCaller
 
 router = APIRouter(prefix="/tunings", tags=["tunings"])
 
@@ -93,6 +95,28 @@ def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: Sessi
         raise HTTPException(409, detail=str(exc)) from None
     request.state.audit_detail = (f"promoted run {run.id} of {run.key.model} (current before: "
                                   f"{previous if previous is not None else 'none'})")
+    return run
+
+
+@router.put("/{run_id}/verification", response_model=TuningRunRead,
+            responses={404: {"model": ErrorBody, "description": "no such run"},
+                       409: {"model": ErrorBody, "description": "the run did not succeed"}})
+def record_verification(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: RunVerification, session: SessionDep,
+                        caller: TuneCaller, request: Request) -> TuningRunRead:
+    """Store a run's verification boot (:class:`~tunecache.contract.RunVerification`): a
+    tuning node's new vLLM process that installed the stored run as a pod does and counted
+    what it still compiled. Needs a ``tune`` token (the nodes that record runs); a later
+    verification of the same run replaces the earlier one. 404 for an unknown run, 409 for a
+    run that did not succeed, 422 naming an invalid field. Audited."""
+    try:
+        run = repository.record_verification(session, run_id, body)
+    except LookupError as exc:
+        raise HTTPException(404, detail=str(exc)) from None
+    except ValueError as exc:
+        raise HTTPException(409, detail=str(exc)) from None
+    shown = ", ".join(f"{n} {kind}" for kind, n in body.compiled.items() if n) or "nothing"
+    request.state.audit_detail = (f"verification of run {run.id}: " +
+                                  (f"did not boot: {body.error}" if body.error else f"compiled {shown}"))[:500]
     return run
 
 
@@ -220,9 +244,9 @@ def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDe
     return run
 
 
-#: Largest FlashInfer file a diff reads, in bytes (they are a few hundred KB to a few MB):
-#: the route's memory and time stay bounded whatever was stored.
-MAX_DIFF_FILE_BYTES = 16 * 1024 * 1024
+#: Largest FlashInfer file a diff reads, in bytes: the route's memory and time stay bounded
+#: whatever was stored (runs recorded before the bound existed may hold larger ones).
+MAX_DIFF_FILE_BYTES = MAX_AUTOTUNE_FILE_BYTES
 
 RunId = Annotated[int, Path(ge=1, le=MAX_ID)]
 

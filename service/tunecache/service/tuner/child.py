@@ -40,6 +40,7 @@ from tunecache.contract import (
     TunerStarted,
 )
 from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage
+from tunecache.service.tuner.guard import die_with_parent, hold_gpu_lock
 from tunecache.service.tuner.stages import STAGES, TunerStage, TuneSpec
 
 #: emit(event): write one event to the parent.
@@ -181,7 +182,9 @@ def main(argv: list[str]) -> int:
         events.write(event.model_dump_json() + "\n")
 
     spec_path, out_dir = Path(argv[0]), Path(argv[1])
+    die_with_parent()
     try:
+        gpu_lock = hold_gpu_lock()  # noqa: F841 - held open until this process exits
         spec = TuneSpec.model_validate_json(spec_path.read_text())
         summary = run(spec, out_dir, emit)
     except BaseException as exc:  # report anything, then fail

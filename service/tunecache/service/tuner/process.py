@@ -35,6 +35,7 @@ from tunecache.contract import (
     TuningRunCreate,
     TuningRunRead,
 )
+from tunecache.service.tuner.guard import PARENT_PID_VARIABLE
 from tunecache.service.tuner.stages import TuneSpec
 from tunecache.signing import sign_run
 from tunecache.store import TuningStore, file_sha256
@@ -191,7 +192,7 @@ def run_tuner(
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_PID_VARIABLE: str(os.getpid())},  # dies with us
         )
 
     def read_events() -> None:

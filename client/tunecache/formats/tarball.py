@@ -1,0 +1,67 @@
+"""Opening a run's gzip'd tarballs within bounds.
+
+A pod unpacks what a server sent, and a 2 MB gzip can declare a 2 GiB file or a hundred
+thousand small ones. :func:`open_bounded` reads the tarball's headers one by one and
+stops at the first that would take the tarball past :func:`max_unpack_files` entries or
+:func:`max_unpack_bytes` bytes, before the data of that entry is decompressed and before
+anything is written. Both are settings of the pod (``TUNECACHE_MAX_UNPACK_FILES``,
+``TUNECACHE_MAX_UNPACK_BYTES``); the defaults are far above what a warm state holds (an 8B
+model's compile cache is about 23 MB in about 150 files; a FlashInfer JIT module under
+10 MB; Triton's cache about 8 MB).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+#: Default of ``TUNECACHE_MAX_UNPACK_BYTES``: the most one tarball may unpack to.
+DEFAULT_MAX_UNPACK_BYTES = 1 << 30
+#: Default of ``TUNECACHE_MAX_UNPACK_FILES``: the most entries one tarball may hold.
+DEFAULT_MAX_UNPACK_FILES = 20_000
+
+
+def _setting(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else default
+
+
+def max_unpack_bytes() -> int:
+    """``TUNECACHE_MAX_UNPACK_BYTES`` (a positive whole number), else the default (1 GiB)."""
+    return _setting("TUNECACHE_MAX_UNPACK_BYTES", DEFAULT_MAX_UNPACK_BYTES)
+
+
+def max_unpack_files() -> int:
+    """``TUNECACHE_MAX_UNPACK_FILES`` (a positive whole number), else the default (20,000)."""
+    return _setting("TUNECACHE_MAX_UNPACK_FILES", DEFAULT_MAX_UNPACK_FILES)
+
+
+def open_bounded(data: bytes, what: str, error: type[ValueError]) -> tarfile.TarFile:
+    """``data`` opened as a gzip'd tar with every member's header read (``getmembers()``
+    then reads nothing more), within the bounds above.
+
+    Raises:
+        error: not a gzip'd tar, or past a bound (the message names ``what`` and the bound's setting).
+    """
+    limit_bytes, limit_files = max_unpack_bytes(), max_unpack_files()
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None
+    total = count = 0
+    try:
+        while (member := tar.next()) is not None:
+            count += 1
+            total += max(member.size, 0)
+            if count > limit_files:
+                raise error(f"{what} artifact holds more than {limit_files:,} entries (TUNECACHE_MAX_UNPACK_FILES)")
+            if total > limit_bytes:
+                raise error(f"{what} artifact unpacks to more than {limit_bytes:,} bytes (TUNECACHE_MAX_UNPACK_BYTES)")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        tar.close()
+        raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None
+    except BaseException:
+        tar.close()
+        raise
+    return tar
