@@ -177,6 +177,23 @@ def test_retry_after_is_waited_for_before_the_next_attempt(fake_server, tmp_path
     assert seconds >= 2  # the jittered backoff alone would retry within 0.5 s
 
 
+def test_no_retry_is_started_past_the_total_timeout(fake_server, tmp_path):
+    """A 503 asking for 2 s under a 1 s TUNECACHE_TOTAL_TIMEOUT: no second attempt."""
+    url, _ = fake_server("busy")
+    result, _ = pull(url, tmp_path / "dest", {"TUNECACHE_TOTAL_TIMEOUT": "1"})
+    assert result.returncode == 5, result.stderr
+    assert ("server answered 503: busy (after 1 of 2 attempts: the next would start past the 1 s "
+            "TUNECACHE_TOTAL_TIMEOUT)") in result.stderr
+
+
+def test_a_command_without_an_install_deadline_retries_then_reports(tmp_path):
+    """history has no install deadline: its retries are bounded by the attempts and the total timeout only."""
+    result = subprocess.run([tunecache_executable(), "history", "--server", f"http://127.0.0.1:{free_port()}"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, **FAST})
+    assert result.returncode == 4 and "Traceback" not in result.stderr, result.stderr
+    assert "unreachable" in result.stderr and "(after 2 attempts)" in result.stderr
+
+
 def test_429_is_retried_then_reported(fake_server, tmp_path):
     url, _ = fake_server("429")
     result, seconds = pull(url, tmp_path / "dest")

@@ -505,9 +505,11 @@ class TunecacheClient:
         wait = backoff
         if isinstance(failure, _Transient) and failure.retry_after_s is not None:
             wait = max(backoff, min(failure.retry_after_s, self.max_retry_after_s))
-        limits = [(end, why) for end, why in (
-            (self._deadline, f"the {self._deadline_s:g} s TUNECACHE_INSTALL_DEADLINE"),
-            (self._request_end, f"the {self.total_timeout_s:g} s TUNECACHE_TOTAL_TIMEOUT")) if end is not None]
+        limits = []
+        if self._deadline is not None:
+            limits.append((self._deadline, f"the {self._deadline_s:g} s TUNECACHE_INSTALL_DEADLINE"))
+        if self._request_end is not None:
+            limits.append((self._request_end, f"the {self.total_timeout_s:g} s TUNECACHE_TOTAL_TIMEOUT"))
         if isinstance(failure, _Transient) and limits and state.attempt_number < self.attempts:
             end, why = min(limits)
             if time.monotonic() + wait >= end - _DEADLINE_SLACK_S:
