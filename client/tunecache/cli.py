@@ -643,8 +643,22 @@ def diff(
                                   f"{s.regressions} entr{'y' if s.regressions == 1 else 'ies'}")
 
 
+#: Control characters (C0, DEL, C1: what a terminal acts on, ESC and CSI among them) as
+#: ``\xNN``: text in the tables of ``history`` and ``fleet`` comes from the service, and
+#: some of it from anonymous pod reports.
+_CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped (:data:`_CONTROL_ESCAPES`), so that
+    printing it cannot move the cursor, retitle the terminal or hide what follows."""
+    return text.translate(_CONTROL_ESCAPES)
+
+
 def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
-    """Rows of cells as text lines, each column as wide as its widest cell."""
+    """Rows of cells as text lines, each column as wide as its widest cell; control
+    characters in a cell are escaped (:func:`_printable`)."""
+    rows = [tuple(_printable(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 

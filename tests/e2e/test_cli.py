@@ -178,6 +178,34 @@ def test_serve_configuration_errors(tmp_path):
     assert taken.returncode == 11 and "could not serve" in taken.stderr
 
 
+def test_serve_on_a_busy_port_exits_11_in_one_line_before_touching_the_database(tmp_path):
+    """Issue 21: the port is checked before the database is created, migrated or given an admin token."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNECACHE_DATABASE_URL", "TUNECACHE_SERVER_PROCESSES")}
+    env |= {"TUNECACHE_DATA_DIR": str(data), "TUNECACHE_JOB_WORKER": "off"}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        taken = subprocess.run([tunecache_executable(), "serve", "--port", str(port)],
+                               env=env, capture_output=True, text=True, timeout=120)
+    assert taken.returncode == 11, taken.stderr
+    assert taken.stderr.splitlines() == [
+        f"tunecache: error: could not serve on http://127.0.0.1:{port} with 1 process(es): Address already in use"]
+    assert not (data / "tunecache.db").exists() and not (data / "admin.token").exists()
+
+
+def test_serve_on_a_host_it_cannot_listen_on_exits_11_in_one_line(tmp_path):
+    env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path / "data"), "TUNECACHE_JOB_WORKER": "off"}
+    env.pop("TUNECACHE_DATABASE_URL", None)
+    bad = subprocess.run([tunecache_executable(), "serve", "--host", "no-such-host.invalid", "--port", str(free_port())],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 11, bad.stderr
+    lines = bad.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tunecache: error: could not serve on http://no-such-host.invalid:")
+    assert not (tmp_path / "data" / "tunecache.db").exists()
+
+
 @pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks a node without a GPU")
 def test_worker_on_without_a_gpu_is_refused_in_one_line(tmp_path):
     env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path), "TUNECACHE_WORKER": "on"}
@@ -367,14 +395,17 @@ def test_a_bad_jit_module_means_nothing_is_installed(server, tmp_path, node_sign
     assert not (tmp_path / "workspace").exists() and not (tmp_path / "dest").exists()
 
 
-def test_a_jit_module_with_a_bad_time_header_is_a_bad_artifact(server, tmp_path, node_signing_key):
-    """A module whose TUNECACHE.mtime_ns header is not a number: exit 6, nothing installed."""
+@pytest.mark.parametrize("header", ["not-a-number", str(2**63), "9" * 20, "1" + "0" * 19])
+def test_a_jit_module_with_a_bad_time_header_is_a_bad_artifact(server, tmp_path, node_signing_key, header):
+    """A module whose TUNECACHE.mtime_ns header is not a number, or one past what a signed
+    64-bit count of nanoseconds holds (ninja's, and st_mtime_ns's): exit 6, nothing installed
+    (issue 21: 2**63 and 20 digits were installed with another time than the header's)."""
     import hashlib
 
     from tests.support.builders import run_payload, signed
     from tests.support.jit import tarball
 
-    bad = tarball([("cached_ops/m/m.so", "mtime_ns=not-a-number")])
+    bad = tarball([("cached_ops/m/m.so", f"mtime_ns={header}")])
     payload = run_payload(CUDNN_FILE)
     for blob in (bad, CUDNN_FILE.read_bytes()):
         as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob)

@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import io
 import json
+import time
 
 import httpx
 import pytest
@@ -462,3 +463,49 @@ def test_history_and_fleet_queries_are_answered_from_indexes(engine):
             assert not _reads_whole(plan, "pod_reports"), (name, plan)
         plan = plan_of(connection, reports.CURRENT_RUNS)  # the matrix: every current tuning, by primary keys
         assert not any(_reads_whole(plan, table) for table in ("tuning_runs", "tuning_keys", "environments")), plan
+
+
+def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_neutralised(server):
+    """Issue 21: a model named ``=HYPERLINK(...)`` (any text cell starting with = + - @, tab or
+    CR) is exported with a leading ``'``, as spreadsheets take it for text; the JSON keeps it."""
+    _upload(server)
+    model = '=HYPERLINK("http://evil.example/","open me")'
+    run = _record(server, h200_key(model=model, gpu_name="@NVIDIA H200"), node="+node")
+    failed = _record(server, h200_key(model=model, max_num_batched_tokens=4096), status="failed",
+                     error="-2+3 (see the log)", node="\tnode")
+    assert httpx.get(f"{server}/v1/tunings/{run['id']}", timeout=30).json()["key"]["model"] == model
+    for printed in (httpx.get(f"{server}/v1/tunings", params={"format": "csv"}, timeout=30).text,
+                    tunecache("history", "--server", server, "--csv", check=True).stdout):
+        header, *rows = list(csv.reader(io.StringIO(printed)))
+        cells = {int(row[0]): dict(zip(header, row)) for row in rows}
+        assert set(cells) == {run["id"], failed["id"]}
+        assert (cells[run["id"]]["model"], cells[run["id"]]["gpu_name"], cells[run["id"]]["node"]) == (
+            "'" + model, "'@NVIDIA H200", "'+node")
+        assert (cells[failed["id"]]["error"], cells[failed["id"]]["node"]) == ("'-2+3 (see the log)", "'\tnode")
+        assert cells[run["id"]]["max_num_batched_tokens"] == "8192" and cells[run["id"]]["status"] == "succeeded"
+        assert not [cell for row in rows for cell in row if cell[:1] in ("=", "+", "-", "@", "\t", "\r")]
+
+
+def test_history_and_fleet_print_control_characters_escaped(server):
+    """Issue 21: what a pod reported anonymously (or a run recorded) reaches an operator's
+    terminal with its control characters escaped, never as escape sequences."""
+    _upload(server)
+    _record(server, h200_key(gpu_name="NVIDIA H200\x1b]0;owned\x07"))
+    env = file_environment(CUDNN_FILE)
+    hostile_env = EnvironmentMetadata(**(env.model_dump() | {"cuda_version": "12.9\x1b[2J\x9b31m"}))
+    report = _report(h200_key(model="evil/model", gpu_name="\x1b[31mNVIDIA H200"), hostile_env, ReportOutcome.MISS,
+                     "pod-\x1b[8m", differences=[{"field": "cuda_version", "stored": "12.8", "yours": "12.9\x1b[2J"}])
+    sent = httpx.post(f"{server}/v1/reports", content=report.model_dump_json(), timeout=30,
+                      headers={"content-type": "application/json"})
+    assert sent.status_code in (201, 202), sent.text
+    deadline = dt.datetime.now() + dt.timedelta(seconds=60)  # reports are stored in batches
+    while httpx.get(f"{server}/v1/fleet", timeout=30).json()["total_wanted"] == 0:
+        assert dt.datetime.now() < deadline, "the report was never stored"
+        time.sleep(0.1)
+    fleet = tunecache("fleet", "--server", server, check=True)
+    history = tunecache("history", "--server", server, check=True)
+    for printed in (fleet.stdout + fleet.stderr, history.stdout + history.stderr):
+        assert not [c for c in printed if c not in "\n" and (c < " " or "\x7f" <= c <= "\x9f")], printed
+    assert "NVIDIA H200\\x1b]0;owned\\x07 (sm90)" in history.stdout
+    assert "\\x1b[31mNVIDIA H200 (sm90)" in fleet.stdout and "cuda 12.9\\x1b[2J\\x9b31m" in fleet.stdout
+    assert "yours 12.9\\x1b[2J" in fleet.stdout

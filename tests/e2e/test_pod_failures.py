@@ -177,6 +177,23 @@ def test_retry_after_is_waited_for_before_the_next_attempt(fake_server, tmp_path
     assert seconds >= 2  # the jittered backoff alone would retry within 0.5 s
 
 
+def test_no_retry_is_started_past_the_total_timeout(fake_server, tmp_path):
+    """A 503 asking for 2 s under a 1 s TUNECACHE_TOTAL_TIMEOUT: no second attempt."""
+    url, _ = fake_server("busy")
+    result, _ = pull(url, tmp_path / "dest", {"TUNECACHE_TOTAL_TIMEOUT": "1"})
+    assert result.returncode == 5, result.stderr
+    assert ("server answered 503: busy (after 1 of 2 attempts: the next would start past the 1 s "
+            "TUNECACHE_TOTAL_TIMEOUT)") in result.stderr
+
+
+def test_a_command_without_an_install_deadline_retries_then_reports(tmp_path):
+    """history has no install deadline: its retries are bounded by the attempts and the total timeout only."""
+    result = subprocess.run([tunecache_executable(), "history", "--server", f"http://127.0.0.1:{free_port()}"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, **FAST})
+    assert result.returncode == 4 and "Traceback" not in result.stderr, result.stderr
+    assert "unreachable" in result.stderr and "(after 2 attempts)" in result.stderr
+
+
 def test_429_is_retried_then_reported(fake_server, tmp_path):
     url, _ = fake_server("429")
     result, seconds = pull(url, tmp_path / "dest")
@@ -185,7 +202,10 @@ def test_429_is_retried_then_reported(fake_server, tmp_path):
     assert seconds >= 1
 
 
-def test_socket_that_accepts_and_never_answers(tmp_path):
+@pytest.fixture
+def silent_server():
+    """A socket that accepts connections and never reads or writes: (its URL, the
+    connections it accepted)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -203,16 +223,41 @@ def test_socket_that_accepts_and_never_answers(tmp_path):
     thread = threading.Thread(target=accept_forever, daemon=True)
     thread.start()
     try:
-        result, seconds = pull(f"http://127.0.0.1:{listener.getsockname()[1]}", tmp_path / "dest")
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", accepted
     finally:
         stop.set()
         thread.join()
         for conn in accepted:
             conn.close()
         listener.close()
+
+
+def test_socket_that_accepts_and_never_answers(silent_server, tmp_path):
+    url, accepted = silent_server
+    result, seconds = pull(url, tmp_path / "dest")
     assert result.returncode == 4
     assert "accepted the connection but sent no answer within 2 s (after 2 attempts)" in result.stderr
     assert seconds < 30 and len(accepted) == 2
+
+
+@pytest.mark.parametrize("command", ["pull", "push"])
+def test_the_total_timeout_bounds_the_wait_for_the_first_byte_over_every_attempt(silent_server, tmp_path, command):
+    """Issue 21: with TUNECACHE_TOTAL_TIMEOUT=3 and the other timeouts at their defaults
+    (30 s per read, 3 attempts, a 30 s install deadline), a server that accepts and never
+    answers held pull for 31.7 s and push for 92 s; every attempt together now ends within
+    the 3 s (12 s of slack here for the command's start on a loaded machine)."""
+    url, _ = silent_server
+    env = {name: value for name, value in os.environ.items() if name not in FAST}
+    env |= {"TUNECACHE_TOTAL_TIMEOUT": "3", "TUNECACHE_DATA_DIR": str(tmp_path / "no-token")}
+    options = ["--server", url, "--model", MODEL, "--max-num-batched-tokens", "8192"]
+    args = (["pull", *options, "--dest", str(tmp_path / "dest"), "--environment", str(CUDNN_FILE)] if command == "pull"
+            else ["push", str(CUDNN_FILE), *options])
+    started = time.monotonic()
+    result = subprocess.run([tunecache_executable(), *args], capture_output=True, text=True, timeout=120, env=env)
+    seconds = time.monotonic() - started
+    assert result.returncode == 4, result.stderr
+    assert f"tunecache server {url} sent no answer within 3 s (TUNECACHE_TOTAL_TIMEOUT)" in result.stderr
+    assert seconds < 15 and not (tmp_path / "dest").exists()
 
 
 def test_nobody_listening(tmp_path):

@@ -320,3 +320,55 @@ def test_every_worker_reports_its_own_outcome(server, database_url, tmp_path):
     for row in installed:
         assert row.key_hash == key.key_hash() and row.environment_hash == environment.environment_hash()
         assert row.environment is None and row.pod == socket.gethostname() and row.install_seconds > 0
+
+
+def read_only_volume(mountpoint: Path, contents: Path) -> list[str]:
+    """As :func:`small_tmpfs`, a command prefix with a tmpfs on ``mountpoint``, holding a copy
+    of the directory ``contents`` and remounted read-only before the command runs: a cache
+    root baked into an image. Skips the test where no tmpfs can be mounted."""
+    script = ('mount -t tmpfs tunecache-test "$0" || exit 97; cp -a "$1/." "$0/" || exit 98; '
+              'mount -o remount,ro "$0" || exit 99; shift; "$@"; rc=$?; umount "$0"; exit $rc')
+    prefix = small_tmpfs(mountpoint, "1m")  # skips where no tmpfs can be mounted
+    return [*prefix[:prefix.index("sh")], "sh", "-c", script, str(mountpoint), str(contents)]
+
+
+def _baked_root(tmp_path: Path, data: bytes | None) -> Path:
+    baked = tmp_path / "image-layer"
+    (baked / CONFIG_HASH).mkdir(parents=True)
+    if data is not None:
+        (baked / CONFIG_HASH / "autotune_configs_dp0_rank0.json").write_bytes(data)
+    return baked
+
+
+@pytest.mark.parametrize("baked", ["valid", "other environment", "none"])
+def test_a_read_only_cache_root_with_a_baked_file_is_named_for_what_vllm_does(server, tmp_path, baked):
+    """Issue 21: a valid autotune file baked into a read-only cache root made the plugin log
+    'no tuning installed, vLLM will tune: OSError: Read-only file system' before any lookup,
+    while vLLM loads that file. Now the one line says what vLLM does with what is there: it
+    loads the baked file (its environment is this pod's), or tunes (the file is for another
+    FlashInfer environment, or there is none), and that nothing could be installed there."""
+    import json
+
+    assert push(server).returncode == 0
+    document = json.loads(CUDNN_FILE.read_bytes())
+    if baked == "other environment":
+        document["_metadata"]["cudnn_version"] = "91700"
+    data = None if baked == "none" else json.dumps(document).encode()
+    volume = tmp_path / "read-only-root"
+    prefix = read_only_volume(volume, _baked_root(tmp_path, data))
+    [(seen, log)], files = run_pod(tmp_path, 1, prefix=prefix, list_dir=volume, TUNECACHE_URL=server,
+                                   VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=str(volume))
+    own = volume / CONFIG_HASH / "autotune_configs_dp0_rank0.json"
+    assert files == ({} if data is None else {f"{CONFIG_HASH}/autotune_configs_dp0_rank0.json": hashlib.sha256(data).hexdigest()})
+    assert seen["flashinfer_autotune"]["file_present_at_warmup"] is (data is not None)
+    [line] = tunecache_lines(log)
+    assert "OSError" not in line and f"{volume} is read-only, so nothing was looked up or installed" in line, line
+    if baked == "valid":
+        assert line.startswith(f"tunecache: vLLM will load the autotune file already in place: {own} (42 entries, "
+                               "for this pod's FlashInfer environment); ")
+    elif baked == "other environment":
+        assert line.startswith("tunecache: no tuning installed, vLLM will tune: the autotune file already in place, "
+                               f"{own}, is for another FlashInfer environment (cudnn_version: file 91700, this pod 91900), "
+                               "and is left as it is; ")
+    else:
+        assert line.startswith("tunecache: no tuning installed, vLLM will tune: ")

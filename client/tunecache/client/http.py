@@ -76,7 +76,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_READ_TIMEOUT_S = 30.0
 #: Attempts per request (1 = no retry) and the backoff between them (0.5 s, 1 s, 2 s, ... at most 4 s).
 DEFAULT_ATTEMPTS = 3
-#: Seconds one attempt may take in all, however the server trickles its answer.
+#: Seconds one request may take in all (every attempt, and the waits between them), however
+#: the server trickles its answer or holds back its first byte.
 DEFAULT_TOTAL_TIMEOUT_S = 120.0
 #: The most seconds a server's ``Retry-After`` is obeyed by default.
 DEFAULT_MAX_RETRY_AFTER_S = 30.0
@@ -158,13 +159,15 @@ class _Transient(Exception):
 
 
 class _NoTimeToRetry(Exception):
-    """The next attempt would start past the install deadline: give up with ``transient``'s
-    error after ``attempts`` attempts."""
+    """The next attempt would start past the install deadline or the request's total
+    timeout (``why`` names which): give up with ``transient``'s error after ``attempts``
+    attempts."""
 
-    def __init__(self, transient: _Transient, attempts: int):
+    def __init__(self, transient: _Transient, attempts: int, why: str):
         super().__init__(str(transient))
         self.transient = transient
         self.attempts = attempts
+        self.why = why
 
 
 def _shut_down(sock: socket.socket) -> None:
@@ -252,9 +255,11 @@ class TunecacheClient:
         base_url: e.g. ``http://tunecache:8321``.
         connect_timeout_s / read_timeout_s: httpx timeouts in seconds (5 s / 30 s).
         attempts: tries per request for transient failures (3).
-        total_timeout_s: the most one attempt may take, end to end (120 s): a server that
-            sends a byte now and then never trips a read timeout, so bodies are read
-            against this deadline too.
+        total_timeout_s: the most one request may take, end to end, every attempt and the
+            waits between them together (120 s): the wait for the first byte and each read
+            are clipped to it, a body still arriving when it passes is cut off (a server
+            that sends a byte now and then never trips a read timeout), and no retry is
+            started that would begin after it.
         max_retry_after_s: the longest a server's ``Retry-After`` is obeyed (30 s).
         install_deadline_s: seconds one install may take in all, every request and wait
             of it together (30 s; ``None``: no such deadline); applies inside
@@ -319,6 +324,7 @@ class TunecacheClient:
         self.install_deadline_s = install_deadline_s
         self._deadline: float | None = None  # monotonic seconds, inside a deadline_scope
         self._deadline_s: float | None = None  # the seconds that scope was opened with
+        self._request_end: float | None = None  # monotonic seconds: the total timeout of the request under way
         timeout = self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
@@ -402,35 +408,52 @@ class TunecacheClient:
         return InstallDeadlineExceeded(f"gave up after {self._deadline_s:g} s (TUNECACHE_INSTALL_DEADLINE): "
                                        f"tunecache server {self.base_url} {what} ({method} {path})")
 
+    def _total_timeout_error(self, answered: bool) -> ServerUnreachable:
+        what = "answered too slowly: no complete answer" if answered else "sent no answer"
+        return ServerUnreachable(f"tunecache server {self.base_url} {what} within {self.total_timeout_s:g} s "
+                                 f"(TUNECACHE_TOTAL_TIMEOUT)")
+
     def _attempt_window(self, method: str, path: str) -> tuple[float, httpx.Timeout]:
-        """When one attempt must be over (monotonic seconds: ``total_timeout_s`` from now,
-        or the install deadline if sooner) and its httpx timeouts, clipped to the deadline."""
+        """When one attempt must be over (monotonic seconds: the request's total timeout,
+        ``total_timeout_s`` after its first attempt began, or the install deadline if
+        sooner) and its httpx timeouts, clipped to that."""
         now = time.monotonic()
-        end = now + self.total_timeout_s
-        if self._deadline is None:
-            return end, self._timeout
-        left = self._deadline - now
-        if left <= _DEADLINE_SLACK_S:  # the install's earlier requests used it up
-            raise self._deadline_error(method, path, answered=True)
+        end = self._request_end if self._request_end is not None else now + self.total_timeout_s
+        if self._deadline is not None and self._deadline <= end:
+            end = self._deadline
+            if end - now <= _DEADLINE_SLACK_S:  # the install's earlier requests used it up
+                raise self._deadline_error(method, path, answered=True)
+        left = end - now
+        if left <= _DEADLINE_SLACK_S:  # the request's earlier attempts used it up
+            raise self._total_timeout_error(answered=True)
 
         def clip(seconds: float | None) -> float:
             return left if seconds is None else min(seconds, left)
 
         t = self._timeout
-        return min(end, self._deadline), httpx.Timeout(connect=clip(t.connect), read=clip(t.read),
-                                                       write=clip(t.write), pool=clip(t.pool))
+        return end, httpx.Timeout(connect=clip(t.connect), read=clip(t.read), write=clip(t.write), pool=clip(t.pool))
+
+    def _failed(self, exc: httpx.HTTPError, method: str, path: str, end: float, answered: bool) -> Exception:
+        """What an attempt ending in ``exc`` raises: the install deadline's or the total
+        timeout's error when ``end`` (the attempt's, from :meth:`_attempt_window`) has come,
+        else a :class:`_Transient` worth another attempt."""
+        if self._deadline_passed():
+            return self._deadline_error(method, path, answered)
+        if time.monotonic() >= end - _DEADLINE_SLACK_S:
+            return self._total_timeout_error(answered)
+        return _Transient(self._classify(exc))
 
     @contextlib.contextmanager
-    def _cut_at_deadline(self, response: httpx.Response) -> Iterator[None]:
-        """While a body is read under the install deadline, shut its connection down when
-        the deadline comes: httpx's read timeout counts per read, so a read begun before
-        the deadline could otherwise wait a whole read timeout past it."""
-        stream = response.extensions.get("network_stream") if self._deadline is not None else None
+    def _cut_at_deadline(self, response: httpx.Response, end: float) -> Iterator[None]:
+        """While a body is read, shut its connection down when ``end`` comes (the attempt's:
+        the install deadline or the request's total timeout): httpx's read timeout counts
+        per read, so a read begun before then could otherwise wait a whole read timeout past it."""
+        stream = response.extensions.get("network_stream")
         sock = stream.get_extra_info("socket") if stream is not None else None
-        if not isinstance(sock, socket.socket):  # no deadline, or not a socket (test transports)
+        if not isinstance(sock, socket.socket):  # not a socket (test transports)
             yield
             return
-        timer = threading.Timer(max(0.0, self._deadline - time.monotonic()), _shut_down, (sock,))
+        timer = threading.Timer(max(0.0, end - time.monotonic()), _shut_down, (sock,))
         timer.daemon = True
         timer.start()
         try:
@@ -446,6 +469,7 @@ class TunecacheClient:
         Raises:
             _Transient: an httpx error (classified), worth another attempt.
             InstallDeadlineExceeded: the install deadline passed first.
+            ServerUnreachable: the request's total timeout passed first.
             Whatever ``read`` raises.
         """
         end, timeout = self._attempt_window(method, path)
@@ -453,12 +477,10 @@ class TunecacheClient:
         try:
             with self._http.stream(method, path, timeout=timeout, **kwargs) as response:
                 answered = True
-                with self._cut_at_deadline(response):
+                with self._cut_at_deadline(response, end):
                     return read(response, end)
         except httpx.HTTPError as exc:
-            if self._deadline_passed():
-                raise self._deadline_error(method, path, answered) from None
-            raise _Transient(self._classify(exc)) from None
+            raise self._failed(exc, method, path, end, answered) from None
 
     def _classify(self, exc: httpx.HTTPError) -> TunecacheError:
         """Name the failure a pod hit, in words an operator can act on."""
@@ -477,19 +499,29 @@ class TunecacheClient:
         """Seconds before the next attempt: full-jitter exponential backoff (up to 0.5 s,
         1 s, 2 s, ... at most 4 s), or the server's ``Retry-After`` when it asked for longer
         (capped at ``max_retry_after_s``). Raises :class:`_NoTimeToRetry` when the next
-        attempt would start past the install deadline."""
+        attempt would start past the install deadline or the request's total timeout."""
         backoff = wait_random_exponential(multiplier=0.5, max=4)(state)
         failure = state.outcome.exception() if state.outcome is not None else None
         wait = backoff
         if isinstance(failure, _Transient) and failure.retry_after_s is not None:
             wait = max(backoff, min(failure.retry_after_s, self.max_retry_after_s))
-        if (isinstance(failure, _Transient) and self._deadline is not None and state.attempt_number < self.attempts
-                and time.monotonic() + wait >= self._deadline - _DEADLINE_SLACK_S):
-            raise _NoTimeToRetry(failure, state.attempt_number)
+        limits = []
+        if self._deadline is not None:
+            limits.append((self._deadline, f"the {self._deadline_s:g} s TUNECACHE_INSTALL_DEADLINE"))
+        if self._request_end is not None:
+            limits.append((self._request_end, f"the {self.total_timeout_s:g} s TUNECACHE_TOTAL_TIMEOUT"))
+        if isinstance(failure, _Transient) and limits and state.attempt_number < self.attempts:
+            end, why = min(limits)
+            if time.monotonic() + wait >= end - _DEADLINE_SLACK_S:
+                raise _NoTimeToRetry(failure, state.attempt_number, why)
         return wait
 
     def _retrying(self, attempt_once):
-        """Run ``attempt_once`` with retries for :class:`_Transient`; raise its error at the end."""
+        """Run ``attempt_once`` with retries for :class:`_Transient`, every attempt within
+        the request's total timeout (``total_timeout_s`` from now); raise its error at the end."""
+        outer = self._request_end
+        if outer is None:
+            self._request_end = time.monotonic() + self.total_timeout_s
         try:
             for attempt in Retrying(
                 stop=stop_after_attempt(self.attempts),
@@ -507,8 +539,10 @@ class TunecacheClient:
         except _NoTimeToRetry as stop:
             error = stop.transient.error
             error.args = (f"{error} (after {stop.attempts} of {self.attempts} attempts: the next would start past "
-                          f"the {self._deadline_s:g} s TUNECACHE_INSTALL_DEADLINE)",)
+                          f"{stop.why})",)
             raise error from None
+        finally:
+            self._request_end = outer
 
     def _read_body(self, response: httpx.Response, deadline: float, sink=None, max_bytes: int | None = None) -> bytes:
         """Read a streamed body before ``deadline`` (monotonic seconds: the attempt's end,
@@ -518,7 +552,7 @@ class TunecacheClient:
 
         Raises:
             InstallDeadlineExceeded: the install deadline came first.
-            _Transient: the attempt's ``total_timeout_s`` did.
+            ServerUnreachable: the request's total timeout (``total_timeout_s``) did.
             AnswerTooLarge: the body went past ``max_bytes``.
         """
         limit = max_answer_bytes() if max_bytes is None else max_bytes
@@ -532,9 +566,7 @@ class TunecacheClient:
             if time.monotonic() > deadline:
                 if self._deadline_passed():
                     raise self._deadline_error(response.request.method, response.request.url.path, answered=True)
-                raise _Transient(ServerUnreachable(
-                    f"tunecache server {self.base_url} answered too slowly: no complete answer within {self.total_timeout_s:g} s"
-                ))
+                raise self._total_timeout_error(answered=True)
             if sink is not None:
                 sink(part)
             parts.append(part)
@@ -765,11 +797,13 @@ class TunecacheClient:
             return sha256
 
         def once() -> httpx.Response:
+            where = f"/v1/artifacts/{sha256}"
+            end, timeout = self._attempt_window("PUT", where)
             try:
                 with path.open("rb") as f:
-                    response = self._http.put(f"/v1/artifacts/{sha256}", content=f)
+                    response = self._http.put(where, content=f, timeout=timeout)
             except httpx.HTTPError as exc:
-                raise _Transient(self._classify(exc)) from None
+                raise self._failed(exc, "PUT", where, end, answered=False) from None
             if response.status_code in _RETRY_STATUSES:
                 raise _status_error(response, _detail(response))
             return response

@@ -26,6 +26,8 @@ directory names its own vLLM config gives right before it compiles
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -54,7 +56,8 @@ from tunecache.client.install import (
 from tunecache.client.layouts import deep_gemm_cache_dir
 from tunecache.client.warm_state import TritonCache, VllmCacheRoot, read_compile_factors, vllm_cache_root
 from tunecache.formats.vllm_compile import CompileFactors, PodCompileFactors
-from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
+from tunecache.contract import ENVIRONMENT_FIELDS, ArtifactKind, EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
+from tunecache.formats.autotune_file import check_loadable
 from tunecache.signing import load_trusted_keys
 
 #: The vLLM plugin's logger (``tunecache.client.vllm_plugin.log``): under vLLM's own
@@ -71,12 +74,15 @@ DEFAULT_INSTALL_DEADLINE_S = 30.0
 @dataclass(frozen=True)
 class PodInstall:
     """What this worker's install came to (once per process): ``outcome`` ``installed``
-    (this rank's file holds the run), ``miss`` (the server has no matching tuning: vLLM
-    tunes) or ``error`` (tunecache failed, logged: vLLM tunes)."""
+    (this rank's file holds the run, or, with ``baked``, the valid file of this pod's
+    environment that was already in a cache root tunecache cannot write), ``miss`` (the
+    server has no matching tuning: vLLM tunes) or ``error`` (tunecache failed, logged: vLLM
+    tunes)."""
 
     outcome: ReportOutcome
     rank: int | None = None
     settings: Any = None
+    baked: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +164,14 @@ def install_for_pod(worker: Worker, settings: Any) -> PodInstall:
     try:
         pod = worker.pod()
         rank = pod.rank
-        with file_lock(pod.lock, started + deadline + INSTALL_WAIT_MARGIN_S - time.monotonic()):
+        lock = contextlib.ExitStack()
+        try:
+            lock.enter_context(file_lock(pod.lock, started + deadline + INSTALL_WAIT_MARGIN_S - time.monotonic()))
+        except TimeoutError:
+            raise
+        except OSError as exc:  # a cache root this pod cannot write (baked into a read-only image)
+            return _in_place(pod, worker, settings, exc)
+        with lock:
             record = _read_record(pod)
             if record is not None:
                 return _follow(pod, record, settings, started)
@@ -170,6 +183,61 @@ def install_for_pod(worker: Worker, settings: Any) -> PodInstall:
     except Exception as exc:  # whatever happens, vLLM boots as it would without tunecache
         log.warning("tunecache: no tuning installed, vLLM will tune: %s: %s", type(exc).__name__, exc)
     return PodInstall(ReportOutcome.ERROR, rank, settings)
+
+
+def _in_place(pod: Pod, worker: Worker, settings: Any, unwritable: OSError) -> PodInstall:
+    """The pod's cache root cannot be written (``unwritable``: the lock beside the tunings
+    could not be made), so nothing can be installed there and nothing is looked up: say in
+    one line what vLLM will do with what is already there (an image may bake the tunings
+    in), leaving it as it is. vLLM loads the rank files when every rank's file is one
+    FlashInfer loads, all alike, for this pod's FlashInfer environment; otherwise it tunes.
+    Never raises."""
+    root = pod.root
+    cannot = (f"{root} is read-only" if unwritable.errno == errno.EROFS
+              else f"{root} cannot be written ({unwritable.strerror or unwritable})")
+    why = f"{cannot}, so nothing was looked up or installed"
+    tunes = "tunecache: no tuning installed, vLLM will tune: "
+    own = pod.rank_file
+    try:
+        if worker.uses_v2():
+            log.info("tunecache: %s; vLLM uses what FlashInfer's v2 store already holds", why)
+            return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
+        files = [pod.root / pod.config_hash / name for name in pod.file_names]
+        if not own.is_file():
+            log.warning("%sthere is no autotune file in place (%s); %s", tunes, own, why)
+            return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
+        parsed = []
+        for path in files:
+            try:
+                parsed.append(check_loadable(path.read_bytes(), source=str(path)))
+            except (OSError, ValueError) as exc:
+                reason = "missing" if isinstance(exc, FileNotFoundError) else f"{type(exc).__name__}: {exc}"
+                log.warning("%sthe autotune files already in place are not a rank set vLLM loads (%s: %s), and are "
+                            "left as they are; %s", tunes, path, reason, why)
+                return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
+        if len({(p.environment, p.entries) for p in parsed}) > 1:
+            log.warning("%sthe autotune files already in place under %s differ in environment or entries, which vLLM "
+                        "does not load, and are left as they are; %s", tunes, root / pod.config_hash, why)
+            return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
+        baked = parsed[0]
+        try:
+            environment = _environment(settings)
+        except Exception as exc:  # no FlashInfer to ask: say what is there, and that it could not be compared
+            log.info("tunecache: vLLM may load the autotune file already in place: %s (%s entries; this pod's FlashInfer "
+                     "environment is unknown: %s: %s); %s", own, baked.entries, type(exc).__name__, exc, why)
+            return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
+        differ = [f"{name}: file {getattr(baked.environment, name)}, this pod {getattr(environment, name)}"
+                  for name in ENVIRONMENT_FIELDS if getattr(baked.environment, name) != getattr(environment, name)]
+        if differ:
+            log.warning("%sthe autotune file already in place, %s, is for another FlashInfer environment (%s), and is "
+                        "left as it is; %s", tunes, own, "; ".join(differ), why)
+            return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
+        log.info("tunecache: vLLM will load the autotune file already in place: %s (%s entries, for this pod's FlashInfer "
+                 "environment); %s", own, baked.entries, why)
+        return PodInstall(ReportOutcome.INSTALLED, pod.rank, settings, baked=own)
+    except Exception as exc:  # whatever happens, vLLM boots as it would without tunecache
+        log.warning("%s%s; %s: %s", tunes, why, type(exc).__name__, exc)
+        return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
 
 
 def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, deadline: float) -> PodInstall:

@@ -24,7 +24,9 @@ variable                        default      meaning
                                              default ``~/.cache/tunecache``
 ``TUNECACHE_CONNECT_TIMEOUT``   ``5``        seconds to connect
 ``TUNECACHE_READ_TIMEOUT``      ``30``       seconds to wait for each read
-``TUNECACHE_TOTAL_TIMEOUT``     ``120``      seconds one attempt may take in all
+``TUNECACHE_TOTAL_TIMEOUT``     ``120``      seconds one request may take in all: every
+                                             attempt, the wait for its first byte and the
+                                             waits between attempts together
 ``TUNECACHE_ATTEMPTS``          ``3``        tries per request for transient failures
 ``TUNECACHE_MAX_RETRY_AFTER``   ``30``       most seconds a server's ``Retry-After`` is obeyed
 ``TUNECACHE_INSTALL_DEADLINE``  ``30``       seconds one install (the lookup and every

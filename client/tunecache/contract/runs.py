@@ -488,8 +488,21 @@ RUN_CSV_COLUMNS: tuple[str, ...] = (
 )
 
 
+#: What a spreadsheet takes a cell starting with for a formula (OWASP's list for CSV
+#: injection): a text cell of the export that starts with one gets a leading ``'``.
+CSV_FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text_cell(value: str) -> str:
+    """``value`` as a CSV cell a spreadsheet shows as text: prefixed with ``'`` when it starts
+    with one of :data:`CSV_FORMULA_PREFIXES` (a model named ``=HYPERLINK(...)`` would
+    otherwise run as a formula where the export is opened)."""
+    return "'" + value if value.startswith(CSV_FORMULA_PREFIXES) else value
+
+
 def run_csv_row(run: TuningRunRead) -> list[str]:
-    """The values of :data:`RUN_CSV_COLUMNS` for one run, as text (``""`` for none)."""
+    """The values of :data:`RUN_CSV_COLUMNS` for one run, as text (``""`` for none); text
+    values through :func:`csv_text_cell`, numbers, times and booleans as they are."""
 
     def text(value: Any) -> str:
         if value is None:
@@ -498,7 +511,9 @@ def run_csv_row(run: TuningRunRead) -> list[str]:
             return value.astimezone(dt.timezone.utc).isoformat()
         if isinstance(value, bool):
             return "true" if value else "false"
-        return str(value)
+        if isinstance(value, (int, float)):
+            return str(value)
+        return csv_text_cell(str(value))
 
     values = {
         "id": run.id, "created_at": run.created_at, "status": run.status, "trigger": run.trigger, "verified": run.verified,

@@ -101,6 +101,14 @@ class BadJitArtifact(ValueError):
     """A JIT tarball with paths outside one module's directories, links, or special files."""
 
 
+def _valid_mtime_ns(value: str) -> bool:
+    """Whether a :data:`MTIME_NS_HEADER` value is decimal digits naming a time that a signed
+    64-bit count of nanoseconds holds (ninja's ``TimeStamp``, the kernel's ``st_mtime_ns``
+    range): a larger one is stored clamped or wrapped by the file system, so the module
+    would be installed with another time than it carries and ninja would rebuild it."""
+    return value.isascii() and value.isdigit() and len(value) <= 19 and int(value) < 2**63
+
+
 def _module_of(tar: tarfile.TarFile) -> str:
     modules = set()
     for member in tar.getmembers():
@@ -112,9 +120,9 @@ def _module_of(tar: tarfile.TarFile) -> str:
         if not (member.isfile() or member.isdir()):
             raise BadJitArtifact(f"JIT artifact holds a link or special file: {member.name!r}")
         mtime_ns = member.pax_headers.get(MTIME_NS_HEADER)
-        if mtime_ns is not None and not (mtime_ns.isascii() and mtime_ns.isdigit() and len(mtime_ns) <= 20):
+        if mtime_ns is not None and not _valid_mtime_ns(mtime_ns):
             raise BadJitArtifact(f"JIT artifact entry {member.name!r}: {MTIME_NS_HEADER} is not a whole number of "
-                                 f"nanoseconds: {mtime_ns[:40]!r}")
+                                 f"nanoseconds from 0 to 2**63-1: {mtime_ns[:40]!r}")
         modules.add(path.parts[1])
     if len(modules) != 1:
         raise BadJitArtifact(f"a JIT artifact must hold exactly one module, found {sorted(modules)}")
@@ -127,7 +135,7 @@ def check_jit_module(data: bytes) -> str:
     Raises:
         BadJitArtifact: not a gzip'd tar, past the unpack bounds
             (:func:`tunecache.formats.tarball.open_bounded`), not one module's files, or an
-            entry whose ``TUNECACHE.mtime_ns`` header is not a whole number.
+            entry whose ``TUNECACHE.mtime_ns`` header is not a whole number from 0 to 2**63-1.
     """
     with open_bounded(data, "JIT", BadJitArtifact) as tar:
         return _module_of(tar)

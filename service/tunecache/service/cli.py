@@ -10,6 +10,7 @@ commands start as fast with the server installed as without it.
 
 from __future__ import annotations
 
+import errno
 import socket
 import tempfile
 from pathlib import Path
@@ -133,6 +134,9 @@ def serve(
         except (OSError, ssl.SSLError) as exc:
             fail(ExitCode.SERVE_FAILED, f"cannot serve TLS with {ssl_certfile} and {ssl_keyfile}: "
                                         f"{getattr(exc, 'strerror', None) or exc}")
+    scheme = "https" if ssl_certfile else "http"
+    where = f"{scheme}://{settings.host}:{settings.port} with {settings.server_processes} process(es)"
+    _check_listen(settings.host, settings.port, where)  # before the database is created, migrated or given a token
     engine = _ready_engine(settings.resolved_database_url())
     shown = engine.url.render_as_string(hide_password=True)
     _bootstrap_admin_token(engine, settings.admin_token_file)
@@ -142,9 +146,7 @@ def serve(
     os.environ.update({"TUNECACHE_DATABASE_URL": settings.resolved_database_url(), "TUNECACHE_DATA_DIR": str(settings.data_dir),
                        "TUNECACHE_HOST": settings.host, "TUNECACHE_PORT": str(settings.port),
                        "TUNECACHE_SERVER_PROCESSES": str(settings.server_processes)})
-    scheme = "https" if ssl_certfile else "http"
-    typer.echo(f"tunecache starting on {scheme}://{settings.host}:{settings.port} with {settings.server_processes} "
-               f"process(es) (database {shown})", err=True)
+    typer.echo(f"tunecache starting on {where} (database {shown})", err=True)
     metrics_dir = _metrics_multiprocess_dir(settings.server_processes)
     try:
         uvicorn.run("tunecache.service.app:create_app", factory=True, host=settings.host, port=settings.port,
@@ -165,6 +167,37 @@ def serve(
             import shutil
 
             shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _check_listen(host: str, port: int, where: str) -> None:
+    """Exit 11 in one line when ``host:port`` cannot be listened on (address in use, a host
+    that does not resolve or is not this machine's), before ``serve`` touches the database.
+
+    Binds every address of ``host`` as uvicorn's server then does (``SO_REUSEADDR``, IPv6
+    sockets v6-only, an address family not enabled here skipped) and closes them again; a port taken between this check and uvicorn's
+    bind is still caught by uvicorn (exit 11 after its log)."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        fail(ExitCode.SERVE_FAILED, f"could not serve on {where}: host {host!r} not found "
+                                    f"({getattr(exc, 'strerror', None) or exc})")
+    unavailable = None
+    bound = 0
+    for family, kind, proto, _, address in dict.fromkeys(addresses):
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
+                bound += 1
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:  # a family not enabled here: asyncio skips it too
+                unavailable = unavailable or exc
+                continue
+            fail(ExitCode.SERVE_FAILED, f"could not serve on {where}: {exc.strerror or exc}")
+    if not bound and unavailable is not None:  # an address of no interface of this machine
+        fail(ExitCode.SERVE_FAILED, f"could not serve on {where}: {unavailable.strerror or unavailable}")
 
 
 def _metrics_multiprocess_dir(processes: int) -> str | None:

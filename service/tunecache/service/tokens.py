@@ -13,6 +13,7 @@ import hmac
 import os
 import re
 import secrets
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,7 +123,9 @@ def authenticate(session: Session, presented: str) -> Caller | None:
 def bootstrap_admin_token(session: Session, path: Path) -> bool:
     """On a service with no tokens at all, create the ``admin`` token and write it to
     ``path`` (mode 0600; a file left there from an earlier database is replaced: its token
-    no longer exists). Returns whether it did.
+    no longer exists). Returns whether it did. The file is staged under a random name
+    created exclusively without following links (``tempfile.mkstemp``) and renamed into
+    place, so another user who can write the directory never gets to read it.
 
     Replicas racing on one database: the unique name lets one of them create it; the
     others find it there and write nothing.
@@ -134,13 +137,17 @@ def bootstrap_admin_token(session: Session, path: Path) -> bool:
         return False
     created = create_token(session, "admin", Scope.ADMIN, created_by="tunecache serve (first start)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Staged under a name of mkstemp's: random, created O_CREAT|O_EXCL|O_NOFOLLOW with mode
+    # 0600, so in a data dir another user can write, nothing of theirs (a link, a file they
+    # keep open) is ever written through; the rename replaces a link at ``path`` itself.
+    fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(created.token + "\n")
-        os.replace(partial, path)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staged, path)
     except OSError:
-        partial.unlink(missing_ok=True)  # its token is rolled back with the transaction
+        Path(staged).unlink(missing_ok=True)  # its token is rolled back with the transaction
         raise
     return True

@@ -43,6 +43,9 @@ def test_reinstall_replaces_the_module_whole(tmp_path):
         ([("cached_ops/m/m.so", "mtime_ns=soon")], "not a whole number"),
         ([("cached_ops/m/m.so", "mtime_ns=-1")], "not a whole number"),
         ([("cached_ops/m/m.so", "mtime_ns=1e30")], "not a whole number"),
+        ([("cached_ops/m/m.so", f"mtime_ns={2**63}")], "not a whole number"),
+        ([("cached_ops/m/m.so", "mtime_ns=" + "9" * 20)], "not a whole number"),
+        ([("cached_ops/m/m.so", "mtime_ns=1" + "0" * 19)], "not a whole number"),
     ],
 )
 def test_hostile_tarballs_are_refused_and_nothing_is_written(tmp_path, members, message):
