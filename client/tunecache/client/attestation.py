@@ -101,9 +101,3 @@ def this_boot() -> dict[CompiledKind, int]:
     except Exception:
         pass
     return counts
-
-
-def shown(counts: dict[CompiledKind, int]) -> str:
-    """``nothing`` or ``2 inductor_graphs, 14 triton_kernels`` (the kinds counted above 0)."""
-    parts = [f"{n} {kind.value}" for kind, n in counts.items() if n]
-    return ", ".join(parts) if parts else "nothing"

@@ -38,7 +38,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from tunecache.client.settings import ClientSettings
-from tunecache.formats.tarball import max_unpack_bytes
+from tunecache.formats.tarball import max_unpack_bytes, positive_whole_setting
 from tunecache.contract import (
     ArtifactStored,
     AuditPage,
@@ -144,8 +144,7 @@ DEFAULT_MAX_ANSWER_BYTES = 16 << 20
 def max_answer_bytes() -> int:
     """``TUNECACHE_MAX_ANSWER_BYTES`` (a positive whole number), else 16 MiB: the most a
     JSON answer (a lookup, a run, a page of runs) may take, as decoded."""
-    value = os.environ.get("TUNECACHE_MAX_ANSWER_BYTES", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_ANSWER_BYTES
+    return positive_whole_setting("TUNECACHE_MAX_ANSWER_BYTES", DEFAULT_MAX_ANSWER_BYTES)
 
 
 class _Transient(Exception):

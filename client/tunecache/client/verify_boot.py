@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
 
         llm = LLM(**args)
         ready = time.monotonic() - started
-        verification = RunVerification(compiled={kind: n for kind, n in this_boot().items()}, ready_s=round(ready, 2))
+        verification = RunVerification(compiled=this_boot(), ready_s=round(ready, 2))
         del llm
     except Exception as exc:  # the boot itself failed: that is the verification's finding
         traceback.print_exc()

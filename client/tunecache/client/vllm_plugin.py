@@ -146,12 +146,13 @@ def _attest(worker: Any) -> None:
     """Once the worker warmed up: log what its boot still compiled and send its install
     report with it (:mod:`tunecache.client.attestation`). Never raises."""
     try:
-        from tunecache.client.attestation import shown, this_boot
+        from tunecache.client.attestation import this_boot
+        from tunecache.contract import compiled_summary
         from tunecache.client.pod import send_deferred_reports
 
         counts = this_boot()
         rank = getattr(getattr(getattr(worker, "vllm_config", None), "parallel_config", None), "rank", 0)
-        log.info("tunecache: this boot compiled %s (rank %s)%s", shown(counts), rank,
+        log.info("tunecache: this boot compiled %s (rank %s)%s", compiled_summary(counts), rank,
                  "" if any(counts.values()) else ": at the floor")
         send_deferred_reports({kind.value: n for kind, n in counts.items()})
     except Exception as exc:

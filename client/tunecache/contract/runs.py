@@ -387,6 +387,13 @@ class CompiledKind(StrEnum):
     AUTOTUNE_OPS = "autotune_ops"
 
 
+def compiled_summary(counts: dict[CompiledKind, int]) -> str:
+    """``nothing`` or ``2 inductor_graphs, 14 triton_kernels``: the kinds counted above 0, as
+    a pod's attestation line, a run's verification and the audit log say them."""
+    parts = [f"{n} {CompiledKind(kind).value}" for kind, n in counts.items() if n]
+    return ", ".join(parts) if parts else "nothing"
+
+
 class RunVerification(BaseModel):
     """A run's verification boot (``PUT /v1/tunings/{id}/verification``): after a vLLM
     warmup is recorded, its node boots vLLM once more in a new process with every cache

@@ -22,19 +22,21 @@ DEFAULT_MAX_UNPACK_BYTES = 1 << 30
 DEFAULT_MAX_UNPACK_FILES = 20_000
 
 
-def _setting(name: str, default: int) -> int:
+def positive_whole_setting(name: str, default: int) -> int:
+    """The environment variable ``name`` as a positive whole number, else ``default`` (unset,
+    empty or anything else): how the pod's byte and file bounds are read."""
     value = os.environ.get(name, "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else default
 
 
 def max_unpack_bytes() -> int:
     """``TUNECACHE_MAX_UNPACK_BYTES`` (a positive whole number), else the default (1 GiB)."""
-    return _setting("TUNECACHE_MAX_UNPACK_BYTES", DEFAULT_MAX_UNPACK_BYTES)
+    return positive_whole_setting("TUNECACHE_MAX_UNPACK_BYTES", DEFAULT_MAX_UNPACK_BYTES)
 
 
 def max_unpack_files() -> int:
     """``TUNECACHE_MAX_UNPACK_FILES`` (a positive whole number), else the default (20,000)."""
-    return _setting("TUNECACHE_MAX_UNPACK_FILES", DEFAULT_MAX_UNPACK_FILES)
+    return positive_whole_setting("TUNECACHE_MAX_UNPACK_FILES", DEFAULT_MAX_UNPACK_FILES)
 
 
 def open_bounded(data: bytes, what: str, error: type[ValueError]) -> tarfile.TarFile:

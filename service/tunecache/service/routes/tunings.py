@@ -23,6 +23,7 @@ from tunecache.contract import (
     LookupRequest,
     PromoteRequest,
     RunVerification,
+    compiled_summary,
     TuningRunCreate,
     TuningRunPage,
     TuningRunQuery,
@@ -122,9 +123,8 @@ def record_verification(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: Run
         raise HTTPException(404, detail=str(exc)) from None
     except ValueError as exc:
         raise HTTPException(409, detail=str(exc)) from None
-    shown = ", ".join(f"{n} {kind}" for kind, n in body.compiled.items() if n) or "nothing"
-    request.state.audit_detail = (f"verification of run {run.id}: " +
-                                  (f"did not boot: {body.error}" if body.error else f"compiled {shown}"))[:500]
+    request.state.audit_detail = (f"verification of run {run.id}: " + (
+        f"did not boot: {body.error}" if body.error else f"compiled {compiled_summary(body.compiled)}"))[:500]
     return _json(run)  # it moved the generation: answered without holding its row lock (see _json)
 
 

@@ -1,6 +1,6 @@
 """A recorded vLLM warmup's verification boot: does the stored run boot a new engine clean?
 
-After ``tune --warmup vllm`` (or a job with that warmup) recorded its run, the node boots
+After ``tune --warmup vllm`` recorded its run, the node boots
 vLLM once more, in a new process, as a fresh pod would: the same engine arguments as the
 tuner's engine (:func:`tunecache.service.tuner.vllm_warmup.vllm_command`), every vLLM cache
 empty (``VLLM_CACHE_ROOT``, ``TRITON_CACHE_DIR``, ``DG_JIT_CACHE_DIR``,
@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tunecache.contract import RunVerification
+from tunecache.contract import RunVerification, compiled_summary
 from tunecache.service.tuner.guard import PARENT_PID_VARIABLE, die_with_parent, hold_gpu_lock
 from tunecache.service.tuner.stages import TuneSpec
 from tunecache.service.tuner.vllm_warmup import vllm_command
@@ -50,21 +50,21 @@ def verification_command(spec: TuneSpec, scratch: Path, python: str = sys.execut
     return [python, "-m", __name__, str(args), str(scratch / "verification.json"), str(scratch / "verification.log")], env
 
 
-def verify_run(spec: TuneSpec, server_url: str, scratch: Path, timeout_s: float, *, token: str | None = None,
-               trusted_keys: str | None = None, python: str = sys.executable) -> RunVerification:
+def verify_run(spec: TuneSpec, server_url: str, scratch: Path, timeout_s: float, *, trusted_keys: str | None = None,
+               python: str = sys.executable) -> RunVerification:
     """Boot the run stored on ``server_url`` for ``spec``'s key in a new vLLM process
     (module docstring) and return what that boot still compiled, or why it did not boot
-    (within ``timeout_s`` seconds; its log is ``scratch/verification.log``). Never raises
-    for the boot's own failures: they are the verification's finding."""
+    (within ``timeout_s`` seconds; its log is ``scratch/verification.log``). The boot trusts
+    ``trusted_keys`` alone (``TUNECACHE_TRUSTED_KEYS``; ``None``: no key) and reads the
+    server with this process's own token settings. Never raises for the boot's own
+    failures: they are the verification's finding."""
     scratch.mkdir(parents=True, exist_ok=True)
     command, env = verification_command(spec, scratch, python)
     env = {**os.environ, **env, PARENT_PID_VARIABLE: str(os.getpid()), "TUNECACHE_URL": server_url,
            "TUNECACHE_REPORT": "0", "PYTHONUNBUFFERED": "1"}
-    for name, value in (("TUNECACHE_TOKEN", token), ("TUNECACHE_TRUSTED_KEYS", trusted_keys)):
-        if value:
-            env[name] = value
-        else:
-            env.pop(name, None)
+    env.pop("TUNECACHE_TRUSTED_KEYS", None)
+    if trusted_keys:
+        env["TUNECACHE_TRUSTED_KEYS"] = trusted_keys
     launcher = subprocess.Popen(command, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -95,10 +95,10 @@ def shown(verification: RunVerification) -> str:
     """One line for ``tune``'s output and a job's log: what the verification boot found."""
     if verification.error:
         return f"verification boot failed: {verification.error}"
-    compiled = ", ".join(f"{n} {kind}" for kind, n in verification.compiled.items() if n)
     ready = f" in {verification.ready_s:.1f} s" if verification.ready_s is not None else ""
-    return (f"verification boot: compiled nothing, ready{ready}" if not compiled
-            else f"verification boot still compiled {compiled} (ready{ready}): the run does not boot clean")
+    return (f"verification boot: compiled nothing, ready{ready}" if verification.clean else
+            f"verification boot still compiled {compiled_summary(verification.compiled)} (ready{ready}): "
+            "the run does not boot clean")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ import os
 import time
 from types import SimpleNamespace
 
-from tunecache.client.attestation import count_files, count_vllm, shown, written_since
+from tunecache.client.attestation import count_files, count_vllm, written_since
+from tunecache.contract import compiled_summary as shown
 from tunecache.contract import CompiledKind
 
 
