@@ -26,7 +26,7 @@ from tunecache.service import db, metrics, policy
 from tunecache.service import dashboard
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
-from tunecache.service.limits import AllowedHosts, BodyReadTimeout, BodySizeLimit, LoadShedding
+from tunecache.service.limits import AllowedHosts, LoadShedding, RequestBodyGuard
 from tunecache.service.report_intake import ReportIntake
 from tunecache.service.reports import Pruner
 from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
@@ -179,9 +179,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     )
     app.state.settings = settings
     install_error_handlers(app, retry_after_s=settings.retry_after_seconds)
-    app.add_middleware(BodyReadTimeout, timeout_s=settings.body_timeout_seconds)
-    app.add_middleware(BodySizeLimit, max_upload_bytes=settings.max_upload_bytes, max_json_bytes=settings.max_json_bytes,
-                       max_report_bytes=MAX_REPORT_BYTES)
+    app.add_middleware(RequestBodyGuard, max_upload_bytes=settings.max_upload_bytes, max_json_bytes=settings.max_json_bytes,
+                       max_report_bytes=MAX_REPORT_BYTES, timeout_s=settings.body_timeout_seconds)
     # Added late, so it runs early: a saturated process answers 503 before doing any work.
     app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_seconds)
     app.state.path_methods = []  # (path regex, methods) of every route, for the Allow of a 405

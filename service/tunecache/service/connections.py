@@ -18,7 +18,7 @@ is uvicorn's own protocol (httptools, or h11 where httptools is missing) with:
   of a process; the next get 429 and are closed at once.
 
 A slow request *body* is bounded in the app, where the request can be answered 408
-(:class:`tunecache.service.limits.BodyReadTimeout`). All of these are per process.
+(:class:`tunecache.service.limits.RequestBodyGuard`). All of these are per process.
 """
 
 from __future__ import annotations

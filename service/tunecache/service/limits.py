@@ -32,25 +32,37 @@ def check_rate(limiter: RateLimiter, rate: RateLimitItem, who: str, refusal: str
         raise HTTPException(429, detail=refusal, headers={"Retry-After": str(max(1, math.ceil(reset - time.time())))})
 
 
-class _BodyTooLarge(Exception):
+class _BodyRefused(Exception):
     pass
 
 
-class BodySizeLimit:
-    """ASGI middleware: answer 413 with a JSON body when a request body exceeds its limit:
-    ``max_upload_bytes`` for artifact uploads (``PUT /v1/artifacts/...``),
-    ``max_report_bytes`` for pod reports (``POST /v1/reports``; at most ``max_json_bytes``),
-    ``max_json_bytes`` for every other route.
+class RequestBodyGuard:
+    """ASGI middleware over a request's body, as it streams in:
 
-    A ``Content-Length`` above the limit is refused before the body is read; a body
-    without one is counted as it streams in.
+    * **size** (413 with a JSON body): ``max_upload_bytes`` for artifact uploads
+      (``PUT /v1/artifacts/...``), ``max_report_bytes`` for pod reports (``POST
+      /v1/reports``; at most ``max_json_bytes``), ``max_json_bytes`` for every other route. A
+      ``Content-Length`` above the limit is refused before the body is read; a body without
+      one is counted as it streams in;
+    * **time** (408 with a JSON body, the connection closed): a body that stops arriving (no
+      piece of it for ``timeout_s``, ``TUNECACHE_BODY_TIMEOUT_SECONDS``). The timeout is
+      between pieces (an upload over a slow link is not cut while it moves); once the body is
+      complete, nothing is timed.
+
+    Whatever the app makes of a body cut short (FastAPI answers 400 "error parsing the
+    body"), the client gets the 413 or the 408, once. One wrapper of ``receive`` and
+    ``send`` for both bounds: every request passes through it.
     """
 
-    def __init__(self, app: ASGIApp, max_upload_bytes: int, max_json_bytes: int, max_report_bytes: int | None = None):
+    def __init__(self, app: ASGIApp, max_upload_bytes: int, max_json_bytes: int, max_report_bytes: int | None = None,
+                 timeout_s: float = 30.0):
         self.app = app
         self.max_upload_bytes = max_upload_bytes
         self.max_json_bytes = max_json_bytes
         self.max_report_bytes = min(max_report_bytes or max_json_bytes, max_json_bytes)
+        self.timeout_s = timeout_s
+        self._timed_out = json.dumps({"detail": f"request body not received: nothing of it for {timeout_s:g} s "
+                                                f"(setting TUNECACHE_BODY_TIMEOUT_SECONDS)"}).encode()
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
         """The limit of this request's body and why: ``(bytes, "setting NAME")``."""
@@ -60,13 +72,16 @@ class BodySizeLimit:
             return self.max_report_bytes, "the most a pod report may be"
         return self.max_json_bytes, "setting TUNECACHE_MAX_JSON_BYTES"
 
-    async def _reject(self, send: Send, received: str, limit: int, why: str) -> None:
-        body = json.dumps(
-            {"detail": f"request body {received} exceeds the limit of {limit} bytes ({why})"}
-        ).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    @staticmethod
+    async def _answer(send: Send, status: int, body: bytes, close: bool = False) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status,
+                    "headers": headers + ([(b"connection", b"close")] if close else [])})
         await send({"type": "http.response.body", "body": body})
+
+    @staticmethod
+    def _too_large(received: str, limit: int, why: str) -> bytes:
+        return json.dumps({"detail": f"request body {received} exceeds the limit of {limit} bytes ({why})"}).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -75,39 +90,48 @@ class BodySizeLimit:
         max_bytes, setting = self._limit(scope)
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-            await self._reject(send, f"of {int(declared)} bytes", max_bytes, setting)
+            await self._answer(send, 413, self._too_large(f"of {int(declared)} bytes", max_bytes, setting))
             return
         seen = 0
-        too_large = False
+        more_body = True
+        refusal: tuple[int, bytes, bool] | None = None  # (status, body, close) once the body is refused
         answered = False
 
-        async def counting_receive() -> Message:
-            nonlocal seen, too_large
-            message = await receive()
+        async def guarded_receive() -> Message:
+            nonlocal seen, more_body, refusal
+            if not more_body:
+                return await receive()  # the body is complete: this waits for a disconnect
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    message = await receive()
+            except TimeoutError:
+                refusal = (408, self._timed_out, True)
+                raise _BodyRefused from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > max_bytes:
-                    too_large = True
-                    raise _BodyTooLarge
+                    refusal = (413, self._too_large("streamed", max_bytes, setting), False)
+                    raise _BodyRefused
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                more_body = False
             return message
 
-        async def guarded_send(message: Message) -> None:
-            # Whatever the app makes of a body cut short (FastAPI answers 400 "error
-            # parsing the body"), the client gets the 413.
+        async def answer_refusal() -> None:
             nonlocal answered
-            if too_large:
-                if not answered:
-                    answered = True
-                    await self._reject(send, "streamed", max_bytes, setting)
+            if not answered:
+                answered = True
+                await self._answer(send, *refusal)
+
+        async def guarded_send(message: Message) -> None:
+            if refusal is not None:
+                await answer_refusal()
                 return
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, guarded_send)
-        except _BodyTooLarge:
-            if not answered:
-                answered = True
-                await self._reject(send, "streamed", max_bytes, setting)
+            await self.app(scope, guarded_receive, guarded_send)
+        except _BodyRefused:
+            await answer_refusal()
 
 
 class LoadShedding:
@@ -119,7 +143,7 @@ class LoadShedding:
     A request waiting on its client (for the next piece of its body, or for the client to
     take its answer) is not being worked on: it leaves the count while it waits, so slow
     clients cannot hold the service's capacity (they are bounded by the body and send
-    timeouts instead: :class:`BodyReadTimeout`, :mod:`tunecache.service.connections`).
+    timeouts instead: :class:`RequestBodyGuard`, :mod:`tunecache.service.connections`).
     """
 
     def __init__(self, app: ASGIApp, max_in_flight: int, retry_after_s: int):
@@ -167,68 +191,6 @@ class LoadShedding:
             await self.app(scope, waiting_receive, waiting_send)
         finally:
             self.in_flight -= 1
-
-
-class _BodyTimedOut(Exception):
-    pass
-
-
-class BodyReadTimeout:
-    """ASGI middleware: a request whose body stops arriving (no piece of it for
-    ``timeout_s``, ``TUNECACHE_BODY_TIMEOUT_SECONDS``) is answered 408 with a JSON body and
-    its connection closed. The timeout is between pieces, as the body streams in (an upload
-    over a slow link is not cut while it moves); once the body is complete, nothing is timed.
-    """
-
-    def __init__(self, app: ASGIApp, timeout_s: float):
-        self.app = app
-        self.timeout_s = timeout_s
-        self._body = json.dumps({"detail": f"request body not received: nothing of it for {timeout_s:g} s "
-                                           f"(setting TUNECACHE_BODY_TIMEOUT_SECONDS)"}).encode()
-
-    async def _reject(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 408, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(self._body)).encode()),
-            (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": self._body})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        more_body = True
-        timed_out = answered = False
-
-        async def timed_receive() -> Message:
-            nonlocal more_body, timed_out
-            if not more_body:
-                return await receive()  # the body is complete: this waits for a disconnect
-            try:
-                with anyio.fail_after(self.timeout_s):
-                    message = await receive()
-            except TimeoutError:
-                timed_out = True
-                raise _BodyTimedOut from None
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                more_body = False
-            return message
-
-        async def guarded_send(message: Message) -> None:
-            # Whatever the app makes of a body cut short (FastAPI answers 400), the client gets the 408.
-            nonlocal answered
-            if timed_out:
-                if not answered:
-                    answered = True
-                    await self._reject(send)
-                return
-            await send(message)
-
-        try:
-            await self.app(scope, timed_receive, guarded_send)
-        except _BodyTimedOut:
-            if not answered:
-                answered = True
-                await self._reject(send)
 
 
 class AllowedHosts(TrustedHostMiddleware):
