@@ -19,6 +19,9 @@ tunecache importable (``scripts/gpu_vllm_bundle.sh``), one command per model:
 3. ``local_warm``: the same process again over the directories the tunecache-warm boot left
    (every local cache warm).
 
+``--pairs N`` repeats steps 2 and 3 N times, each pair from new empty directories, so that
+the tunecache-warm / local-warm ratio comes with its spread (each boot records its ``pair``).
+
 Each boot counts what it compiled (``compiled``): FlashInfer JIT modules built (``.so``
 written in the workspace during the boot), Inductor graphs compiled (vLLM's "Compiling a
 graph" lines; loaded ones are counted apart), AOT compiles (vLLM's "saved AOT compiled
@@ -198,13 +201,16 @@ def run(args: argparse.Namespace) -> None:
                       # tune's own verification boot of the stored run (empty caches, through the plugin)
                       "verification": run_doc.get("verification")})
         (out / f"{args.name}-run.json").write_text(json.dumps(run_doc, indent=1))
-        pod = _dirs(work / "pod")
-        for directory in pod.values():
-            directory.mkdir(parents=True)
-        shutil.rmtree(node["ws"] / ".cache", ignore_errors=True)  # the pod's workspace is empty (same path layout)
-        boots.append(_boot("tunecache_warm", args, {**pod, "ws": node["ws"]}, out,
-                           TUNECACHE_URL=url, TUNECACHE_TRUSTED_KEYS=public))
-        boots.append(_boot("local_warm", args, {**pod, "ws": node["ws"]}, out))
+        for pair in range(1, args.pairs + 1):  # each pair starts from empty pod caches
+            pod = _dirs(work / f"pod-{pair}")
+            for directory in pod.values():
+                directory.mkdir(parents=True)
+            shutil.rmtree(node["ws"] / ".cache", ignore_errors=True)  # the pod's workspace is empty (same path layout)
+            suffix = "" if pair == 1 else f"-{pair}"
+            for name, env in (("tunecache_warm", {"TUNECACHE_URL": url, "TUNECACHE_TRUSTED_KEYS": public}),
+                              ("local_warm", {})):
+                boots.append({**_boot(name + suffix, args, {**pod, "ws": node["ws"]}, out, **env),
+                              "boot": name, "pair": pair})
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -212,7 +218,8 @@ def run(args: argparse.Namespace) -> None:
         previous = json.loads(state.read_text()) if state.is_file() else []
         state.write_text(json.dumps(previous + boots, indent=1))
         for b in boots:
-            print(json.dumps({k: b.get(k) for k in ("boot", "ready_s", "compiled", "loaded", "tunecache_lines")}))
+            print(json.dumps({k: b.get(k) for k in ("boot", "pair", "ready_s", "compiled", "loaded", "tunecache_lines",
+                                                   "verification")}))
 
 
 def main() -> None:
@@ -231,6 +238,8 @@ def main() -> None:
     parser.add_argument("--out", default="results/gpu/warm-state")
     parser.add_argument("--work", default="/tmp/tunecache-warm-state")
     parser.add_argument("--boot-timeout", type=float, default=540)
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="tunecache-warm + local-warm pairs, each from empty pod caches (the ratio's spread)")
     args = parser.parse_args()
     (boot if args.command == "boot" else run)(args)
 
