@@ -142,6 +142,9 @@ def engine_args(args: argparse.Namespace) -> dict:
         extra["attention_backend"] = args.attention
     if args.quantization:
         extra["quantization"] = args.quantization
+    for item in args.engine_arg or ():
+        name, _, value = item.partition("=")
+        extra[name] = json.loads(value)
     return extra
 
 
@@ -238,6 +241,9 @@ def main() -> None:
     parser.add_argument("--out", default="results/gpu/warm-state")
     parser.add_argument("--work", default="/tmp/tunecache-warm-state")
     parser.add_argument("--boot-timeout", type=float, default=540)
+    parser.add_argument("--engine-arg", action="append", metavar="NAME=JSON",
+                        help="one more engine argument of the fleet (tuner and pods alike), e.g. "
+                             "compilation_config='{\"max_cudagraph_capture_size\": 64}'")
     parser.add_argument("--pairs", type=int, default=1,
                         help="tunecache-warm + local-warm pairs, each from empty pod caches (the ratio's spread)")
     args = parser.parse_args()
