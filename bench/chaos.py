@@ -415,6 +415,7 @@ class Parts:
     pg: object
     stdlib: subprocess.Popen
     nginx: subprocess.Popen
+    log: object  # the serve log file, closed at the end
 
     def server_processes(self) -> list[int]:
         """The serve supervisor's uvicorn workers (multiprocessing's own helpers left out)."""
@@ -625,8 +626,7 @@ http {{
                Target("stdlib", "127.0.0.1", stdlib_port, ("GET", lookup, b""), True),
                Target("nginx", "127.0.0.1", nginx_port, ("GET", lookup, b""), True)]
     artifact_paths = {"tunecache": f"/v1/artifacts/{sha}", "stdlib": artifact, "nginx": artifact}
-    parts = Parts(serve, data_dir, pg, stdlib, nginx)
-    parts.log = log  # type: ignore[attr-defined]
+    parts = Parts(serve, data_dir, pg, stdlib, nginx, log)
     return parts, targets, artifact_paths, seed_new_run
 
 
@@ -642,7 +642,7 @@ def stop_parts(parts: Parts) -> None:
         parts.serve.wait()
     except ProcessLookupError:
         pass
-    parts.log.close()  # type: ignore[attr-defined]
+    parts.log.close()
 
 
 async def chaos(args, parts: Parts, targets: list[Target], artifact_paths: dict[str, str], seed_new_run) -> dict:
