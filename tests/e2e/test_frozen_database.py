@@ -8,65 +8,29 @@ server of its own (Debian's ``postgresql`` binaries, as the ``postgres`` user)."
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.support import postgres
 from tests.support.cli import tunecache
 from tests.support.paths import CUDNN_FILE
-from tests.support.serve import free_port, as_admin
+from tests.support.serve import as_admin
 from tests.support.builders import lookup_body
 from tests.support.serve import push_run, start_server, stop_server
 
 pytestmark = pytest.mark.postgres
 
 
-def _postgres_bin() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    return found[-1].parent if found else None
-
-
 @pytest.fixture
 def private_postgres():
     """A PostgreSQL server of the test's own on a free port: (URL, data directory)."""
-    binaries = _postgres_bin()
-    if binaries is None or shutil.which("runuser") is None or os.geteuid() != 0:
-        pytest.skip("needs Debian's PostgreSQL binaries (/usr/lib/postgresql/*/bin), runuser and root")
-    root = Path(tempfile.mkdtemp(prefix="tunecache-pg-", dir="/tmp"))
-    data = root / "data"
-    os.chmod(root, 0o755)
-    shutil.chown(root, "postgres")
-    port = free_port()
-
-    def as_postgres(*args: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True, capture_output=True, timeout=120)
-
-    try:
-        as_postgres(str(binaries / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync")
-        as_postgres(str(binaries / "pg_ctl"), "-D", str(data), "-w", "-l", str(root / "log"), "-o",
-                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", data
-    finally:
-        for pid in _server_pids(data):  # never leave it stopped
-            os.kill(pid, signal.SIGCONT)
-        subprocess.run(["runuser", "-u", "postgres", "--", str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate",
-                        "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _server_pids(data: Path) -> list[int]:
-    pid_file = data / "postmaster.pid"
-    if not pid_file.exists():
-        return []
-    postmaster = int(pid_file.read_text().split()[0])
-    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
-    return [postmaster, *map(int, children)]
+    if (reason := postgres.unavailable_reason()) is not None:
+        pytest.skip(reason)
+    with postgres.private_postgres() as server:
+        yield server.url, server.data
 
 
 def test_a_frozen_database_gives_fast_503s_and_the_service_recovers(private_postgres, tmp_path):
@@ -80,7 +44,7 @@ def test_a_frozen_database_gives_fast_503s_and_the_service_recovers(private_post
         assert as_admin.post(f"{server}/v1/tunings/lookup", json=body).json()["id"] == run["id"]
         assert httpx.get(f"{server}/v1/artifacts/{sha}").status_code == 200  # now mirrored
 
-        pids = _server_pids(data)
+        pids = postgres.server_pids(data)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()

@@ -10,6 +10,7 @@ import importlib.metadata
 import logging
 import os
 import socket
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import IO
@@ -135,6 +136,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.report_pruner = Pruner()
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
+        app.state.diff_slots = threading.BoundedSemaphore(tunings.DIFFS_AT_ONCE)  # routes/tunings.py
         app.state.health_probes = SingleFlight()
         app.state.health_threads = anyio.CapacityLimiter(1)  # the one probe in flight (routes/health.py)
         # Mirrored artifact files are read in threads of their own, never behind database work.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -288,6 +289,12 @@ def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDe
 #: whatever was stored (runs recorded before the bound existed may hold larger ones).
 MAX_DIFF_FILE_BYTES = MAX_AUTOTUNE_FILE_BYTES
 
+#: Diffs one server process computes at once. Each holds both files and their parsed entries
+#: (about 75 MiB at :data:`MAX_DIFF_FILE_BYTES`, bench/request_memory.py) and a core for
+#: seconds; anyone may ask for one (a read), so more at once would multiply both. Another
+#: diff meanwhile is answered 503 with ``Retry-After`` (the client retries it).
+DIFFS_AT_ONCE = 1
+
 RunId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
@@ -298,6 +305,7 @@ RunId = Annotated[int, Path(ge=1, le=MAX_ID)]
         404: {"model": ErrorBody, "description": "no such run: the detail names each missing one"},
         422: {"model": ErrorBody, "description": "a run has no FlashInfer autotune file, or one that cannot be read "
                                                  "or is over the size a diff reads; the detail names the run"},
+        503: {"model": ErrorBody, "description": "this server process is computing another diff: retry after Retry-After"},
     },
 )
 def diff_tunings(run_a: RunId, run_b: RunId, request: Request, _caller: ReadCaller) -> TuningRunDiff:
@@ -315,13 +323,26 @@ def diff_tunings(run_a: RunId, run_b: RunId, request: Request, _caller: ReadCall
     (before 0.7.4) give no times and no regressions.
 
     Bounded: each file is read only up to :data:`MAX_DIFF_FILE_BYTES`, in one short
-    transaction; the comparison runs after it, holding no database connection.
+    transaction; the comparison runs after it, holding no database connection; a server
+    process computes :data:`DIFFS_AT_ONCE` diff at a time (503 with ``Retry-After`` for
+    another meanwhile).
 
     Errors: 404 ``{"detail": "no tuning run 7"}`` (every missing id named); 422 when a run
     has no FlashInfer autotune artifact (e.g. a failed run), one over the size limit, or
-    one that is not a FlashInfer autotune file.
+    one that is not a FlashInfer autotune file; 503 with ``Retry-After`` while this server
+    process computes another diff.
     """
-    sessions: sessionmaker[Session] = request.app.state.sessions
+    slots: threading.BoundedSemaphore = request.app.state.diff_slots
+    if not slots.acquire(blocking=False):
+        raise HTTPException(503, detail=f"this server process is computing another diff (at most {DIFFS_AT_ONCE} at once)",
+                            headers={"Retry-After": str(request.app.state.settings.retry_after_seconds)})
+    try:
+        return _diff(run_a, run_b, request.app.state.sessions)
+    finally:
+        slots.release()
+
+
+def _diff(run_a: int, run_b: int, sessions: sessionmaker[Session]) -> TuningRunDiff:
     with sessions.begin() as session:
         runs = {run_id: repository.get_run(session, run_id) for run_id in (run_a, run_b)}
         missing = [run_id for run_id, run in runs.items() if run is None]

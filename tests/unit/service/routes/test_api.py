@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tunecache.service import db
@@ -142,3 +144,31 @@ def test_list_filters_and_pages(app_client):
     assert [r["id"] for r in page["items"]] == [second["id"]] and page["total"] == 3
     assert app_client.get("/v1/tunings", params={"limit": 0}).status_code == 422
     assert app_client.get("/v1/tunings/999999").status_code == 404
+
+
+def test_a_diff_asked_while_the_process_computes_another_is_503_with_retry_after(app_client, monkeypatch):
+    """A diff holds both files and their parsed entries (tens of MiB at the file bound) and a
+    core for seconds, and anyone may ask for one: a server process computes one at a time,
+    and tells another meanwhile to retry rather than hold one more pair of files."""
+    from tunecache.service import run_diff
+
+    a, b = record(app_client)["id"], record(app_client, CUBLASLT_FILE)["id"]
+    first_inside, release = threading.Event(), threading.Event()
+    real = run_diff.diff_runs
+
+    def first_one_waits(*args):
+        if not first_inside.is_set():
+            first_inside.set()
+            release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(run_diff, "diff_runs", first_one_waits)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(app_client.get, f"/v1/tunings/{a}/diff/{b}")
+        assert first_inside.wait(10)
+        second = app_client.get(f"/v1/tunings/{a}/diff/{b}")
+        release.set()
+        assert second.status_code == 503, second.text[:200]
+        assert second.headers["retry-after"] == "1" and "another diff" in second.json()["detail"]
+        assert first.result().status_code == 200
+    assert app_client.get(f"/v1/tunings/{a}/diff/{b}").status_code == 200  # the process's slot is free again
