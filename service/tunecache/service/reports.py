@@ -331,8 +331,7 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
     counts in pod boots and ``hit_rate`` = installed / all. Wanted: each key and environment
     with miss reports in the window and no current tuning now, most distinct sources first,
     then most distinct pods, most boots, latest asked, key hash, environment hash; each with
-    the latest report's
-    closest run and differences. Both orders are total: the pages of one window neither
+    the latest report's closest run and differences. Both orders are total: the pages of one window neither
     overlap nor leave a row out.
 
     Every key and group is counted and ordered (the three reads of the module, then a sort
