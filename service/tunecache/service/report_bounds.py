@@ -13,8 +13,9 @@ database, per process, per :data:`WINDOW_S` (one hour, fixed windows):
   pod boots of one key, and brings at most ``TUNECACHE_REPORT_NEW_KEYS`` keys without a
   current tuning into the view (:class:`ReportFilter`); the wanted list shows how many
   distinct sources asked for a key, so one address cannot pass for a fleet;
-* **per boot**: a report its boot already sent (same boot, pod, rank, key, environment,
-  outcome) is not stored again, and the fleet view counts distinct boots, not reports;
+* **per boot**: a report its boot already sent (same boot, pod, rank, reporting install
+  kind, key, environment, outcome, run, error kind, with or without attestation) is not
+  stored again, and the fleet view counts distinct boots, not reports;
 * **installed**: an ``installed`` report must name a run that exists and is of the
   report's key, else it is not stored: made-up reports cannot move a key's hit rate.
 
@@ -156,8 +157,8 @@ class ReportFilter:
             return "unknown_run"
         repeat = None
         if boot is not None:
-            repeat = (boot, row["pod"], row["rank"], key_hash, row["environment_hash"], row["outcome"],
-                      row["compiled"] is not None)
+            repeat = (boot, row["pod"], row["rank"], row["source"], key_hash, row["environment_hash"], row["outcome"],
+                      row["run_id"], row["error_kind"], row["compiled"] is not None)
             if repeat in self._seen:
                 return "repeat"
         sender = row["sender"]

@@ -36,7 +36,7 @@ def test_the_gate_takes_a_bounded_number_per_source_and_window_and_bounds_its_so
 
 def _row(key="k1", boot="boot-0001", pod="p", outcome="miss", sender="s", rank=0, run_id=None):
     return dict(key_hash=key, boot_id=boot, pod=pod, outcome=outcome, sender=sender, rank=rank, environment_hash="e",
-                compiled=None, run_id=run_id)
+                compiled=None, run_id=run_id, error_kind=None, source="plugin")
 
 
 def test_the_filter_keeps_a_boot_once_a_bounded_number_of_boots_and_new_keys_per_source():
@@ -46,6 +46,7 @@ def test_the_filter_keeps_a_boot_once_a_bounded_number_of_boots_and_new_keys_per
     drop = lambda row: bounds.drop_reason(row, tuned, runs)  # noqa: E731
     assert drop(_row()) is None and drop(_row()) == "repeat"
     assert drop(_row(rank=1)) is None  # another rank of the boot: stored, the same boot
+    assert drop(_row(rank=1) | {"source": "cli"}) is None  # not the same report: stored, the same boot
     assert drop(_row(boot="boot-0002")) is None and drop(_row(boot="boot-0003")) == "key"
     assert drop(_row(boot=None)) == "key"  # a report without boot id is a boot of its own
     assert drop(_row(boot="boot-0003", sender="t")) is None  # another source
