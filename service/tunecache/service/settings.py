@@ -139,8 +139,8 @@ class Settings(BaseSettings):
       client address; an IPv6 one as its /64) may have stored per hour, per process
       (2,000); past it reports are answered 202 and not stored (never 429: a real pod behind
       a flooder's address is not refused), counted in ``tunecache_pod_reports_dropped_total``.
-      With about 1 KB a report, at most ~48 MB a day per source and process
-      (``tunecache.service.report_bounds``).
+      48,000 reports a day per source and process: ~1.5 GB at the largest reports
+      (32 KiB), ~50 MB at a pod's usual ~1 KB (``tunecache.service.report_bounds``).
     * ``TUNECACHE_REPORT_BOOTS_PER_KEY``: pod boots one source may count for one key per
       hour (100): one address cannot make a key look wanted by a fleet.
     * ``TUNECACHE_REPORT_NEW_KEYS``: keys without a current tuning one source may bring into
