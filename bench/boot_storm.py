@@ -141,11 +141,11 @@ def run_tunecache(args, pods: int, work: Path, report: bool = False) -> dict:
     """A fresh server (and schema) per cell, seeded with one real tuning. With ``report``
     each boot also posts the pod's report of its install (``POST /v1/reports``, as the
     client does after an install); every request of the bench comes from one address, so the
-    per-address report rate is lifted (a fleet's pods each have their own)."""
+    per-source report bounds are lifted (a fleet's pods each have their own address)."""
     url_db, drop = fresh_schema(args.postgres)
     exe = shutil.which("tunecache") or sys.exit("tunecache is not installed")
     env = {**os.environ, "TUNECACHE_JOB_WORKER": "off", "TUNECACHE_DATA_DIR": str(work / f"data-{pods}"),
-           "TUNECACHE_REPORT_RATE": "100000000/minute"}
+           "TUNECACHE_REPORT_SOURCE_MAX": "100000000", "TUNECACHE_REPORT_BOOTS_PER_KEY": "100000000"}
     subprocess.run([exe, "db", "upgrade", "--database", url_db], check=True, env=env, capture_output=True)
     port = free_port()
     log = open(work / f"serve-{pods}.log", "w")

@@ -855,12 +855,12 @@ def fleet(
     typer.echo("")
     if view.wanted:
         typer.echo("wanted (pods asked, no usable tuning):")
-        rows = [("KEY", "ENVIRONMENT", "PODS", "REPORTS", "LAST ASKED (UTC)", "CLOSEST", "DIFFERS")]
+        rows = [("KEY", "ENVIRONMENT", "SOURCES", "PODS", "BOOTS", "LAST ASKED (UTC)", "CLOSEST", "DIFFERS")]
         for w in view.wanted:
             env_text = (f"flashinfer {w.environment.flashinfer_version}, cuda {w.environment.cuda_version}"
                         if w.environment else w.environment_hash[:12])
             differs = "; ".join(str(d) for d in w.differences) or "-"
-            rows.append((_key_text(w.key), env_text, str(w.pods), str(w.reports), _when(w.last_asked_at),
+            rows.append((_key_text(w.key), env_text, str(w.sources), str(w.pods), str(w.reports), _when(w.last_asked_at),
                          "-" if w.closest_run_id is None else f"run {w.closest_run_id}", differs))
         for line in _aligned(rows):
             typer.echo(line)

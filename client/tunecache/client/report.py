@@ -5,7 +5,8 @@ and :func:`tunecache.client.install.pull_autotune_file`, the vLLM plugin) ends i
 :class:`tunecache.contract.PodReportCreate`: the key and environment hash (the environment
 itself on a miss), ``installed`` with the run / ``miss`` with the closest run's differing
 fields / ``error`` with the error's class, the seconds the install took, JIT modules
-installed and skipped, the pod's hostname and rank.
+installed and skipped, the pod's hostname and rank, and the pod boot's id (:func:`boot_id`:
+the fleet view counts a boot once, however many installs, ranks and repeats it reports).
 
 An install that failed because the server could not be reached, did not answer in time or
 answered with an error status is not reported (:func:`worth_reporting`): that server would
@@ -29,6 +30,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
+import re
 import socket
 import threading
 import time
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 
 from tunecache.client.http import ServerError, ServerUnreachable, TunecacheClient
 from tunecache.contract import (
+    BOOT_ID_PATTERN,
     EnvironmentMetadata,
     PodReportCreate,
     ReportOutcome,
@@ -54,6 +58,29 @@ _SLACK_S = 0.25
 _pending: list[tuple[threading.Thread, float]] = []
 _lock = threading.Lock()
 _atexit_registered = False
+
+
+#: This process's boot id, once made (:func:`boot_id`).
+_boot_id: str | None = None
+
+
+def boot_id() -> str:
+    """This pod boot's id, as every report of the boot carries it
+    (:attr:`~tunecache.contract.PodReportCreate.boot_id`).
+
+    ``TUNECACHE_BOOT_ID`` when it holds a valid one (an operator may set it, e.g. to the
+    Kubernetes pod's UID; it must differ between boots); else a random one made now and put
+    in ``TUNECACHE_BOOT_ID``, so the processes this one starts afterwards (vLLM's workers,
+    each a rank) inherit it and the boot's ranks count once. The same for the life of the
+    process."""
+    global _boot_id
+    if _boot_id is None:
+        given = os.environ.get("TUNECACHE_BOOT_ID", "")
+        if not re.fullmatch(BOOT_ID_PATTERN, given):
+            given = os.urandom(16).hex()
+            os.environ["TUNECACHE_BOOT_ID"] = given
+        _boot_id = given
+    return _boot_id
 
 
 def pod_name() -> str:
@@ -90,7 +117,7 @@ def build_report(key: TuningKey, environment: EnvironmentMetadata, outcome: Repo
             key=key, environment_hash=environment.environment_hash(),
             environment=environment if outcome is ReportOutcome.MISS else None, outcome=outcome,
             install_seconds=min(max(seconds, 0.0), 86400.0), pod=pod_name(), rank=rank, source=source,
-            looked_up=looked_up, **fields)
+            looked_up=looked_up, boot_id=boot_id(), **fields)
     except Exception as exc:
         log.debug("tunecache: no install report: %s", exc)
         return None

@@ -91,8 +91,10 @@ def register() -> None:
     if settings is None or not settings.url:
         return
     from tunecache.client.attestation import mark_boot_started
+    from tunecache.client.report import boot_id
 
     mark_boot_started()
+    boot_id()  # made here (vLLM's main process loads plugins before it starts its workers): every rank inherits it
     try:
         _wrap_warmup()
     except Exception as exc:  # another vLLM layout than 0.33's: vLLM boots as without tunecache

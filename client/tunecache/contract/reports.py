@@ -39,6 +39,8 @@ class ReportSource(StrEnum):
 
 #: Largest body of ``POST /v1/reports`` (bytes); a larger one is answered 413.
 MAX_REPORT_BYTES = 32 * 1024
+#: A pod boot's id (:attr:`PodReportCreate.boot_id`): 8-64 letters, digits, ``-``, ``_``, ``.``.
+BOOT_ID_PATTERN = r"^[A-Za-z0-9_.-]{8,64}$"
 _FIELD_NAMES_PATTERN = "^(" + "|".join((*KEY_FIELDS, *ENVIRONMENT_FIELDS)) + ")$"
 
 
@@ -70,6 +72,10 @@ class PodReportCreate(BaseModel):
     * ``pod`` (the hostname), ``rank`` (vLLM's rank of the worker; ``None`` outside vLLM),
       ``source`` (:class:`ReportSource`), ``looked_up``: whether this install asked the
       server itself (``False``: a vLLM worker that took its pod's first worker's result);
+    * ``boot_id``: the pod boot this install belongs to (a random id the pod makes once per
+      boot and every rank of the boot sends: :func:`tunecache.client.report.boot_id`); the
+      fleet view counts a boot once, however many of its reports arrive. ``None`` (clients
+      before it): each report counts as a boot of its own;
     * ``compiled``: the boot's attestation, what this worker's boot still compiled, by
       :class:`CompiledKind` (sent by the vLLM plugin once the worker warmed up; ``None``:
       not counted); a boot at the floor has every count 0.
@@ -93,6 +99,7 @@ class PodReportCreate(BaseModel):
     rank: WholeNumber | None = Field(default=None, ge=0, le=1 << 20)
     source: ReportSource
     looked_up: bool = True
+    boot_id: str | None = Field(default=None, pattern=BOOT_ID_PATTERN)
     compiled: dict[CompiledKind, Annotated[int, Field(ge=0, le=1_000_000)]] | None = None
 
     @model_validator(mode="after")
@@ -126,8 +133,10 @@ class FleetRun(BaseModel):
 class FleetKey(BaseModel):
     """One row of the fleet matrix: a key with its current runs (one per environment that
     has one; none when only pods' reports name the key) and what pods reported for it over
-    the window: ``reports`` in all, ``installed``, ``missed``, ``errors``, and ``hit_rate``
-    = ``installed / reports`` (``None`` without reports)."""
+    the window, in pod boots (a boot counts once per outcome however many reports it sent;
+    a report without ``boot_id`` counts as a boot of its own): ``reports`` in all,
+    ``installed``, ``missed``, ``errors``, and ``hit_rate`` = ``installed / reports``
+    (``None`` without reports)."""
 
     key: TuningKey
     current: list[FleetRun]
@@ -147,7 +156,9 @@ class FleetKey(BaseModel):
 
 class WantedTuning(BaseModel):
     """A key and environment pods asked for in the window and that still has no current
-    tuning: from their ``miss`` reports. ``pods``: distinct pod names that asked;
+    tuning: from their ``miss`` reports. ``sources``: distinct sources that asked (client
+    addresses, or token names where a token was presented: one address cannot pass for a
+    fleet); ``pods``: distinct pod names that asked;
     ``reports``: miss reports; ``last_asked_at``: the latest; ``closest_run_id`` and
     ``differences``: the closest stored run and how it differs, as the latest report carried
     them; ``environment``: the pods' FlashInfer environment (when the report sent it)."""
@@ -155,6 +166,7 @@ class WantedTuning(BaseModel):
     key: TuningKey
     environment_hash: str
     environment: EnvironmentMetadata | None
+    sources: int = 0
     pods: int
     reports: int
     last_asked_at: dt.datetime
@@ -178,8 +190,8 @@ class FleetView(BaseModel):
       (0-based) of ``total_keys`` in all; order: most reports in the window first, then
       ``model``, ``gpu_name``, ``max_num_batched_tokens``, key hash;
     * ``wanted``: at most ``wanted_limit`` tunings pods want (:class:`WantedTuning`) from
-      ``wanted_offset`` of ``total_wanted`` in all; order: most distinct pods first, then
-      most reports, latest asked, key hash, environment hash.
+      ``wanted_offset`` of ``total_wanted`` in all; order: most distinct sources first, then
+      most distinct pods, most reports, latest asked, key hash, environment hash.
 
     Both orders are total, so pages of one window do not overlap; counts move as reports
     arrive, so a page asked later may start at another key. A page past the end is empty.

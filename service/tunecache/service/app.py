@@ -28,6 +28,7 @@ from tunecache.service import dashboard
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
 from tunecache.service.limits import AllowedHosts, LoadShedding, RequestBodyGuard
+from tunecache.service.report_bounds import ReportFilter, SourceGate
 from tunecache.service.report_intake import ReportIntake
 from tunecache.service.reports import Pruner
 from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
@@ -131,8 +132,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.lookup_cache = LookupCache(settings.lookup_cache_entries)
         app.state.job_rate = limits.parse(settings.job_request_rate)
         app.state.job_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
-        app.state.report_rate = limits.parse(settings.report_rate)
-        app.state.report_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
+        app.state.report_gate = SourceGate(settings.report_source_max)
         app.state.report_pruner = Pruner()
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
@@ -148,7 +148,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             db.check_schema(app.state.engine)
             app.state.sessions = db.session_factory(app.state.engine)
             app.state.report_intake = report_intake = ReportIntake(
-                app.state.sessions, settings.report_flush_seconds, settings.report_intake_max)
+                app.state.sessions, settings.report_flush_seconds, settings.report_intake_max,
+                ReportFilter(settings.report_boots_per_key, settings.report_new_keys))
             report_intake.start()
 
             generation_connection = GenerationConnection(app.state.engine)

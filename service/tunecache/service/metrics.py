@@ -27,6 +27,11 @@ Counted from pod reports (``POST /v1/reports``), in the process that accepted ea
 * ``tunecache_pod_install_seconds{outcome}`` (histogram): seconds the pod's install took,
   as the pod measured them, by ``installed``, ``miss`` or ``error``;
 * ``tunecache_pod_reports_total{outcome}``: reports accepted, by outcome.
+* ``tunecache_pod_reports_dropped_total{reason}``: reports answered 202 and not stored
+  (:mod:`tunecache.service.report_bounds`): ``source`` (past ``TUNECACHE_REPORT_SOURCE_MAX``
+  of its source in the hour), ``key`` (past ``TUNECACHE_REPORT_BOOTS_PER_KEY``), ``new_key``
+  (past ``TUNECACHE_REPORT_NEW_KEYS``), ``unknown_run`` (an ``installed`` report whose run
+  does not exist or is another key's), ``repeat`` (a report its boot already sent).
 
 Per process: ``tunecache_job_worker_enabled`` (gauge): 1 in the process that runs this
 node's job worker, else 0.
@@ -104,6 +109,12 @@ POD_INSTALL = Histogram("tunecache_pod_install_seconds", "Installs on pods as th
                         buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120))
 POD_REPORTS = Counter("tunecache_pod_reports", "Pod install reports accepted, by outcome (installed, miss, error)",
                       ["outcome"])
+POD_REPORTS_DROPPED = Counter("tunecache_pod_reports_dropped", "Pod reports answered 202 and not stored, by reason "
+                              "(source, key, new_key, unknown_run, repeat: tunecache.service.report_bounds)", ["reason"])
+
+#: Why a report taken may not be stored (:mod:`tunecache.service.report_bounds`).
+DROP_REASONS = ("source", "key", "new_key", "unknown_run", "repeat")
+_DROPPED_CHILDREN = {reason: POD_REPORTS_DROPPED.labels(reason) for reason in DROP_REASONS}
 
 #: Outcomes of :data:`JOB_DURATION`.
 JOB_OUTCOMES = ("succeeded", "failed", "cancelled", "lost")
@@ -159,6 +170,11 @@ def observe_pod_report(outcome: str, install_seconds: float) -> None:
     install, reports = _POD_CHILDREN[outcome]
     install.observe(install_seconds)
     reports.inc()
+
+
+def pod_report_dropped(reason: str) -> None:
+    """Count a pod report answered 202 and not stored (``reason``: one of :data:`DROP_REASONS`)."""
+    _DROPPED_CHILDREN[reason].inc()
 
 
 def set_job_worker(enabled: bool) -> None:

@@ -342,8 +342,8 @@ class PodReport(Base):
 
     The key's fields are copied (reports name keys that were never tuned) and grouped by
     ``key_hash`` (:meth:`tunecache.contract.TuningKey.key_hash`). Indexes serve the fleet
-    view's two queries and the retention delete: ``(received_at, key_hash, outcome)`` (hit
-    rates over a window; rows older than the retention) and ``(outcome, received_at,
+    view's two queries and the retention delete: ``(received_at, key_hash, outcome, boot_id)``
+    (hit rates over a window, in distinct boots; rows older than the retention) and ``(outcome, received_at,
     key_hash, environment_hash)`` (the misses of a window, by key and environment).
     """
 
@@ -351,7 +351,7 @@ class PodReport(Base):
     __table_args__ = (
         CheckConstraint(one_of("outcome", ReportOutcome), name="outcome"),
         CheckConstraint(one_of("source", ReportSource), name="source"),
-        Index("ix_pod_reports_received_key", "received_at", "key_hash", "outcome"),
+        Index("ix_pod_reports_received_key", "received_at", "key_hash", "outcome", "boot_id"),
         Index("ix_pod_reports_outcome_received", "outcome", "received_at", "key_hash", "environment_hash"),
     )
 
@@ -386,3 +386,9 @@ class PodReport(Base):
     """The boot's attestation (:attr:`tunecache.contract.PodReportCreate.compiled`), when sent."""
     compiled_total: Mapped[int | None] = mapped_column(Integer)
     """The sum of ``compiled`` (0: the boot compiled nothing), for the fleet view's counts."""
+    boot_id: Mapped[str | None] = mapped_column(String(64))
+    """The pod boot (:attr:`tunecache.contract.PodReportCreate.boot_id`); ``None``: a client
+    before it (the report counts as a boot of its own)."""
+    sender: Mapped[str | None] = mapped_column(String(128))
+    """The source that sent it: the client address (an IPv6 one as its /64), or ``token:``
+    and the token's name (:func:`tunecache.service.report_bounds.source_of`)."""

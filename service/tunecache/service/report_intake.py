@@ -15,6 +15,13 @@ if the process dies (a clean stop stores them first). Reports are best-effort te
 ``max_rows`` reports: past that (a database down for long) the route answers 503 with
 ``Retry-After`` and nothing is taken; a batch the database refused is kept and tried again
 after ``flush_interval_s``, so nothing taken is dropped while there is room.
+
+Before a batch is stored, each report passes :class:`~tunecache.service.report_bounds.ReportFilter`
+(when the intake has one; the service's does): an ``installed`` report whose run does not
+exist or is another key's, a repeat of its boot, and what is past a source's bounds are not
+stored (counted in ``tunecache_pod_reports_dropped_total``). That costs a batch two reads
+(the tuning generation, the current tunings when it moved; the batch's installed runs),
+none on the request path.
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ import logging
 import threading
 from collections import deque
 
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunecache.contract import PodReportCreate
-from tunecache.service import reports
-from tunecache.service.models import PodReport
+from tunecache.contract import KEY_FIELDS, PodReportCreate, TuningKey
+from tunecache.service import metrics, reports
+from tunecache.service.models import PodReport, TuningKeyRow, TuningRun
+from tunecache.service.report_bounds import ReportFilter
 
 log = logging.getLogger("tunecache")
 
@@ -44,21 +52,27 @@ class ReportIntake:
     the storing thread starts with :meth:`start` and stores what is left at :meth:`stop`.
     """
 
-    def __init__(self, sessions: sessionmaker[Session], flush_interval_s: float = 0.5, max_rows: int = 20_000):
+    def __init__(self, sessions: sessionmaker[Session], flush_interval_s: float = 0.5, max_rows: int = 20_000,
+                 bounds: ReportFilter | None = None):
         self._sessions = sessions
         self.flush_interval_s = flush_interval_s
         self.max_rows = max_rows
-        self._rows: deque[dict] = deque()
+        self.bounds = bounds or ReportFilter(boots_per_key=1 << 30, new_keys=1 << 30)
+        #: ``(row, checked)``: ``checked`` once the filter kept it (a batch the database
+        #: refused is not filtered, nor counted, twice)
+        self._rows: deque[tuple[dict, bool]] = deque()
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
 
-    def offer(self, report: PodReportCreate, received_at: dt.datetime) -> bool:
-        """Take one validated report, received at ``received_at`` (UTC). ``False`` when the
-        intake already holds ``max_rows`` (nothing is taken; the route answers 503)."""
+    def offer(self, report: PodReportCreate, received_at: dt.datetime, sender: str | None = None) -> bool:
+        """Take one validated report, received at ``received_at`` (UTC) from ``sender``
+        (:func:`~tunecache.service.report_bounds.source_of`; ``None``: no per-source bound).
+        ``False`` when the intake already holds ``max_rows`` (nothing is taken; the route
+        answers 503)."""
         if len(self._rows) >= self.max_rows:
             return False
-        self._rows.append(reports.report_row(report, received_at))
+        self._rows.append((reports.report_row(report, received_at, sender), False))
         if len(self._rows) >= BATCH_ROWS:
             self._wake.set()
         return True
@@ -94,17 +108,47 @@ class ReportIntake:
 
     def store_batch(self) -> bool:
         """Store up to :data:`BATCH_ROWS` of the reports taken, oldest first, in one insert
-        and one commit. ``True`` when stored (or none were waiting); on a database error
-        the rows go back to the front of the intake and ``False`` is returned."""
+        and one commit, those the filter keeps (see the module). ``True`` when stored (or
+        none were waiting); on a database error the rows go back to the front of the intake
+        and ``False`` is returned."""
         batch = [self._rows.popleft() for _ in range(min(BATCH_ROWS, len(self._rows)))]
         if not batch:
             return True
         try:
             with self._sessions.begin() as session:
-                session.execute(insert(PodReport), batch)
+                batch = self._filtered(session, batch)
+                if batch:
+                    session.execute(insert(PodReport), [row for row, _checked in batch])
         except Exception as exc:  # a database down or busy: keep the rows, say it once per batch
             self._rows.extendleft(reversed(batch))
             log.warning("%d pod reports not stored yet: %s: %s", len(batch), type(exc).__name__,
                         str(exc).splitlines()[0] if str(exc) else "")
             return False
         return True
+
+    def _filtered(self, session: Session, batch: list[tuple[dict, bool]]) -> list[tuple[dict, bool]]:
+        """The rows of ``batch`` the filter keeps, each marked checked; the others counted
+        in ``tunecache_pod_reports_dropped_total``. Reads the current tunings (once per
+        generation) and the batch's installed runs first: on a database error nothing is
+        filtered yet."""
+        unchecked = [row for row, checked in batch if not checked]
+        if not unchecked:
+            return batch
+        run_ids = {row["run_id"] for row in unchecked if row["outcome"] == "installed"}
+        run_keys: dict[int, str] = {}
+        if run_ids:
+            key_columns = [getattr(TuningKeyRow, f) for f in KEY_FIELDS]
+            for run_id, *values in session.execute(
+                    select(TuningRun.id, *key_columns).join(TuningKeyRow, TuningKeyRow.id == TuningRun.key_id)
+                    .where(TuningRun.id.in_(run_ids))):
+                run_keys[run_id] = TuningKey.model_validate(dict(zip(KEY_FIELDS, values))).key_hash()
+        tuned = reports.current_tunings(session).keys if any(row["sender"] for row in unchecked) else {}
+        kept = []
+        for row, checked in batch:
+            if not checked:
+                reason = self.bounds.drop_reason(row, tuned, run_keys)
+                if reason is not None:
+                    metrics.pod_report_dropped(reason)
+                    continue
+            kept.append((row, True))
+        return kept

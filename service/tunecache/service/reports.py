@@ -10,11 +10,13 @@ ORM rows):
   environment of each: one per key and environment that has one; :data:`CURRENT_KEYS`,
   :data:`CURRENT_ENVIRONMENTS`, :data:`CURRENT_RUNS`), each key built and hashed once. They
   only change with the tuning generation, so they are read once per generation and kept;
-* :func:`report_counts`: reports of the window by key and outcome, from the index
-  ``(received_at, key_hash, outcome)`` alone (an index-only scan): the hit rate of each key;
+* :func:`report_counts`: pod boots that reported in the window by key and outcome (a boot
+  counts once, however many reports it sent: :func:`boots`), from the index ``(received_at,
+  key_hash, outcome, boot_id)`` alone (an index-only scan): the hit rate of each key;
 * :func:`wanted_rows`: :func:`miss_groups` (miss reports of the window by key and
   environment: distinct pods, count, latest; from the index ``(outcome, received_at,
-  key_hash, environment_hash)``) each with its latest report, read by primary key; those
+  key_hash, environment_hash)``; distinct sources too) each with its latest report, read by
+  primary key; those
   whose key and environment have a current tuning by now are not wanted any more. Their rows
   also name the reported keys that have no current tuning (:func:`report_keys` names any
   other, rare: a key with error reports only).
@@ -63,10 +65,10 @@ from tunecache.service.models import (CurrentTuning, Environment, PodReport, Tun
 _KEY_COLUMNS = tuple(getattr(PodReport, f) for f in KEY_FIELDS)
 
 
-def report_row(report: PodReportCreate, received_at: dt.datetime) -> dict:
-    """The ``pod_reports`` columns of one report received at ``received_at`` (UTC), as a
-    dict for an insert (one row of :func:`record_report` or of a batch,
-    :mod:`tunecache.service.report_intake`)."""
+def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | None = None) -> dict:
+    """The ``pod_reports`` columns of one report received at ``received_at`` (UTC) from
+    ``sender`` (:func:`tunecache.service.report_bounds.source_of`), as a dict for an insert
+    (one row of :func:`record_report` or of a batch, :mod:`tunecache.service.report_intake`)."""
     return dict(
         received_at=received_at,
         key_hash=report.key.key_hash(),
@@ -86,6 +88,8 @@ def report_row(report: PodReportCreate, received_at: dt.datetime) -> dict:
         looked_up=report.looked_up,
         compiled={k.value: v for k, v in report.compiled.items()} if report.compiled is not None else None,
         compiled_total=sum(report.compiled.values()) if report.compiled is not None else None,
+        boot_id=report.boot_id,
+        sender=sender,
     )
 
 
@@ -121,11 +125,17 @@ class Pruner:
         return True
 
 
+def boots():
+    """Pod boots among a group's reports: distinct ``boot_id``s, plus one per report without
+    one (a client before boot ids: each report a boot of its own, as it counted before)."""
+    return func.count(PodReport.boot_id.distinct()) + func.count() - func.count(PodReport.boot_id)
+
+
 def report_counts(since: dt.datetime | BindParameter) -> Select:
-    """Reports received since ``since`` by key and outcome: ``(key_hash, outcome, count,
-    latest received_at)``. Every column is in the index ``(received_at, key_hash, outcome)``,
-    so PostgreSQL answers from the index alone."""
-    return (select(PodReport.key_hash, PodReport.outcome, func.count(), func.max(PodReport.received_at))
+    """Pod boots that reported since ``since`` by key and outcome (:func:`boots`): ``(key_hash,
+    outcome, boots, latest received_at)``. Every column is in the index ``(received_at,
+    key_hash, outcome, boot_id)``, so PostgreSQL answers from the index alone."""
+    return (select(PodReport.key_hash, PodReport.outcome, boots(), func.max(PodReport.received_at))
             .where(PodReport.received_at >= since)
             .group_by(PodReport.key_hash, PodReport.outcome))
 
@@ -146,9 +156,10 @@ def still_compiling(since: dt.datetime, key_hashes: list[str]) -> Select:
 
 def miss_groups(since: dt.datetime | BindParameter) -> Select:
     """Miss reports received since ``since`` by key and environment: ``(key_hash,
-    environment_hash, distinct pods, count, latest received_at, latest id)``."""
-    return (select(PodReport.key_hash, PodReport.environment_hash, func.count(PodReport.pod.distinct()), func.count(),
-                   func.max(PodReport.received_at), func.max(PodReport.id))
+    environment_hash, distinct pods, boots (:func:`boots`), latest received_at, latest id,
+    distinct sources)``."""
+    return (select(PodReport.key_hash, PodReport.environment_hash, func.count(PodReport.pod.distinct()), boots(),
+                   func.max(PodReport.received_at), func.max(PodReport.id), func.count(PodReport.sender.distinct()))
             .where(PodReport.outcome == ReportOutcome.MISS.value, PodReport.received_at >= since)
             .group_by(PodReport.key_hash, PodReport.environment_hash))
 
@@ -165,13 +176,13 @@ def report_keys(since: dt.datetime, key_hashes: list[str]) -> Select:
 def wanted_rows(since: dt.datetime | BindParameter) -> Select:
     """Each group of :func:`miss_groups` with what the wanted list shows of its latest
     report: ``(key_hash, environment_hash, distinct pods, count, latest received_at,
-    environment, closest run_id, differences, *KEY_FIELDS)``, ``environment`` and
+    environment, closest run_id, differences, distinct sources, *KEY_FIELDS)``, ``environment`` and
     ``differences`` as JSON text (decoded for the groups shown only). The latest report is
     read by its primary key."""
     groups = miss_groups(since).subquery()
-    key_hash, environment_hash, pods, count, last, latest_id = groups.c
+    key_hash, environment_hash, pods, count, last, latest_id, sources = groups.c
     return (select(key_hash, environment_hash, pods, count, last, cast(PodReport.environment, Text), PodReport.run_id,
-                   cast(PodReport.differences, Text), *_KEY_COLUMNS)
+                   cast(PodReport.differences, Text), sources, *_KEY_COLUMNS)
             .join_from(groups, PodReport, PodReport.id == latest_id))
 
 
@@ -305,7 +316,7 @@ def _holds(needle: str, model: str, gpu_name: str) -> bool:
 
 
 #: Where a :data:`_WANTED_ROWS` row holds the key's ``model`` and ``gpu_name``.
-_WANTED_MODEL, _WANTED_GPU_NAME = (8 + KEY_FIELDS.index(f) for f in ("model", "gpu_name"))
+_WANTED_MODEL, _WANTED_GPU_NAME = (9 + KEY_FIELDS.index(f) for f in ("model", "gpu_name"))
 
 
 def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *,
@@ -317,10 +328,10 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
     Keys: every key with a current tuning, and every key pods reported in the window, most
     reports first, then ``model``, ``gpu_name``, ``max_num_batched_tokens``, key hash; each
     with its current runs (newest first, ``age_s`` in seconds before ``now``), its report
-    counts and ``hit_rate`` = installed / all reports. Wanted: each key and environment with
-    miss reports in the window and no current tuning now, most distinct pods first, then
-    most reports, latest asked, key hash, environment hash; each with the latest report's
-    closest run and differences. Both orders are total: the pages of one window neither
+    counts in pod boots and ``hit_rate`` = installed / all. Wanted: each key and environment
+    with miss reports in the window and no current tuning now, most distinct sources first,
+    then most distinct pods, most boots, latest asked, key hash, environment hash; each with
+    the latest report's closest run and differences. Both orders are total: the pages of one window neither
     overlap nor leave a row out.
 
     Every key and group is counted and ordered (the three reads of the module, then a sort
@@ -372,7 +383,7 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
     for row in connection.execute(_WANTED_ROWS, {"since": since}):
         key_hash = row[0]
         if key_hash not in keys and key_hash in counts:
-            keys[key_hash] = _key(row[8:])
+            keys[key_hash] = _key(row[9:])
         if (key_hash, row[1]) not in current.pairs and _holds(needle, row[_WANTED_MODEL], row[_WANTED_GPU_NAME]):
             groups.append(row)
     unnamed = [h for h in counts if h not in keys]
@@ -407,15 +418,16 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
             "attested": attested.get(key_hash, (0, 0))[0], "at_floor": attested.get(key_hash, (0, 0))[1],
             "still_compiled": dict(compiled.get(key_hash, {}))})
 
-    groups.sort(key=lambda g: (-g[2], -g[3], -g[4].timestamp(), g[0], g[1]))
+    groups.sort(key=lambda g: (-g[8], -g[2], -g[3], -g[4].timestamp(), g[0], g[1]))
     wanted = []
-    for (key_hash, env_hash, pods, count, last, environment, closest_run_id, found,
+    for (key_hash, env_hash, pods, count, last, environment, closest_run_id, found, sources,
          *values) in groups[wanted_offset:wanted_offset + wanted_limit]:
         environment = json.loads(environment) if environment is not None else None
         found = json.loads(found) if found is not None else None
         wanted.append({
             "key": keys.get(key_hash) or _key(values), "environment_hash": env_hash,
-            "environment": environment or None, "pods": pods, "reports": count, "last_asked_at": last,
+            "environment": environment or None, "sources": sources, "pods": pods, "reports": count,
+            "last_asked_at": last,
             "closest_run_id": closest_run_id, "differences": found or []})
     # one validation of the page (pydantic's core): the same checks as building each
     # FleetKey, FleetRun and WantedTuning on its own, without a Python call per object

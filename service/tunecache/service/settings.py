@@ -135,8 +135,16 @@ class Settings(BaseSettings):
       under a boot storm it costs a fifth of the CPU).
     * ``TUNECACHE_REPORT_RETENTION_DAYS``: pod reports (``POST /v1/reports``) older than
       this are deleted (each process checks at most once a minute, after a report).
-    * ``TUNECACHE_REPORT_RATE``: pod reports accepted per client address and token, per
-      process, in the ``limits`` package's notation (``600/minute``); past it: 429.
+    * ``TUNECACHE_REPORT_SOURCE_MAX``: pod reports one source (a token's name, else the
+      client address; an IPv6 one as its /64) may have stored per hour, per process
+      (2,000); past it reports are answered 202 and not stored (never 429: a real pod behind
+      a flooder's address is not refused), counted in ``tunecache_pod_reports_dropped_total``.
+      48,000 reports a day per source and process: ~1.5 GB at the largest reports
+      (32 KiB), ~50 MB at a pod's usual ~1 KB (``tunecache.service.report_bounds``).
+    * ``TUNECACHE_REPORT_BOOTS_PER_KEY``: pod boots one source may count for one key per
+      hour (100): one address cannot make a key look wanted by a fleet.
+    * ``TUNECACHE_REPORT_NEW_KEYS``: keys without a current tuning one source may bring into
+      the fleet view per hour (20).
     * ``TUNECACHE_REPORT_FLUSH_SECONDS``: pod reports are taken in memory and stored in
       batches at least this often (0.5 s; ``tunecache.service.report_intake``).
     * ``TUNECACHE_REPORT_INTAKE_MAX``: reports a process holds not yet stored at most
@@ -196,7 +204,9 @@ class Settings(BaseSettings):
     model_config_dir: Path | None = None
     token_cache_seconds: float = Field(default=10.0, gt=0, le=3600)
     report_retention_days: float = Field(default=14.0, gt=0, le=3650)
-    report_rate: str = "600/minute"
+    report_source_max: int = Field(default=2000, ge=1, le=100_000_000)
+    report_boots_per_key: int = Field(default=100, ge=1, le=100_000_000)
+    report_new_keys: int = Field(default=20, ge=1, le=100_000_000)
     #: Pod reports are stored in batches at least this often, seconds (tunecache.service.report_intake).
     report_flush_seconds: float = Field(default=0.5, gt=0, le=60)
     #: Reports a process holds not yet stored at most; past it POST /v1/reports answers 503.
@@ -264,7 +274,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"{host!r}: a wildcard may only begin a domain, as *.example.com")
         return value
 
-    @field_validator("job_request_rate", "report_rate")
+    @field_validator("job_request_rate")
     @classmethod
     def _rate(cls, value: str) -> str:
         from limits import parse_many

@@ -5,10 +5,12 @@ a token of any scope). Pods hold a read token or none, and a report is a small w
 decides nothing: it never chooses a path, a key row, a tuning or a token, is never read
 back by a pod, and only feeds counts (the fleet view, ``tunecache_pod_*`` metrics). What
 keeps it cheap and bounded instead of a token scope: a body of at most
-:data:`~tunecache.contract.MAX_REPORT_BYTES`, ``TUNECACHE_REPORT_RATE`` reports per client
-address and token per process (429 past it), no database work on the request (reports are
-stored in batches by :class:`~tunecache.service.report_intake.ReportIntake`, which holds at
-most ``TUNECACHE_REPORT_INTAKE_MAX`` of them: 503 past it), and retention
+:data:`~tunecache.contract.MAX_REPORT_BYTES`, the bounds of
+:mod:`tunecache.service.report_bounds` (per source, per key and source, once per pod boot,
+an ``installed`` report only of a real run of its key: past them a report is answered 202
+and not stored), no database work on the request (reports are stored in batches by
+:class:`~tunecache.service.report_intake.ReportIntake`, which holds at most
+``TUNECACHE_REPORT_INTAKE_MAX`` of them: 503 past it), and retention
 (``TUNECACHE_REPORT_RETENTION_DAYS``). Reports are not audited (they are not writes to
 tunings; a boot storm would flood the audit log).
 """
@@ -26,7 +28,7 @@ from tunecache.contract import (FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_
                                 PodReportCreate)
 from tunecache.service import metrics, reports
 from tunecache.service.deps import SessionDep
-from tunecache.service.limits import check_rate
+from tunecache.service.report_bounds import source_of
 from tunecache.service.models import utcnow
 from tunecache.service.policy import ReadCaller
 
@@ -41,7 +43,6 @@ router = APIRouter(prefix="/reports", tags=["fleet"])
     response_class=Response,
     responses={
         413: {"model": ErrorBody, "description": f"The report is over {MAX_REPORT_BYTES} bytes"},
-        429: {"model": ErrorBody, "description": "Too many reports from this address and token (Retry-After)"},
         503: {"model": ErrorBody, "description": "The process holds as many reports not yet stored as it may "
                                                  "(TUNECACHE_REPORT_INTAKE_MAX): the database is behind (Retry-After)"},
     },
@@ -55,19 +56,23 @@ async def report_install(body: PodReportCreate, request: Request, background: Ba
     The ``read`` policy (see the module: a report decides nothing). Errors: 422 naming the
     invalid field or the rule broken (an ``installed`` report without ``run_id``, an
     ``error`` one without ``error_kind``, an environment that does not hash to
-    ``environment_hash``); 413 over :data:`~tunecache.contract.MAX_REPORT_BYTES`; 429 with
-    ``Retry-After`` past ``TUNECACHE_REPORT_RATE`` reports from one client address with one
-    token; 503 with ``Retry-After`` when the process already holds
-    ``TUNECACHE_REPORT_INTAKE_MAX`` reports not yet stored (the database is down or behind).
-    Counted in ``tunecache_pod_reports_total`` and ``tunecache_pod_install_seconds`` once
-    taken. Reports older than ``TUNECACHE_REPORT_RETENTION_DAYS`` are deleted after the
+    ``environment_hash``, a ``boot_id`` out of its pattern); 413 over
+    :data:`~tunecache.contract.MAX_REPORT_BYTES`; 503 with ``Retry-After`` when the process
+    already holds ``TUNECACHE_REPORT_INTAKE_MAX`` reports not yet stored (the database is
+    down or behind). A report past its source's ``TUNECACHE_REPORT_SOURCE_MAX`` in the hour
+    is answered 202 and not taken (not 429: see :mod:`tunecache.service.report_bounds`);
+    one taken may still not be stored (past a key's or a source's bounds, a repeat of its
+    boot, an ``installed`` one naming no run of its key). Counted in
+    ``tunecache_pod_reports_total`` and ``tunecache_pod_install_seconds`` once taken; those
+    not stored in ``tunecache_pod_reports_dropped_total{reason}``. Reports older than ``TUNECACHE_REPORT_RETENTION_DAYS`` are deleted after the
     answer, at most once a minute per process.
     """
     state = request.app.state
-    who = f"{request.client.host if request.client else '-'} {caller.name}"
-    check_rate(state.report_rate_limiter, state.report_rate, who,
-               f"too many pod reports from this address with token {caller.name!r}: at most {state.settings.report_rate}")
-    if not state.report_intake.offer(body, utcnow()):
+    source = source_of(request.client.host if request.client else None, caller)
+    if not state.report_gate.admit(source):
+        metrics.pod_report_dropped("source")
+        return Response(status_code=202)
+    if not state.report_intake.offer(body, utcnow(), source):
         raise HTTPException(503, detail=f"{state.report_intake.max_rows} pod reports are waiting to be stored; "
                                         "try again later",
                             headers={"Retry-After": str(state.settings.retry_after_seconds)})
@@ -113,11 +118,13 @@ def fleet(
       ``total_keys`` keys with a current tuning or with reports in the window, most reports
       first, then model, GPU name, ``max_num_batched_tokens``, key hash: each key's current
       run in each environment (id, ``created_at``, ``age_s`` seconds, entries, trigger) and
-      its reports: ``installed``, ``missed``, ``errors``, ``hit_rate`` = installed / all;
+      its reports in pod boots (a boot counts once): ``installed``, ``missed``, ``errors``,
+      ``hit_rate`` = installed / all;
     * ``wanted``: ``wanted_limit`` (1-1000, default 100) from ``wanted_offset`` of the
       ``total_wanted`` keys and environments pods asked for in the window that still have
-      no current tuning, most distinct pods first (then most reports, latest asked, key
-      hash, environment hash): ``pods``, ``reports``, ``last_asked_at``, and the closest
+      no current tuning, most distinct sources first (then most distinct pods, most boots,
+      latest asked, key hash, environment hash): ``sources`` (client addresses, or token
+      names, that asked), ``pods``, ``reports``, ``last_asked_at``, and the closest
       run and its differing fields as the latest report carried them.
 
     Pages by offset, not by cursor: the order is by report counts, which move as reports
