@@ -1,0 +1,30 @@
+"""pinned runs (retention)
+
+Revision ID: 0014
+Revises: 0012
+Create Date: 2026-12-02
+
+* ``tuning_runs.pinned`` (boolean, not null, default false): an admin pinned the run
+  (``PUT /v1/tunings/{id}/pin``); the retention pass (``TUNECACHE_RUN_RETENTION``,
+  :mod:`tunecache.service.retention`) never deletes it.
+
+Downgrade drops the column.
+"""
+from alembic import op
+import sqlalchemy as sa
+
+
+revision = '0014'
+down_revision = '0012'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('tuning_runs') as batch:
+        batch.add_column(sa.Column('pinned', sa.Boolean(), nullable=False, server_default=sa.false()))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('tuning_runs') as batch:
+        batch.drop_column('pinned')
