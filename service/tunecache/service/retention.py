@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import exists, func, select, text
+from sqlalchemy import delete, exists, func, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -126,14 +126,14 @@ def prune_runs(session: Session, keep: int | None, now: dt.datetime | None = Non
     candidates = list(session.scalars(_runs_past_retention(keep, cutoff).order_by(TuningRun.id)))
     if dry_run:
         return candidates
-    runs = TuningRun.__table__
     deleted: list[int] = []
     for start in range(0, len(candidates), BATCH):
         batch = candidates[start:start + BATCH]
         try:
-            with session.begin_nested():
+            with session.begin_nested():  # the session forgets the deleted runs (synchronize_session)
                 deleted += session.scalars(
-                    runs.delete().where(runs.c.id.in_(batch), *_deletable(cutoff)).returning(runs.c.id)).all()
+                    delete(TuningRun).where(TuningRun.id.in_(batch), *_deletable(cutoff)).returning(TuningRun.id),
+                    execution_options={"synchronize_session": "fetch"}).all()
         except (IntegrityError, OperationalError) as exc:
             log.warning("retention: %d runs left for the next pass: %s", len(batch), str(exc).splitlines()[0])
     return sorted(deleted)

@@ -244,3 +244,115 @@ def test_a_file_used_within_the_last_minute_is_not_evicted(session, tmp_path):
     sha = _mirror(session, files, b"x" * 1000)
     assert files.trim(max_bytes=1, stored=lambda found: set(found)).files == 0
     assert files.get(sha) is not None
+
+
+def test_the_settings_say_how_much_is_kept(monkeypatch):
+    from pydantic import ValidationError
+
+    from tunecache.service.settings import Settings
+
+    settings = Settings()
+    assert settings.run_retention == 10 and settings.mirror_max_bytes == 10 * 1024**3
+    assert settings.retention_grace_seconds == 3600 and settings.retention_interval_seconds == 3600
+    monkeypatch.setenv("TUNECACHE_RUN_RETENTION", "off")
+    assert Settings().run_retention is None
+    monkeypatch.setenv("TUNECACHE_RUN_RETENTION", "3")
+    monkeypatch.setenv("TUNECACHE_MIRROR_MAX_BYTES", str(2**20))
+    assert Settings().run_retention == 3 and Settings().mirror_max_bytes == 2**20
+    monkeypatch.setenv("TUNECACHE_RUN_RETENTION", "0")  # ambiguous (nothing but current and pinned? everything?)
+    with pytest.raises(ValidationError, match="off"):
+        Settings()
+
+
+def _app(engine, tmp_path, **settings):
+    from fastapi.testclient import TestClient
+
+    from tests.support.builders import make_token
+    from tunecache.service.app import create_app
+    from tunecache.service.settings import Settings
+
+    client = TestClient(create_app(Settings(database_url=str(engine.url), worker="off", data_dir=tmp_path / "data",
+                                            **settings), engine=engine))
+    client.headers["Authorization"] = f"Bearer {make_token(engine, 'test-admin', 'admin')}"
+    return client
+
+
+def _record_over_http(client, module: bytes) -> dict:
+    from tests.support.builders import upload
+
+    upload(client, CUDNN_FILE)
+    sha = hashlib.sha256(module).hexdigest()
+    assert client.put(f"/v1/artifacts/{sha}", content=module).status_code in (200, 201)
+    payload = run_payload(CUDNN_FILE)
+    payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "module.tar.gz",
+                                 "media_type": "application/gzip", "sha256": sha})
+    answer = client.post("/v1/tunings", json=payload)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def test_an_admin_pins_and_unpins_a_run_and_a_pinned_run_outlives_the_retention(app_client, engine, session):
+    from tests.support.builders import make_token
+
+    runs = [_record_over_http(app_client, b"module %d" % i) for i in range(3)]
+    pushing = {"Authorization": f"Bearer {make_token(engine, 'pusher', 'push')}"}
+    assert app_client.put(f"/v1/tunings/{runs[0]['id']}/pin", headers=pushing).status_code == 403
+    assert app_client.put("/v1/tunings/999999/pin").status_code == 404
+    pinned = app_client.put(f"/v1/tunings/{runs[0]['id']}/pin")
+    assert pinned.status_code == 200 and pinned.json()["pinned"] is True
+    assert app_client.get(f"/v1/tunings/{runs[0]['id']}").json()["pinned"] is True
+    assert app_client.put(f"/v1/tunings/{runs[1]['id']}/pin").json()["pinned"] is True
+    unpinned = app_client.delete(f"/v1/tunings/{runs[1]['id']}/pin")
+    assert unpinned.status_code == 200 and unpinned.json()["pinned"] is False
+    details = [event["detail"] for event in app_client.get("/v1/audit").json()["events"]]
+    assert any(f"pinned run {runs[0]['id']}" in (d or "") for d in details), details
+
+    assert retention.prune_runs(session, keep=1, now=later(), grace=GRACE) == [runs[1]["id"]]
+    session.commit()
+    history = app_client.get("/v1/tunings").json()
+    assert [r["id"] for r in history["items"]] == [runs[2]["id"], runs[0]["id"]] and history["total"] == 2
+    # the dashboard's pages read the history with a gap in it
+    assert app_client.get(f"/runs/{runs[2]['id']}").status_code == 200
+    assert app_client.get("/history").status_code == 200
+
+
+def test_the_service_runs_the_retention_pass_by_itself(engine, tmp_path):
+    # a grace of 3 s: a module uploaded is not collected before its run is recorded
+    with _app(engine, tmp_path, run_retention=1, retention_grace_seconds=3, retention_interval_seconds=0.2,
+              mirror_max_bytes=1) as client:
+        runs = [_record_over_http(client, os.urandom(2000)) for _ in range(3)]
+        old_module = runs[0]["artifacts"][1]["sha256"]
+        assert client.get(f"/v1/artifacts/{old_module}").status_code == 200  # mirrored on this node
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            history = client.get("/v1/tunings").json()
+            if history["total"] == 1 and client.head(f"/v1/artifacts/{old_module}").status_code == 404:
+                break
+            time.sleep(0.1)
+        assert [r["id"] for r in history["items"]] == [runs[2]["id"]]
+        assert client.head(f"/v1/artifacts/{old_module}").status_code == 404  # blob collected, its file removed
+        assert client.get(f"/v1/artifacts/{runs[2]['artifacts'][1]['sha256']}").status_code == 200
+        maintenance = client.app.state.maintenance
+        assert maintenance.last is not None
+
+
+def test_tunecache_prune_says_what_it_would_delete_then_deletes_it(engine, session, monkeypatch, tmp_path):
+    from tests.support.cli import tunecache
+
+    runs = [record(session, b"module %d" % i) for i in range(4)]
+    monkeypatch.setenv("TUNECACHE_RETENTION_GRACE_SECONDS", "0")
+    monkeypatch.setenv("TUNECACHE_RUN_RETENTION", "2")
+    url = engine.url.render_as_string(hide_password=False)
+
+    dry = tunecache("prune", "--database", url, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would delete 2 runs" in dry.stdout, dry.stdout
+    assert len(ids(session)) == 4
+
+    done = tunecache("prune", "--database", url)
+    assert done.returncode == 0, done.stderr
+    assert "deleted 2 runs, 2 blobs" in done.stdout, done.stdout  # their modules, with no grace
+    session.rollback()
+    assert ids(session) == [runs[3].id, runs[2].id]
+    again = tunecache("prune", "--database", url, "--keep", "off")
+    assert again.returncode == 0 and "deleted 0 runs, 0 blobs" in again.stdout, again.stdout
