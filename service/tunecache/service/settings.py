@@ -76,7 +76,7 @@ class Settings(BaseSettings):
       processes runs the job worker.
     * ``TUNECACHE_THREADS``: threads per process that run database work (sync routes).
     * ``TUNECACHE_DB_POOL_SIZE``: database connections per process (default: the threads,
-      and 2 more: the generation reader's and the report flusher's).
+      and 3 more: the generation reader's, the report flusher's and the retention pass's).
     * ``TUNECACHE_DB_POOL_TIMEOUT``: seconds a request waits for a connection before 503.
     * ``TUNECACHE_DB_CONNECT_TIMEOUT`` / ``TUNECACHE_DB_STATEMENT_TIMEOUT``: seconds to
       connect to the database, and that one statement may run (PostgreSQL; SQLite's busy
@@ -255,9 +255,10 @@ class Settings(BaseSettings):
     @property
     def pool_size(self) -> int:
         """Connections per process: ``db_pool_size``, or one per thread and one each for
-        the generation reader and the report flusher (which hold theirs outside the
-        threads), so that a thread never waits for a connection another thread is not using."""
-        return self.db_pool_size or self.threads + 2
+        the generation reader, the report flusher and the retention pass (which hold theirs
+        outside the threads), so that a thread never waits for a connection another thread
+        is not using."""
+        return self.db_pool_size or self.threads + 3
 
     @property
     def admin_token_file(self) -> Path:

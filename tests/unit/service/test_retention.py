@@ -356,3 +356,33 @@ def test_tunecache_prune_says_what_it_would_delete_then_deletes_it(engine, sessi
     assert ids(session) == [runs[3].id, runs[2].id]
     again = tunecache("prune", "--database", url, "--keep", "off")
     assert again.returncode == 0 and "deleted 0 runs, 0 blobs" in again.stdout, again.stdout
+
+
+def test_an_uploader_whose_bytes_were_collected_meanwhile_uploads_them_again(server, database_url, tmp_path):
+    """A node's mirror still answers HEAD for bytes another node's pass deleted: the upload
+    is skipped, the record answers 422 ``missing``, and the uploader uploads those bytes
+    again and records once more (what a tuner node does: TunerResult.record)."""
+    import httpx
+
+    from tunecache.cli import client_for
+    from tunecache.store import record_uploaded
+
+    module = tmp_path / "module.tar.gz"
+    module.write_bytes(os.urandom(3000))
+    client = client_for(server)
+    sha = client.upload_file(module)
+    assert httpx.get(f"{server}/v1/artifacts/{sha}").status_code == 200  # a pod downloaded it: mirrored here
+    engine = db.create_db_engine(database_url)
+    with db.session_factory(engine).begin() as session:  # another node's pass: no run refers to it
+        assert sha in retention.collect_blobs(session, now=later(), grace=GRACE).blobs
+    assert httpx.head(f"{server}/v1/artifacts/{sha}").status_code == 200  # this node's file, until its own pass
+
+    payload = run_payload(CUDNN_FILE)
+    payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "module.tar.gz",
+                                 "media_type": "application/gzip", "sha256": sha})
+    run = record_uploaded(client, TuningRunCreate.model_validate(payload), [CUDNN_FILE, module])
+    assert [a.sha256 for a in run.artifacts][1] == sha
+    with db.session_factory(engine).begin() as session:
+        assert blobs.read_blob(session, sha) == module.read_bytes()
+    engine.dispose()
+    client.close()
