@@ -21,8 +21,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('tuning_runs') as batch:
-        batch.add_column(sa.Column('pinned', sa.Boolean(), nullable=False, server_default=sa.false()))
+    # ALTER TABLE ADD COLUMN on both databases: a batch operation would rebuild the table on
+    # SQLite, and its indexes in another order (the planner's pick among equal indexes moves)
+    op.add_column('tuning_runs', sa.Column('pinned', sa.Boolean(), nullable=False, server_default=sa.false()))
 
 
 def downgrade() -> None:
