@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/retention.py [--nights 365] [--keys 50] [--module-bytes 16384]
                                         [--modules 1] [--keep 10] [--mirror-max-bytes 4194304]
-                                        [--postgres-url URL] [--no-postgres] [--json PATH]
+                                        [--postgres-url URL] [--no-postgres] [--no-vacuum]
+                                        [--exact] [--json PATH]
 
 Every night each of ``--keys`` keys is re-tuned once. The first night's runs are recorded
 with :func:`tunecache.service.repository.record_run` (``force``: the promotion policy's diff
@@ -41,6 +42,12 @@ orders its files by their access time on the real clock (written in night order)
 "used within the last minute" protection is off here (``hot_path.IN_USE_S = 0``: in the
 service a file is at most a minute younger than its use; here a whole year is written in
 minutes).
+
+On PostgreSQL each night ends with a plain ``VACUUM`` of the tables it changed, with the
+policy off and on: it stands in for autovacuum in the day between two nights (here a night
+passes in about a second, and autovacuum wakes once a minute), which makes the space of
+deleted rows reusable; without it (``--no-vacuum``) the files grow as if nothing were ever
+deleted. ``VACUUM FULL`` (giving space back) is never run.
 
 Sizes: SQLite: the database file after a WAL checkpoint (SQLite reuses freed pages but does
 not shrink the file without ``VACUUM``, which the service never runs) and the bytes of its
@@ -151,6 +158,8 @@ def simulate(kind: str, url: str, policy: RetentionPolicy | None, args, workdir:
             deleted["runs"] += len(report.runs)
             deleted["blobs"] += len(report.blobs.blobs)
             deleted["mirror_files"] += report.mirror.files
+        if kind == "postgresql" and not args.no_vacuum:
+            _vacuum(engine)
         if (night + 1) % 30 == 0 or night + 1 == args.nights:
             print(f"  {kind} {'on' if policy else 'off'}: night {night + 1}/{args.nights}, "
                   f"{time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
@@ -211,6 +220,15 @@ def _record_night_in_bulk(session, templates: list[TuningRun], modules: list[lis
     return shas
 
 
+def _vacuum(engine) -> None:
+    """A plain ``VACUUM`` (not ``FULL``: nothing is given back to the file system) of the
+    tables a night changes: what autovacuum does in the day between two nights, which here
+    pass in about a second (autovacuum wakes once a minute)."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        for table in ("artifact_chunks", "artifact_blobs", "run_artifacts", "tuning_runs", "current_tunings"):
+            connection.exec_driver_sql(f"VACUUM {table}")
+
+
 def _database_size(engine) -> dict:
     if engine.dialect.name == "sqlite":
         with engine.connect() as connection:
@@ -265,6 +283,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=20261202)
     parser.add_argument("--exact", action="store_true",
                         help="record every run with record_run and store_blob (about 20 ms a run here), not in bulk")
+    parser.add_argument("--no-vacuum", action="store_true", help="on PostgreSQL, no VACUUM after each night")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     hot_path.IN_USE_S = 0.0  # see the module's docstring
