@@ -151,7 +151,8 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
                force: bool = False) -> TuningRunRead:
     """Record a finished run; a succeeded, verified run becomes current for its key and environment.
 
-    Earlier runs are kept (history); only the ``current_tunings`` pointer moves, in the
+    Earlier runs are kept (history, up to ``TUNECACHE_RUN_RETENTION``:
+    :mod:`tunecache.service.retention`); only the ``current_tunings`` pointer moves, in the
     same transaction, and only forward (to a higher run id), so concurrent recordings
     leave the newest run current. A failed run never moves it, so the previous tuning
     stays current.
