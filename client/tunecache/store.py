@@ -62,9 +62,10 @@ class ArtifactsMissing(TunecacheError):
 class TuningStore(Protocol):
     """Where tunings are recorded and looked up."""
 
-    def upload_file(self, path: Path) -> str:
+    def upload_file(self, path: Path, again: bool = False) -> str:
         """Store a file's bytes (streamed, never whole in memory), unless the store
-        already has them; returns their sha256 (64 hex digits)."""
+        already has them (``again``: without asking first); returns their sha256 (64 hex
+        digits)."""
         ...
 
     def record_run(self, run: TuningRunCreate) -> TuningRunRead:
@@ -72,7 +73,8 @@ class TuningStore(Protocol):
         verified run becomes current for its key and environment.
 
         Raises:
-            ArtifactsMissing (SQL) or ServerError 422 (HTTP): an artifact was not uploaded.
+            ArtifactsMissing (SQL) or ServerError 422 (HTTP): an artifact was not uploaded
+                (``missing``: their sha256; :func:`record_uploaded` uploads them again).
         """
         ...
 
@@ -101,3 +103,29 @@ def file_sha256(path: Path) -> str:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+def record_uploaded(store: TuningStore, run: TuningRunCreate, paths: list[Path]) -> TuningRunRead:
+    """Upload each of ``paths`` (skipped when the store has the bytes), then record ``run``.
+
+    When the record is refused because bytes are missing (``ArtifactsMissing``, or a
+    server's 422 naming them in ``missing``): the service's retention deleted them between
+    the upload and the record, or a node still answered "stored" from a mirrored file of
+    bytes already deleted. Those files are uploaded again, without asking whether they are
+    there, and the run is recorded once more.
+
+    Raises:
+        whatever the store raises (the second refusal too).
+    """
+    for path in paths:
+        store.upload_file(path)
+    try:
+        return store.record_run(run)
+    except Exception as exc:  # ArtifactsMissing (SQL) or ServerError (HTTP), each with .missing
+        missing = set(getattr(exc, "missing", None) or ())
+        by_sha = {file_sha256(path): path for path in paths}
+        if not missing or not missing <= by_sha.keys():
+            raise
+    for sha in sorted(missing):
+        store.upload_file(by_sha[sha], again=True)
+    return store.record_run(run)

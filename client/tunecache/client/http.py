@@ -113,6 +113,8 @@ class ServerError(TunecacheError):
         super().__init__(f"server answered {status_code}: {shown[:300]}{'...' if len(shown) > 300 else ''}")
         self.status_code = status_code
         self.detail = detail
+        #: A record's 422 for artifacts whose bytes are not stored: their sha256 (else empty).
+        self.missing: list[str] = []
 
 
 class JobConflictError(ServerError):
@@ -784,15 +786,16 @@ class TunecacheClient:
 
         return self._retrying(once)
 
-    def upload_file(self, path: Path) -> str:
+    def upload_file(self, path: Path, again: bool = False) -> str:
         """Upload a file's bytes streamed from disk (never whole in memory), unless the
-        server already has them (``HEAD``); returns the sha256.
+        server already has them (``HEAD``; ``again``: uploaded without asking, for bytes a
+        record found missing); returns the sha256.
 
         Raises:
             ServerUnreachable, ServerError.
         """
         sha256 = file_sha256(path)
-        if self._request("HEAD", f"/v1/artifacts/{sha256}").status_code == 200:
+        if not again and self._request("HEAD", f"/v1/artifacts/{sha256}").status_code == 200:
             return sha256
 
         def once() -> httpx.Response:
@@ -831,6 +834,12 @@ class TunecacheClient:
         """
         response = self._request("POST", "/v1/tunings" + ("?force=true" if force else ""), content=run.model_dump_json(),
                                  headers={"Content-Type": "application/json"})
+        if response.status_code == 422:
+            body = _json_object(response) or {}
+            if isinstance(body.get("missing"), list):
+                error = ServerError(422, _detail(response))
+                error.missing = [str(sha) for sha in body["missing"]]
+                raise error
         return self._answer(response, TuningRunRead)
 
     def record_verification(self, run_id: int, verification: RunVerification) -> TuningRunRead:

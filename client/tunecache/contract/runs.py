@@ -454,6 +454,9 @@ class TuningRunRead(BaseModel):
     verification: RunVerification | None = None
     """Its verification boot (:class:`RunVerification`; ``None``: none was made, e.g. not a
     vLLM warmup, or one recorded without a server to fetch from)."""
+    pinned: bool = False
+    """An admin pinned it (``PUT /v1/tunings/{id}/pin``): the service's retention
+    (``TUNECACHE_RUN_RETENTION``) never deletes it."""
 
     def artifact(self, kind: ArtifactKind) -> ArtifactRead | None:
         """The run's first artifact of ``kind``, or ``None``."""

@@ -31,6 +31,7 @@ from tunecache.service.limits import AllowedHosts, LoadShedding, RequestBodyGuar
 from tunecache.service.report_bounds import ReportFilter, SourceGate
 from tunecache.service.report_intake import ReportIntake
 from tunecache.service.reports import Pruner
+from tunecache.service.retention import Maintenance
 from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
 from tunecache.service.routes import metrics as metrics_route
 
@@ -143,7 +144,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.file_threads = anyio.CapacityLimiter(settings.file_threads)
         app.state.token_cache = TTLCache(maxsize=4096, ttl=settings.token_cache_seconds)
         app.state.trusted_keys = server_trusted_keys(settings)
-        worker = generation_connection = report_intake = None
+        worker = generation_connection = report_intake = maintenance = None
         try:
             db.check_schema(app.state.engine)
             app.state.sessions = db.session_factory(app.state.engine)
@@ -160,8 +161,15 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             gc.freeze()  # what startup allocated is never collected: shorter GC pauses under load
             worker = _start_worker(app, settings)
             metrics.set_job_worker(worker is not None)
+            # runs past TUNECACHE_RUN_RETENTION, unreferenced blobs, the mirror past its cap: in a thread, never a request
+            app.state.maintenance = maintenance = Maintenance(
+                app.state.sessions, app.state.artifact_files, settings.retention_policy,
+                settings.retention_interval_seconds, lock_path=settings.data_dir / "retention.lock")
+            maintenance.start()
             yield
         finally:
+            if maintenance is not None:
+                await anyio.to_thread.run_sync(maintenance.stop)
             if worker is not None:
                 worker.stop()
             if report_intake is not None:

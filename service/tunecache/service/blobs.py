@@ -7,11 +7,12 @@ database value. Like the repository, functions take the caller's session and nev
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from tunecache.service import dialect
@@ -20,6 +21,9 @@ from tunecache.contract import ArtifactStored
 
 #: Bytes per stored chunk (4 MiB).
 CHUNK_BYTES = 4 * 1024 * 1024
+#: A blob uploaded again more than this long after its ``created_at`` gets a new one (a
+#: write only then: identical uploads at once do not all write the row).
+RENEW_AFTER = dt.timedelta(minutes=10)
 
 
 class DigestMismatch(ValueError):
@@ -29,8 +33,11 @@ class DigestMismatch(ValueError):
 def store_blob(session: Session, stream: BinaryIO, expected_sha256: str) -> ArtifactStored:
     """Store the bytes read from ``stream`` under ``expected_sha256``.
 
-    Idempotent: when the blob is already stored, the bytes are only hashed and nothing is
-    written (``created=False``). Concurrent uploads of the same bytes are safe.
+    Idempotent: when the blob is already stored, the bytes are only hashed (``created=False``)
+    and, when it was uploaded more than :data:`RENEW_AFTER` ago, its ``created_at`` is
+    renewed: the collector (:func:`tunecache.service.retention.collect_blobs`) leaves bytes
+    uploaded within its grace alone, so an upload for a run about to be recorded counts as a
+    new one. Concurrent uploads of the same bytes are safe.
 
     Raises:
         DigestMismatch: the bytes hash to something else (also when the blob is stored
@@ -43,6 +50,9 @@ def store_blob(session: Session, stream: BinaryIO, expected_sha256: str) -> Arti
             digest.update(chunk)
         if digest.hexdigest() != expected_sha256:
             raise DigestMismatch(f"body hashes to sha256 {digest.hexdigest()}, not {expected_sha256}")
+        now = utcnow()
+        session.execute(update(ArtifactBlob).where(ArtifactBlob.sha256 == expected_sha256,
+                                                   ArtifactBlob.created_at < now - RENEW_AFTER).values(created_at=now))
         return ArtifactStored(sha256=expected_sha256, size_bytes=blob_size(session, expected_sha256) or 0, created=False)
     dialect.insert_or_ignore(
         session, ArtifactBlob.__table__, {"sha256": expected_sha256, "size_bytes": 0, "created_at": utcnow()}, ["sha256"]

@@ -1,4 +1,4 @@
-"""The server's commands of ``tunecache``: ``serve``, ``db upgrade`` and ``tune``.
+"""The server's commands of ``tunecache``: ``serve``, ``db upgrade``, ``prune`` and ``tune``.
 
 Registered on the client's typer app through the ``tunecache.cli`` entry-point group
 (``tunecache.cli.load_command_plugins`` calls :func:`register`), so installing
@@ -38,12 +38,13 @@ DatabaseOpt = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``serve``, ``db upgrade`` and ``tune`` to the ``tunecache`` app (entry point of
+    """Add ``serve``, ``db upgrade``, ``prune`` and ``tune`` to the ``tunecache`` app (entry point of
     the ``tunecache.cli`` group)."""
     db_app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
     db_app.command("upgrade")(db_upgrade)
     app.add_typer(db_app, name="db")
     app.command()(serve)
+    app.command()(prune)
     app.command()(tune)
 
 
@@ -249,6 +250,49 @@ def db_upgrade(database: DatabaseOpt = None) -> None:
     except Exception as exc:
         fail(ExitCode.DATABASE, f"cannot upgrade {engine.url.render_as_string(hide_password=True)}: {str(exc).splitlines()[0]}")
     typer.echo(f"database at revision {revision}")
+
+
+def prune(
+    database: DatabaseOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would be deleted, delete nothing")] = False,
+    keep: Annotated[
+        Optional[str], typer.Option(help="runs kept per key and environment, or 'off' (default: TUNECACHE_RUN_RETENTION, 10)")
+    ] = None,
+) -> None:
+    """Run one retention pass now: delete runs past the retention (never the current, a
+    pinned or a job's run, nor one recorded within TUNECACHE_RETENTION_GRACE_SECONDS), the
+    blobs no run refers to any more, and this node's mirrored files of deleted blobs and
+    past TUNECACHE_MIRROR_MAX_BYTES. The service does the same by itself every
+    TUNECACHE_RETENTION_INTERVAL_SECONDS; this is for an operator who wants it now, or to
+    see first what it would delete (--dry-run)."""
+    from pydantic import ValidationError
+
+    from tunecache.service import db
+    from tunecache.service.hot_path import ArtifactFiles
+    from tunecache.service.retention import run_pass
+    from tunecache.service.settings import Settings, variable_name
+
+    overrides = {"database_url": database} if database else {}
+    if keep is not None:
+        overrides["run_retention"] = keep
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        fail(ExitCode.USAGE, f"invalid setting {error['loc'][0]} ({variable_name(str(error['loc'][0]))}): {error['msg']}")
+    engine = _ready_engine(settings.resolved_database_url())
+    mirror = settings.artifact_cache_dir
+    try:
+        report = run_pass(db.session_factory(engine), ArtifactFiles(mirror) if mirror.is_dir() else None,
+                          settings.retention_policy, dry_run=dry_run)
+    except Exception as exc:
+        _store_errors(exc)
+    finally:
+        engine.dispose()
+    typer.echo(f"{'would delete' if dry_run else 'deleted'} {report.line()}")
+    if report.runs:
+        shown = ", ".join(str(run_id) for run_id in report.runs[:50])
+        typer.echo(f"runs: {shown}{f' and {len(report.runs) - 50} more' if len(report.runs) > 50 else ''}")
 
 
 @key_options(gpu="detected")

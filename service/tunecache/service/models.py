@@ -10,10 +10,13 @@ Tables:
   (``env_hash`` = :meth:`tunecache.contract.EnvironmentMetadata.environment_hash`).
 * ``tuning_keys``: (GPU name, arch, model, max_num_batched_tokens, dtype, quantization,
   tensor-parallel size).
-* ``tuning_runs``: every tuning ever recorded (history, append-only except for the
-  status of a run in progress).
+* ``tuning_runs``: the tunings recorded (history, append-only except for the status of a
+  run in progress, its pin and the retention pass: :mod:`tunecache.service.retention`
+  deletes runs past ``TUNECACHE_RUN_RETENTION`` per key and environment, never the
+  current, a pinned or a job's run).
 * ``artifact_blobs`` / ``artifact_chunks``: content-addressed bytes (sha256), shared
-  between runs, stored in chunks so large JIT modules stream in and out.
+  between runs, stored in chunks so large JIT modules stream in and out; a blob no run
+  refers to any more is collected (with its chunks) after a grace period.
 * ``run_artifacts``: which blobs a run produced, under which kind and name.
 * ``current_tunings``: the run that is current for a (key, environment); updated in
   the same transaction that records a successful run.
@@ -54,6 +57,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -184,6 +188,8 @@ class TuningRun(Base):
     it has none, or the run is unsigned)."""
     verification: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     """Its verification boot (:class:`tunecache.contract.RunVerification` as JSON; ``None``: none)."""
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """An admin pinned it (``PUT /v1/tunings/{id}/pin``): retention never deletes it."""
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")
     environment: Mapped[Environment] = relationship(lazy="joined")

@@ -131,6 +131,7 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
         held=run.held,
         signature_verified=run.signature_verified,
         verification=RunVerification.model_validate(run.verification) if run.verification else None,
+        pinned=bool(run.pinned),
         artifacts=[
             ArtifactRead(
                 kind=a.kind,
@@ -150,7 +151,8 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
                force: bool = False) -> TuningRunRead:
     """Record a finished run; a succeeded, verified run becomes current for its key and environment.
 
-    Earlier runs are kept (history); only the ``current_tunings`` pointer moves, in the
+    Earlier runs are kept (history, up to ``TUNECACHE_RUN_RETENTION``:
+    :mod:`tunecache.service.retention`); only the ``current_tunings`` pointer moves, in the
     same transaction, and only forward (to a higher run id), so concurrent recordings
     leave the newest run current. A failed run never moves it, so the previous tuning
     stays current.
@@ -183,9 +185,16 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
             + " (a tuning recorded so could never be loaded by AutoTuner.load_configs)"
         )
     shas = sorted({a.sha256 for a in run.artifacts})
+    # The blobs are held from here to the commit, against the collector
+    # (tunecache.service.retention.collect_blobs) deleting one that no run referred to: on
+    # SQLite the key's upsert below, moved before this read, takes the database's write
+    # lock; on PostgreSQL the read takes a share lock on each blob's row. A collector that
+    # deleted a blob first makes the run ArtifactsMissing (422 naming it: upload it again).
+    key_row = get_or_create_key(session, run.key)
     sizes: dict[str, int] = dict(
         session.execute(
             select(ArtifactBlob.sha256, ArtifactBlob.size_bytes).where(ArtifactBlob.sha256.in_(shas))
+            .order_by(ArtifactBlob.sha256).with_for_update(read=True, key_share=True)
         ).all()
     )
     if missing := [s for s in shas if s not in sizes]:
@@ -202,7 +211,6 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
             except NotAnAutotuneFile as exc:
                 raise NotAFlashInferFile(f"{exc} (a {ArtifactKind.FLASHINFER_AUTOTUNE} artifact must be one)") from None
 
-    key_row = get_or_create_key(session, run.key)
     env_row = _get_or_create_environment(session, run.environment)
     duration = (
         (run.finished_at - run.started_at).total_seconds()
@@ -373,6 +381,21 @@ def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] |
         conflict=["key_id", "environment_id"], newer=None)
     session.flush()
     return _to_read(row, is_current=True), previous.id if previous is not None else None
+
+
+def pin_run(session: Session, run_id: int, pinned: bool) -> TuningRunRead:
+    """Pin run ``run_id`` (``pinned``) so that retention never deletes it, or unpin it (it
+    is then kept or deleted as any other run: :mod:`tunecache.service.retention`).
+
+    Raises:
+        LookupError: no such run.
+    """
+    row = session.get(TuningRun, run_id)
+    if row is None:
+        raise LookupError(f"no tuning run {run_id}")
+    row.pinned = pinned
+    session.flush()
+    return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
 
 
 #: The generation's one row (``None`` where the row is missing).

@@ -76,7 +76,7 @@ class Settings(BaseSettings):
       processes runs the job worker.
     * ``TUNECACHE_THREADS``: threads per process that run database work (sync routes).
     * ``TUNECACHE_DB_POOL_SIZE``: database connections per process (default: the threads,
-      and 2 more: the generation reader's and the report flusher's).
+      and 3 more: the generation reader's, the report flusher's and the retention pass's).
     * ``TUNECACHE_DB_POOL_TIMEOUT``: seconds a request waits for a connection before 503.
     * ``TUNECACHE_DB_CONNECT_TIMEOUT`` / ``TUNECACHE_DB_STATEMENT_TIMEOUT``: seconds to
       connect to the database, and that one statement may run (PostgreSQL; SQLite's busy
@@ -149,6 +149,19 @@ class Settings(BaseSettings):
       batches at least this often (0.5 s; ``tunecache.service.report_intake``).
     * ``TUNECACHE_REPORT_INTAKE_MAX``: reports a process holds not yet stored at most
       (20,000); past it ``POST /v1/reports`` answers 503 with ``Retry-After``.
+    * ``TUNECACHE_RUN_RETENTION``: runs kept per key and environment (10), newest first;
+      older ones are deleted with their artifact rows, except the current run, pinned runs
+      (``PUT /v1/tunings/{id}/pin``), a run a tuning job points at and runs recorded within
+      the grace. ``off`` keeps every run; ``0`` is refused (say ``off``, or at least 1).
+    * ``TUNECACHE_RETENTION_GRACE_SECONDS``: runs recorded and blobs uploaded within this
+      long (3600) are never deleted: a run being recorded, bytes uploaded for a run not yet
+      recorded. Blobs no run refers to any more are deleted once past it.
+    * ``TUNECACHE_MIRROR_MAX_BYTES``: bytes of artifact files this node mirrors under
+      ``<data dir>/artifact-cache`` at most (10 GiB); least recently used files are evicted
+      past it (a file used in the last minute stays), and files of deleted blobs go.
+    * ``TUNECACHE_RETENTION_INTERVAL_SECONDS``: each server process runs the retention pass
+      (``tunecache.service.retention``) at most this often (3600), in a thread of its own,
+      the first about a minute after start; ``tunecache prune`` runs one on demand.
 
     Renamed settings (:data:`RENAMED_VARIABLES`): the old variable is read when the new one
     is unset, and ``Settings(worker=..., workers=...)`` still sets ``job_worker`` and
@@ -211,6 +224,14 @@ class Settings(BaseSettings):
     report_flush_seconds: float = Field(default=0.5, gt=0, le=60)
     #: Reports a process holds not yet stored at most; past it POST /v1/reports answers 503.
     report_intake_max: int = Field(default=20_000, ge=1, le=10_000_000)
+    #: Runs kept per key and environment (None: "off", every run); tunecache.service.retention.
+    run_retention: int | None = Field(default=10, ge=1, le=1_000_000)
+    #: Seconds within which recorded runs and uploaded blobs are never deleted.
+    retention_grace_seconds: float = Field(default=3600.0, ge=0, le=365 * 86400)
+    #: Bytes of mirrored artifact files per node at most (least recently used evicted past it).
+    mirror_max_bytes: int = Field(default=10 * 1024**3, gt=0)
+    #: Seconds between a process's retention passes.
+    retention_interval_seconds: float = Field(default=3600.0, gt=0, le=30 * 86400)
 
     def __init__(self, **values: Any) -> None:
         for old, new in RENAMED_FIELDS.items():  # old keyword names, kept for compatibility
@@ -244,9 +265,10 @@ class Settings(BaseSettings):
     @property
     def pool_size(self) -> int:
         """Connections per process: ``db_pool_size``, or one per thread and one each for
-        the generation reader and the report flusher (which hold theirs outside the
-        threads), so that a thread never waits for a connection another thread is not using."""
-        return self.db_pool_size or self.threads + 2
+        the generation reader, the report flusher and the retention pass (which hold theirs
+        outside the threads), so that a thread never waits for a connection another thread
+        is not using."""
+        return self.db_pool_size or self.threads + 3
 
     @property
     def admin_token_file(self) -> Path:
@@ -273,6 +295,25 @@ class Settings(BaseSettings):
             if host != "*" and "*" in host and not (host.startswith("*.") and "*" not in host[2:]):
                 raise ValueError(f"{host!r}: a wildcard may only begin a domain, as *.example.com")
         return value
+
+    @field_validator("run_retention", mode="before")
+    @classmethod
+    def _retention(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "off":
+            return None
+        if value is not None and str(value).strip() == "0":
+            raise ValueError("0 would keep only the current and pinned runs: say off to keep every run, or at least 1")
+        return value
+
+    @property
+    def retention_policy(self):
+        """What the retention pass keeps (:class:`tunecache.service.retention.RetentionPolicy`)."""
+        import datetime as dt
+
+        from tunecache.service.retention import RetentionPolicy
+
+        return RetentionPolicy(keep=self.run_retention, grace=dt.timedelta(seconds=self.retention_grace_seconds),
+                               mirror_max_bytes=self.mirror_max_bytes)
 
     @field_validator("job_request_rate")
     @classmethod

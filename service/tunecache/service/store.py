@@ -48,9 +48,10 @@ class SqlTuningStore:
         if self.owns_engine:
             self.sessions.kw["bind"].dispose()
 
-    def upload_file(self, path: Path) -> str:
+    def upload_file(self, path: Path, again: bool = False) -> str:
         """Store a file's bytes in 4 MiB chunks (:func:`tunecache.service.blobs.store_blob`),
-        or nothing when they are stored already; returns the sha256."""
+        or nothing when they are stored already (``again`` changes nothing here: the
+        database itself is asked); returns the sha256."""
         sha256 = file_sha256(path)
         with self.sessions.begin() as session, path.open("rb") as stream:
             blobs.store_blob(session, stream, sha256)

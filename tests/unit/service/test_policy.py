@@ -43,6 +43,8 @@ EXPECTED = {
     ("PUT", "/v1/artifacts/{sha256}"): requires(Scope.PUSH),
     ("POST", "/v1/tunings"): requires(Scope.PUSH),
     ("POST", "/v1/tunings/{run_id}/promote"): requires(Scope.ADMIN),
+    ("PUT", "/v1/tunings/{run_id}/pin"): requires(Scope.ADMIN),
+    ("DELETE", "/v1/tunings/{run_id}/pin"): requires(Scope.ADMIN),
     ("PUT", "/v1/tunings/{run_id}/verification"): requires(Scope.TUNE),
     ("POST", "/v1/tuning-jobs"): requires(Scope.ADMIN),
     ("DELETE", "/v1/tuning-jobs/{job_id}"): requires(Scope.ADMIN),

@@ -100,6 +100,35 @@ def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: Sessi
     return _json(run)
 
 
+@router.put("/{run_id}/pin", response_model=TuningRunRead,
+            responses={404: {"model": ErrorBody, "description": "no such run"}})
+def pin_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, caller: AdminCaller,
+               request: Request) -> Response:
+    """Pin a run: the retention pass (``TUNECACHE_RUN_RETENTION``,
+    :mod:`tunecache.service.retention`) never deletes it, however many runs of its key come
+    after it (a known-good run to roll back to). Needs an ``admin`` token; idempotent; 404
+    for an unknown run (or one retention already deleted). Audited."""
+    return _pin(session, run_id, True, request)
+
+
+@router.delete("/{run_id}/pin", response_model=TuningRunRead,
+               responses={404: {"model": ErrorBody, "description": "no such run"}})
+def unpin_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, caller: AdminCaller,
+                 request: Request) -> Response:
+    """Unpin a run: retention keeps or deletes it as any other run from its next pass. Needs
+    an ``admin`` token; idempotent; 404 for an unknown run. Audited."""
+    return _pin(session, run_id, False, request)
+
+
+def _pin(session: Session, run_id: int, pinned: bool, request: Request) -> Response:
+    try:
+        run = repository.pin_run(session, run_id, pinned)
+    except LookupError as exc:
+        raise HTTPException(404, detail=str(exc)) from None
+    request.state.audit_detail = f"{'pinned' if pinned else 'unpinned'} run {run.id} of {run.key.model}"
+    return _json(run)
+
+
 def _json(run: TuningRunRead, status: int = 200) -> Response:
     """A write's answer, serialized in the route's own thread: FastAPI would serialize a
     returned model of a sync route in another worker thread, for which the request would

@@ -129,9 +129,11 @@ class TunerResult:
         Raises:
             whatever the store raises (ServerError, ServerUnreachable over HTTP; database errors).
         """
-        for _artifact, path in self.artifacts:
-            store.upload_file(path)
-        return store.record_run(self.run_record(spec, trigger, node, signing_key))
+        from tunecache.store import record_uploaded
+
+        # bytes the service's retention deleted meanwhile are uploaded again (record_uploaded)
+        return record_uploaded(store, self.run_record(spec, trigger, node, signing_key),
+                               [path for _artifact, path in self.artifacts])
 
 
 def _terminate(child: subprocess.Popen) -> None:

@@ -1,0 +1,296 @@
+"""Retention: what a year of nightly re-tunes leaves behind is deleted, never what a pod
+may still install.
+
+Three parts, each safe to run at any time and from several processes at once:
+
+* :func:`prune_runs`: per key and environment, runs past the last ``keep``
+  (``TUNECACHE_RUN_RETENTION``, newest first as the history orders them) are deleted with
+  their ``run_artifacts`` rows, except the current run, pinned runs (``PUT
+  /v1/tunings/{id}/pin``), a run a tuning job points at, and any run recorded within the
+  grace (``TUNECACHE_RETENTION_GRACE_SECONDS``). Deleted runs no longer appear in the
+  history; nothing refers to a run by a sequence of ids, so the gaps break nothing.
+* :func:`collect_blobs`: blobs no run refers to any more, uploaded before the grace, are
+  deleted with their chunks. A recording that refers to such a blob again holds it until
+  it commits (:func:`tunecache.service.repository.record_run`); each deletion re-checks,
+  in its own statement, that no run refers to the blob, and a deletion that collides with
+  a recording anyway (a foreign key violation, a lock timeout) is skipped until the next
+  pass. A recording that comes after a committed deletion gets 422 naming the blob, which
+  its uploader uploads again.
+* :meth:`tunecache.service.hot_path.ArtifactFiles.trim`: the node's artifact mirror loses
+  the files of collected blobs, and past ``TUNECACHE_MIRROR_MAX_BYTES`` its least recently
+  used files (a file used within the last minute stays: a download may be about to open
+  it; one already open is read to its end, POSIX keeps an unlinked file's bytes while it
+  is open). A file that is gone is mirrored again from the database on its next download.
+
+:class:`Maintenance` runs :func:`run_pass` in a thread of each server process, at most once
+per ``TUNECACHE_RETENTION_INTERVAL_SECONDS`` (never on a request); ``tunecache prune``
+runs one pass on demand (``--dry-run``: says what it would delete). Every pass logs what
+it deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import delete, exists, func, select, text
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from tunecache.service.hot_path import ArtifactFiles, Trimmed
+from tunecache.service.models import ArtifactBlob, CurrentTuning, RunArtifact, TuningJob, TuningRun, utcnow
+
+log = logging.getLogger("tunecache")
+
+#: Runs or blobs deleted per statement.
+BATCH = 500
+#: The PostgreSQL advisory lock a pass holds while it deletes: one replica's pass at a time.
+ADVISORY_LOCK = 0x7475_6E65_6361_6368 & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """What a pass keeps: ``keep`` runs per key and environment (``None``: every run),
+    everything recorded or uploaded within ``grace``, at most ``mirror_max_bytes`` of
+    mirrored files."""
+
+    keep: int | None = 10
+    grace: dt.timedelta = dt.timedelta(hours=1)
+    mirror_max_bytes: int = 10 * 1024**3
+
+
+@dataclass
+class Collected:
+    """Blobs a collection deleted (or, dry, would delete) and their bytes in all."""
+
+    blobs: list[str] = field(default_factory=list)
+    bytes: int = 0
+
+
+@dataclass
+class PassReport:
+    """What one pass deleted (or, dry, would delete)."""
+
+    runs: list[int] = field(default_factory=list)
+    blobs: Collected = field(default_factory=Collected)
+    mirror: Trimmed = field(default_factory=Trimmed)
+    skipped: str | None = None
+    """Why the database part did not run (another replica's pass held the lock)."""
+
+    def line(self) -> str:
+        """The pass in one line, for the log and ``tunecache prune``."""
+        return (f"{len(self.runs)} runs, {len(self.blobs.blobs)} blobs ({self.blobs.bytes:,} bytes), "
+                f"{self.mirror.files} mirrored files ({self.mirror.bytes:,} bytes)"
+                + (f"; database part skipped: {self.skipped}" if self.skipped else ""))
+
+
+def _runs_past_retention(keep: int, cutoff: dt.datetime):
+    """``SELECT id`` of the runs that :func:`prune_runs` deletes."""
+    ranked = select(
+        TuningRun.id,
+        func.row_number().over(partition_by=(TuningRun.key_id, TuningRun.environment_id),
+                               order_by=(TuningRun.created_at.desc(), TuningRun.id.desc())).label("rank"),
+    ).subquery()
+    return select(TuningRun.id).where(TuningRun.id.in_(select(ranked.c.id).where(ranked.c.rank > keep)),
+                                      *_deletable(cutoff))
+
+
+def _deletable(cutoff: dt.datetime) -> list:
+    """Conditions on a run that retention may delete (checked again in each DELETE)."""
+    return [
+        TuningRun.pinned.is_(False),
+        TuningRun.created_at < cutoff,
+        ~exists().where(CurrentTuning.run_id == TuningRun.id),
+        ~exists().where(TuningJob.run_id == TuningRun.id),
+    ]
+
+
+def prune_runs(session: Session, keep: int | None, now: dt.datetime | None = None,
+               grace: dt.timedelta = RetentionPolicy.grace, dry_run: bool = False) -> list[int]:
+    """Delete, per key and environment, the runs past the newest ``keep`` (``None``: none),
+    except current, pinned and job runs and those recorded within ``grace`` of ``now``;
+    their ``run_artifacts`` rows go with them (``ON DELETE CASCADE``). Returns the ids
+    deleted (``dry_run``: those it would delete, deleting nothing). The caller commits.
+
+    A batch whose deletion collides with a concurrent write (a promotion of one of its
+    runs, a lock held past ``lock_timeout``) is left for the next pass.
+    """
+    if keep is None:
+        return []
+    cutoff = (now or utcnow()) - grace
+    candidates = list(session.scalars(_runs_past_retention(keep, cutoff).order_by(TuningRun.id)))
+    if dry_run:
+        return candidates
+    deleted: list[int] = []
+    for start in range(0, len(candidates), BATCH):
+        batch = candidates[start:start + BATCH]
+        try:
+            with session.begin_nested():  # the session forgets the deleted runs (synchronize_session)
+                deleted += session.scalars(
+                    delete(TuningRun).where(TuningRun.id.in_(batch), *_deletable(cutoff)).returning(TuningRun.id),
+                    execution_options={"synchronize_session": "fetch"}).all()
+        except (IntegrityError, OperationalError) as exc:
+            log.warning("retention: %d runs left for the next pass: %s", len(batch), str(exc).splitlines()[0])
+    return sorted(deleted)
+
+
+def _unreferenced(cutoff: dt.datetime) -> list:
+    return [ArtifactBlob.created_at < cutoff, ~exists().where(RunArtifact.sha256 == ArtifactBlob.sha256)]
+
+
+def collect_blobs(session: Session, now: dt.datetime | None = None, grace: dt.timedelta = RetentionPolicy.grace,
+                  dry_run: bool = False) -> Collected:
+    """Delete the blobs no run refers to that were uploaded before ``grace`` ago, with
+    their chunks (``ON DELETE CASCADE``). Returns them (``dry_run``: those it would delete).
+    The caller commits.
+
+    Each DELETE re-checks that no run refers to the blob. On PostgreSQL a recording that
+    referred to one after the statement's snapshot makes it fail on the foreign key (or
+    wait past ``lock_timeout`` on the recording's share lock): the batch is retried blob by
+    blob, and a blob that still collides is left for the next pass.
+    """
+    cutoff = (now or utcnow()) - grace
+    candidates = session.execute(
+        select(ArtifactBlob.sha256, ArtifactBlob.size_bytes).where(*_unreferenced(cutoff)).order_by(ArtifactBlob.sha256)
+    ).all()
+    if dry_run:
+        return Collected([sha for sha, _ in candidates], sum(size for _, size in candidates))
+    collected = Collected()
+    for start in range(0, len(candidates), BATCH):
+        batch = [sha for sha, _ in candidates[start:start + BATCH]]
+        try:
+            rows = _delete_blobs(session, batch, cutoff)
+        except (IntegrityError, OperationalError):
+            rows = []
+            for sha in batch:
+                try:
+                    rows += _delete_blobs(session, [sha], cutoff)
+                except (IntegrityError, OperationalError) as exc:
+                    log.info("retention: blob %s referred to again meanwhile, kept: %s", sha, str(exc).splitlines()[0])
+        for sha, size in rows:
+            collected.blobs.append(sha)
+            collected.bytes += size or 0
+    return collected
+
+
+def _delete_blobs(session: Session, shas: list[str], cutoff: dt.datetime) -> list[tuple[str, int]]:
+    blobs = ArtifactBlob.__table__
+    with session.begin_nested():
+        return [tuple(row) for row in session.execute(
+            blobs.delete().where(blobs.c.sha256.in_(shas), *_unreferenced(cutoff))
+            .returning(blobs.c.sha256, blobs.c.size_bytes)).all()]
+
+
+def stored_among(session: Session, shas: list[str]) -> set[str]:
+    """Which of ``shas`` are stored blobs."""
+    found: set[str] = set()
+    for start in range(0, len(shas), BATCH):
+        found |= set(session.scalars(select(ArtifactBlob.sha256).where(ArtifactBlob.sha256.in_(shas[start:start + BATCH]))))
+    return found
+
+
+def _try_pass_lock(session: Session) -> bool:
+    """On PostgreSQL, this transaction's hold on :data:`ADVISORY_LOCK` (``False``: another
+    replica's pass holds it); elsewhere ``True``."""
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK}))
+
+
+def run_pass(sessions: sessionmaker[Session], files: ArtifactFiles | None, policy: RetentionPolicy,
+             now: dt.datetime | None = None, dry_run: bool = False) -> PassReport:
+    """One pass: :func:`prune_runs` and :func:`collect_blobs` (each in a transaction of its
+    own), then the mirror's :meth:`~tunecache.service.hot_path.ArtifactFiles.trim` (``files``
+    ``None``: no mirror here). ``dry_run`` deletes nothing and reports what would go (the
+    blobs of runs it would delete are not counted: they are collected a pass later)."""
+    report = PassReport()
+    now = now or utcnow()
+    with sessions.begin() as session:
+        if _try_pass_lock(session):
+            report.runs = prune_runs(session, policy.keep, now, policy.grace, dry_run)
+        else:
+            report.skipped = "another replica's retention pass is running"
+    if report.skipped is None:
+        with sessions.begin() as session:
+            if _try_pass_lock(session):
+                report.blobs = collect_blobs(session, now, policy.grace, dry_run)
+    if files is not None:
+        if not dry_run:
+            for sha in report.blobs.blobs:
+                files.remove(sha)
+
+        def still_stored(shas: list[str]) -> set[str]:
+            with sessions.begin() as session:
+                return stored_among(session, shas)
+
+        report.mirror = files.trim(policy.mirror_max_bytes, stored=still_stored, dry_run=dry_run)
+    return report
+
+
+class Maintenance:
+    """The retention pass of one server process, in a daemon thread: the first about a
+    minute after start (or ``interval_s``, when shorter), then every ``interval_s``. A
+    pass that fails is logged and tried again an interval later.
+
+    ``lock_path``: a file the pass holds an exclusive ``flock`` on, so that the processes
+    of one node (which share its mirror) do not pass at the same time; a process that
+    finds it held skips its turn.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], files: ArtifactFiles | None, policy: RetentionPolicy,
+                 interval_s: float, lock_path: Path | None = None,
+                 on_pass: Callable[[PassReport], None] | None = None):
+        self.sessions, self.files, self.policy = sessions, files, policy
+        self.interval_s = interval_s
+        self.lock_path = lock_path
+        self.on_pass = on_pass
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: The last pass's report (``None`` before the first).
+        self.last: PassReport | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="tunecache-retention", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        wait = min(60.0, self.interval_s)
+        while not self._stop.wait(wait):
+            wait = self.interval_s
+            try:
+                self.run_once()
+            except Exception as exc:  # noqa: BLE001 - the database is down, the disk failed: next interval
+                log.warning("retention pass failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+
+    def run_once(self) -> PassReport | None:
+        """One pass now, unless another process of the node is in one (``None``)."""
+        handle = None
+        if self.lock_path is not None:
+            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(self.lock_path, "a")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                return None
+        try:
+            report = run_pass(self.sessions, self.files, self.policy)
+        finally:
+            if handle is not None:
+                handle.close()
+        self.last = report
+        if report.runs or report.blobs.blobs or report.mirror.files or report.skipped:
+            log.info("retention pass deleted %s", report.line())
+        if self.on_pass is not None:
+            self.on_pass(report)
+        return report

@@ -1,0 +1,388 @@
+"""Retention (issue row "months of data"): runs past ``TUNECACHE_RUN_RETENTION`` deleted,
+unreferenced blobs collected, the artifact mirror capped in bytes; on SQLite and on the
+real PostgreSQL, with the real H200 FlashInfer file as every run's autotune file."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import os
+import threading
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from tests.support.builders import file_environment, h200_key, run_payload, store_file
+from tests.support.paths import CUDNN_FILE
+from tunecache.contract import TuningRunCreate, TuningRunQuery
+from tunecache.service import blobs, db, repository, retention
+from tunecache.service.hot_path import ArtifactFiles
+from tunecache.service.models import ArtifactBlob, ArtifactChunk, RunArtifact, TuningJob, TuningRun, utcnow
+from tunecache.store import ArtifactsMissing
+
+GRACE = dt.timedelta(hours=1)
+
+
+def later() -> dt.datetime:
+    """A moment past the grace of everything a test recorded just now."""
+    return utcnow() + 2 * GRACE
+
+
+@pytest.fixture
+def sessions(engine):
+    return db.session_factory(engine)
+
+
+@pytest.fixture
+def session(sessions):
+    with sessions() as session:
+        yield session
+
+
+def store_bytes(session, data: bytes) -> str:
+    return blobs.store_blob(session, io.BytesIO(data), hashlib.sha256(data).hexdigest()).sha256
+
+
+def run_create(session, module: bytes, key=None, **overrides) -> TuningRunCreate:
+    """A run of CUDNN_FILE with one JIT module of its own (both stored)."""
+    store_file(session, CUDNN_FILE)
+    sha = store_bytes(session, module)
+    payload = run_payload(CUDNN_FILE, key=key, **overrides)
+    payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "module.tar.gz",
+                                 "media_type": "application/gzip", "sha256": sha})
+    return TuningRunCreate.model_validate(payload)
+
+
+def record(session, module: bytes, key=None, **overrides):
+    run = repository.record_run(session, run_create(session, module, key, **overrides))
+    session.commit()
+    return run
+
+
+def ids(session, **filters) -> list[int]:
+    return [r.id for r in repository.list_runs(session, TuningRunQuery(**filters)).items]
+
+
+def test_runs_past_the_retention_are_deleted_keeping_current_last_n_and_pinned(session):
+    runs = [record(session, b"module %d" % i) for i in range(6)]
+    other = [record(session, b"other %d" % i, key=h200_key(model="other/model")) for i in range(3)]
+    repository.pin_run(session, runs[0].id, True)
+    repository.promote_run(session, runs[1].id, None)  # an older run made current again
+    session.commit()
+
+    deleted = retention.prune_runs(session, keep=2, now=later(), grace=GRACE)
+    session.commit()
+
+    assert sorted(deleted) == sorted([runs[2].id, runs[3].id, other[0].id])
+    assert ids(session, model="meta-llama/Llama-3.1-8B") == [runs[5].id, runs[4].id, runs[1].id, runs[0].id]
+    assert ids(session, model="other/model") == [other[2].id, other[1].id]
+    assert repository.get_run(session, runs[0].id).pinned
+    assert repository.lookup(session, h200_key(), file_environment(CUDNN_FILE)).id == runs[1].id
+    # their artifact rows went with them; the blobs are left to the collector
+    assert session.scalar(select(func.count()).select_from(RunArtifact).where(RunArtifact.run_id.in_(deleted))) == 0
+    assert repository.get_run(session, runs[2].id) is None
+
+
+def test_off_keeps_every_run_and_a_dry_run_deletes_nothing(session):
+    runs = [record(session, b"module %d" % i) for i in range(4)]
+    assert retention.prune_runs(session, keep=None, now=later(), grace=GRACE) == []
+    would = retention.prune_runs(session, keep=1, now=later(), grace=GRACE, dry_run=True)
+    session.commit()
+    assert sorted(would) == [r.id for r in runs[:3]]
+    assert len(ids(session)) == 4
+
+
+def test_a_run_a_job_points_at_or_one_just_recorded_is_kept(session):
+    runs = [record(session, b"module %d" % i) for i in range(4)]
+    row = session.get(TuningRun, runs[0].id)
+    session.add(TuningJob(key_id=row.key_id, status="succeeded", run_id=runs[0].id, attempts=1))
+    session.commit()
+
+    assert retention.prune_runs(session, keep=1, now=utcnow(), grace=GRACE) == []  # all recorded within the grace
+    deleted = retention.prune_runs(session, keep=1, now=later(), grace=GRACE)
+    session.commit()
+    assert sorted(deleted) == [runs[1].id, runs[2].id]
+    assert ids(session) == [runs[3].id, runs[0].id]
+
+
+def test_unreferenced_blobs_and_their_chunks_are_collected_after_the_grace(session, monkeypatch):
+    monkeypatch.setattr(blobs, "CHUNK_BYTES", 1024)  # several chunks per module
+    modules = [os.urandom(3000) for _ in range(3)]
+    runs = [record(session, module) for module in modules]
+    retention.prune_runs(session, keep=1, now=later(), grace=GRACE)
+    session.commit()
+    fresh = store_bytes(session, b"uploaded just now for a run not yet recorded")
+    session.commit()
+    gone = [hashlib.sha256(m).hexdigest() for m in modules[:2]]
+
+    assert retention.collect_blobs(session, now=utcnow(), grace=GRACE).blobs == []  # every blob is younger than the grace
+    dry = retention.collect_blobs(session, now=later(), grace=GRACE, dry_run=True)
+    session.commit()
+    assert sorted(dry.blobs) == sorted(gone + [fresh]) and dry.bytes == 6000 + len(b"uploaded just now for a run not yet recorded")
+    assert blobs.read_blob(session, gone[0]) == modules[0]
+
+    collected = retention.collect_blobs(session, now=later(), grace=GRACE)
+    session.commit()
+    assert sorted(collected.blobs) == sorted(gone + [fresh])
+    assert session.scalar(select(func.count()).select_from(ArtifactChunk).where(ArtifactChunk.sha256.in_(gone))) == 0
+    assert session.scalar(select(func.count()).select_from(ArtifactBlob).where(ArtifactBlob.sha256.in_(gone))) == 0
+    kept = repository.get_run(session, runs[2].id)
+    assert [blobs.read_blob(session, a.sha256) for a in kept.artifacts] == [CUDNN_FILE.read_bytes(), modules[2]]
+
+
+def _orphan(session) -> bytes:
+    """A stored JIT module whose only run was deleted: collectable after the grace."""
+    module = os.urandom(2000)
+    record(session, module)
+    record(session, b"the newer run's module")
+    retention.prune_runs(session, keep=1, now=later(), grace=GRACE)
+    session.commit()
+    return module
+
+
+def test_a_recording_that_references_a_blob_again_keeps_it_from_the_collector(sessions, session):
+    """The recording holds its blobs (a share lock on PostgreSQL, the write lock on SQLite)
+    until it commits; the collector, run meanwhile, waits and then finds the blob referenced."""
+    module = _orphan(session)
+    sha = hashlib.sha256(module).hexdigest()
+    result = {}
+    with sessions() as recorder:
+        run = repository.record_run(recorder, run_create(recorder, module))  # not committed yet
+
+        def collect():
+            with sessions() as collector:
+                result["collected"] = retention.collect_blobs(collector, now=later(), grace=GRACE).blobs
+                collector.commit()
+
+        thread = threading.Thread(target=collect)
+        thread.start()
+        time.sleep(0.5)  # the collector is waiting on the recording now
+        recorder.commit()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert sha not in result["collected"]
+    assert blobs.read_blob(session, sha) == module
+    assert [a.sha256 for a in repository.get_run(session, run.id).artifacts][1] == sha
+
+
+def test_a_recording_after_the_collector_deleted_its_blob_is_refused_naming_it(sessions, session):
+    """The collector's deletion, not committed yet, holds the blob; the recording meanwhile
+    waits and then fails cleanly (422 ``missing``: the uploader uploads it again)."""
+    module = _orphan(session)
+    sha = hashlib.sha256(module).hexdigest()
+    outcome = {}
+    with sessions() as collector:
+        assert sha in retention.collect_blobs(collector, now=later(), grace=GRACE).blobs  # not committed yet
+
+        def record_again():
+            with sessions() as recorder:
+                store_file(recorder, CUDNN_FILE)
+                payload = run_payload(CUDNN_FILE)
+                payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "module.tar.gz",
+                                             "media_type": "application/gzip", "sha256": sha})
+                try:
+                    repository.record_run(recorder, TuningRunCreate.model_validate(payload))
+                    recorder.commit()
+                    outcome["run"] = True
+                except ArtifactsMissing as exc:
+                    outcome["missing"] = exc.missing
+
+        thread = threading.Thread(target=record_again)
+        thread.start()
+        time.sleep(0.5)
+        collector.commit()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert outcome == {"missing": [sha]}
+    assert blobs.blob_size(session, sha) is None
+
+
+def _mirror(session, files: ArtifactFiles, data: bytes) -> str:
+    sha = store_bytes(session, data)
+    session.commit()
+    assert files.mirror(session, sha) is not None
+    return sha
+
+
+def test_the_mirror_is_capped_least_recently_used_first_and_drops_deleted_blobs(session, tmp_path):
+    files = ArtifactFiles(tmp_path / "mirror")
+    shas = [_mirror(session, files, bytes([i]) * 1000) for i in range(5)]
+    for age, sha in zip((500, 400, 300, 200, 100), shas):  # used 500 s ago ... 100 s ago
+        path = files.path(sha)
+        os.utime(path, (time.time() - age, path.stat().st_mtime))
+    files.get(shas[0])  # served now: the most recently used
+
+    trimmed = files.trim(max_bytes=3000, stored=lambda found: set(found))
+    assert trimmed.files == 2 and trimmed.bytes == 2000
+    assert [files.get(sha) is not None for sha in shas] == [True, False, False, True, True]
+    assert files.size() == 3000
+
+    # a blob the collector deleted (here or on another node) loses its file, whatever the cap
+    trimmed = files.trim(max_bytes=10**9, stored=lambda found: set(found) - {shas[3]})
+    assert trimmed.files == 1 and files.get(shas[3]) is None and files.get(shas[4]) is not None
+
+
+def test_a_file_being_served_survives_its_eviction_and_a_miss_is_mirrored_again(session, tmp_path):
+    files = ArtifactFiles(tmp_path / "mirror")
+    data = os.urandom(5000)
+    sha = _mirror(session, files, data)
+    path = files.path(sha)
+    with open(path, "rb") as served:
+        first = served.read(100)
+        os.utime(path, (time.time() - 3600, path.stat().st_mtime))  # last used an hour ago (the read marked it)
+        files.trim(max_bytes=1, stored=lambda found: set(found))
+        assert files.get(sha) is None
+        assert first + served.read() == data  # an open file outlives its unlink (POSIX)
+    assert files.mirror(session, sha).read_bytes() == data
+
+
+def test_a_file_used_within_the_last_minute_is_not_evicted(session, tmp_path):
+    """A download found the file and is about to open it: it stays, past the cap for a while."""
+    files = ArtifactFiles(tmp_path / "mirror")
+    sha = _mirror(session, files, b"x" * 1000)
+    assert files.trim(max_bytes=1, stored=lambda found: set(found)).files == 0
+    assert files.get(sha) is not None
+
+
+def test_the_settings_say_how_much_is_kept(monkeypatch):
+    from pydantic import ValidationError
+
+    from tunecache.service.settings import Settings
+
+    settings = Settings()
+    assert settings.run_retention == 10 and settings.mirror_max_bytes == 10 * 1024**3
+    assert settings.retention_grace_seconds == 3600 and settings.retention_interval_seconds == 3600
+    monkeypatch.setenv("TUNECACHE_RUN_RETENTION", "off")
+    assert Settings().run_retention is None
+    monkeypatch.setenv("TUNECACHE_RUN_RETENTION", "3")
+    monkeypatch.setenv("TUNECACHE_MIRROR_MAX_BYTES", str(2**20))
+    assert Settings().run_retention == 3 and Settings().mirror_max_bytes == 2**20
+    monkeypatch.setenv("TUNECACHE_RUN_RETENTION", "0")  # ambiguous (nothing but current and pinned? everything?)
+    with pytest.raises(ValidationError, match="off"):
+        Settings()
+
+
+def _app(engine, tmp_path, **settings):
+    from fastapi.testclient import TestClient
+
+    from tests.support.builders import make_token
+    from tunecache.service.app import create_app
+    from tunecache.service.settings import Settings
+
+    client = TestClient(create_app(Settings(database_url=str(engine.url), worker="off", data_dir=tmp_path / "data",
+                                            **settings), engine=engine))
+    client.headers["Authorization"] = f"Bearer {make_token(engine, 'test-admin', 'admin')}"
+    return client
+
+
+def _record_over_http(client, module: bytes) -> dict:
+    from tests.support.builders import upload
+
+    upload(client, CUDNN_FILE)
+    sha = hashlib.sha256(module).hexdigest()
+    assert client.put(f"/v1/artifacts/{sha}", content=module).status_code in (200, 201)
+    payload = run_payload(CUDNN_FILE)
+    payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "module.tar.gz",
+                                 "media_type": "application/gzip", "sha256": sha})
+    answer = client.post("/v1/tunings", json=payload)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def test_an_admin_pins_and_unpins_a_run_and_a_pinned_run_outlives_the_retention(app_client, engine, session):
+    from tests.support.builders import make_token
+
+    runs = [_record_over_http(app_client, b"module %d" % i) for i in range(3)]
+    pushing = {"Authorization": f"Bearer {make_token(engine, 'pusher', 'push')}"}
+    assert app_client.put(f"/v1/tunings/{runs[0]['id']}/pin", headers=pushing).status_code == 403
+    assert app_client.put("/v1/tunings/999999/pin").status_code == 404
+    pinned = app_client.put(f"/v1/tunings/{runs[0]['id']}/pin")
+    assert pinned.status_code == 200 and pinned.json()["pinned"] is True
+    assert app_client.get(f"/v1/tunings/{runs[0]['id']}").json()["pinned"] is True
+    assert app_client.put(f"/v1/tunings/{runs[1]['id']}/pin").json()["pinned"] is True
+    unpinned = app_client.delete(f"/v1/tunings/{runs[1]['id']}/pin")
+    assert unpinned.status_code == 200 and unpinned.json()["pinned"] is False
+    details = [event["detail"] for event in app_client.get("/v1/audit").json()["events"]]
+    assert any(f"pinned run {runs[0]['id']}" in (d or "") for d in details), details
+
+    assert retention.prune_runs(session, keep=1, now=later(), grace=GRACE) == [runs[1]["id"]]
+    session.commit()
+    history = app_client.get("/v1/tunings").json()
+    assert [r["id"] for r in history["items"]] == [runs[2]["id"], runs[0]["id"]] and history["total"] == 2
+    # the dashboard's pages read the history with a gap in it
+    assert app_client.get(f"/runs/{runs[2]['id']}").status_code == 200
+    assert app_client.get("/history").status_code == 200
+
+
+def test_the_service_runs_the_retention_pass_by_itself(engine, tmp_path):
+    # a grace of 3 s: a module uploaded is not collected before its run is recorded
+    with _app(engine, tmp_path, run_retention=1, retention_grace_seconds=3, retention_interval_seconds=0.2,
+              mirror_max_bytes=1) as client:
+        runs = [_record_over_http(client, os.urandom(2000)) for _ in range(3)]
+        old_module = runs[0]["artifacts"][1]["sha256"]
+        assert client.get(f"/v1/artifacts/{old_module}").status_code == 200  # mirrored on this node
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            history = client.get("/v1/tunings").json()
+            if history["total"] == 1 and client.head(f"/v1/artifacts/{old_module}").status_code == 404:
+                break
+            time.sleep(0.1)
+        assert [r["id"] for r in history["items"]] == [runs[2]["id"]]
+        assert client.head(f"/v1/artifacts/{old_module}").status_code == 404  # blob collected, its file removed
+        assert client.get(f"/v1/artifacts/{runs[2]['artifacts'][1]['sha256']}").status_code == 200
+        maintenance = client.app.state.maintenance
+        assert maintenance.last is not None
+
+
+def test_tunecache_prune_says_what_it_would_delete_then_deletes_it(engine, session, monkeypatch, tmp_path):
+    from tests.support.cli import tunecache
+
+    runs = [record(session, b"module %d" % i) for i in range(4)]
+    monkeypatch.setenv("TUNECACHE_RETENTION_GRACE_SECONDS", "0")
+    monkeypatch.setenv("TUNECACHE_RUN_RETENTION", "2")
+    url = engine.url.render_as_string(hide_password=False)
+
+    dry = tunecache("prune", "--database", url, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would delete 2 runs" in dry.stdout, dry.stdout
+    assert len(ids(session)) == 4
+
+    done = tunecache("prune", "--database", url)
+    assert done.returncode == 0, done.stderr
+    assert "deleted 2 runs, 2 blobs" in done.stdout, done.stdout  # their modules, with no grace
+    session.rollback()
+    assert ids(session) == [runs[3].id, runs[2].id]
+    again = tunecache("prune", "--database", url, "--keep", "off")
+    assert again.returncode == 0 and "deleted 0 runs, 0 blobs" in again.stdout, again.stdout
+
+
+def test_an_uploader_whose_bytes_were_collected_meanwhile_uploads_them_again(server, database_url, tmp_path):
+    """A node's mirror still answers HEAD for bytes another node's pass deleted: the upload
+    is skipped, the record answers 422 ``missing``, and the uploader uploads those bytes
+    again and records once more (what a tuner node does: TunerResult.record)."""
+    import httpx
+
+    from tunecache.cli import client_for
+    from tunecache.store import record_uploaded
+
+    module = tmp_path / "module.tar.gz"
+    module.write_bytes(os.urandom(3000))
+    client = client_for(server)
+    sha = client.upload_file(module)
+    assert httpx.get(f"{server}/v1/artifacts/{sha}").status_code == 200  # a pod downloaded it: mirrored here
+    engine = db.create_db_engine(database_url)
+    with db.session_factory(engine).begin() as session:  # another node's pass: no run refers to it
+        assert sha in retention.collect_blobs(session, now=later(), grace=GRACE).blobs
+    assert httpx.head(f"{server}/v1/artifacts/{sha}").status_code == 200  # this node's file, until its own pass
+
+    payload = run_payload(CUDNN_FILE)
+    payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "module.tar.gz",
+                                 "media_type": "application/gzip", "sha256": sha})
+    run = record_uploaded(client, TuningRunCreate.model_validate(payload), [CUDNN_FILE, module])
+    assert [a.sha256 for a in run.artifacts][1] == sha
+    with db.session_factory(engine).begin() as session:
+        assert blobs.read_blob(session, sha) == module.read_bytes()
+    engine.dispose()
+    client.close()
