@@ -127,4 +127,4 @@ def test_a_broken_command_plugin_is_skipped_with_a_warning(monkeypatch, capsys):
     target = typer.Typer()
     assert cli.load_command_plugins(target) == ["extra"]
     assert "commands of 'broken' (tunecache_no_such_module:register) not loaded: ModuleNotFoundError" in capsys.readouterr().err
-    assert {c.callback.__name__ for c in target.registered_commands} == {"serve", "tune"}
+    assert {c.callback.__name__ for c in target.registered_commands} == {"serve", "tune", "prune"}
