@@ -36,7 +36,9 @@ fi
 # The whole suite: everything that may share the machine in parallel (each test has its own
 # data dir, free ports and PostgreSQL schema), then the tests conftest.py lists in SERIAL
 # (wall-clock windows, the boot storm, wheel builds) one at a time.
-parallel=0; TUNECACHE_TEST_PART=parallel pytest_part -n "$workers" "$@" || parallel=$?
+# --dist worksteal: a worker that runs out of tests takes some of another's, so one slow test
+# near the end of a worker's share does not leave the other idle.
+parallel=0; TUNECACHE_TEST_PART=parallel pytest_part -n "$workers" --dist worksteal "$@" || parallel=$?
 serial=0; TUNECACHE_TEST_PART=serial pytest_part -p no:xdist "$@" || serial=$?
 if [ "$parallel" -eq 5 ] && [ "$serial" -eq 5 ]; then exit 5; fi
 [ "$parallel" -eq 5 ] && parallel=0

@@ -8,6 +8,9 @@ from tests.support.paths import CUDNN_FILE
 from tests.support.serve import admin_token
 from tunecache.client.http import TunecacheClient
 
+# What this module tests is the client's HTTP: its server runs on SQLite only (tests/conftest.py).
+SERVER_DATABASE_INCIDENTAL = True
+
 
 def test_upload_file_streams_and_skips_what_is_stored(server, tmp_path):
     big = tmp_path / "module.tar.gz"

@@ -54,6 +54,10 @@ from tunecache.service.dashboard.queries import reports_page_query
 from tunecache.service.dashboard.security import CSRF_COOKIE, form_csrf
 from tests.support.paths import ROOT
 
+# What this module tests is the browser's view: its server runs on SQLite only (tests/conftest.py); the fleet
+# view's queries run on both databases in tests/unit/service/test_fleet_view.py.
+SERVER_DATABASE_INCIDENTAL = True
+
 DASHBOARD_DIR = ROOT / "service" / "tunecache" / "service" / "dashboard"
 CHROMIUM = os.environ.get("TUNECACHE_CHROMIUM", "/usr/bin/chromium")
 MODEL = "meta-llama/Llama-3.1-8B"

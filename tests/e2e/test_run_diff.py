@@ -23,6 +23,10 @@ from tunecache.formats.autotune_file import AutotuneEntry, NotAnAutotuneFile, re
 from tunecache.formats.file_key import BadFileKey, Name, parse_file_key
 from tunecache.service.run_diff import diff_entries, judge_change
 
+# What this module tests is the diff of two files: its server runs on SQLite only (tests/conftest.py); blob
+# storage runs on both databases in tests/unit/service/test_repository.py.
+SERVER_DATABASE_INCIDENTAL = True
+
 MODEL = "meta-llama/Llama-3.1-8B"
 FIXTURE_FILES = [CUDNN_FILE, CUBLASLT_FILE]
 

@@ -31,6 +31,9 @@ from tunecache.contract import TuningRunCreate
 from tunecache.formats.jit_module import module_tarball
 from tunecache.signing import generate_signing_key, load_signing_key, sign_run
 
+# What this module tests happens on the pod and in the signatures: its server runs on SQLite only (tests/conftest.py).
+SERVER_DATABASE_INCIDENTAL = True
+
 MODULE = "batch_prefill_bf16_h128"
 MODEL = "meta-llama/Llama-3.1-8B"
 
