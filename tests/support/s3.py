@@ -105,14 +105,10 @@ class SeaweedS3:
             return ""
 
     def stop(self) -> None:
-        """Stop the server (the store is down until :meth:`start`)."""
+        """Kill the server (the store is down until :meth:`start`; its data stays)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=15)
+            self.process.kill()
+            self.process.wait(timeout=15)
         self.process = None
         if getattr(self, "log", None) is not None:
             self.log.close()
