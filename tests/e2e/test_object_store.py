@@ -71,7 +71,7 @@ def app_for(engine, tmp_path, url: str, **settings):
     settings = Settings(database_url=str(engine.url), worker="off", data_dir=tmp_path / "data",
                         artifact_store=url, **settings)
     client = TestClient(create_app(settings, engine=engine), follow_redirects=False)
-    client.headers["Authorization"] = f"Bearer {make_token(engine, 'test-admin', 'admin')}"
+    client.headers["Authorization"] = f"Bearer {make_token(engine, f'test-admin-{uuid.uuid4().hex[:8]}', 'admin')}"
     return client
 
 
@@ -265,3 +265,59 @@ def test_pods_download_from_the_store_and_boot_without_tunecache_when_it_is_down
             seaweed.start()
     finally:
         stop_server(process)
+
+
+def _move(database_url: str, to: str, url: str) -> subprocess.Popen:
+    return subprocess.Popen([tunecache_executable(), "db", "move-artifacts", "--to", to, "--database", database_url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TUNECACHE_ARTIFACT_STORE": url})
+
+
+@pytest.mark.parametrize("database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
+def test_move_artifacts_killed_mid_move_loses_nothing_and_a_rerun_finishes(engine, database_url, store, tmp_path):
+    """``tunecache db move-artifacts``: killed (-9) after three blobs of twelve, every blob is
+    still downloadable with its bytes; run again, it finishes (all in the bucket, no chunk
+    left); moved back to the database, the bucket is empty and every blob still reads."""
+    from tunecache.service import artifact_store, db
+
+    url, s3 = store
+    blobs = [os.urandom(50_000 + i) for i in range(12)]
+    sessions = db.session_factory(engine)
+    for data in blobs:  # stored where every blob of an older service is: the database
+        with sessions.begin() as session:
+            artifact_store.DatabaseStore().store(session, __import__("io").BytesIO(data), hashlib.sha256(data).hexdigest())
+
+    def every_blob_reads(client) -> None:
+        for data in blobs:
+            answer = client.get(f"/v1/artifacts/{hashlib.sha256(data).hexdigest()}")
+            assert answer.status_code == 200 and answer.content == data
+
+    mover = _move(database_url, url, url)
+    lines = []
+    while len(lines) < 3:
+        line = mover.stdout.readline()
+        assert line, mover.stderr.read()
+        if line.startswith("moved "):
+            lines.append(line)
+    mover.send_signal(signal.SIGKILL)
+    mover.communicate(timeout=30)
+    rows, _ = blob_rows(engine)
+    assert 3 <= sum(where == "s3" for where in rows.values()) < 12
+    with app_for(engine, tmp_path / "a", url) as client:
+        every_blob_reads(client)
+
+    again = _move(database_url, url, url)
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert blob_rows(engine) == ({hashlib.sha256(d).hexdigest(): "s3" for d in blobs}, 0)
+    assert len(objects(s3, url)) == 12
+    with app_for(engine, tmp_path / "b", url) as client:
+        every_blob_reads(client)
+
+    back = _move(database_url, "database", url)
+    out, err = back.communicate(timeout=120)
+    assert back.returncode == 0, err
+    assert "moved 12 artifacts" in out
+    assert objects(s3, url) == {} and set(blob_rows(engine)[0].values()) == {"database"}
+    with app_for(engine, tmp_path / "c", url) as client:
+        every_blob_reads(client)

@@ -43,7 +43,7 @@ from sqlalchemy.orm import Session
 
 from tunecache.contract import ArtifactStored
 from tunecache.service import blobs, dialect
-from tunecache.service.models import ArtifactBlob, utcnow
+from tunecache.service.models import ArtifactBlob, ArtifactChunk, utcnow
 
 log = logging.getLogger("tunecache")
 
@@ -421,21 +421,27 @@ def delete_bytes(stores: ArtifactStores, session: Session, sha256: str, location
         stores.at(location).delete(session, sha256)
 
 
-def move_blob(session: Session, stores: ArtifactStores, sha256: str, to: ArtifactStore) -> bool:
+def move_blob(session: Session, stores: ArtifactStores, sha256: str, to: ArtifactStore) -> str | None:
     """Move one blob's bytes into ``to``: copied (verified against its sha256) and its
-    ``location`` set, in ``session``'s transaction, which the caller commits before it
-    deletes the source's bytes (:func:`ArtifactStore.delete`). Returns whether it moved
-    (``False``: it is there already, or no longer stored).
+    ``location`` set, in ``session``'s transaction (the blob's row locked meanwhile), which
+    the caller commits before it deletes the source's copy with
+    :meth:`ArtifactStore.delete`; chunks in the database are deleted in the same transaction
+    already. Returns the location it moved from (``None``: it is in ``to`` already, or no
+    longer stored).
 
     Each step is safe to repeat, so a move killed anywhere loses nothing and a new one
-    finishes it: before the commit the source still has the bytes and the row names it;
-    after it, the row names the target, which has them, and the source's copy is a
-    leftover that a later run deletes (:func:`leftovers`).
+    finishes it: before the commit the row names the source, which has the bytes (what
+    was copied is written again); after it, the row names the target, which has them, and
+    an object left in the store is a leftover (:func:`delete_leftovers`).
+
+    Raises:
+        blobs.DigestMismatch: the source's bytes are not the blob's (nothing changes).
+        ArtifactStoreUnavailable, StoreNotConfigured.
     """
     row = session.execute(select(ArtifactBlob.location).where(ArtifactBlob.sha256 == sha256)
                           .with_for_update()).first()
     if row is None or row[0] == to.location:
-        return False
+        return None
     source = stores.at(row[0])
     with tempfile.SpooledTemporaryFile(max_size=MULTIPART_BYTES) as spool:
         for part in source.iter_bytes(session, sha256):
@@ -443,4 +449,35 @@ def move_blob(session: Session, stores: ArtifactStores, sha256: str, to: Artifac
         spool.seek(0)
         to.copy_in(session, spool, sha256)
     session.execute(update(ArtifactBlob).where(ArtifactBlob.sha256 == sha256).values(location=to.location))
-    return True
+    if source.location == blobs.LOCATION:
+        source.delete(session, sha256)
+    return source.location
+
+
+def delete_leftovers(session: Session, stores: ArtifactStores) -> int:
+    """Delete bytes a killed move left behind in the store its blob moved from: chunks of
+    blobs in the object store, objects of blobs in the database (never an object without
+    a row: that may be an upload about to record its row). Returns how many."""
+    deleted = 0
+    moved_out = select(ArtifactBlob.sha256).where(ArtifactBlob.location != blobs.LOCATION)
+    deleted += session.execute(
+        ArtifactChunk.__table__.delete().where(ArtifactChunk.sha256.in_(moved_out))).rowcount or 0
+    store = stores.object_store
+    if store is None:
+        return deleted
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        pages = store.client.get_paginator("list_objects_v2").paginate(
+            Bucket=store.bucket, Prefix=f"{store.prefix}/" if store.prefix else "")
+        keys = {key["Key"].rsplit("/", 1)[-1]: key["Key"] for page in pages for key in page.get("Contents", [])}
+    except (BotoCoreError, ClientError) as exc:
+        raise store._unavailable(exc, "listing") from exc
+    shas = [sha for sha in keys if len(sha) == 64]
+    for start in range(0, len(shas), 500):
+        batch = shas[start:start + 500]
+        for sha in session.scalars(select(ArtifactBlob.sha256).where(ArtifactBlob.sha256.in_(batch),
+                                                                     ArtifactBlob.location == blobs.LOCATION)):
+            store.delete(None, sha)
+            deleted += 1
+    return deleted

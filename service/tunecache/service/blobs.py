@@ -59,7 +59,7 @@ def store_blob(session: Session, stream: BinaryIO, expected_sha256: str) -> Arti
         return ArtifactStored(sha256=expected_sha256, size_bytes=blob_size(session, expected_sha256) or 0, created=False)
     dialect.insert_or_ignore(
         session, ArtifactBlob.__table__,
-        {"sha256": expected_sha256, "size_bytes": 0, "created_at": utcnow(), "location": LOCATION}, ["sha256"]
+        {"sha256": expected_sha256, "size_bytes": 0, "created_at": utcnow()}, ["sha256"]  # location: its default
     )
     size = write_chunks(session, stream, expected_sha256)
     blob = session.get(ArtifactBlob, expected_sha256, populate_existing=True)
