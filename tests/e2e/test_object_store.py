@@ -238,9 +238,9 @@ def _pull(url: str, dest, **settings: str) -> tuple[subprocess.CompletedProcess,
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_pods_download_from_the_store_and_boot_without_tunecache_when_it_is_down(database_url, store, seaweed, tmp_path):
     """A real ``tunecache serve`` with its artifacts in the store and redirects on: a pod's
-    ``tunecache pull`` downloads from the store (the service sends no artifact byte). With
-    the store stopped, a pull fails within its install deadline, and a vLLM worker logs one
-    line and boots as without tunecache."""
+    ``tunecache pull`` downloads from the store (following the service's 307). With the
+    store stopped, a vLLM worker's install fails within its deadline, and the worker logs
+    one line naming the store and boots as without tunecache."""
     from tests.support.vllm_stand_in import run_worker, tunecache_lines
 
     url, s3 = store
@@ -253,14 +253,14 @@ def test_pods_download_from_the_store_and_boot_without_tunecache_when_it_is_down
         assert pulled.returncode == 0, pulled.stderr
         assert (tmp_path / "serve.log").read_text().count(" 307") >= 1
         seaweed.stop()
-        try:
-            down, took = _pull(server, tmp_path / "pod-2", TUNECACHE_INSTALL_DEADLINE="5")
-            assert down.returncode == 4 and "artifact store" in down.stderr, down.stderr
-            assert took < 5 + 10 + 20  # the deadline, process start-up on a loaded machine
-            seen, log = run_worker(tmp_path / "worker", TUNECACHE_URL=server, TUNECACHE_INSTALL_DEADLINE="5")
+        try:  # the store is down: the install fails within its deadline and the worker boots as without tunecache
+            t0 = time.monotonic()
+            seen, log = run_worker(tmp_path / "worker", TUNECACHE_URL=server, TUNECACHE_INSTALL_DEADLINE="3")
+            took = time.monotonic() - t0
             assert seen["flashinfer_autotune"] == {"file_present_at_warmup": False, "loadable": False}
             [line] = tunecache_lines(log)
             assert line.startswith("tunecache: no tuning installed, vLLM will tune: ") and "artifact store" in line, line
+            assert took < 3 + 60  # the deadline, and the worker's start-up on a loaded machine
         finally:
             seaweed.start()
     finally:
