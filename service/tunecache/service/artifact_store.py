@@ -360,10 +360,17 @@ def stores_of(session: Session) -> ArtifactStores:
 # --- what callers use: metadata from SQL, bytes from the blob's store ---------------------------
 
 
-def locate(session: Session, sha256: str) -> tuple[int, str] | None:
-    """``(size, location)`` of a stored blob, or ``None`` if none is stored."""
-    row = session.execute(select(ArtifactBlob.size_bytes, ArtifactBlob.location)
-                          .where(ArtifactBlob.sha256 == sha256)).first()
+def locate(session: Session, sha256: str, hold: bool = False) -> tuple[int, str] | None:
+    """``(size, location)`` of a stored blob, or ``None`` if none is stored.
+
+    ``hold``: on PostgreSQL, key-share lock the row to the end of the transaction, so that a
+    move (:func:`move_blob`, which locks it for update) cannot delete the chunks a reader of
+    the database's bytes is reading, and a reader that waited for a move reads where the
+    blob went (SQLite's read transactions see one snapshot anyway)."""
+    query = select(ArtifactBlob.size_bytes, ArtifactBlob.location).where(ArtifactBlob.sha256 == sha256)
+    if hold:
+        query = query.with_for_update(read=True, key_share=True)
+    row = session.execute(query).first()
     return (row[0], row[1]) if row is not None else None
 
 
@@ -389,7 +396,7 @@ def store_blob(session: Session, stream: BinaryIO, expected_sha256: str) -> Arti
 
 def iter_blob(session: Session, sha256: str) -> Iterator[bytes]:
     """A stored blob's bytes in order (nothing when none is stored)."""
-    found = locate(session, sha256)
+    found = locate(session, sha256, hold=True)
     if found is None:
         return iter(())
     return stores_of(session).at(found[1]).iter_bytes(session, sha256)
@@ -397,7 +404,7 @@ def iter_blob(session: Session, sha256: str) -> Iterator[bytes]:
 
 def read_blob(session: Session, sha256: str) -> bytes | None:
     """The whole blob, or ``None`` if it is not stored (for small blobs)."""
-    found = locate(session, sha256)
+    found = locate(session, sha256, hold=True)
     if found is None:
         return None
     return b"".join(stores_of(session).at(found[1]).iter_bytes(session, sha256))

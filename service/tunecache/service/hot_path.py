@@ -369,7 +369,7 @@ class ArtifactFiles:
             OSError: the file cannot be written.
             artifact_store.ArtifactStoreUnavailable: the object store failed.
         """
-        found = artifact_store.locate(session, sha256)
+        found = artifact_store.locate(session, sha256, hold=True)
         if found is None:
             return None
         return self.write(sha256, artifact_store.stores_of(session).at(found[1]).iter_bytes(session, sha256))

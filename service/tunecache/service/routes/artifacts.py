@@ -230,7 +230,7 @@ def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str
     path = files.get(sha256)
     if path is None:
         with sessions.begin() as session:
-            found = artifact_store.locate(session, sha256)
+            found = artifact_store.locate(session, sha256, hold=True)  # a move waits for this read
             if found is None:
                 return None
             size, location = found
