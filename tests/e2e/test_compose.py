@@ -24,7 +24,10 @@ def compose_command() -> list[str] | None:
 def test_compose_structure():
     doc = yaml.safe_load(COMPOSE.read_text())
     services = doc["services"]
-    assert set(services) == {"postgres", "tunecache"}
+    assert set(services) == {"postgres", "tunecache", "seaweedfs"}
+    # the object store is optional: only with --profile object-store, and unset means the database
+    assert services["seaweedfs"]["profiles"] == ["object-store"]
+    assert services["tunecache"]["environment"]["TUNECACHE_ARTIFACT_STORE"] == "${TUNECACHE_ARTIFACT_STORE:-}"
     service = services["tunecache"]
     assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert service["environment"]["TUNECACHE_DATABASE_URL"].startswith("postgresql+psycopg://")
@@ -32,7 +35,7 @@ def test_compose_structure():
     assert "tunecache db upgrade" in " ".join(service["command"])
     for name in ("postgres", "tunecache"):
         assert services[name]["healthcheck"]["test"]
-    assert {"pgdata", "tunecache-data"} <= set(doc["volumes"])
+    assert {"pgdata", "tunecache-data", "seaweedfs-data"} <= set(doc["volumes"])
 
 
 def test_compose_config_validates_offline():

@@ -92,6 +92,8 @@ DEFAULT_REPORT_TIMEOUT_S = 2.0
 #: A failure this close to the install deadline (seconds) is the deadline's doing.
 _DEADLINE_SLACK_S = 0.05
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: Answers that send an artifact download elsewhere (the object store's presigned URL).
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
 class ServerUnreachable(TunecacheError):
@@ -434,7 +436,8 @@ class TunecacheClient:
         t = self._timeout
         return end, httpx.Timeout(connect=clip(t.connect), read=clip(t.read), write=clip(t.write), pool=clip(t.pool))
 
-    def _failed(self, exc: httpx.HTTPError, method: str, path: str, end: float, answered: bool) -> Exception:
+    def _failed(self, exc: httpx.HTTPError, method: str, path: str, end: float, answered: bool,
+                where: str | None = None) -> Exception:
         """What an attempt ending in ``exc`` raises: the install deadline's or the total
         timeout's error when ``end`` (the attempt's, from :meth:`_attempt_window`) has come,
         else a :class:`_Transient` worth another attempt."""
@@ -442,7 +445,7 @@ class TunecacheClient:
             return self._deadline_error(method, path, answered)
         if time.monotonic() >= end - _DEADLINE_SLACK_S:
             return self._total_timeout_error(answered)
-        return _Transient(self._classify(exc))
+        return _Transient(self._classify(exc, where))
 
     @contextlib.contextmanager
     def _cut_at_deadline(self, response: httpx.Response, end: float) -> Iterator[None]:
@@ -462,10 +465,15 @@ class TunecacheClient:
         finally:
             timer.cancel()
 
-    def _exchange(self, method: str, path: str, read: Callable[[httpx.Response, float], Any], **kwargs: Any) -> Any:
+    def _exchange(self, method: str, path: str, read: Callable[[httpx.Response, float], Any], *,
+                  elsewhere: httpx.URL | None = None, **kwargs: Any) -> Any:
         """One attempt: send the request (timeouts clipped to the install deadline) and
         return ``read(response, end)`` of the streamed response, ``end`` being when the
         attempt must be over (monotonic seconds).
+
+        ``elsewhere``: an absolute http(s) URL of another host (an object store's presigned
+        URL) asked instead of ``path``, without the token: the ``Authorization`` header is
+        the service's, never sent to anyone else.
 
         Raises:
             _Transient: an httpx error (classified), worth another attempt.
@@ -476,16 +484,23 @@ class TunecacheClient:
         end, timeout = self._attempt_window(method, path)
         answered = False
         try:
-            with self._http.stream(method, path, timeout=timeout, **kwargs) as response:
+            if elsewhere is None:
+                streamed = self._http.stream(method, path, timeout=timeout, **kwargs)
+            else:
+                request = self._http.build_request(method, elsewhere, timeout=timeout, **kwargs)
+                request.headers.pop("Authorization", None)
+                streamed = contextlib.closing(self._http.send(request, stream=True))
+            with streamed as response:
                 answered = True
                 with self._cut_at_deadline(response, end):
                     return read(response, end)
         except httpx.HTTPError as exc:
-            raise self._failed(exc, method, path, end, answered) from None
+            where = f"artifact store {elsewhere.scheme}://{elsewhere.netloc.decode()}" if elsewhere is not None else None
+            raise self._failed(exc, method, path, end, answered, where) from None
 
-    def _classify(self, exc: httpx.HTTPError) -> TunecacheError:
+    def _classify(self, exc: httpx.HTTPError, where: str | None = None) -> TunecacheError:
         """Name the failure a pod hit, in words an operator can act on."""
-        where = f"tunecache server {self.base_url}"
+        where = where or f"tunecache server {self.base_url}"
         if isinstance(exc, httpx.ConnectTimeout):
             return ServerUnreachable(f"{where} unreachable: no connection within the connect timeout")
         if isinstance(exc, httpx.ConnectError):
@@ -759,12 +774,20 @@ class TunecacheClient:
     def download_artifact(self, sha256: str) -> bytes:
         """``GET /v1/artifacts/{sha256}``, streamed and verified against ``sha256``.
 
+        A service whose artifacts are in an object store may answer with a redirect to a
+        presigned URL of the store (``TUNECACHE_ARTIFACT_REDIRECT``): it is followed (one
+        hop, to an http(s) URL only, without the ``Authorization`` header), within the same
+        attempt, timeouts and install deadline, and the bytes are checked the same way. A
+        store that refuses the URL (expired) or fails is retried from the service, which
+        signs a new one.
+
         Raises:
             DownloadTruncated: the body stopped short (after retries).
             ArtifactCorrupt: the bytes hash to something else (nothing is returned).
             InstallDeadlineExceeded: inside :meth:`deadline_scope`, the deadline passed first.
             ServerUnreachable, ServerError.
         """
+        where = f"/v1/artifacts/{sha256}"
 
         def once() -> bytes:
             digest = hashlib.sha256()
@@ -777,7 +800,25 @@ class TunecacheClient:
                 return response.headers.get("content-length"), self._read_body(response, deadline, sink=digest.update,
                                                                                max_bytes=max_unpack_bytes())
 
-            expected, data = self._exchange("GET", f"/v1/artifacts/{sha256}", read)
+            def read_or_redirect(response: httpx.Response, deadline: float) -> tuple[str | None, bytes] | httpx.URL:
+                if response.status_code in _REDIRECT_STATUSES:
+                    return self._redirect_target(response, sha256)
+                return read(response, deadline)
+
+            def read_from_store(response: httpx.Response, deadline: float) -> tuple[str | None, bytes]:
+                if response.status_code in _REDIRECT_STATUSES:
+                    raise ServerError(response.status_code, f"the artifact store redirected {sha256} again: not followed")
+                if response.is_error:  # an expired URL (403), a store failing: the service signs a new one
+                    body = self._read_body(response, deadline, max_bytes=64 * 1024)
+                    raise _Transient(ServerError(response.status_code,
+                                                 f"artifact store answered {response.status_code} for {sha256}: "
+                                                 f"{body[:200].decode(errors='replace')}"))
+                return read(response, deadline)
+
+            answer = self._exchange("GET", where, read_or_redirect)
+            if isinstance(answer, httpx.URL):
+                answer = self._exchange("GET", where, read_from_store, elsewhere=answer)
+            expected, data = answer
             if expected is not None and len(data) != int(expected):
                 raise _Transient(DownloadTruncated(f"artifact {sha256}: received {len(data)} of {expected} bytes"))
             if digest.hexdigest() != sha256:
@@ -785,6 +826,23 @@ class TunecacheClient:
             return data
 
         return self._retrying(once)
+
+    def _redirect_target(self, response: httpx.Response, sha256: str) -> httpx.URL:
+        """Where a redirect of an artifact download points (resolved against the service's
+        URL).
+
+        Raises:
+            ServerError: no ``Location``, or one that is not an http(s) URL (never followed).
+        """
+        location = response.headers.get("location")
+        try:
+            target = response.request.url.join(location) if location else None
+        except httpx.InvalidURL:
+            target = None
+        if target is None or target.scheme not in ("http", "https") or not target.host:
+            raise ServerError(response.status_code, f"artifact {sha256}: redirect to {location!r} not followed "
+                                                    "(only to an http or https URL)")
+        return target
 
     def upload_file(self, path: Path, again: bool = False) -> str:
         """Upload a file's bytes streamed from disk (never whole in memory), unless the

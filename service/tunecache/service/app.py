@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from starlette.routing import Route, compile_path
 from sqlalchemy import Engine
 
-from tunecache.service import db, metrics, policy
+from tunecache.service import artifact_store, db, metrics, policy
 from tunecache.service import dashboard
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
@@ -148,6 +148,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         try:
             db.check_schema(app.state.engine)
             app.state.sessions = db.session_factory(app.state.engine)
+            # every session carries the artifact stores (tunecache.service.artifact_store.stores_of)
+            app.state.artifact_stores = artifact_store.stores_for_url(settings.artifact_store)
+            app.state.sessions.configure(info={"artifact_stores": app.state.artifact_stores})
             app.state.report_intake = report_intake = ReportIntake(
                 app.state.sessions, settings.report_flush_seconds, settings.report_intake_max,
                 ReportFilter(settings.report_boots_per_key, settings.report_new_keys))

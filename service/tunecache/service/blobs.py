@@ -2,7 +2,8 @@
 
 Bytes go in from a stream and come out as an iterator, one chunk in memory at a time, so
 a JIT module of hundreds of MB neither sits whole in the service's memory nor in one
-database value. Like the repository, functions take the caller's session and never commit.
+database value. This is the database's artifact store; an object store may hold the bytes
+instead (:mod:`tunecache.service.artifact_store`, which callers go through). Like the repository, functions take the caller's session and never commit.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import hashlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from tunecache.service import dialect
@@ -24,6 +25,8 @@ CHUNK_BYTES = 4 * 1024 * 1024
 #: A blob uploaded again more than this long after its ``created_at`` gets a new one (a
 #: write only then: identical uploads at once do not all write the row).
 RENEW_AFTER = dt.timedelta(minutes=10)
+#: ``artifact_blobs.location`` of a blob whose bytes are these chunks.
+LOCATION = "database"
 
 
 class DigestMismatch(ValueError):
@@ -55,8 +58,24 @@ def store_blob(session: Session, stream: BinaryIO, expected_sha256: str) -> Arti
                                                    ArtifactBlob.created_at < now - RENEW_AFTER).values(created_at=now))
         return ArtifactStored(sha256=expected_sha256, size_bytes=blob_size(session, expected_sha256) or 0, created=False)
     dialect.insert_or_ignore(
-        session, ArtifactBlob.__table__, {"sha256": expected_sha256, "size_bytes": 0, "created_at": utcnow()}, ["sha256"]
+        session, ArtifactBlob.__table__,
+        {"sha256": expected_sha256, "size_bytes": 0, "created_at": utcnow()}, ["sha256"]  # location: its default
     )
+    size = write_chunks(session, stream, expected_sha256)
+    blob = session.get(ArtifactBlob, expected_sha256, populate_existing=True)
+    blob.size_bytes = size
+    session.flush()
+    return ArtifactStored(sha256=expected_sha256, size_bytes=size, created=True)
+
+
+def write_chunks(session: Session, stream: BinaryIO, expected_sha256: str) -> int:
+    """Write the bytes read from ``stream`` as the chunks of the blob ``expected_sha256``
+    (whose ``artifact_blobs`` row exists) and return their size; chunks already there are
+    left as they are.
+
+    Raises:
+        DigestMismatch: the bytes hash to something else (the caller rolls back).
+    """
     digest = hashlib.sha256()
     size = seq = 0
     while chunk := stream.read(CHUNK_BYTES):
@@ -68,10 +87,12 @@ def store_blob(session: Session, stream: BinaryIO, expected_sha256: str) -> Arti
         seq += 1
     if digest.hexdigest() != expected_sha256:
         raise DigestMismatch(f"body hashes to sha256 {digest.hexdigest()}, not {expected_sha256}")
-    blob = session.get(ArtifactBlob, expected_sha256, populate_existing=True)
-    blob.size_bytes = size
-    session.flush()
-    return ArtifactStored(sha256=expected_sha256, size_bytes=size, created=True)
+    return size
+
+
+def delete_chunks(session: Session, sha256: str) -> None:
+    """Delete a blob's chunks (its row stays: its bytes moved to another store)."""
+    session.execute(delete(ArtifactChunk).where(ArtifactChunk.sha256 == sha256))
 
 
 def blob_size(session: Session, sha256: str) -> int | None:

@@ -1,4 +1,5 @@
-"""The server's commands of ``tunecache``: ``serve``, ``db upgrade``, ``prune`` and ``tune``.
+"""The server's commands of ``tunecache``: ``serve``, ``db upgrade``, ``db move-artifacts``,
+``prune`` and ``tune``.
 
 Registered on the client's typer app through the ``tunecache.cli`` entry-point group
 (``tunecache.cli.load_command_plugins`` calls :func:`register`), so installing
@@ -42,6 +43,7 @@ def register(app: typer.Typer) -> None:
     the ``tunecache.cli`` group)."""
     db_app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
     db_app.command("upgrade")(db_upgrade)
+    db_app.command("move-artifacts")(db_move_artifacts)
     app.add_typer(db_app, name="db")
     app.command()(serve)
     app.command()(prune)
@@ -250,6 +252,77 @@ def db_upgrade(database: DatabaseOpt = None) -> None:
     except Exception as exc:
         fail(ExitCode.DATABASE, f"cannot upgrade {engine.url.render_as_string(hide_password=True)}: {str(exc).splitlines()[0]}")
     typer.echo(f"database at revision {revision}")
+
+
+def db_move_artifacts(
+    to: Annotated[str, typer.Option("--to", help="s3://bucket/prefix (the object store) or database")],
+    database: DatabaseOpt = None,
+) -> None:
+    """Move the stored artifacts' bytes into the object store, or back into the database.
+
+    Each blob is copied, verified against its sha256, its new location recorded, and only
+    then deleted from where it was: a move stopped anywhere (even killed) loses nothing, and
+    running it again finishes it. The service may keep running meanwhile: it reads each blob
+    where its row says it is. Moving into the object store needs --to to be the service's
+    TUNECACHE_ARTIFACT_STORE (set it once the move is done, or before: new uploads then go
+    there); moving back needs TUNECACHE_ARTIFACT_STORE to name the store to empty. The
+    object store is reached with the AWS_* variables, as the service reaches it."""
+    import os
+
+    from sqlalchemy import select
+
+    from tunecache.service import artifact_store, db
+    from tunecache.service.models import ArtifactBlob
+    from tunecache.service.settings import Settings
+
+    configured = os.environ.get("TUNECACHE_ARTIFACT_STORE") or None
+    try:
+        configured = Settings(artifact_store=configured).artifact_store
+        if to == "database":
+            if configured is None:
+                fail(ExitCode.USAGE, "--to database moves the bytes out of the object store that "
+                                     "TUNECACHE_ARTIFACT_STORE names: set it")
+            object_store = artifact_store.S3Store(configured)
+            stores = artifact_store.ArtifactStores(artifact_store.DatabaseStore(), object_store)
+        else:
+            object_store = artifact_store.S3Store(to)
+            if configured is not None and configured.rstrip("/") != to.rstrip("/"):
+                fail(ExitCode.USAGE, f"--to {to} is not the service's object store (TUNECACHE_ARTIFACT_STORE={configured}): "
+                                     "blobs are moved into the store the service reads")
+            stores = artifact_store.ArtifactStores(object_store)
+    except ValueError as exc:
+        fail(ExitCode.USAGE, str(exc).splitlines()[0])
+    target = stores.at("database" if to == "database" else object_store.location)
+    url = database or Settings().resolved_database_url()
+    engine = _ready_engine(url)
+    sessions = db.session_factory(engine)
+    sessions.configure(info={"artifact_stores": stores})
+    moved = size_moved = 0
+    try:
+        with sessions.begin() as session:
+            todo = session.execute(select(ArtifactBlob.sha256, ArtifactBlob.size_bytes)
+                                   .where(ArtifactBlob.location != target.location).order_by(ArtifactBlob.sha256)).all()
+        typer.echo(f"moving {len(todo)} artifacts ({sum(size for _, size in todo):,} bytes) to {target.describe()}")
+        for sha, size in todo:
+            with sessions.begin() as session:
+                source = artifact_store.move_blob(session, stores, sha, target)
+            if source is None:
+                continue
+            if source != artifact_store.blobs.LOCATION:  # after the commit: the row names the target
+                stores.at(source).delete(None, sha)
+            moved += 1
+            size_moved += size
+            typer.echo(f"moved {sha} ({size:,} bytes) from {source}")
+        with sessions.begin() as session:
+            leftovers = artifact_store.delete_leftovers(session, stores)
+    except (artifact_store.ArtifactStoreUnavailable, artifact_store.blobs.DigestMismatch) as exc:
+        fail(ExitCode.SERVER_ERROR, f"{exc} ({moved} artifacts moved; run it again to go on)")
+    except Exception as exc:
+        _store_errors(exc)
+    finally:
+        engine.dispose()
+    typer.echo(f"moved {moved} artifacts ({size_moved:,} bytes) to {to}"
+               + (f"; deleted {leftovers} copies an earlier move left behind" if leftovers else ""))
 
 
 def prune(

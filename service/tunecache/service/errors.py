@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tunecache.contract import ErrorBody
+from tunecache.service.artifact_store import ArtifactStoreUnavailable
 from tunecache.service.jobs import JobOptionsConflict
 from tunecache.store import ArtifactsMissing
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -112,6 +113,12 @@ def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
     async def job_options_conflict(request: Request, exc: JobOptionsConflict) -> JSONResponse:
         return JSONResponse(status_code=409, content=exc.conflict.model_dump(mode="json"))
 
+    async def store_unavailable(request: Request, exc: ArtifactStoreUnavailable) -> JSONResponse:
+        log.error("artifact store unavailable: %s", exc)
+        return JSONResponse(status_code=503, content={"detail": "artifact store unavailable, try again"},
+                            headers=retry_after)
+
+    app.add_exception_handler(ArtifactStoreUnavailable, store_unavailable)
     app.add_exception_handler(ArtifactsMissing, artifacts_missing)
     app.add_exception_handler(JobOptionsConflict, job_options_conflict)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -8,7 +8,8 @@
 * :class:`GenerationReader`: that read, shared. Requests that arrive while a read is in
   flight wait for the next one, which starts after all of them arrived; under a boot storm
   one single-row query serves every request that came in during the previous one.
-* :class:`ArtifactFiles`: artifacts mirrored from the database into files named by their
+* :class:`ArtifactFiles`: artifacts mirrored from their store (the database, or the object
+  store: :mod:`tunecache.service.artifact_store`) into files named by their
   sha256, and the small ones also held in memory. Artifacts are immutable, so a file, once
   written whole and verified, is served as it is (``FileResponse``: ``Range``, ``HEAD``)
   without a database connection; the download of a large one holds no connection while
@@ -26,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import TypeVar
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from pathlib import Path
 
 import anyio.to_thread
@@ -35,7 +36,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from tunecache.contract import EnvironmentMetadata, TuningKey
-from tunecache.service import blobs, repository
+from tunecache.service import artifact_store, blobs, repository
 
 T = TypeVar("T")
 
@@ -358,24 +359,36 @@ class ArtifactFiles:
                 self._memory[sha256] = data
 
     def mirror(self, session: Session, sha256: str) -> Path | None:
-        """Copy a stored blob into its file, chunk by chunk, verifying its sha256, and rename
-        it into place (concurrent mirrors of one blob are safe); ``None`` when no blob is
-        stored under ``sha256``.
+        """Copy a stored blob into its file (from its store: the database's chunks in
+        ``session``'s transaction, or the object store), verifying its sha256; ``None`` when
+        no blob is stored under ``sha256``.
 
         Raises:
-            blobs.DigestMismatch: the stored chunks do not hash to ``sha256`` (nothing is
+            blobs.DigestMismatch: the stored bytes do not hash to ``sha256`` (nothing is
                 written).
             OSError: the file cannot be written.
+            artifact_store.ArtifactStoreUnavailable: the object store failed.
         """
-        if blobs.blob_size(session, sha256) is None:
+        found = artifact_store.locate(session, sha256, hold=True)
+        if found is None:
             return None
+        return self.write(sha256, artifact_store.stores_of(session).at(found[1]).iter_bytes(session, sha256))
+
+    def write(self, sha256: str, parts: Iterable[bytes]) -> Path:
+        """Write a blob's bytes (``parts``, in order) into its file, verifying its sha256,
+        and rename it into place (concurrent writes of one blob are safe).
+
+        Raises:
+            blobs.DigestMismatch: the bytes do not hash to ``sha256`` (nothing is written).
+            OSError: the file cannot be written.
+        """
         target = self.path(sha256)
         target.parent.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256()
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{sha256[:16]}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                for chunk in blobs.iter_blob(session, sha256):
+                for chunk in parts:
                     digest.update(chunk)
                     f.write(chunk)
             if digest.hexdigest() != sha256:

@@ -204,6 +204,10 @@ class ArtifactBlob(Base):
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # deferred: loading a blob does not name it (the database's chunk writes work on a schema before 0015)
+    location: Mapped[str] = mapped_column(String(16), server_default="database", deferred=True)
+    """Where the bytes are: ``database`` (the ``artifact_chunks`` rows) or ``s3`` (the object
+    store of ``TUNECACHE_ARTIFACT_STORE``); :mod:`tunecache.service.artifact_store`."""
 
 
 class ArtifactChunk(Base):

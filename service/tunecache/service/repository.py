@@ -39,7 +39,7 @@ from tunecache.contract import (
     encode_run_cursor,
 )
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable
-from tunecache.service import blobs, dialect
+from tunecache.service import artifact_store, dialect
 from tunecache.service.models import (
     ArtifactBlob,
     CurrentTuning,
@@ -205,7 +205,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
             if sizes[artifact.sha256] > MAX_AUTOTUNE_FILE_BYTES:  # read whole and parsed below: bounded
                 raise NotAFlashInferFile(f"artifact {artifact.name!r} is {sizes[artifact.sha256]:,} bytes; a FlashInfer "
                                          f"autotune file is at most {MAX_AUTOTUNE_FILE_BYTES:,} bytes here")
-            autotune_file = blobs.read_blob(session, artifact.sha256) or b""
+            autotune_file = artifact_store.read_blob(session, artifact.sha256) or b""
             try:
                 check_loadable(autotune_file, f"artifact {artifact.name!r}")
             except NotAnAutotuneFile as exc:
@@ -300,7 +300,7 @@ def hold_reason(session: Session, run: TuningRunCreate, autotune_file: bytes, ke
         return None
     current_read = _to_read(current, is_current=True)
     artifact = current_read.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
-    current_file = blobs.read_blob(session, artifact.sha256) if artifact is not None else None
+    current_file = artifact_store.read_blob(session, artifact.sha256) if artifact is not None else None
     if current_file is None:
         return None
     from tunecache.formats.autotune_file import parse_autotune_file

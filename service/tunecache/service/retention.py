@@ -10,7 +10,8 @@ Three parts, each safe to run at any time and from several processes at once:
   grace (``TUNECACHE_RETENTION_GRACE_SECONDS``). Deleted runs no longer appear in the
   history; nothing refers to a run by a sequence of ids, so the gaps break nothing.
 * :func:`collect_blobs`: blobs no run refers to any more, uploaded before the grace, are
-  deleted with their chunks. A recording that refers to such a blob again holds it until
+  deleted with their chunks; the bytes of those in an object store are deleted from it
+  once the rows' deletion committed (:func:`delete_collected_bytes`). A recording that refers to such a blob again holds it until
   it commits (:func:`tunecache.service.repository.record_run`); each deletion re-checks,
   in its own statement, that no run refers to the blob, and a deletion that collides with
   a recording anyway (a foreign key violation, a lock timeout) is skipped until the next
@@ -42,6 +43,7 @@ from sqlalchemy import delete, exists, func, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from tunecache.service import artifact_store
 from tunecache.service.hot_path import ArtifactFiles, Trimmed
 from tunecache.service.models import ArtifactBlob, CurrentTuning, RunArtifact, TuningJob, TuningRun, utcnow
 
@@ -70,6 +72,9 @@ class Collected:
 
     blobs: list[str] = field(default_factory=list)
     bytes: int = 0
+    stored_elsewhere: dict[str, str] = field(default_factory=dict)
+    """Of :attr:`blobs`, those whose bytes are in an object store: sha256 -> location
+    (deleted from it once the rows' deletion committed: :func:`delete_collected_bytes`)."""
 
 
 @dataclass
@@ -156,13 +161,15 @@ def collect_blobs(session: Session, now: dt.datetime | None = None, grace: dt.ti
     """
     cutoff = (now or utcnow()) - grace
     candidates = session.execute(
-        select(ArtifactBlob.sha256, ArtifactBlob.size_bytes).where(*_unreferenced(cutoff)).order_by(ArtifactBlob.sha256)
+        select(ArtifactBlob.sha256, ArtifactBlob.size_bytes, ArtifactBlob.location).where(*_unreferenced(cutoff))
+        .order_by(ArtifactBlob.sha256)
     ).all()
     if dry_run:
-        return Collected([sha for sha, _ in candidates], sum(size for _, size in candidates))
+        return Collected([sha for sha, _, _ in candidates], sum(size for _, size, _ in candidates),
+                         {sha: where for sha, _, where in candidates if where != "database"})
     collected = Collected()
     for start in range(0, len(candidates), BATCH):
-        batch = [sha for sha, _ in candidates[start:start + BATCH]]
+        batch = [sha for sha, _, _ in candidates[start:start + BATCH]]
         try:
             rows = _delete_blobs(session, batch, cutoff)
         except (IntegrityError, OperationalError):
@@ -172,18 +179,40 @@ def collect_blobs(session: Session, now: dt.datetime | None = None, grace: dt.ti
                     rows += _delete_blobs(session, [sha], cutoff)
                 except (IntegrityError, OperationalError) as exc:
                     log.info("retention: blob %s referred to again meanwhile, kept: %s", sha, str(exc).splitlines()[0])
-        for sha, size in rows:
+        for sha, size, where in rows:
             collected.blobs.append(sha)
             collected.bytes += size or 0
+            if where != "database":
+                collected.stored_elsewhere[sha] = where
     return collected
 
 
-def _delete_blobs(session: Session, shas: list[str], cutoff: dt.datetime) -> list[tuple[str, int]]:
+def _delete_blobs(session: Session, shas: list[str], cutoff: dt.datetime) -> list[tuple[str, int, str]]:
     blobs = ArtifactBlob.__table__
     with session.begin_nested():
         return [tuple(row) for row in session.execute(
             blobs.delete().where(blobs.c.sha256.in_(shas), *_unreferenced(cutoff))
-            .returning(blobs.c.sha256, blobs.c.size_bytes)).all()]
+            .returning(blobs.c.sha256, blobs.c.size_bytes, blobs.c.location)).all()]
+
+
+def delete_collected_bytes(sessions: sessionmaker[Session], collected: Collected) -> int:
+    """Delete from the object store the bytes of collected blobs (their rows' deletion has
+    committed: no run can refer to them, no download find them). A blob uploaded again
+    meanwhile (its row is back) keeps its object. A deletion that fails (the store is
+    down) is logged and the object left: it is no blob any more, only bytes. Returns the
+    objects deleted."""
+    deleted = 0
+    for sha, where in sorted(collected.stored_elsewhere.items()):
+        with sessions.begin() as session:
+            if stored_among(session, [sha]):
+                continue
+            stores = artifact_store.stores_of(session)
+        try:
+            artifact_store.delete_bytes(stores, None, sha, where)
+            deleted += 1
+        except (artifact_store.ArtifactStoreUnavailable, artifact_store.StoreNotConfigured) as exc:
+            log.warning("retention: bytes of collected blob %s left in the %s store: %s", sha, where, exc)
+    return deleted
 
 
 def stored_among(session: Session, shas: list[str]) -> set[str]:
@@ -219,6 +248,8 @@ def run_pass(sessions: sessionmaker[Session], files: ArtifactFiles | None, polic
         with sessions.begin() as session:
             if _try_pass_lock(session):
                 report.blobs = collect_blobs(session, now, policy.grace, dry_run)
+        if not dry_run and report.blobs.stored_elsewhere:
+            delete_collected_bytes(sessions, report.blobs)
     if files is not None:
         if not dry_run:
             for sha in report.blobs.blobs:

@@ -162,6 +162,19 @@ class Settings(BaseSettings):
     * ``TUNECACHE_RETENTION_INTERVAL_SECONDS``: each server process runs the retention pass
       (``tunecache.service.retention``) at most this often (3600), in a thread of its own,
       the first about a minute after start; ``tunecache prune`` runs one on demand.
+    * ``TUNECACHE_ARTIFACT_STORE``: where artifact bytes are stored. Unset (or
+      ``database``): in the database, 4 MiB chunks (the embedded default).
+      ``s3://bucket/prefix``: objects in an S3-compatible store, reached as the AWS SDKs
+      read the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+      ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``); the metadata stays in the database, and
+      blobs stored before the switch are still read where they are (``tunecache db
+      move-artifacts`` moves them; :mod:`tunecache.service.artifact_store`).
+    * ``TUNECACHE_ARTIFACT_REDIRECT``: ``on``: ``GET /v1/artifacts/{sha256}`` of a blob in the
+      object store answers 307 to a presigned URL of the store, and pods download from the
+      store directly (it must then be reachable from them at ``AWS_ENDPOINT_URL``). ``off``
+      (the default): the service sends the bytes itself, from its mirror, so the store may
+      be private to the service. Range requests are always served by the service.
+    * ``TUNECACHE_PRESIGN_SECONDS``: how long a redirect's presigned URL is valid (300).
 
     Renamed settings (:data:`RENAMED_VARIABLES`): the old variable is read when the new one
     is unset, and ``Settings(worker=..., workers=...)`` still sets ``job_worker`` and
@@ -232,6 +245,12 @@ class Settings(BaseSettings):
     mirror_max_bytes: int = Field(default=10 * 1024**3, gt=0)
     #: Seconds between a process's retention passes.
     retention_interval_seconds: float = Field(default=3600.0, gt=0, le=30 * 86400)
+    #: Where artifact bytes are stored: None/"database", or s3://bucket/prefix (tunecache.service.artifact_store).
+    artifact_store: str | None = None
+    #: GET of an artifact in the object store answers 307 to a presigned URL.
+    artifact_redirect: bool = False
+    #: Seconds a presigned URL is valid.
+    presign_seconds: int = Field(default=300, ge=1, le=7 * 86400)
 
     def __init__(self, **values: Any) -> None:
         for old, new in RENAMED_FIELDS.items():  # old keyword names, kept for compatibility
@@ -314,6 +333,18 @@ class Settings(BaseSettings):
 
         return RetentionPolicy(keep=self.run_retention, grace=dt.timedelta(seconds=self.retention_grace_seconds),
                                mirror_max_bytes=self.mirror_max_bytes)
+
+    @field_validator("artifact_store")
+    @classmethod
+    def _artifact_store(cls, value: str | None) -> str | None:
+        if value is None or not value.strip() or value.strip() == "database":
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value.strip())
+        if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError("must be database or s3://bucket/prefix")
+        return value.strip()
 
     @field_validator("job_request_rate")
     @classmethod

@@ -24,7 +24,7 @@ from tunecache.contract import (
     TuningRunQuery,
     TuningRunRead,
 )
-from tunecache.service import blobs, repository
+from tunecache.service import artifact_store, repository
 from tunecache.store import NoCompatibleTuning, file_sha256
 
 
@@ -49,12 +49,13 @@ class SqlTuningStore:
             self.sessions.kw["bind"].dispose()
 
     def upload_file(self, path: Path, again: bool = False) -> str:
-        """Store a file's bytes in 4 MiB chunks (:func:`tunecache.service.blobs.store_blob`),
-        or nothing when they are stored already (``again`` changes nothing here: the
+        """Store a file's bytes in the artifact store (the database's 4 MiB chunks, or the
+        object store: :func:`tunecache.service.artifact_store.store_blob`), or nothing when
+        they are stored already (``again`` changes nothing here: the
         database itself is asked); returns the sha256."""
         sha256 = file_sha256(path)
         with self.sessions.begin() as session, path.open("rb") as stream:
-            blobs.store_blob(session, stream, sha256)
+            artifact_store.store_blob(session, stream, sha256)
         return sha256
 
     def record_run(self, run: TuningRunCreate) -> TuningRunRead:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from tunecache.contract import SHA256_PATTERN, ArtifactStored, ErrorBody
-from tunecache.service import blobs
+from tunecache.service import artifact_store, blobs
 from tunecache.service.deps import SessionDep
 from tunecache.service.hot_path import ArtifactFiles
 from tunecache.service.metrics import ArtifactFileResponse, ArtifactResponse, ArtifactStreamingResponse
@@ -87,15 +87,19 @@ async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep,
     Needs a ``push`` token (bytes alone change nothing a pod installs: a run names them).
 
     Idempotent: 201 when stored now, 200 when the same bytes were already there.
+    The bytes go to the configured artifact store (``TUNECACHE_ARTIFACT_STORE``: the
+    database, or an object store, where they are hashed before anything is written).
+
     Errors: 422 when the body does not hash to ``sha256`` (the request's transaction is
-    rolled back: nothing is stored); 413 when it exceeds ``TUNECACHE_MAX_UPLOAD_BYTES``.
+    rolled back: nothing is stored); 413 when it exceeds ``TUNECACHE_MAX_UPLOAD_BYTES``;
+    503 with ``Retry-After`` when the object store is unavailable.
     """
     with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY_BYTES) as spool:
         async for part in request.stream():
             spool.write(part)
         spool.seek(0)
         try:
-            stored = await run_in_threadpool(blobs.store_blob, session, spool, sha256)
+            stored = await run_in_threadpool(artifact_store.store_blob, session, spool, sha256)
         except blobs.DigestMismatch as exc:
             raise HTTPException(422, detail=str(exc)) from None
     if not stored.created:
@@ -110,6 +114,8 @@ async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep,
     responses={
         200: {"content": {"application/octet-stream": {}}, "description": "the bytes"},
         206: {"content": {"application/octet-stream": {}}, "description": "the requested byte range"},
+        307: {"description": "download it from the object store: Location is a presigned URL "
+                             "(TUNECACHE_ARTIFACT_REDIRECT=on; never for a Range request)"},
         304: {"description": "the client's copy (If-None-Match) is this artifact"},
         404: {"model": ErrorBody, "description": "no artifact is stored under this sha256"},
         416: {"description": "the requested range is outside the artifact"},
@@ -125,9 +131,25 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
     sha256 and ``Cache-Control`` marks the bytes immutable; ``If-None-Match`` gives 304,
     ``Range`` 206 (Starlette's ``FileResponse``; a malformed ``Range`` is ignored, one
     outside the artifact is 416). 404 if none are stored.
+
+    With ``TUNECACHE_ARTIFACT_REDIRECT=on``, an artifact in the object store is answered
+    307 to a presigned URL valid ``TUNECACHE_PRESIGN_SECONDS``: the pod downloads it from
+    the store (a request with ``Range`` is still served here, from the mirror).
     """
     files = request.app.state.artifact_files
     sessions = request.app.state.sessions
+    settings = request.app.state.settings
+    if (settings.artifact_redirect and request.app.state.artifact_stores.object_store is not None
+            and "range" not in request.headers):
+        signed = await run_in_threadpool(_presigned, sessions, sha256, settings.presign_seconds)
+        if signed is None:
+            raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
+        if signed[1] is not None:
+            if _not_modified(request.headers.get("if-none-match"), sha256):
+                return Response(status_code=304, headers={"ETag": _etag(sha256), "Cache-Control": IMMUTABLE})
+            # the URL expires: no cache keeps the redirect
+            return Response(status_code=307, headers={"Location": signed[1], "Cache-Control": "no-store",
+                                                      "ETag": _etag(sha256)})
     data = files.in_memory(sha256)
     wants_range = "range" in request.headers
     path = None
@@ -142,15 +164,18 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
             raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
         if isinstance(found, FilePath):
             path = found
-        else:  # the mirror cannot be written: the bytes come from the database, whole (a Range is ignored)
+        else:  # the mirror cannot be written: the bytes come from their store, whole (a Range is ignored)
             data, wants_range = (found, False) if isinstance(found, bytes) else (None, False)
     headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
     if _not_modified(request.headers.get("if-none-match"), sha256):
         return Response(status_code=304, headers=headers)
-    if path is None and data is None:  # too large to hold in memory: streamed, one chunk per transaction
+    if path is None and data is None:  # too large to hold in memory: streamed from its store
         headers = {"ETag": _etag(sha256), "Cache-Control": IMMUTABLE, "Content-Length": str(found.size)}
-        return ArtifactStreamingResponse(_chunks_from_database(sessions, sha256), media_type="application/octet-stream",
-                                         headers=headers)
+        if found.location == blobs.LOCATION:  # one chunk per transaction
+            parts = _chunks_from_database(sessions, sha256)
+        else:  # no database connection held
+            parts = request.app.state.artifact_stores.at(found.location).iter_bytes(None, sha256)
+        return ArtifactStreamingResponse(parts, media_type="application/octet-stream", headers=headers)
     if path is not None:
         stat_result = await anyio.to_thread.run_sync(os.stat, path, limiter=file_threads)
     if wants_range:
@@ -179,46 +204,61 @@ def _mirrored_file(files: ArtifactFiles, sha256: str) -> FilePath | None:
     return path
 
 
+def _presigned(sessions: sessionmaker[Session], sha256: str, expires_s: int) -> tuple[int, str | None] | None:
+    with sessions.begin() as session:
+        return artifact_store.presigned_url(session, sha256, expires_s)
+
+
 @dataclass(frozen=True)
-class _InDatabase:
+class _Unmirrored:
     """An artifact that could not be mirrored and is too large to hold in memory: sent
-    from the database chunk by chunk."""
+    from its store (``location``) part by part."""
 
     size: int
+    location: str
 
 
-def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str) -> FilePath | bytes | _InDatabase | None:
-    """The artifact's file, mirrored from the database (one unit of work) when it is not
-    yet; ``None`` when nothing is stored under ``sha256``.
+def _mirrored(sessions: sessionmaker[Session], files: ArtifactFiles, sha256: str) -> FilePath | bytes | _Unmirrored | None:
+    """The artifact's file, mirrored from its store when it is not yet; ``None`` when
+    nothing is stored under ``sha256``. A blob in the database is copied in one unit of
+    work; one in the object store is read with no database connection held.
 
     When the mirror cannot be written (a full disk, an I/O error: ``OSError``) the node
-    keeps serving from the database, and ``/v1/health`` says ``degraded`` until a mirror
+    keeps serving from the store, and ``/v1/health`` says ``degraded`` until a mirror
     write succeeds again: a small artifact's bytes (verified, then held in memory), or
-    :class:`_InDatabase` for a large one."""
+    :class:`_Unmirrored` for a large one."""
     path = files.get(sha256)
     if path is None:
         with sessions.begin() as session:
+            found = artifact_store.locate(session, sha256, hold=True)  # a move waits for this read
+            if found is None:
+                return None
+            size, location = found
+            store = artifact_store.stores_of(session).at(location)
+            if location == blobs.LOCATION:
+                try:
+                    path = files.write(sha256, store.iter_bytes(session, sha256))
+                except OSError as exc:
+                    return _unwritable(files, sha256, exc, store, session, size)
+        if path is None:
             try:
-                path = files.mirror(session, sha256)
+                path = files.write(sha256, store.iter_bytes(None, sha256))
             except OSError as exc:
-                log.warning("artifact %s not mirrored, served from the database: %s", sha256, exc)
-                files.note_write_failure(exc)
-                return _from_database(session, files, sha256)
-            if path is not None:
-                files.note_written()
-    if path is not None:
-        files.remember(sha256, path)
+                return _unwritable(files, sha256, exc, store, None, size)
+        files.note_written()
+    files.remember(sha256, path)
     return path
 
 
-def _from_database(session: Session, files: ArtifactFiles, sha256: str) -> bytes | _InDatabase | None:
-    """A small artifact's bytes read and verified (and held in memory), or the size of a large one."""
-    size = blobs.blob_size(session, sha256)
-    if size is None:
-        return None
+def _unwritable(files: ArtifactFiles, sha256: str, exc: OSError, store: artifact_store.ArtifactStore,
+                session: Session | None, size: int) -> bytes | _Unmirrored:
+    """A small artifact's bytes read from its store and verified (and held in memory), or
+    :class:`_Unmirrored` for a large one: the mirror could not be written."""
+    log.warning("artifact %s not mirrored, served from the %s store: %s", sha256, store.location, exc)
+    files.note_write_failure(exc)
     if size > files.memory_max_item:
-        return _InDatabase(size)
-    data = blobs.read_blob(session, sha256) or b""
+        return _Unmirrored(size, store.location)
+    data = b"".join(store.iter_bytes(session, sha256))
     if hashlib.sha256(data).hexdigest() != sha256:
         raise blobs.DigestMismatch(f"stored blob {sha256} hashes to {hashlib.sha256(data).hexdigest()}")
     files.hold(sha256, data)
@@ -258,4 +298,4 @@ async def artifact_exists(sha256: Sha256, request: Request, _caller: ReadCaller)
 
 def _stored_size(sessions: sessionmaker[Session], sha256: str) -> int | None:
     with sessions.begin() as session:
-        return blobs.blob_size(session, sha256)
+        return artifact_store.blob_size(session, sha256)

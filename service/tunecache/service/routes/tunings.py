@@ -35,7 +35,7 @@ from tunecache.contract import (
 )
 from tunecache.formats.autotune_file import NotAnAutotuneFile
 from tunecache.service import run_diff
-from tunecache.service import blobs, repository
+from tunecache.service import artifact_store, repository
 from tunecache.service import metrics
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller, TuneCaller
@@ -392,10 +392,10 @@ def _autotune_file(session: Session, run: TuningRunRead) -> bytes:
     if artifact is None:
         raise HTTPException(422, detail=f"run {run.id} ({run.status}) has no FlashInfer autotune file "
                                         f"({ArtifactKind.FLASHINFER_AUTOTUNE} artifact) to diff")
-    size = blobs.blob_size(session, artifact.sha256)
+    size = artifact_store.blob_size(session, artifact.sha256)
     if size is None:
         raise HTTPException(422, detail=f"run {run.id}'s FlashInfer autotune file (sha256 {artifact.sha256}) is not stored")
     if size > MAX_DIFF_FILE_BYTES:
         raise HTTPException(422, detail=f"run {run.id}'s FlashInfer autotune file is {size} bytes; "
                                         f"a diff reads at most {MAX_DIFF_FILE_BYTES}")
-    return blobs.read_blob(session, artifact.sha256) or b""
+    return artifact_store.read_blob(session, artifact.sha256) or b""
