@@ -5,7 +5,11 @@ network that reaches nothing but the service (FastAPI's own pages load them from
 The files come from the ``fastapi-offline`` distribution, which ships Swagger UI's
 ``swagger-ui-bundle.js`` and ``swagger-ui.css`` and ReDoc's ``redoc.standalone.js``; only
 its files are used, mounted with starlette's ``StaticFiles`` at :data:`ASSETS_PATH` (FastAPI's
-"self-hosting JavaScript and CSS for docs" recipe). ReDoc's page loads no web fonts.
+"self-hosting JavaScript and CSS for docs" recipe). ReDoc's page loads no web fonts, and
+Swagger UI's has no online validator (``validatorUrl: null``: it would send the document's
+URL to swagger.io). Both pages are served with ``Content-Security-Policy: img-src 'self'
+data:`` (:data:`IMAGES_FROM_HERE_ONLY`): ReDoc's sidebar shows its maker's logo from their
+host, an image the browser now never asks for (ReDoc drops it when it does not load).
 
 Who may call them: as FastAPI's own ``/docs``, ``/redoc`` and ``/openapi.json``, anyone
 (they are framework routes outside the OpenAPI document, with no caller policy; what they
@@ -31,6 +35,9 @@ OAUTH2_REDIRECT_PATH = "/docs/oauth2-redirect"
 ASSETS_PATH = "/docs/assets"
 #: The files each page loads, under :data:`ASSETS_PATH`.
 SWAGGER_JS, SWAGGER_CSS, REDOC_JS, FAVICON = "swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png"
+#: The pages' one policy: images from the service itself (or inline) only; scripts and
+#: styles are not restricted further (they are the service's files, and ReDoc's inline styles).
+IMAGES_FROM_HERE_ONLY = {"Content-Security-Policy": "img-src 'self' data:"}
 
 
 def assets_dir() -> Path:
@@ -51,6 +58,11 @@ class _Assets(StaticFiles):
         await super().__call__(scope, receive, send)
 
 
+def _own_images_only(page: HTMLResponse) -> HTMLResponse:
+    page.headers.update(IMAGES_FROM_HERE_ONLY)
+    return page
+
+
 def install(app: FastAPI) -> dict[int, str]:
     """Serve ``/docs``, ``/docs/oauth2-redirect``, ``/redoc`` and their files on ``app``, built
     with ``docs_url=None, redoc_url=None``. Returns the path template of each by the ``id`` of
@@ -61,21 +73,22 @@ def install(app: FastAPI) -> dict[int, str]:
         return request.scope.get("root_path", "").rstrip("/") + path
 
     async def swagger_ui(request: Request) -> HTMLResponse:
-        return get_swagger_ui_html(
+        return _own_images_only(get_swagger_ui_html(
             openapi_url=local(request, app.openapi_url), title=f"{app.title} - Swagger UI",
             oauth2_redirect_url=local(request, OAUTH2_REDIRECT_PATH),
             swagger_js_url=local(request, f"{ASSETS_PATH}/{SWAGGER_JS}"),
             swagger_css_url=local(request, f"{ASSETS_PATH}/{SWAGGER_CSS}"),
-            swagger_favicon_url=local(request, f"{ASSETS_PATH}/{FAVICON}"))
+            swagger_favicon_url=local(request, f"{ASSETS_PATH}/{FAVICON}"),
+            swagger_ui_parameters={"validatorUrl": None}))
 
     async def oauth2_redirect(request: Request) -> HTMLResponse:
         return get_swagger_ui_oauth2_redirect_html()
 
     async def redoc(request: Request) -> HTMLResponse:
-        return get_redoc_html(
+        return _own_images_only(get_redoc_html(
             openapi_url=local(request, app.openapi_url), title=f"{app.title} - ReDoc",
             redoc_js_url=local(request, f"{ASSETS_PATH}/{REDOC_JS}"),
-            redoc_favicon_url=local(request, f"{ASSETS_PATH}/{FAVICON}"), with_google_fonts=False)
+            redoc_favicon_url=local(request, f"{ASSETS_PATH}/{FAVICON}"), with_google_fonts=False))
 
     app.add_route(DOCS_PATH, swagger_ui, include_in_schema=False)
     app.add_route(OAUTH2_REDIRECT_PATH, oauth2_redirect, include_in_schema=False)
