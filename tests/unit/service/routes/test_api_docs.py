@@ -63,3 +63,17 @@ def test_the_swagger_ui_files_are_swagger_ui_and_redoc_s_is_redoc(client):
                                   "/docs/assets/%2e%2e/%2e%2e/app.py"])
 def test_nothing_else_is_served_from_the_assets(client, path):
     assert client.get(path).status_code == 404
+
+
+def test_the_pages_and_their_files_are_counted_by_route_template(client):
+    from prometheus_client import REGISTRY
+
+    def count(route: str) -> float:
+        return REGISTRY.get_sample_value("tunecache_http_requests_total",
+                                         {"method": "GET", "route": route, "status": "200"}) or 0.0
+
+    before = {route: count(route) for route in ("/docs", "/redoc", "/docs/assets/{path}")}
+    for path in ("/docs", "/redoc", "/docs/assets/swagger-ui.css", "/docs/assets/favicon.png"):
+        assert client.get(path).status_code == 200
+    assert {route: count(route) - seen for route, seen in before.items()} == {
+        "/docs": 1, "/redoc": 1, "/docs/assets/{path}": 2}
