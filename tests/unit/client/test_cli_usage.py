@@ -1,7 +1,6 @@
 """The `tunecache` command's usage errors, one line each with exit 2 (``ExitCode.USAGE``),
-and `tunecache --version`: in process through :func:`tunecache.cli.run`, and once each through
-the installed console script (the pod commands and the server's plugin), as an operator or an
-init container runs it."""
+and `tunecache --version`, in process through :func:`tunecache.cli.run` (the installed console
+script, with the server's commands: tests/e2e/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import importlib.metadata
 
 import pytest
 
-from tests.support.cli import tunecache
 from tunecache import cli
 from tunecache.cli import ExitCode
 
@@ -41,21 +39,6 @@ def test_a_usage_error_is_one_line_and_exit_2(capsys, args, line):
 def test_no_command_still_shows_the_help(capsys):
     code, out, err = _run(capsys)
     assert code == ExitCode.USAGE and "Commands" in out and err == ""
-
-
-def test_the_console_script_says_it_in_one_line_too():
-    result = tunecache("serve", "--no-such-option")  # a command of the server's plugin
-    assert result.returncode == ExitCode.USAGE, result.stderr
-    assert result.stderr.splitlines() == ["tunecache: error: no such option: --no-such-option (see tunecache serve --help)"]
-
-
-def test_version_names_each_installed_distribution():
-    result = tunecache("--version")
-    assert result.returncode == 0 and result.stderr == ""
-    assert result.stdout.splitlines() == [
-        f"tunecache-client {importlib.metadata.version('tunecache-client')}",
-        f"tunecache-server {importlib.metadata.version('tunecache-server')}",
-    ]
 
 
 def test_version_without_the_server_names_the_client_only(capsys, monkeypatch):
