@@ -47,6 +47,7 @@ import datetime as dt
 import enum
 import hashlib
 import functools
+import importlib.metadata
 import inspect
 import json
 import re
@@ -324,11 +325,38 @@ def environment_option(path: Path | None):
 _token_option: str | None = None
 
 
+#: The distributions whose versions ``tunecache --version`` prints, those installed.
+VERSIONED_DISTRIBUTIONS = ("tunecache-client", "tunecache-server")
+
+
+def installed_versions() -> list[tuple[str, str]]:
+    """``(distribution, version)`` of each of :data:`VERSIONED_DISTRIBUTIONS` installed here
+    (``importlib.metadata``); the server's is left out on a pod that has only the client."""
+    found = []
+    for name in VERSIONED_DISTRIBUTIONS:
+        try:
+            found.append((name, importlib.metadata.version(name)))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        versions = installed_versions()
+        for name, version in versions or [("tunecache-client", "unknown (not installed; run from the source roots)")]:
+            typer.echo(f"{name} {version}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _global_options(
     token: Annotated[Optional[str], typer.Option(
         "--token", help="bearer token (default: TUNECACHE_TOKEN, else TUNECACHE_TOKEN_FILE, else the admin.token "
                         "of a tunecache serve on this machine)")] = None,
+    _version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="print the versions of tunecache-client and, where installed, tunecache-server, and exit")] = False,
 ) -> None:
     """Persistent autotune cache for LLM inference fleets: tune once per GPU node, install on every pod."""
     global _token_option
@@ -1162,12 +1190,47 @@ def main() -> None:
     run()
 
 
-def run() -> None:
-    """Run ``app`` with the commands registered so far (exit 130 on Ctrl-C)."""
+#: The exceptions of the click that typer runs on: click itself, or (typer 0.29 on) the copy
+#: typer carries as ``typer._click``; found through ``typer.BadParameter``, one of them.
+_click_errors = sys.modules[typer.BadParameter.__module__]
+#: click 8.2 on: ``no_args_is_help`` prints the help and raises this (exit 2); older: exit 0.
+_NoArgsIsHelp = getattr(_click_errors, "NoArgsIsHelpError", ())
+
+
+def usage_error_line(exc: Exception) -> str:
+    """One line for a usage error that click or typer found (a missing or unknown option, an
+    unknown command, a value of the wrong type): ``tunecache: error: <message> (see
+    tunecache <cmd> --help)``, in place of their boxed panel."""
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    if message[:1].isupper() and message[1:2].islower():  # "Missing option" -> "missing option", as fail() writes
+        message = message[0].lower() + message[1:]
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else app.info.name or "tunecache"
+    return f"tunecache: error: {message} (see {command} --help)"
+
+
+def run(args: list[str] | None = None) -> None:
+    """Run ``app`` with the commands registered so far: usage errors as one line on stderr and
+    exit 2 (:data:`ExitCode.USAGE`), exit 130 on Ctrl-C."""
+    command = typer.main.get_command(app)
     try:
-        app()
+        # standalone_mode=False: click's errors reach here instead of typer's rich panel
+        code = command.main(args, prog_name=app.info.name or "tunecache", standalone_mode=False)
     except KeyboardInterrupt:
         sys.exit(130)
+    except _NoArgsIsHelp:
+        sys.exit(int(ExitCode.USAGE))  # the help was printed already (no_args_is_help), as before
+    except _click_errors.UsageError as exc:
+        typer.echo(usage_error_line(exc), err=True)
+        sys.exit(int(ExitCode.USAGE))
+    except _click_errors.ClickException as exc:  # e.g. a file option that cannot be opened
+        typer.echo(usage_error_line(exc), err=True)
+        sys.exit(exc.exit_code)
+    except _click_errors.Abort:
+        typer.echo("tunecache: error: aborted", err=True)
+        sys.exit(int(ExitCode.UNEXPECTED))
+    # an Exit (typer.Exit, fail()) comes back as its code; a command that returns, as None
+    sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import importlib.metadata
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from tests.support.cli import tunecache, tunecache_executable
+from tunecache.cli import ExitCode
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tests.support.serve import free_port, as_admin, start_server, stop_server
 from tunecache.service import db
@@ -503,3 +505,21 @@ def test_every_command_that_takes_a_key_has_the_same_key_options():
     assert "gpu_name" not in options("tune") and "arch" not in options("tune")
     missing = tunecache("retune", "--server", "http://127.0.0.1:9", "--model", "m", "--max-num-batched-tokens", "8")
     assert missing.returncode == 2 and "--gpu-name" in missing.stderr
+
+
+def test_a_usage_error_of_the_console_script_is_one_line_and_exit_2():
+    result = tunecache("serve", "--no-such-option")  # a command of the server's plugin
+    assert result.returncode == ExitCode.USAGE == 2, result.stderr
+    assert result.stderr.splitlines() == ["tunecache: error: no such option: --no-such-option (see tunecache serve --help)"]
+    missing = tunecache("pull", "--model", MODEL, "--max-num-batched-tokens", "8192", "--dest", "/nonexistent")
+    assert missing.returncode == 2 and missing.stderr.splitlines() == [
+        "tunecache: error: missing option '--server' (env var: 'TUNECACHE_URL') (see tunecache pull --help)"]
+
+
+def test_version_names_each_installed_distribution():
+    result = tunecache("--version")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.splitlines() == [
+        f"tunecache-client {importlib.metadata.version('tunecache-client')}",
+        f"tunecache-server {importlib.metadata.version('tunecache-server')}",
+    ]

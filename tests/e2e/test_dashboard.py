@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 import zipfile
 from pathlib import Path
 
@@ -383,6 +384,41 @@ def test_when_reads_need_a_token_a_browser_signs_in_with_a_read_token(locked_ser
     page.get_by_role("button", name="Sign out").click()
     page.wait_for_url(f"{server}/sign-in")
     assert page.goto(f"{server}/").status == 401
+
+
+@sqlite_only
+def test_the_api_docs_render_with_every_other_host_cut_off(locked_server, page, tmp_path):
+    """/docs (Swagger UI) and /redoc (ReDoc) render from the files the server ships, with every
+    request for another host aborted (the network off), and without a token though reads need
+    one here. ``TUNECACHE_API_DOCS_SCREENSHOT=docs/api-docs-offline.png`` copies /docs' picture."""
+    server = locked_server
+    elsewhere = []
+
+    def only_this_machine(route):
+        if urllib.parse.urlsplit(route.request.url).hostname in ("127.0.0.1", "localhost", "::1"):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    page.context.route("**/*", only_this_machine)
+    failed = []
+    page.on("requestfailed", lambda request: failed.append((request.url, request.failure)))
+    assert page.goto(f"{server}/docs").status == 200
+    page.locator(".swagger-ui .info").wait_for(state="visible")
+    assert page.locator(".swagger-ui .info .title").inner_text().startswith("tunecache")
+    page.locator(".opblock-summary-path", has_text="/v1/tunings/lookup").first.wait_for(state="visible")
+    _screenshot(page, tmp_path, "api-docs")
+    if os.environ.get("TUNECACHE_API_DOCS_SCREENSHOT"):  # the first screen of it, for the operator guide
+        page.screenshot(path=os.environ["TUNECACHE_API_DOCS_SCREENSHOT"])
+
+    assert page.goto(f"{server}/redoc").status == 200
+    page.locator(".api-info h1").wait_for(state="visible")
+    assert page.locator(".api-info h1").inner_text().startswith("tunecache")
+    assert elsewhere == []  # no request left for another host
+    # the one request that failed, if any: ReDoc's logo from its maker's host, stopped by the
+    # page's img-src policy inside the browser (ReDoc drops the image)
+    assert all(failure == "csp" and url.endswith(".svg") for url, failure in failed), failed
 
 
 # ---------------------------------------------------------------- without a browser

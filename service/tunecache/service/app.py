@@ -24,7 +24,7 @@ from starlette.routing import Route, compile_path
 from sqlalchemy import Engine
 
 from tunecache.service import artifact_store, db, metrics, policy
-from tunecache.service import dashboard
+from tunecache.service import api_docs, dashboard
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
 from tunecache.service.limits import AllowedHosts, LoadShedding, RequestBodyGuard
@@ -190,6 +190,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         version=_server_version(),
         summary="Persistent autotune cache for LLM inference fleets",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc: from files installed with the server, no CDN (api_docs)
+        redoc_url=None,
     )
     app.state.settings = settings
     install_error_handlers(app, retry_after_s=settings.retry_after_seconds)
@@ -202,11 +204,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.include_router(router, prefix=prefix, responses=COMMON_ERRORS)
         app.state.path_methods += [(compile_path(prefix + route.path)[0], frozenset(route.methods)) for route in router.routes]
     dashboard_templates = dashboard.install(app)  # the web dashboard at / (HTML; not in the OpenAPI document)
+    docs_templates = api_docs.install(app)  # /docs and /redoc with their files, open to anyone as /openapi.json
     # Before any work: a Host the service does not answer to (DNS rebinding) gets 400.
     if settings.allowed_host_list != ["*"]:
         app.add_middleware(AllowedHosts, allowed_hosts=settings.allowed_host_list)
     # Outermost: counts every answer, the 503s of load shedding too (one increment each).
-    app.add_middleware(metrics.RequestCounter, templates=_route_templates(app) | dashboard_templates)
+    app.add_middleware(metrics.RequestCounter, templates=_route_templates(app) | dashboard_templates | docs_templates)
     _document_optional_tokens(app, settings)
     return app
 

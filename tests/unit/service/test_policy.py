@@ -54,8 +54,9 @@ EXPECTED = {
     ("GET", "/v1/audit"): requires(Scope.ADMIN),
     ("GET", "/metrics"): READ,
 }
-#: Starlette routes FastAPI adds itself: the OpenAPI document and its viewers, open to all.
-FRAMEWORK_ROUTES = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+#: Starlette routes outside the OpenAPI document, open to all: the document FastAPI serves,
+#: and its viewers with their files (tunecache.service.api_docs, as FastAPI's own /docs was).
+FRAMEWORK_ROUTES = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/docs/assets"}
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 
 
@@ -88,6 +89,10 @@ def test_every_route_declares_its_policy():
     assert documented == set(EXPECTED)
     undocumented = {r.path for r in app.routes if getattr(r, "path", None) and not getattr(r, "include_in_schema", True)}
     assert undocumented <= FRAMEWORK_ROUTES
+    # ... and every route of the app itself that is no API route (no caller policy) is one of
+    # those, a mount too (the routers' routes are checked above)
+    framework = {r.path for r in app.routes if not isinstance(r, APIRoute) and hasattr(r, "path")}
+    assert framework == FRAMEWORK_ROUTES
 
 
 SCOPES = [None, "invalid", "revoked", *Scope]

@@ -1,0 +1,215 @@
+"""The Kubernetes manifests in deploy/kubernetes/ (docs/kubernetes.md, "The manifests").
+
+Each object is valid against the Kubernetes JSON schemas of :data:`KUBERNETES_VERSION`
+(``kubernetes-validate``, which ships them: no network), strictly (an unknown field fails);
+every kustomization lists every manifest of its directory and nothing else; every
+``TUNECACHE_*`` variable they name is a setting of the side that reads it (the server's
+``tunecache.service.settings``, the pods' ``tunecache.client.settings``), named only in a
+comment where it is not one yet; every ``tunecache`` command line uses options the command has;
+the probes ask the service's health route on its port; and the nginx configuration passes
+``nginx -t`` where nginx is installed.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+
+from tests.support.paths import ROOT
+from tunecache import cli
+from tunecache.client.settings import ClientSettings
+from tunecache.service.cli import register
+from tunecache.service.routes.health import router as health_router
+from tunecache.service.settings import RENAMED_VARIABLES, Settings
+
+MANIFESTS = ROOT / "deploy" / "kubernetes"
+#: The Kubernetes release the manifests are checked against (schemas bundled by kubernetes-validate).
+KUBERNETES_VERSION = "1.33.0"
+#: Named in the manifests' comments only, as optional and not yet a setting of this version.
+NOT_YET_SETTINGS = {"TUNECACHE_ARTIFACT_STORE"}
+SERVER_VARIABLES = {f"TUNECACHE_{name.upper()}" for name in Settings.model_fields} | set(RENAMED_VARIABLES.values())
+CLIENT_VARIABLES = {f"TUNECACHE_{name.upper()}" for name in ClientSettings.model_fields}
+IMAGE = "tunecache:latest"  # docker-compose.yml's name for the Dockerfile's image
+
+
+def _files(directory: Path = MANIFESTS) -> list[Path]:
+    return sorted(path for path in directory.rglob("*.yaml") if path.name != "kustomization.yaml")
+
+
+def _objects() -> list[tuple[Path, dict]]:
+    return [(path, document) for path in _files() for document in yaml.safe_load_all(path.read_text()) if document]
+
+
+def _containers(obj: dict) -> list[tuple[str, dict]]:
+    """``(kind, container)`` of each container and init container of a workload."""
+    spec = obj.get("spec", {})
+    pod = spec.get("template", {}).get("spec") or spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec")
+    if not pod:
+        return []
+    return [(kind, c) for kind in ("initContainers", "containers") for c in pod.get(kind, [])]
+
+
+def _command_line(container: dict) -> str:
+    return " ".join([*container.get("command", []), *container.get("args", [])])
+
+
+def test_the_manifests_are_there():
+    names = {path.relative_to(MANIFESTS).as_posix() for path in _files()}
+    assert names == {"secrets.yaml", "server.yaml", "tuner.yaml", "nginx-cache.yaml", "examples/vllm-pod.yaml"}
+    kinds = {(obj["kind"], obj["metadata"]["name"]) for _, obj in _objects()}
+    assert {("Deployment", "tunecache"), ("Service", "tunecache"), ("PodDisruptionBudget", "tunecache"),
+            ("StatefulSet", "tunecache-tuner"), ("ConfigMap", "tunecache-nginx-cache"), ("Deployment", "tunecache-cache"),
+            ("Secret", "tunecache-database"), ("Secret", "tunecache-node"), ("Secret", "tunecache-trust"),
+            ("Secret", "tunecache-tokens"), ("Deployment", "vllm-qwen3")} <= kinds
+
+
+def test_every_object_is_valid_for_the_pinned_kubernetes_version():
+    import kubernetes_validate
+
+    failures = []
+    for path, obj in _objects():
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            failures.append(f"{path.name} {obj['kind']}/{obj['metadata']['name']}: {exc.message} at {list(exc.path)}")
+    assert not failures, "\n".join(failures)
+
+
+def test_a_broken_manifest_is_caught():
+    """The schemas are really applied: an unknown field and a wrong type fail."""
+    import kubernetes_validate
+
+    (_, service), = [(p, o) for p, o in _objects() if (o["kind"], o["metadata"]["name"]) == ("Service", "tunecache")]
+    for broken in ({**service, "spec": {**service["spec"], "portz": []}},
+                   {**service, "spec": {**service["spec"], "ports": [{"port": "eighty"}]}}):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("directory", [MANIFESTS, MANIFESTS / "examples"], ids=["service", "examples"])
+def test_each_kustomization_lists_every_manifest_of_its_directory(directory):
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Kustomization"
+    listed = kustomization["resources"]
+    assert len(listed) == len(set(listed))
+    assert sorted(listed) == sorted(path.name for path in directory.glob("*.yaml") if path.name != "kustomization.yaml")
+
+
+def test_kustomize_builds_them_where_kubectl_is_installed():
+    if shutil.which("kubectl") is None:
+        pytest.skip("no kubectl here (the schema and listing checks above still ran)")
+    for directory, count in ((MANIFESTS, 12), (MANIFESTS / "examples", 2)):
+        built = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+        assert built.returncode == 0, built.stderr
+        assert len([d for d in yaml.safe_load_all(built.stdout) if d]) == count
+
+
+def test_every_tunecache_variable_is_a_setting_of_the_side_that_reads_it():
+    failures = []
+    for path, obj in _objects():
+        for kind, container in _containers(obj):
+            line = _command_line(container)
+            serves = "tunecache serve" in line or "tunecache db upgrade" in line
+            known = SERVER_VARIABLES if serves else CLIENT_VARIABLES
+            for env in container.get("env", []):
+                if env["name"].startswith("TUNECACHE_") and env["name"] not in known:
+                    failures.append(f"{path.name} {obj['metadata']['name']}/{container['name']}: {env['name']} is no "
+                                    f"{'server' if serves else 'client'} setting")
+    # and anywhere in the text, comments too: a setting of either side, or named as not yet one
+    for path in _files():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for name in re.findall(r"TUNECACHE_[A-Z0-9_]+", line):
+                if name in NOT_YET_SETTINGS:
+                    if not line.lstrip().startswith("#"):
+                        failures.append(f"{path.name}:{number}: {name} is not a setting yet: in a comment only")
+                elif name not in SERVER_VARIABLES | CLIENT_VARIABLES:
+                    failures.append(f"{path.name}:{number}: {name} is no setting")
+    assert not failures, "\n".join(failures)
+
+
+def _options(command) -> set[str]:
+    return {opt for param in command.params for opt in [*param.opts, *param.secondary_opts]}
+
+
+def test_every_tunecache_command_line_uses_options_the_command_has():
+    server = typer.Typer()
+    register(server)
+    commands = {**typer.main.get_command(cli.app).commands, **typer.main.get_command(server).commands}
+    seen = []
+    for path, obj in _objects():
+        for _, container in _containers(obj):
+            words = shlex.split(_command_line(container).replace("$", ""))
+            for start in [i for i, word in enumerate(words) if word == "tunecache"]:
+                rest = words[start + 1:]
+                command = commands[rest[0]]
+                rest = rest[1:]
+                if hasattr(command, "commands"):  # a group: tunecache db upgrade
+                    command, rest = command.commands[rest[0]], rest[1:]
+                used = [word.split("=")[0] for word in rest[:next((i for i, w in enumerate(rest) if w in ("||", "&&", ";")),
+                                                                   len(rest))] if word.startswith("-")]
+                unknown = set(used) - _options(command)
+                assert not unknown, f"{path.name}: tunecache {command.name} has no {sorted(unknown)}"
+                seen.append((command.name, tuple(used)))
+    assert ("pull", ("--server", "--model", "--max-num-batched-tokens", "--tensor-parallel-size", "--layout",
+                     "--vllm-config-hash", "--environment", "--dest")) in seen
+    assert {name for name, _ in seen} == {"pull", "serve", "upgrade"}
+
+
+def test_the_service_pods_probe_its_health_route_on_its_port():
+    (health,) = [route.path for route in health_router.routes]
+    assert f"/v1{health}" == "/v1/health"
+    checked = 0
+    for path, obj in _objects():
+        for kind, container in _containers(obj):
+            if container.get("image") != IMAGE or kind == "initContainers":
+                continue
+            assert "tunecache serve" in _command_line(container)
+            ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert ports["http"] == int(env["TUNECACHE_PORT"]) == Settings().port
+            assert env["TUNECACHE_HOST"] == "0.0.0.0"
+            for probe in ("readinessProbe", "livenessProbe"):
+                assert container[probe]["httpGet"] == {"path": "/v1/health", "port": "http"}, (path.name, probe)
+            assert "TUNECACHE_DATABASE_URL" in env and container["resources"]["requests"]
+            checked += 1
+    assert checked == 2  # the server replicas and the tuner
+
+
+def test_the_service_pods_get_no_service_links_and_the_tuner_its_gpu():
+    objects = {(obj["kind"], obj["metadata"]["name"]): obj for _, obj in _objects()}
+    for key in (("Deployment", "tunecache"), ("StatefulSet", "tunecache-tuner")):
+        # a Service called tunecache would set TUNECACHE_PORT=tcp://..., which serve refuses
+        assert objects[key]["spec"]["template"]["spec"]["enableServiceLinks"] is False
+    assert objects[("Deployment", "tunecache")]["spec"]["replicas"] == 2
+    (tuner,) = objects[("StatefulSet", "tunecache-tuner")]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in tuner["env"]}
+    assert tuner["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert env["TUNECACHE_JOB_WORKER"] == "on" and env["TUNECACHE_SIGNING_KEY"].startswith("/secrets/node/")
+    (server,) = objects[("Deployment", "tunecache")]["spec"]["template"]["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in server["env"]}["TUNECACHE_JOB_WORKER"] == "off"
+    assert objects[("PodDisruptionBudget", "tunecache")]["spec"]["minAvailable"] == 1
+
+
+def test_the_nginx_configuration_passes_nginx_t(tmp_path):
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if nginx is None:
+        pytest.skip("no nginx here")
+    (config_map,) = [o for _, o in _objects() if (o["kind"], o["metadata"]["name"]) == ("ConfigMap", "tunecache-nginx-cache")]
+    conf = config_map["data"]["default.conf"]
+    assert "proxy_cache artifacts" in conf and "server tunecache:8321" in conf
+    # nginx -t resolves the upstream's name: the Service's name exists only in the cluster
+    local = conf.replace("server tunecache:8321", "server 127.0.0.1:8321").replace(
+        "/var/cache/nginx/tunecache", str(tmp_path / "cache")).replace("listen 80;", "listen 127.0.0.1:18080;")
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log;\nevents {{}}\n"
+        f"http {{ access_log off; client_body_temp_path {tmp_path}/body; proxy_temp_path {tmp_path}/proxy;\n{local}\n}}\n")
+    checked = subprocess.run([nginx, "-t", "-q", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                             capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr

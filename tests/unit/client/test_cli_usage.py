@@ -1,0 +1,47 @@
+"""The `tunecache` command's usage errors, one line each with exit 2 (``ExitCode.USAGE``),
+and `tunecache --version`, in process through :func:`tunecache.cli.run` (the installed console
+script, with the server's commands: tests/e2e/test_cli.py)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from tunecache import cli
+from tunecache.cli import ExitCode
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        cli.run(list(args))
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+@pytest.mark.parametrize("args, line", [
+    (["pull", "--model", "m", "--max-num-batched-tokens", "8192"],
+     "tunecache: error: missing option '--server' (env var: 'TUNECACHE_URL') (see tunecache pull --help)"),
+    (["pull", "--server", "http://127.0.0.1:9", "--no-such-option"],
+     "tunecache: error: no such option: --no-such-option (see tunecache pull --help)"),
+    (["no-such-command"], "tunecache: error: no such command 'no-such-command' (see tunecache --help)"),
+    (["token", "no-such-command"], "tunecache: error: no such command 'no-such-command' (see tunecache token --help)"),
+    (["push", "x.json", "--server", "http://127.0.0.1:9", "--model", "m", "--max-num-batched-tokens", "many"],
+     "tunecache: error: invalid value for '--max-num-batched-tokens': Input should be a valid integer, unable to "
+     "parse string as an integer (see tunecache push --help)"),
+], ids=["missing-option", "unknown-option", "unknown-command", "unknown-subcommand", "bad-value"])
+def test_a_usage_error_is_one_line_and_exit_2(capsys, args, line):
+    code, out, err = _run(capsys, *args)
+    assert code == ExitCode.USAGE == 2
+    assert err.splitlines() == [line] and out == ""
+
+
+def test_no_command_still_shows_the_help(capsys):
+    code, out, err = _run(capsys)
+    assert code == ExitCode.USAGE and "Commands" in out and err == ""
+
+
+def test_version_without_the_server_names_the_client_only(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "VERSIONED_DISTRIBUTIONS", ("tunecache-client", "tunecache-server-not-installed"))
+    code, out, err = _run(capsys, "--version")
+    assert code == 0 and out.splitlines() == [f"tunecache-client {importlib.metadata.version('tunecache-client')}"]
