@@ -19,10 +19,33 @@ from tests.support.cli import tunecache_executable
 from tests.support.paths import CUDNN_FILE
 
 
+#: The first port :func:`free_port` hands out, and how many each test process has: below the
+#: kernel's ephemeral range (32768 and up by default), from which outgoing connections take
+#: theirs.
+PORT_BASE, PORTS_PER_PROCESS = 20_000, 1_000
+_handed_out = 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port for a server this test starts, that no other test process of the run
+    hands out: each xdist worker (``PYTEST_XDIST_WORKER`` ``gw<N>``) takes its ports in turn
+    from a range of its own, below the ephemeral range. A port the kernel picked (``bind`` to
+    port 0) could be picked again for another worker's server or for a client's connection
+    before this test's server binds it."""
+    global _handed_out
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    first = PORT_BASE + (index % 12) * PORTS_PER_PROCESS
+    for _ in range(PORTS_PER_PROCESS):
+        port = first + _handed_out % PORTS_PER_PROCESS
+        _handed_out += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # taken (another program, or a port still in TIME_WAIT)
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}..{first + PORTS_PER_PROCESS - 1}")
 
 
 def admin_token() -> str:
