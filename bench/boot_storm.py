@@ -87,6 +87,41 @@ BOOTS_PER_S: float | None = None  # set from --boots-per-s: offered rate, else a
 WARMUP_S = 0  # set from --warmup: the same load, unmeasured, before each measured run
 
 
+def stop_group(process: subprocess.Popen) -> None:
+    """Stop a server started with ``start_new_session=True`` and its children: SIGTERM to
+    its process group, SIGKILL after 30 s."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+def start_nginx(work: Path, port: int, root: Path, connections: int = 4096) -> subprocess.Popen:
+    """nginx in the foreground serving ``root`` on ``127.0.0.1:port`` (2 workers, sendfile,
+    keep-alive), its config and temporary files under ``work``."""
+    conf = work / "nginx.conf"
+    conf.write_text(f"""
+user root;
+worker_processes 2;
+pid {work}/nginx.pid;
+error_log {work}/nginx-error.log;
+events {{ worker_connections {connections}; }}
+http {{
+  access_log off;
+  client_body_temp_path {work}/nginx-body;
+  sendfile on;
+  keepalive_requests 100000;
+  server {{ listen 127.0.0.1:{port}; root {root}; }}
+}}
+""")
+    return subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def wrk(url: str, pods: int, seconds: int, env: dict[str, str]) -> dict:
     threads = min(2, pods)
     paced = {"BOOTS_PER_S": str(BOOTS_PER_S)} if BOOTS_PER_S else {}
@@ -188,12 +223,7 @@ def run_tunecache(args, pods: int, work: Path, report: bool = False) -> dict:
         cell["peak_rss_mib"] = round(tree_rss_kib(server.pid) / 1024, 1)
         return cell
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
         log.close()
         drop()
 
@@ -227,24 +257,8 @@ def run_stdlib(args, pods: int, work: Path) -> dict:
 def run_nginx(args, pods: int, work: Path, paths: dict[str, str] | None = None) -> dict:
     root, lookup, artifact = static_root(work)
     paths = paths or {"LOOKUP_PATH": lookup, "ARTIFACT_PATH": artifact}
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     port = free_port()
-    conf = work / "nginx.conf"
-    conf.write_text(f"""
-user root;
-worker_processes 2;
-pid {work}/nginx.pid;
-error_log {work}/nginx-error.log;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off;
-  client_body_temp_path {work}/nginx-body;
-  sendfile on;
-  keepalive_requests 100000;
-  server {{ listen 127.0.0.1:{port}; root {root}; }}
-}}
-""")
-    server = subprocess.Popen([nginx, "-c", str(conf), "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = start_nginx(work, port, root)
     try:
         wait_http(f"http://127.0.0.1:{port}{lookup}")
         cell = wrk(f"http://127.0.0.1:{port}", pods, args.seconds, {**paths, "LOOKUP_BODY": "", "STATIC": "1"})

@@ -79,7 +79,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from boot_storm import ARTIFACT, MODEL, free_port, static_root, wait_http  # noqa: E402
+from boot_storm import ARTIFACT, MODEL, free_port, start_nginx, static_root, stop_group, wait_http  # noqa: E402
 from tests.support.postgres import private_postgres, unavailable_reason  # noqa: E402
 
 RETRY_STATUSES = {429, 502, 503, 504}
@@ -603,23 +603,7 @@ def start_parts(work: Path, pg) -> tuple[Parts, list[Target], dict[str, str], ca
     stdlib_port, nginx_port = free_port(), free_port()
     stdlib = subprocess.Popen([sys.executable, "-m", "http.server", str(stdlib_port), "--bind", "127.0.0.1",
                                "--directory", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    conf = work / "nginx.conf"
-    conf.write_text(f"""
-user root;
-worker_processes 2;
-pid {work}/nginx.pid;
-error_log {work}/nginx-error.log;
-events {{ worker_connections 8192; }}
-http {{
-  access_log off;
-  client_body_temp_path {work}/nginx-body;
-  sendfile on;
-  keepalive_requests 100000;
-  server {{ listen 127.0.0.1:{nginx_port}; root {root}; }}
-}}
-""")
-    nginx = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-g", "daemon off;"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    nginx = start_nginx(work, nginx_port, root, connections=8192)
     wait_http(f"http://127.0.0.1:{stdlib_port}{lookup}")
     wait_http(f"http://127.0.0.1:{nginx_port}{lookup}")
     targets = [Target("tunecache", "127.0.0.1", port, ("POST", "/v1/tunings/lookup", body), False),
@@ -634,14 +618,7 @@ def stop_parts(parts: Parts) -> None:
     for process in (parts.stdlib, parts.nginx):
         process.terminate()
         process.wait(timeout=30)
-    try:
-        os.killpg(parts.serve.pid, signal.SIGTERM)
-        parts.serve.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(parts.serve.pid, signal.SIGKILL)
-        parts.serve.wait()
-    except ProcessLookupError:
-        pass
+    stop_group(parts.serve)
     parts.log.close()
 
 

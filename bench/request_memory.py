@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from boot_storm import ARTIFACT, MODEL, fresh_schema, free_port, wait_http  # noqa: E402
+from boot_storm import ARTIFACT, MODEL, fresh_schema, free_port, stop_group, wait_http  # noqa: E402
 
 MIB = 1024 * 1024
 H200_KEY = {"gpu_name": "NVIDIA H200", "arch": "sm90", "model": MODEL, "max_num_batched_tokens": 8192}
@@ -269,12 +268,7 @@ def main() -> None:
             httpx.get(f"{base}/v1/health", timeout=30)
             health_s = time.monotonic() - health_started
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
+            stop_group(server)
             log.close()
             drop()
     print("\n| scenario | RSS before MiB | peak MiB | growth MiB | seconds | slowest /v1/health meanwhile s | statuses |\n|---|---|---|---|---|---|---|")
