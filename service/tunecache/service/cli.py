@@ -352,7 +352,10 @@ def prune(
         settings = Settings(**overrides)
     except ValidationError as exc:
         error = exc.errors()[0]
-        fail(ExitCode.USAGE, f"invalid setting {error['loc'][0]} ({variable_name(str(error['loc'][0]))}): {error['msg']}")
+        field = str(error["loc"][0]) if error["loc"] else ""
+        message = error["msg"].removeprefix("Value error, ")
+        where = "--keep" if field == "run_retention" and keep is not None else f"{field} ({variable_name(field)})"
+        fail(ExitCode.USAGE, f"invalid {where}: {message}")
     engine = _ready_engine(settings.resolved_database_url())
     mirror = settings.artifact_cache_dir
     try:

@@ -356,6 +356,10 @@ def test_tunecache_prune_says_what_it_would_delete_then_deletes_it(engine, sessi
     assert ids(session) == [runs[3].id, runs[2].id]
     again = tunecache("prune", "--database", url, "--keep", "off")
     assert again.returncode == 0 and "deleted 0 runs, 0 blobs" in again.stdout, again.stdout
+    zero = tunecache("prune", "--database", url, "--keep", "0")  # one line naming the flag (exit 2)
+    assert zero.returncode == 2 and zero.stderr.splitlines() == [
+        "tunecache: error: invalid --keep: 0 would keep only the current and pinned runs: say off to keep every run, "
+        "or at least 1"], zero.stderr
 
 
 def test_an_uploader_whose_bytes_were_collected_meanwhile_uploads_them_again(server, database_url, tmp_path):
