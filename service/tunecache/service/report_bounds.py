@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Container, Mapping
 
 from tunecache.contract import ReportOutcome
+from tunecache.service.reports import Interval
 from tunecache.service.tokens import Caller
 
 #: Seconds of one window of the bounds (fixed windows: every count starts again at 0).
@@ -75,22 +76,6 @@ def source_of(host: str | None, caller: Caller) -> str:
     return str(address)
 
 
-class _Window:
-    """A fixed window of :data:`WINDOW_S` (or ``window_s``) seconds by ``clock``."""
-
-    def __init__(self, window_s: float, clock: Callable[[], float]):
-        self.window_s, self._clock = window_s, clock
-        self._ends = clock() + window_s
-
-    def ended(self) -> bool:
-        """Whether the window ended; if so, the next one starts now."""
-        now = self._clock()
-        if now < self._ends:
-            return False
-        self._ends = now + self.window_s
-        return True
-
-
 class SourceGate:
     """At most ``per_source`` reports taken per source and window (on the event loop, no
     lock). ``admit`` answers whether this one is taken."""
@@ -98,12 +83,12 @@ class SourceGate:
     def __init__(self, per_source: int, window_s: float = WINDOW_S, clock: Callable[[], float] = time.monotonic,
                  max_sources: int = MAX_SOURCES):
         self.per_source, self.max_sources = per_source, max_sources
-        self._window = _Window(window_s, clock)
+        self._window = Interval(window_s, clock, due_at_once=False)
         self._taken: dict[str, int] = {}
 
     def admit(self, source: str) -> bool:
         """Count one report of ``source``; ``False`` past its bound (nothing is counted)."""
-        if self._window.ended():
+        if self._window.due():  # a new window: every count starts again
             self._taken.clear()
         if source not in self._taken and len(self._taken) >= self.max_sources:
             source = OTHER_SOURCES
@@ -135,7 +120,7 @@ class ReportFilter:
                  max_remembered: int = MAX_REMEMBERED):
         self.boots_per_key, self.new_keys, self.max_sources = boots_per_key, new_keys, max_sources
         self.max_remembered = max_remembered
-        self._window = _Window(window_s, clock)
+        self._window = Interval(window_s, clock, due_at_once=False)
         self._sources: dict[str, _Source] = {}
         self._seen: set[tuple] = set()
 
@@ -149,7 +134,7 @@ class ReportFilter:
             tuned_keys: key hashes with a current tuning.
             run_keys: run id -> its key's hash, for the batch's installed runs that exist.
         """
-        if self._window.ended():
+        if self._window.due():  # a new window: every count starts again
             self._sources.clear()
             self._seen.clear()
         key_hash, boot = row["key_hash"], row["boot_id"]

@@ -42,6 +42,7 @@ import threading
 import time
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,21 +109,30 @@ def prune_reports(session: Session, older_than: dt.datetime) -> int:
     return result.rowcount or 0
 
 
-class Pruner:
-    """Says when this process should delete old reports: at most once per ``interval_s``
-    (the first call: at once). Called on the event loop only (no lock)."""
+class Interval:
+    """Says when something is due: at most once per ``interval_s`` by ``clock``, the first
+    time at once (``due_at_once``) or ``interval_s`` after it was made. No lock: one
+    thread (or the event loop) asks."""
 
-    def __init__(self, interval_s: float = 60.0):
-        self.interval_s = interval_s
-        self._next = 0.0
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic, due_at_once: bool = True):
+        self.interval_s, self._clock = interval_s, clock
+        self._next = clock() + (0.0 if due_at_once else interval_s)
 
     def due(self) -> bool:
-        """Whether a prune is due now; if so, the next one is due ``interval_s`` later."""
-        now = time.monotonic()
+        """Whether it is due now; if so, the next time is ``interval_s`` later."""
+        now = self._clock()
         if now < self._next:
             return False
         self._next = now + self.interval_s
         return True
+
+
+class Pruner(Interval):
+    """Says when this process should delete old reports: at most once per ``interval_s``
+    (the first call: at once). Called on the event loop only."""
+
+    def __init__(self, interval_s: float = 60.0):
+        super().__init__(interval_s)
 
 
 def boots():
