@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.serve import free_port
 
 
 def postgres_bin() -> Path | None:
@@ -76,12 +77,6 @@ def server_pids(data: Path) -> list[int]:
     return [postmaster, *map(int, children)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def private_postgres() -> Iterator[PrivatePostgres]:
     """Start a private server; on exit, resume (SIGCONT) any stopped process, stop it
@@ -92,7 +87,7 @@ def private_postgres() -> Iterator[PrivatePostgres]:
     root = Path(tempfile.mkdtemp(prefix="tunecache-pg-", dir="/tmp"))
     os.chmod(root, 0o755)
     shutil.chown(root, "postgres")
-    port = _free_port()
+    port = free_port()
     server = PrivatePostgres(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", root / "data", root, port, binaries)
     try:
         subprocess.run(["runuser", "-u", "postgres", "--", str(binaries / "initdb"), "-D", str(server.data), "-A", "trust",
