@@ -84,7 +84,8 @@ pins=(
   cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 uvicorn==0.54.0 httptools==0.9.0
   watchfiles==1.3.0 websockets==17.4 SQLAlchemy==2.1.9 alembic==1.20.1 Mako==1.4.3
   Jinja2==3.1.6 MarkupSafe==3.0.4 psycopg==3.3.9 psycopg-binary==3.3.9 limits==5.8.0
-  Deprecated==3.0.1 wrapt==2.5.2 python-multipart==0.0.34
+  Deprecated==3.0.1 wrapt==2.5.2 python-multipart==0.0.34 fastapi-offline==1.7.7
+  # boto3 (the S3 artifact store) is imported only when TUNECACHE_ARTIFACT_STORE names s3://, left out
 )
 
 # Unpacks wheels into one folder as an installer would: .data/purelib and platlib merged into

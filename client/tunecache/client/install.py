@@ -22,7 +22,14 @@ from pydantic import BaseModel, ConfigDict
 from tunecache.client.atomic import write_atomically
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import newest_installed, remember_installed
-from tunecache.client.jit_install import flashinfer_workspace, install_jit_module, jit_mismatches, shown
+from tunecache.client.jit_install import (
+    build_aot_dir,
+    flashinfer_workspace,
+    image_aot_dir,
+    install_jit_module,
+    jit_mismatches,
+    shown,
+)
 from tunecache.client.layouts import (
     deep_gemm_cache_dir,
     flashinfer_v2_root,
@@ -265,9 +272,17 @@ class JitWorkspace:
     (FlashInfer version and arch) or a validity field it recorded
     (:data:`tunecache.formats.jit_module.JIT_VALIDITY_FIELDS`) differs here, so ninja would
     rebuild the modules or fail; each difference is named.
+
+    ``loads_as_aot``: this pod's FlashInfer will load the modules through its AOT path (the
+    vLLM plugin's workers, :func:`tunecache.client.jit_install.use_aot_dir`), not ninja, so
+    only the fields that are not placement
+    (:data:`tunecache.formats.jit_module.JIT_PLACEMENT_FIELDS`) must be equal: the modules go
+    into this pod's workspace whatever its paths, and the result names the AOT directory made
+    for them (:func:`tunecache.client.jit_install.build_aot_dir`, ``jit_aot_dir``).
     """
 
     path: Path | None = None
+    loads_as_aot: bool = False
 
     def _workspace(self, fetched: FetchedTuning) -> tuple[Path | None, str | None]:
         """``(directory, None)`` to install the fetched modules into, or ``(None, why not)``
@@ -282,7 +297,8 @@ class JitWorkspace:
             return None, (f"{count} FlashInfer JIT modules not installed: FlashInfer is not importable here, so this "
                           "pod's FlashInfer workspace is unknown (tunecache pull --jit-workspace DIR names one)")
         recorded = fetched.run.summary.get("flashinfer_jit")
-        mismatches = jit_mismatches(recorded if isinstance(recorded, dict) else {}, jit_environment())
+        mismatches = jit_mismatches(recorded if isinstance(recorded, dict) else {}, jit_environment(),
+                                    placement=not self.loads_as_aot)
         if fetched.workspace_subdir and fetched.workspace_subdir != own.subdir:
             mismatches.insert(0, f"workspace_subdir: node {shown(fetched.workspace_subdir)}, here {own.subdir}")
         if mismatches:
@@ -293,10 +309,13 @@ class JitWorkspace:
         workspace, skipped = self._workspace(fetched)
         asked = len(fetched.run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE))
 
+        image = image_aot_dir() if self.loads_as_aot and workspace else None
+
         def commit() -> dict[str, Any]:
             modules = tuple(install_jit_module(blob, workspace) for blob in fetched.jit_modules) if workspace else ()
+            aot = build_aot_dir(workspace, modules, image) if self.loads_as_aot and modules else None
             return {"jit_modules": modules, "jit_workspace": workspace, "jit_skipped": skipped,
-                    "jit_not_installed": max(0, asked - len(modules))}
+                    "jit_not_installed": max(0, asked - len(modules)), "jit_aot_dir": aot}
 
         return commit
 
@@ -367,6 +386,9 @@ class InstallResult(BaseModel):
     jit_modules: tuple[str, ...] = ()
     """The FlashInfer JIT modules installed."""
     jit_workspace: Path | None = None
+    jit_aot_dir: Path | None = None
+    """The AOT directory made for the modules, when FlashInfer loads them without ninja
+    (:attr:`JitWorkspace.loads_as_aot`)."""
     jit_skipped: str | None = None
     """Why the run's JIT modules were not installed (unsigned, built for another FlashInfer
     version or arch, with other paths or CUDA, or this pod's FlashInfer workspace is unknown), if so."""

@@ -9,6 +9,17 @@ workspace, FlashInfer and CUDA paths equal the tuning node's (same image).
 Where modules go is the pod's own business: its FlashInfer's workspace
 (:func:`flashinfer_workspace`) or a directory the pod names. What a run records about
 the tuning node's workspace is compared with the pod's, never made into a path.
+
+A pod whose paths differ from the node's (another ``HOME``, workspace, package prefix or
+CUDA directory) would have ninja rebuild every module, since ``build.ninja`` and ninja's log
+name the node's paths. Through the vLLM plugin such a pod loads the modules without ninja:
+FlashInfer loads ``<FLASHINFER_AOT_DIR>/<name>/<name>.so`` as a prebuilt module whenever it
+exists (``flashinfer/jit/core.py::JitSpec.build_and_load`` and ``is_aot``; the directory is
+``flashinfer.jit.env.FLASHINFER_AOT_DIR``, read at each load, which FlashInfer keeps as a
+module attribute so that its own AOT build can point it elsewhere). :func:`build_aot_dir`
+makes a directory of the pod's own, inside its workspace, that holds every module of the
+image's own AOT directory and the installed ones; :func:`use_aot_dir` points this process's
+FlashInfer at it (each vLLM worker, before its model loads).
 """
 
 from __future__ import annotations
@@ -20,7 +31,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tunecache.client.atomic import directory_lock, swap_into_place
-from tunecache.formats.jit_module import JIT_VALIDITY_FIELDS, MTIME_NS_HEADER, BadJitArtifact, check_jit_module
+from tunecache.formats.jit_module import (
+    JIT_PLACEMENT_FIELDS,
+    JIT_VALIDITY_FIELDS,
+    MTIME_NS_HEADER,
+    BadJitArtifact,
+    check_jit_module,
+)
+
+#: The directory :func:`build_aot_dir` makes inside the pod's FlashInfer workspace.
+AOT_DIR_NAME = "tunecache-aot"
 from tunecache.formats.tarball import open_bounded
 
 
@@ -31,13 +51,65 @@ def shown(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def jit_mismatches(recorded: dict, here: dict[str, str] | None) -> list[str]:
+def jit_mismatches(recorded: dict, here: dict[str, str] | None, placement: bool = True) -> list[str]:
     """``"field: node X, here Y"`` for every validity field recorded with a run that differs
-    here (nothing when the run recorded none or this process cannot tell)."""
+    here (nothing when the run recorded none or this process cannot tell); ``placement=False``:
+    the fields of :data:`JIT_PLACEMENT_FIELDS` left out (modules loaded through the AOT path)."""
     if here is None:
         return []
     return [f"{field}: node {shown(recorded[field])}, here {here.get(field)}" for field in JIT_VALIDITY_FIELDS
-            if field in recorded and str(recorded[field]) != here.get(field)]
+            if field in recorded and str(recorded[field]) != here.get(field)
+            and (placement or field not in JIT_PLACEMENT_FIELDS)]
+
+
+def build_aot_dir(workspace: Path, modules: list[str] | tuple[str, ...], image_aot_dir: Path | None) -> Path:
+    """``<workspace>/tunecache-aot``: one entry per module, a link to the image's own AOT
+    module of that name (``image_aot_dir``, FlashInfer's ``FLASHINFER_AOT_DIR`` before it is
+    pointed here: those won before and still do) or else to the installed module's directory
+    ``<workspace>/cached_ops/<name>``. Made beside its place and swapped in whole (the pod's
+    other processes install the same modules); every path is this pod's own."""
+    target = workspace / AOT_DIR_NAME
+    staging = Path(tempfile.mkdtemp(prefix=".tunecache-aot-", dir=workspace))
+    try:
+        own = image_aot_dir is not None and Path(image_aot_dir).resolve() == target.resolve()
+        image = (sorted(p for p in image_aot_dir.iterdir() if p.is_dir())
+                 if image_aot_dir is not None and not own and image_aot_dir.is_dir() else [])
+        for found in image:
+            (staging / found.name).symlink_to(found, target_is_directory=True)
+        for name in modules:
+            built = workspace / "cached_ops" / name
+            if not (staging / name).exists() and (built / f"{name}.so").is_file():
+                (staging / name).symlink_to(built, target_is_directory=True)
+        with directory_lock(workspace):
+            swap_into_place(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def use_aot_dir(directory: Path) -> bool:
+    """Point this process's FlashInfer at ``directory`` as its AOT directory
+    (``flashinfer.jit.env.FLASHINFER_AOT_DIR``), so that it loads the modules there without
+    ninja; ``False`` where FlashInfer is not importable or the directory is gone."""
+    if not Path(directory).is_dir():
+        return False
+    try:
+        from flashinfer.jit import env as jit_env
+    except Exception:
+        return False
+    jit_env.FLASHINFER_AOT_DIR = Path(directory)
+    return True
+
+
+def image_aot_dir() -> Path | None:
+    """This process's FlashInfer AOT directory (``flashinfer.jit.env.FLASHINFER_AOT_DIR``:
+    ``flashinfer-jit-cache``'s, else ``<flashinfer>/data/aot``), ``None`` without FlashInfer."""
+    try:
+        from flashinfer.jit import env as jit_env
+
+        return Path(jit_env.FLASHINFER_AOT_DIR)
+    except Exception:
+        return None
 
 
 class FlashInferWorkspace(NamedTuple):

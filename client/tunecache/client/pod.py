@@ -53,6 +53,7 @@ from tunecache.client.install import (
     fetch_tuning,
     install,
 )
+from tunecache.client.jit_install import use_aot_dir
 from tunecache.client.layouts import deep_gemm_cache_dir
 from tunecache.client.warm_state import TritonCache, VllmCacheRoot, read_compile_factors, vllm_cache_root
 from tunecache.formats.vllm_compile import CompileFactors, PodCompileFactors
@@ -433,6 +434,11 @@ WARM_STATE_VARIABLE = "TUNECACHE_WARM_STATE_RUN"
 #: Set by the engine's main process to the run's compile cache, staged for the workers it
 #: starts: each installs it (:func:`install_staged_compile_cache`) right before vLLM compiles.
 COMPILE_CACHE_VARIABLE = "TUNECACHE_COMPILE_CACHE"
+#: Set by the engine's main process to the FlashInfer AOT directory it made for the run's JIT
+#: modules (:func:`tunecache.client.jit_install.build_aot_dir`, inside this pod's own
+#: workspace): each worker points its FlashInfer there before its model loads
+#: (:func:`use_staged_aot_dir`), so the modules load without ninja whatever this pod's paths.
+FLASHINFER_AOT_VARIABLE = "TUNECACHE_FLASHINFER_AOT_DIR"
 
 
 @dataclass
@@ -471,7 +477,7 @@ class WarmBoot:
             deadline = install_deadline(self.settings)
             trusted = load_trusted_keys(self.settings.trusted_keys) if self.settings.trusted_keys else None
             cache = VllmCacheRoot(compile_cache=False)
-            target = InstallTarget(jit_modules=JitWorkspace(), deep_gemm=DeepGemmCache(), triton=TritonCache(),
+            target = InstallTarget(jit_modules=JitWorkspace(loads_as_aot=True), deep_gemm=DeepGemmCache(), triton=TritonCache(),
                                    vllm_cache=cache, tactics=None)
             with TunecacheClient.from_settings(self.settings) as client:
                 self.fetched = fetch_tuning(client, self.key, environment, trusted_keys=trusted,
@@ -483,6 +489,8 @@ class WarmBoot:
                 self.result = install(self.fetched, target)
                 if self.result.deep_gemm_dir is not None:
                     os.environ["DG_JIT_CACHE_DIR"] = str(self.result.deep_gemm_dir)
+                if self.result.jit_aot_dir is not None:
+                    os.environ[FLASHINFER_AOT_VARIABLE] = str(self.result.jit_aot_dir)
                 os.environ[WARM_STATE_VARIABLE] = str(self.fetched.run.id)
                 staged = self._stage_compile_cache(vllm_cache_root())
                 if staged is not None:
@@ -513,6 +521,20 @@ class WarmBoot:
         skipped = f"; {self.result.jit_skipped}" if self.result.jit_skipped else ""
         log.info("tunecache: warm state of run %s installed for %s in %.1f s: %s%s%s", self.fetched.run.id,
                  self.key.model if self.key else "?", took, ", ".join(parts), skipped, note)
+
+
+def use_staged_aot_dir() -> Path | None:
+    """In a worker, before its model loads: point its FlashInfer at the AOT directory its
+    engine's main process made (:data:`FLASHINFER_AOT_VARIABLE`), once; the directory, or
+    ``None`` when there is none (or FlashInfer is not importable). Never raises."""
+    staged = os.environ.get(FLASHINFER_AOT_VARIABLE)
+    if not staged:
+        return None
+    try:
+        return Path(staged) if use_aot_dir(Path(staged)) else None
+    except Exception as exc:
+        log.warning("tunecache: FlashInfer JIT modules not pointed at: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 @dataclass(frozen=True)

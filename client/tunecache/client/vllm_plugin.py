@@ -38,8 +38,11 @@ once per worker process, in whichever hook comes first, so before DeepGEMM warmu
   rank set; or FlashInfer's v2 store when vLLM uses it (``use_flashinfer_autotune_v2()``:
   single rank). Each other worker checks that its own rank file holds the recorded bytes.
 * **Before DeepGEMM warmup.** The run's FlashInfer JIT modules go into the FlashInfer
-  workspace, as its own FlashInfer names it (modules built for another FlashInfer version or
-  arch, or with other paths, are skipped; ``TUNECACHE_JIT=0`` turns that off), and a
+  workspace, as its own FlashInfer names it, and every worker's FlashInfer loads them from
+  there through its AOT path, without ninja, whatever this pod's HOME, workspace, package
+  prefix or CUDA directory (:func:`tunecache.client.jit_install.build_aot_dir`; modules built
+  for another FlashInfer version, arch or CUDA version are skipped; ``TUNECACHE_JIT=0`` turns
+  that off), and a
   DeepGEMM JIT cache, when the run has one, has its kernels merged into this pod's DeepGEMM
   cache directory (``DG_JIT_CACHE_DIR``, else vLLM's ``$VLLM_CACHE_ROOT/deep_gemm``:
   :func:`tunecache.client.layouts.deep_gemm_cache_dir`), which every worker then sets as
@@ -112,7 +115,9 @@ def _wrap_worker_compile() -> None:
     """Wrap ``vllm.v1.worker.gpu_worker.Worker.determine_available_memory``, whose profiling
     run is the worker's first forward pass, where vLLM's torch.compile loads or compiles:
     the compile cache the main process staged is installed just before it
-    (:func:`tunecache.client.pod.install_staged_compile_cache`). A vLLM without it: nothing."""
+    (:func:`tunecache.client.pod.install_staged_compile_cache`); and ``load_model``, before
+    which the worker's FlashInfer is pointed at the AOT directory of the run's JIT modules
+    (:func:`tunecache.client.pod.use_staged_aot_dir`). A vLLM without them: nothing."""
     import functools
 
     from vllm.v1.worker import gpu_worker
@@ -123,11 +128,25 @@ def _wrap_worker_compile() -> None:
 
     @functools.wraps(original)
     def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from tunecache.client.pod import use_staged_aot_dir
+
+        use_staged_aot_dir()  # a vLLM whose worker has no load_model to wrap
         _install_compile_cache(self)
         return original(self, *args, **kwargs)
 
     determine_available_memory._tunecache_wrapped = True  # type: ignore[attr-defined]
     gpu_worker.Worker.determine_available_memory = determine_available_memory
+    load_model = getattr(gpu_worker.Worker, "load_model", None)
+    if load_model is not None and not getattr(load_model, "_tunecache_wrapped", False):
+        from tunecache.client.pod import use_staged_aot_dir
+
+        @functools.wraps(load_model)
+        def load_model_after_aot_dir(self: Any, *args: Any, **kwargs: Any) -> Any:
+            use_staged_aot_dir()  # before the model (and any FlashInfer module) loads
+            return load_model(self, *args, **kwargs)
+
+        load_model_after_aot_dir._tunecache_wrapped = True  # type: ignore[attr-defined]
+        gpu_worker.Worker.load_model = load_model_after_aot_dir
     warm_up = getattr(gpu_worker.Worker, "compile_or_warm_up_model", None)
     if warm_up is not None:
         from tunecache.client.pod import defer_reports
@@ -234,13 +253,15 @@ def pod_compile_factors(config: Any, node: Any):
     ``node`` (:class:`~tunecache.formats.vllm_compile.CompileFactors`), from vLLM's own
     functions: ``vllm.envs.compile_factors()``, ``VllmConfig.compute_hash()`` (also with
     ``ModelConfig.model`` set to the node's, so that where the model lives is no difference)
-    and the sha256 of the node's traced source files as this pod has them."""
+    and the sha256 of the node's traced source files as this pod has them, each looked up
+    where this pod imports its module from (another package prefix: the pod's own paths and
+    code hash, :func:`tunecache.formats.vllm_compile.traced_files_here`)."""
     import json
 
     import vllm
     import vllm.envs as envs
 
-    from tunecache.formats.vllm_compile import PodCompileFactors, config_hashes, file_digests
+    from tunecache.formats.vllm_compile import PodCompileFactors, config_hashes, traced_files_here
 
     model_config = config.model_config
     own_model = model_config.model
@@ -249,11 +270,12 @@ def pod_compile_factors(config: Any, node: Any):
         as_node, hashes_as_node = config.compute_hash(), config_hashes(config)
     finally:
         object.__setattr__(model_config, "model", own_model)
+    digests, moved, own_code_hash = traced_files_here(dict(node.traced_files))
     return PodCompileFactors(
         vllm_version=vllm.__version__,
         env=json.loads(json.dumps(envs.compile_factors(), default=str)),
         config_hash=config.compute_hash(), config_hash_as_node=as_node, config_hashes_as_node=hashes_as_node,
-        traced_files=file_digests(list(node.traced_files)),
+        traced_files=digests, traced_here=moved, code_hash=own_code_hash,
     )
 
 

@@ -33,6 +33,12 @@ MTIME_NS_HEADER = "TUNECACHE.mtime_ns"
 #: What a built module's ``build.ninja`` and its ninja state name, so what must be equal on
 #: the node that built it and the pod that loads it, or ninja rebuilds (or fails).
 JIT_VALIDITY_FIELDS = ("workspace_dir", "flashinfer_data_dir", "cuda_home", "nvcc", "cuda_version")
+#: Of those, the ones that are only where things are (the workspace, FlashInfer's package data,
+#: CUDA's directory): they matter to ninja, not to the built ``.so``. A module that FlashInfer
+#: loads through its AOT path (``flashinfer/jit/core.py::JitSpec.build_and_load``: no ninja when
+#: ``<FLASHINFER_AOT_DIR>/<name>/<name>.so`` exists), as the vLLM plugin has it load, needs only
+#: the others equal (the CUDA version; FlashInfer's version and arch are the workspace's subdir).
+JIT_PLACEMENT_FIELDS = ("workspace_dir", "flashinfer_data_dir", "cuda_home", "nvcc")
 
 
 def jit_environment() -> dict[str, str] | None:

@@ -19,9 +19,19 @@ Inductor). The tuning node records its factors (:class:`CompileFactors`, inside 
 compile-cache tarball as :data:`FACTORS_FILE`); a pod computes its own with vLLM's functions
 (:class:`PodCompileFactors`, by the vLLM plugin before anything compiles) and
 :func:`compare` says, one line per factor, what differs, or under which directory names the
-pod's vLLM will look for the cache. The only difference tolerated is where the model lives
-(``ModelConfig.model``, a path or a hub name that vLLM hashes but that does not change the
-graph): the pod's own config hash names the directories then.
+pod's vLLM will look for the cache. What differs only by where things are on the pod is no
+difference: the pod's own hashes name the directories then:
+
+* where the model lives (``ModelConfig.model``, a path or a hub name that vLLM hashes but that
+  does not change the graph): the pod's own config hash;
+* the placement factors of vLLM's environment (:data:`PLACEMENT_ENV_FACTORS`: paths derived
+  from ``HOME`` that vLLM hashes but never reads while it compiles for CUDA): the pod's own
+  environment hash;
+* the prefix the Python packages live under: each traced source file is looked up where this
+  pod imports the same module from (:func:`locate_here`); with the same bytes there, the pod's
+  own code hash (:func:`code_hash`, vLLM's formula over the pod's paths) names the backbone
+  directory. vLLM's AOT artifact checks its sources under the pod's own paths already
+  (``vllm/compilation/decorators.py::_verify_source_unchanged``).
 
 Pure: the standard library and pydantic.
 """
@@ -29,7 +39,10 @@ Pure: the standard library and pydantic.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import sys
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,6 +51,16 @@ from pydantic import BaseModel, ConfigDict, Field
 FACTORS_FILE = "tunecache-compile-factors.json"
 #: The directory of the AOT-compiled artifacts under ``torch_compile_cache/``.
 AOT_DIR = "torch_aot_compile"
+
+#: vLLM environment factors (``vllm.envs.compile_factors()``) that are where something lives on
+#: the pod, not how the model compiles: vLLM 0.25 hashes them into both directory names (they
+#: are not in its ``ignored_factors``), and their defaults derive from ``HOME``, so every pod
+#: with another HOME or user computed other names. A pod whose values differ gets the cache
+#: under the names its own values give. Each with why it cannot change the compiled graph.
+PLACEMENT_ENV_FACTORS: dict[str, str] = {
+    "VLLM_CONFIG_ROOT": "where vLLM reads its own config files (default ~/.config/vllm)",
+    "VLLM_XLA_CACHE_PATH": "the TPU (XLA) compile cache (default ~/.cache/vllm/xla_cache), never read on CUDA",
+}
 
 
 class CompileFactors(BaseModel):
@@ -75,6 +98,12 @@ class PodCompileFactors(BaseModel):
     config_hashes_as_node: dict[str, str] = Field(default_factory=dict)
     traced_files: dict[str, str | None] = Field(default_factory=dict,
                                                 description="the node's traced files as found here (None: missing)")
+    traced_here: dict[str, str] = Field(default_factory=dict,
+                                        description="each node traced file that this pod has at another path -> "
+                                                    "that path (another package prefix)")
+    code_hash: str | None = Field(default=None,
+                                  description="the code hash this pod's vLLM will compute over its own paths of the "
+                                              "traced files, when some path differs (None: the node's applies)")
 
 
 def env_hash(env: dict[str, Any]) -> str:
@@ -121,6 +150,8 @@ def differences(node: CompileFactors, pod: PodCompileFactors) -> list[str]:
     if node.vllm_version != pod.vllm_version:
         lines.append(f"vLLM version: node {node.vllm_version}, pod {pod.vllm_version}")
     for name in sorted(set(node.env) | set(pod.env)):
+        if name in PLACEMENT_ENV_FACTORS:  # the pod's own value names its directories
+            continue
         mine, theirs = pod.env.get(name, "(unset)"), node.env.get(name, "(unset)")
         if mine != theirs:
             lines.append(f"environment {name}: node {_shown(theirs)}, pod {_shown(mine)}")
@@ -134,8 +165,8 @@ def differences(node: CompileFactors, pod: PodCompileFactors) -> list[str]:
     for path, digest in sorted(node.traced_files.items()):
         found = pod.traced_files.get(path)
         if found != digest:
-            lines.append(f"traced source {path}: " + ("not on this pod (nodes and pods must share the image layout)"
-                                                      if found is None else "its content differs"))
+            lines.append(f"traced source {path}: " + ("not on this pod (no module of this pod's packages has that "
+                                                       "file)" if found is None else "its content differs"))
     return lines
 
 
@@ -145,10 +176,11 @@ def pod_dir_names(node: CompileFactors, pod: PodCompileFactors) -> dict[str, str
     node did not record) keeps the node's name only when the pod's hashes equal the node's."""
     e = env_hash(pod.env)
     renamed: dict[str, str] = {}
-    same = pod.config_hash == node.config_hash and e == env_hash(node.env)
+    same = pod.config_hash == node.config_hash and e == env_hash(node.env) and not pod.code_hash
     if node.backbone_dir:
         if node.code_hash and node.compiler_hash:
-            renamed[node.backbone_dir] = backbone_dir_name(e, pod.config_hash, node.code_hash, node.compiler_hash)
+            renamed[node.backbone_dir] = backbone_dir_name(e, pod.config_hash, pod.code_hash or node.code_hash,
+                                                           node.compiler_hash)
         elif same:
             renamed[node.backbone_dir] = node.backbone_dir
     if node.aot_dir:
@@ -187,3 +219,62 @@ def file_digests(paths: list[str] | set[str]) -> dict[str, str | None]:
         except OSError:
             digests[path] = None
     return digests
+
+
+def code_hash(paths: list[str] | set[str]) -> str:
+    """The code hash vLLM computes over the traced source files (``VllmBackend.__call__`` in
+    ``vllm/compilation/backends.py``, written inline there, so again here): sha256 of each
+    file's path and text, joined by newlines, in path order, ``<string>`` left out."""
+    content: list[str] = []
+    for path in sorted(paths):
+        if path == "<string>":
+            continue
+        content.append(path)
+        try:
+            with open(path) as f:
+                content.append(f.read())
+        except (OSError, UnicodeDecodeError):
+            continue
+    return hashlib.sha256("\n".join(content).encode()).hexdigest()
+
+
+def locate_here(path: str) -> str | None:
+    """Where this pod has the source file that was ``path`` on the tuning node: ``path`` itself
+    when it is a file here, else the same file under the directory this process imports the
+    enclosing top-level package from (an imported one's ``__path__``, else
+    ``importlib.util.find_spec``), for the first component of ``path`` that names such a
+    package and has the rest of the path below it. ``None``: no such file here. Only where
+    to look is chosen here; the caller compares the file's bytes with the node's digest."""
+    if Path(path).is_file():
+        return path
+    parts = PurePosixPath(path).parts
+    for i in range(1, len(parts) - 1):
+        name = parts[i]
+        if not name.isidentifier():
+            continue
+        module = sys.modules.get(name)
+        locations = list(getattr(module, "__path__", None) or [])
+        if not locations:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                spec = None
+            locations = list(spec.submodule_search_locations or []) if spec else []
+        for location in locations:
+            candidate = Path(location, *parts[i + 1:])
+            if candidate.is_file():
+                return str(candidate)
+    return None
+
+
+def traced_files_here(traced: dict[str, str]) -> tuple[dict[str, str | None], dict[str, str], str | None]:
+    """The node's traced files (path -> sha256) as this pod has them: the digest of each file
+    where :func:`locate_here` finds it (``None``: missing), the node paths found elsewhere ->
+    this pod's paths, and the code hash this pod's vLLM will compute over its own paths when
+    some path differs and every file has the node's bytes (``None`` otherwise)."""
+    here = {path: locate_here(path) for path in traced}
+    digests = {path: (file_digests([found])[found] if found else None) for path, found in here.items()}
+    moved = {path: found for path, found in here.items() if found and found != path}
+    same = all(digests[path] == digest for path, digest in traced.items())
+    own = code_hash([found for found in here.values() if found]) if moved and same else None
+    return digests, moved, own
