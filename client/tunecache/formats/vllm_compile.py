@@ -239,32 +239,39 @@ def code_hash(paths: list[str] | set[str]) -> str:
 
 
 def locate_here(path: str) -> str | None:
-    """Where this pod has the source file that was ``path`` on the tuning node: ``path`` itself
-    when it is a file here, else the same file under the directory this process imports the
-    enclosing top-level package from (an imported one's ``__path__``, else
-    ``importlib.util.find_spec``), for the first component of ``path`` that names such a
-    package and has the rest of the path below it. ``None``: no such file here. Only where
-    to look is chosen here; the caller compares the file's bytes with the node's digest."""
-    if Path(path).is_file():
-        return path
+    """Where this pod has the source file that was ``path`` on the tuning node: the same file
+    under the directory this process imports the enclosing top-level package from, as vLLM
+    will trace it here (``inspect.getfile`` of the module: ``decorators.py::
+    _verify_source_unchanged``). The components of ``path`` are tried as top-level packages,
+    those this process imported already first (their ``__path__``; vLLM, torch and
+    transformers in a worker), then any ``importlib.util.find_spec`` finds; ``path`` itself
+    when no package has the file. ``None``: no such file here. Only where to look is chosen
+    here; the caller compares the file's bytes with the node's digest."""
     parts = PurePosixPath(path).parts
-    for i in range(1, len(parts) - 1):
-        name = parts[i]
-        if not name.isidentifier():
-            continue
-        module = sys.modules.get(name)
-        locations = list(getattr(module, "__path__", None) or [])
-        if not locations:
-            try:
-                spec = importlib.util.find_spec(name)
-            except (ImportError, ValueError):
-                spec = None
-            locations = list(spec.submodule_search_locations or []) if spec else []
+    names = [(i, name) for i, name in enumerate(parts[1:-1], 1) if name.isidentifier()]
+
+    def under(i: int, locations: list[str]) -> str | None:
         for location in locations:
             candidate = Path(location, *parts[i + 1:])
             if candidate.is_file():
                 return str(candidate)
-    return None
+        return None
+
+    for i, name in names:
+        found = under(i, list(getattr(sys.modules.get(name), "__path__", None) or []))
+        if found:
+            return found
+    for i, name in names:
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        found = under(i, list(spec.submodule_search_locations or []) if spec else [])
+        if found:
+            return found
+    return path if Path(path).is_file() else None
 
 
 def traced_files_here(traced: dict[str, str]) -> tuple[dict[str, str | None], dict[str, str], str | None]:
