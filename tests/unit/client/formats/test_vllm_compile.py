@@ -88,3 +88,75 @@ def test_a_directory_without_its_factors_keeps_the_nodes_name_only_for_equal_has
     node = node.model_copy(update={"aot_dir": "a" * 64})
     same = pod_factors(node, config_hash=node.config_hash)
     assert pod_dir_names(node, same)[f"torch_aot_compile/{'a' * 64}"] == f"torch_aot_compile/{'a' * 64}"
+
+
+def test_placement_factors_of_the_environment_are_no_difference_and_the_pods_values_name_the_directories():
+    """Another HOME: vLLM 0.25 hashes VLLM_CONFIG_ROOT and VLLM_XLA_CACHE_PATH, whose defaults
+    derive from it, into both names; the pod gets the cache under the names its values give."""
+    node = node_factors(env={**ENV, "VLLM_CONFIG_ROOT": "/root/.config/vllm",
+                             "VLLM_XLA_CACHE_PATH": "/root/.cache/vllm/xla_cache"})
+    pod_env = {**ENV, "VLLM_CONFIG_ROOT": "/home/pod/.config/vllm", "VLLM_XLA_CACHE_PATH": "/home/pod/.cache/vllm/xla_cache"}
+    pod = pod_factors(node, env=pod_env)
+    assert differences(node, pod) == []
+    names = pod_dir_names(node, pod)
+    assert names[node.backbone_dir] == backbone_dir_name(env_hash(pod_env), "p" * 64, "d" * 64, "e" * 64)
+    assert names[f"torch_aot_compile/{node.aot_dir}"] == "torch_aot_compile/" + aot_dir_name(env_hash(pod_env), "p" * 64,
+                                                                                              [], "k" * 64)
+    assert env_hash(pod_env) != env_hash(node.env)
+    # any other variable still differs
+    assert differences(node, pod_factors(node, env={**pod_env, "VLLM_USE_AOT_COMPILE": False})) == [
+        "environment VLLM_USE_AOT_COMPILE: node true, pod false"]
+
+
+def _package(prefix, text="class LlamaModel: ...\n"):
+    source = prefix / "tc_relocated_pkg" / "models" / "llama.py"
+    source.parent.mkdir(parents=True)
+    (prefix / "tc_relocated_pkg" / "__init__.py").write_text("")
+    source.write_text(text)
+    return source
+
+
+def test_traced_sources_under_another_prefix_are_found_where_the_pod_imports_them_and_name_its_backbone(
+        tmp_path, monkeypatch):
+    """The pod's packages under another prefix: each traced file is looked up where this pod
+    imports its package from, and the code hash is vLLM's formula over the pod's paths."""
+    import hashlib
+    import sys
+
+    from tunecache.formats.vllm_compile import code_hash, file_digests, locate_here, traced_files_here
+
+    node_file = _package(tmp_path / "node-prefix" / "site-packages")
+    pod_file = _package(tmp_path / "pod-prefix" / "site-packages")
+    node_traced = {str(node_file): file_digests([str(node_file)])[str(node_file)]}
+    monkeypatch.syspath_prepend(str(tmp_path / "pod-prefix" / "site-packages"))
+    monkeypatch.delitem(sys.modules, "tc_relocated_pkg", raising=False)
+    # the node's path still exists on this machine, but the pod imports the package from its own prefix
+    assert locate_here(str(node_file)) == str(pod_file)
+    digests, moved, own = traced_files_here(node_traced)
+    assert digests == node_traced and moved == {str(node_file): str(pod_file)}
+    expected = hashlib.sha256("\n".join([str(pod_file), pod_file.read_text()]).encode()).hexdigest()  # backends.py
+    assert own == code_hash([str(pod_file)]) == expected
+    node = node_factors(traced_files=node_traced)
+    pod = pod_factors(node, traced_files=digests, traced_here=moved, code_hash=own)
+    assert differences(node, pod) == []
+    assert pod_dir_names(node, pod)[node.backbone_dir] == backbone_dir_name(env_hash(ENV), "p" * 64, own, "e" * 64)
+
+
+def test_a_traced_source_with_other_bytes_under_the_pods_prefix_is_named_and_gets_no_code_hash(tmp_path, monkeypatch):
+    import sys
+
+    from tunecache.formats.vllm_compile import file_digests, traced_files_here
+
+    node_file = _package(tmp_path / "node-prefix")
+    _package(tmp_path / "pod-prefix", text="class LlamaModel:  # patched\n    ...\n")
+    node_file_digest = file_digests([str(node_file)])[str(node_file)]
+    node_file.unlink()
+    monkeypatch.syspath_prepend(str(tmp_path / "pod-prefix"))
+    monkeypatch.delitem(sys.modules, "tc_relocated_pkg", raising=False)
+    digests, moved, own = traced_files_here({str(node_file): node_file_digest})
+    assert own is None and moved
+    node = node_factors(traced_files={str(node_file): node_file_digest})
+    assert differences(node, pod_factors(node, traced_files=digests, traced_here=moved)) == [
+        f"traced source {node_file}: its content differs"]
+    assert traced_files_here({"/gone/nowhere_pkg_xyz/models/llama.py": node_file_digest})[0] == {
+        "/gone/nowhere_pkg_xyz/models/llama.py": None}
