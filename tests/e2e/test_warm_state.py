@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 
@@ -191,3 +192,56 @@ def test_an_init_container_pulls_the_warm_state_under_the_nodes_names(server, tm
                     str(tmp_path / "plain" / "root"))
     assert unsigned.returncode == 0 and "warm state installed: none" in unsigned.stderr
     assert not (tmp_path / "plain" / "root").exists()
+
+
+def test_a_pod_with_another_home_gets_the_compile_cache_under_the_names_its_own_home_gives(server, tmp_path,
+                                                                                       node_signing_key):
+    """vLLM 0.25 hashes VLLM_CONFIG_ROOT (default ~/.config/vllm) into both directory names:
+    a pod with another HOME (another user) computed other names and compiled everything."""
+    push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+    home = tmp_path / "pod-home"
+    home.mkdir()
+    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server, HOME=str(home)))
+    assert seen["compile"] == {"backbone": True, "aot": True}, log
+    assert tunecache_lines(log, attestation=True)[-1] == "tunecache: this boot compiled nothing (rank 0): at the floor"
+
+
+def _model_source(prefix):
+    source = prefix / "tc_model_src" / "llama_src.py"
+    source.parent.mkdir(parents=True)
+    (source.parent / "__init__.py").write_text("")
+    source.write_text("class LlamaForCausalLM:\n    def forward(self, x):\n        return x\n")
+    return source
+
+
+@pytest.mark.parametrize("node_prefix_left", [True, False])
+def test_a_pod_whose_packages_live_under_another_prefix_gets_the_compile_cache_under_its_own_code_hash(
+        server, tmp_path, node_signing_key, node_prefix_left):
+    """The traced sources are found where the pod imports them from (also while the node's
+    path exists on the same machine: a copied site), and their bytes checked; the backbone
+    directory is named by the code hash over the pod's own paths, as its vLLM computes it."""
+    node_file = _model_source(tmp_path / "node-prefix")
+    _model_source(tmp_path / "pod-prefix")
+    push_warm_run(server, tmp_path, node_signing_key, block_size=32, traced_files=[str(node_file)])
+    if not node_prefix_left:
+        node_file.unlink()
+    python_path = os.pathsep.join([str(tmp_path / "pod-prefix"), str(tmp_path / "stand_in"),
+                                   os.environ.get("PYTHONPATH", "")])
+    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server, PYTHONPATH=python_path,
+                                               STAND_IN_TRACED_MODULES="tc_model_src.llama_src"))
+    assert seen["compile"] == {"backbone": True, "aot": True}, log
+    assert tunecache_lines(log, attestation=True)[-1] == "tunecache: this boot compiled nothing (rank 0): at the floor"
+
+
+def test_a_traced_source_changed_under_the_pods_prefix_is_named(server, tmp_path, node_signing_key):
+    node_file = _model_source(tmp_path / "node-prefix")
+    changed = _model_source(tmp_path / "pod-prefix")
+    changed.write_text(changed.read_text() + "# patched in the pod's image\n")
+    push_warm_run(server, tmp_path, node_signing_key, block_size=32, traced_files=[str(node_file)])
+    python_path = os.pathsep.join([str(tmp_path / "pod-prefix"), str(tmp_path / "stand_in"),
+                                   os.environ.get("PYTHONPATH", "")])
+    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server, PYTHONPATH=python_path,
+                                               STAND_IN_TRACED_MODULES="tc_model_src.llama_src"))
+    assert seen["compile"] == {"backbone": False, "aot": False}
+    [skipped] = [line for line in tunecache_lines(log) if "compile cache not installed" in line]
+    assert f"traced source {node_file}: its content differs" in skipped

@@ -51,7 +51,10 @@ STAND_IN = {
         import os
         VLLM_CACHE_ROOT = os.environ.get("VLLM_CACHE_ROOT", os.path.expanduser("~/.cache/vllm"))
         def compile_factors():
-            return {name: os.environ.get(name) for name in ("VLLM_USE_AOT_COMPILE", "VLLM_PP_LAYER_PARTITION")}
+            factors = {name: os.environ.get(name) for name in ("VLLM_USE_AOT_COMPILE", "VLLM_PP_LAYER_PARTITION")}
+            # hashed by vLLM 0.25 though only a place: its default derives from HOME
+            factors["VLLM_CONFIG_ROOT"] = os.path.expanduser(os.environ.get("VLLM_CONFIG_ROOT", "~/.config/vllm"))
+            return factors
     '''),
     "vllm/config/__init__.py": "",
     "vllm/config/utils.py": textwrap.dedent('''
@@ -103,9 +106,23 @@ STAND_IN = {
                 return _h(*(getattr(self, f.name).compute_hash() for f in dataclasses.fields(self)
                             if hasattr(getattr(self, f.name), "compute_hash")))
         CODE_HASH, COMPILER_HASH, MODEL_KEY = "d" * 64, "e" * 64, "k" * 64
-        def cache_names(config):
+        def code_hash(traced):
+            # vLLM's VllmBackend.__call__: each traced file's path and text, in path order
+            if not traced:
+                return CODE_HASH
+            content = []
+            for path in sorted(traced):
+                content += [path, open(path).read()]
+            return hashlib.sha256("\\n".join(content).encode()).hexdigest()
+        def traced_here():
+            # the files this process imports the modules named in STAND_IN_TRACED_MODULES from
+            import importlib
+            names = [n for n in os.environ.get("STAND_IN_TRACED_MODULES", "").split(",") if n]
+            return [importlib.import_module(n).__file__ for n in names]
+        def cache_names(config, traced=()):
             env_hash, config_hash = hash_factors(envs.compile_factors()), config.compute_hash()
-            backbone = hashlib.sha256(str([env_hash, config_hash, CODE_HASH, COMPILER_HASH]).encode()).hexdigest()[:10]
+            code = code_hash(traced)
+            backbone = hashlib.sha256(str([env_hash, config_hash, code, COMPILER_HASH]).encode()).hexdigest()[:10]
             aot = hashlib.sha256(str([env_hash, config_hash, MODEL_KEY]).encode()).hexdigest()
             return backbone, aot
         def config_of(model, served, max_num_batched_tokens, tp=1, block_size=None):
@@ -231,9 +248,9 @@ STAND_IN = {
                 import os
                 from pathlib import Path
                 import vllm.envs as envs
-                from stand_in_config import cache_names
+                from stand_in_config import cache_names, traced_here
                 from stand_in_record import record
-                backbone, aot = cache_names(self.vllm_config)
+                backbone, aot = cache_names(self.vllm_config, traced_here())
                 root = Path(envs.VLLM_CACHE_ROOT) / "torch_compile_cache"
                 found = {"backbone": (root / backbone).is_dir(), "aot": (root / "torch_aot_compile" / aot).is_dir()}
                 record("compile", **found)
@@ -335,15 +352,16 @@ NODE_SCRATCH = textwrap.dedent('''
     import json, sys
     from pathlib import Path
     import vllm.envs as envs
-    from stand_in_config import CODE_HASH, COMPILER_HASH, MODEL_KEY, cache_names, config_of
+    from stand_in_config import COMPILER_HASH, MODEL_KEY, cache_names, code_hash, config_of
     scratch, model, overrides = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
     config = config_of(model, "meta-llama/Llama-3.1-8B", 8192, block_size=overrides.get("block_size"))
-    backbone, aot = cache_names(config)
+    traced = overrides.get("traced_files", [])
+    backbone, aot = cache_names(config, traced)
     compiled = scratch / "vllm-cache" / "torch_compile_cache"
     local = compiled / backbone / "rank_0_0" / "backbone"
     local.mkdir(parents=True)
     (local / "cache_key_factors.json").write_text(json.dumps({"env": envs.compile_factors(),
-        "config_hash": config.compute_hash(), "code_hash": CODE_HASH, "compiler_hash": COMPILER_HASH}))
+        "config_hash": config.compute_hash(), "code_hash": code_hash(traced), "compiler_hash": COMPILER_HASH}))
     (local / "artifact_compile_range_1_8192_subgraph_0").write_bytes(b"inductor artifact")
     (compiled / "torch_aot_compile" / aot / "rank_0_0").mkdir(parents=True)
     (compiled / "torch_aot_compile" / aot / "rank_0_0" / "model").write_bytes(b"aot model")
