@@ -13,7 +13,11 @@ on one warm machine (the work directory, with the service's SQLite database, sta
 signing key, the tuner's vLLM with every cache empty: the ``cold`` boot). ``pods`` starts the
 service again on that database and boots, for each setup, a new process through the plugin
 (``tunecache_warm``: every cache of the pod empty) and then the same process again over what
-that boot left (``local_warm``: the pod's floor). The setups (every one from empty caches):
+that boot left (``local_warm``: the pod's floor), through the plugin as the pod is deployed
+(``--local-warm plugin``, the default; ``none``: without tunecache, where FlashInfer's ninja
+rebuilds a module whose ``build.ninja`` names the tuner's paths, as the 2026-12-03 run
+showed). Each pod reads the service's token from a file of its own (``TUNECACHE_TOKEN_FILE``),
+not the service's data directory. The setups (every one from empty caches):
 
 * ``same_as_tuner``: the tuner's HOME and FlashInfer workspace path, its own vLLM, Triton,
   Inductor and DeepGEMM directories (the lab case);
@@ -145,19 +149,24 @@ def pods(args: argparse.Namespace) -> None:
             if uid is not None:
                 for path in [base, *base.rglob("*")]:
                     os.chown(path, uid, uid)
-            for boot, extra in (("tunecache_warm", {"TUNECACHE_URL": url, "TUNECACHE_TRUSTED_KEYS": public}),
-                                ("local_warm", {"TUNECACHE_URL": None})):
+            token = base / "token"  # the pod's own copy, readable by its user (the service's file is 0600)
+            token.write_text((work / "data" / "admin.token").read_text())
+            os.chmod(token, 0o644)
+            tunecache = {"TUNECACHE_URL": url, "TUNECACHE_TRUSTED_KEYS": public, "TUNECACHE_TOKEN_FILE": str(token),
+                         "TUNECACHE_DATA_DIR": None}
+            local = tunecache if args.local_warm == "plugin" else {"TUNECACHE_URL": None, "TUNECACHE_DATA_DIR": None}
+            for boot, extra in (("tunecache_warm", tunecache), ("local_warm", local)):
                 measured = pod_boot(f"{setup}-{boot}-{args.pair}", args, {**pod_env, **extra}, dirs, uid, out)
                 boots.append({"model": args.model, "attention": args.attention or "default", "pod": setup,
-                              "boot": boot, "pair": args.pair, **measured})
+                              "boot": boot, "pair": args.pair, "local_warm": args.local_warm, **measured})
+                state = out / "fleet_pods.json"  # each boot as it ends: a command can end at any moment
+                previous = json.loads(state.read_text()) if state.is_file() else []
+                state.write_text(json.dumps(previous + [boots[-1]], indent=1))
                 print(json.dumps({k: boots[-1].get(k) for k in ("pod", "boot", "pair", "ready_s", "compiled",
                                                                 "failed")}), flush=True)
     finally:
         server.terminate()
         server.wait(timeout=30)
-        state = out / "fleet_pods.json"
-        previous = json.loads(state.read_text()) if state.is_file() else []
-        state.write_text(json.dumps(previous + boots, indent=1))
 
 
 def tune(args: argparse.Namespace) -> None:
@@ -185,6 +194,8 @@ def main() -> None:
     parser.add_argument("--boot-timeout", type=float, default=300)
     parser.add_argument("--setups", default=",".join(SETUPS))
     parser.add_argument("--pair", type=int, default=1)
+    parser.add_argument("--local-warm", choices=("plugin", "none"), default="plugin",
+                        help="the local-warm boot through the plugin (the pod as deployed) or without tunecache")
     args = parser.parse_args()
     (tune if args.step == "tune" else pods)(args)
 
