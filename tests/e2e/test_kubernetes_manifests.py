@@ -12,6 +12,7 @@ the probes ask the service's health route on its port; and the nginx configurati
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -28,6 +29,7 @@ from tunecache.client.settings import ClientSettings
 from tunecache.service.cli import register
 from tunecache.service.routes.health import router as health_router
 from tunecache.service.settings import RENAMED_VARIABLES, Settings
+from tunecache.service.tuner.vllm_warmup import ENGINE_ARGS_VARIABLE
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 #: The Kubernetes release the manifests are checked against (schemas bundled by kubernetes-validate).
@@ -36,7 +38,10 @@ KUBERNETES_VERSION = "1.33.0"
 NOT_YET_SETTINGS = {"TUNECACHE_ARTIFACT_STORE"}
 SERVER_VARIABLES = {f"TUNECACHE_{name.upper()}" for name in Settings.model_fields} | set(RENAMED_VARIABLES.values())
 CLIENT_VARIABLES = {f"TUNECACHE_{name.upper()}" for name in ClientSettings.model_fields}
-IMAGE = "tunecache:latest"  # docker-compose.yml's name for the Dockerfile's image
+#: Read by the tuner from its own environment (not a service setting).
+TUNER_VARIABLES = {ENGINE_ARGS_VARIABLE}
+IMAGE = "tunecache:latest"  # docker-compose.yml's name for the Dockerfile's image (the server replicas)
+TUNER_IMAGE = "tunecache-tuner:v0.25.0"  # the Dockerfile on the fleet's vLLM image
 
 
 def _files(directory: Path = MANIFESTS) -> list[Path]:
@@ -117,7 +122,7 @@ def test_every_tunecache_variable_is_a_setting_of_the_side_that_reads_it():
         for kind, container in _containers(obj):
             line = _command_line(container)
             serves = "tunecache serve" in line or "tunecache db upgrade" in line
-            known = SERVER_VARIABLES if serves else CLIENT_VARIABLES
+            known = SERVER_VARIABLES | TUNER_VARIABLES if serves else CLIENT_VARIABLES
             for env in container.get("env", []):
                 if env["name"].startswith("TUNECACHE_") and env["name"] not in known:
                     failures.append(f"{path.name} {obj['metadata']['name']}/{container['name']}: {env['name']} is no "
@@ -129,7 +134,7 @@ def test_every_tunecache_variable_is_a_setting_of_the_side_that_reads_it():
                 if name in NOT_YET_SETTINGS:
                     if not line.lstrip().startswith("#"):
                         failures.append(f"{path.name}:{number}: {name} is not a setting yet: in a comment only")
-                elif name not in SERVER_VARIABLES | CLIENT_VARIABLES:
+                elif name not in SERVER_VARIABLES | CLIENT_VARIABLES | TUNER_VARIABLES:
                     failures.append(f"{path.name}:{number}: {name} is no setting")
     assert not failures, "\n".join(failures)
 
@@ -168,7 +173,7 @@ def test_the_service_pods_probe_its_health_route_on_its_port():
     checked = 0
     for path, obj in _objects():
         for kind, container in _containers(obj):
-            if container.get("image") != IMAGE or kind == "initContainers":
+            if container.get("image") not in (IMAGE, TUNER_IMAGE) or kind == "initContainers":
                 continue
             assert "tunecache serve" in _command_line(container)
             ports = {port["name"]: port["containerPort"] for port in container["ports"]}
@@ -213,3 +218,17 @@ def test_the_nginx_configuration_passes_nginx_t(tmp_path):
     checked = subprocess.run([nginx, "-t", "-q", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
                              capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_the_tuner_runs_the_fleets_vllm_image_with_the_pods_engine_arguments():
+    """The tuning node's image is the Dockerfile on the fleet's vLLM image (not the server
+    replicas' image without vLLM), and it is given the pods' engine arguments."""
+    [(_, tuner)] = [(path, obj) for path, obj in _objects() if obj["metadata"]["name"] == "tunecache-tuner"
+                    and obj["kind"] == "StatefulSet"]
+    [(_, container)] = _containers(tuner)
+    assert container["image"] == TUNER_IMAGE
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert isinstance(json.loads(env[ENGINE_ARGS_VARIABLE]), dict)
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=vllm/vllm-openai:" in dockerfile and "ENTRYPOINT []" in dockerfile
+    assert '".${TUNER_EXTRA}"' in dockerfile  # no FlashInfer pin over the vLLM image's own

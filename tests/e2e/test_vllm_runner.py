@@ -219,3 +219,12 @@ def test_harvest_a_v2_store_written_by_flashinfer(tmp_path):
         names = tar.getnames()
     assert f"{store.env_hash}/manifest.json" in names
     assert sum(n.startswith(f"{store.env_hash}/entries/") for n in names) == 42
+
+
+def test_without_vllm_the_vllm_warmup_refuses_in_one_line(tmp_path, monkeypatch):
+    """A tuner image without vLLM (the service's image on a plain torch base): one line that
+    says what to do, before any engine is started (it used to fail inside vLLM's command)."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    with pytest.raises(ValueError, match=r"^the vLLM warmup needs vLLM where the tuner runs \(no vllm package for "
+                                         r".*\): run the tuner in the fleet's vLLM image"):
+        run_vllm_warmup(spec(), tmp_path / "scratch", tmp_path)

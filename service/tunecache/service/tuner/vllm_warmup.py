@@ -142,13 +142,16 @@ def compile_facts(worker: Any) -> dict[str, Any]:
     }
 
 
-def vllm_unavailable_reason() -> str | None:
-    """``None`` when vllm imports here, else why not."""
+def vllm_unavailable_reason(python: str = sys.executable, env: dict[str, str] | None = None) -> str | None:
+    """``None`` when ``python`` (with ``env``) finds a ``vllm`` package to import, else why not.
+    Asked of that interpreter (``importlib.util.find_spec``, without importing vLLM), as the
+    engine runs there."""
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
     try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # ImportError, or a torch mismatch raising something else
-        return f"vllm is not importable: {type(exc).__name__}: {exc}"
-    return None
+        found = subprocess.run([python, "-c", probe], env=env, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python} cannot be run: {type(exc).__name__}: {exc}"
+    return None if found.returncode == 0 else f"no vllm package for {python}"
 
 
 #: Where a node gives its engine the fleet's other vLLM engine arguments (JSON object).
@@ -354,12 +357,17 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
             single-process engine that wrote nothing tuned nothing: the run gets a file
             of no entries (:func:`_untuned_autotune_file`).
         ValueError: ``data_parallel_size`` > 1: one ``vllm.LLM`` engine runs a single
-            data-parallel rank, so the stages warmup tunes those shapes.
+            data-parallel rank, so the stages warmup tunes those shapes; or vLLM is not
+            importable in this interpreter (:func:`vllm_unavailable_reason`): nothing is started.
     """
     if spec.deployment.data_parallel_size > 1:
         raise ValueError("the vLLM warmup runs one engine (data_parallel_size 1); "
                          "use the stages warmup for data_parallel_size > 1")
     command, env = vllm_command(spec, scratch, python)
+    missing = vllm_unavailable_reason(python, {**os.environ, **env})
+    if missing:
+        raise ValueError(f"the vLLM warmup needs vLLM where the tuner runs ({missing}): run the tuner in the "
+                         "fleet's vLLM image (the Dockerfile's BASE_IMAGE), or use the stages warmup")
     started_ns = time.time_ns()
     result = subprocess.run(command, env={**os.environ, **env}, stdout=sys.stderr, stderr=sys.stderr)
     if result.returncode != 0:
