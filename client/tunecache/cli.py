@@ -141,6 +141,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # -h as well as --help, on every command (sub-apps and commands inherit the context settings)
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -1195,6 +1197,9 @@ def main() -> None:
 _click_errors = sys.modules[typer.BadParameter.__module__]
 #: click 8.2 on: ``no_args_is_help`` prints the help and raises this (exit 2); older: exit 0.
 _NoArgsIsHelp = getattr(_click_errors, "NoArgsIsHelpError", ())
+#: click's Abort (Ctrl-C at a prompt, an EOF); typer 0.29's copy has none, and an ``except``
+#: naming a missing attribute raised AttributeError over whatever was being handled.
+_Abort = getattr(_click_errors, "Abort", ())
 
 
 def usage_error_line(exc: Exception) -> str:
@@ -1226,7 +1231,7 @@ def run(args: list[str] | None = None) -> None:
     except _click_errors.ClickException as exc:  # e.g. a file option that cannot be opened
         typer.echo(usage_error_line(exc), err=True)
         sys.exit(exc.exit_code)
-    except _click_errors.Abort:
+    except _Abort:
         typer.echo("tunecache: error: aborted", err=True)
         sys.exit(int(ExitCode.UNEXPECTED))
     # an Exit (typer.Exit, fail()) comes back as its code; a command that returns, as None

@@ -523,3 +523,17 @@ def test_version_names_each_installed_distribution():
         f"tunecache-client {importlib.metadata.version('tunecache-client')}",
         f"tunecache-server {importlib.metadata.version('tunecache-server')}",
     ]
+
+
+def test_help_into_a_closed_pipe_ends_without_a_traceback_and_h_is_help():
+    """``tunecache --help | head -1``: the reader goes away mid-help. typer 0.29's click copy
+    has no ``Abort``, and naming it in an ``except`` raised AttributeError with a traceback."""
+    process = subprocess.Popen([tunecache_executable(), "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.read(1)
+    process.stdout.close()  # as head does once it has its line
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) in (0, 1), stderr
+    assert "Traceback" not in stderr and "AttributeError" not in stderr, stderr
+    for args in (["-h"], ["pull", "-h"], ["job", "-h"]):
+        shown = tunecache(*args)
+        assert shown.returncode == 0 and "Usage: tunecache" in shown.stdout, (args, shown.stderr)
