@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from tests.support.builders import h200_key, run_payload
 from tests.support.cli import push
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
@@ -271,3 +273,56 @@ def test_an_expired_signature_is_refused_by_the_service_and_by_pods(node_signing
     pulled = tunecache("pull", "--server", server, "--model", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens",
                        "8192", "--dest", str(tmp_path / "pod"), "--environment", str(CUDNN_FILE))
     assert pulled.returncode == 14 and "signature expired at 2023-11-15" in pulled.stderr, pulled.stderr
+
+
+def test_the_rollback_memory_keeps_what_was_verified_not_the_key_an_answer_names(node_signing_key, server, tmp_path,
+                                                                               monkeypatch):
+    """A proxy rewrites ``key.model`` in the lookup's answer. The signature is checked against
+    the pod's own key (and holds); the install must then be remembered under that key, so that
+    a later replay of an older signed run for it is refused. It was remembered under the
+    answer's key: the memory for the pod's own key stayed empty and the replay was accepted."""
+    import time
+
+    import httpx
+
+    from tunecache.client.http import TunecacheClient
+    from tunecache.client.install import FlashInferFile, InstallTarget, fetch_tuning, install
+    from tunecache.client.installed import newest_installed
+    from tests.support.builders import file_environment
+    from tunecache.signing import format_public_key, load_trusted_keys
+
+    monkeypatch.setenv("TUNECACHE_STATE_DIR", str(tmp_path / "pod-state"))
+    key = h200_key()
+    environment = file_environment(CUDNN_FILE)
+    trusted = load_trusted_keys(format_public_key(node_signing_key.public_key()))
+    run_1 = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, node_signing_key)).json()
+    time.sleep(1.1)  # signing times are whole seconds
+    run_2 = as_admin.post(f"{server}/v1/tunings", json=_signed_run(server, node_signing_key, path=CUBLASLT_FILE)).json()
+
+    class Rewriting(httpx.BaseTransport):
+        def __init__(self):
+            self.inner = httpx.HTTPTransport()
+
+        def handle_request(self, request):
+            answer = self.inner.handle_request(request)
+            if request.url.path.endswith("/v1/tunings/lookup") and answer.status_code == 200:
+                doc = json.loads(answer.read())
+                doc["key"]["model"] = "someone/else"
+                return httpx.Response(200, json=doc, headers={"content-type": "application/json"})
+            return answer
+
+    with TunecacheClient(server, transport=Rewriting(), reports=False) as client:
+        fetched = fetch_tuning(client, key, environment, trusted_keys=trusted)
+        assert fetched.run.id == run_2["id"] and fetched.run.key.model == "someone/else"
+        install(fetched, InstallTarget(tactics=FlashInferFile(tmp_path / "pod", "autotune.json")))
+    assert newest_installed(key, environment) == run_2["signature"]["signed_at"]
+    assert tunecache_promote(server, run_1["id"]) == 0  # run 1 current again, its old signature
+    with TunecacheClient(server, reports=False) as client:
+        with pytest.raises(Exception, match="a replayed older run"):
+            fetch_tuning(client, key, environment, trusted_keys=trusted)
+
+
+def tunecache_promote(server, run_id) -> int:
+    from tests.support.cli import tunecache
+
+    return tunecache("promote", str(run_id), "--server", server).returncode

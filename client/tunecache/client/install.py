@@ -89,6 +89,10 @@ class FetchedTuning:
     signature was not checked: no trusted keys are set)."""
     warm_state: Mapping[ArtifactKind, bytes] = field(default_factory=dict)
     """The run's other warm-state tarballs fetched, by kind (:data:`WARM_STATE_KINDS`)."""
+    verified_for: tuple[TuningKey, EnvironmentMetadata] | None = None
+    """The key and environment the run's signature was checked against (this pod's own, as
+    it asked): what :func:`install` remembers the install under, never the key or
+    environment the server's answer names (a proxy can rewrite those)."""
 
     @property
     def workspace_subdir(self) -> str:
@@ -172,6 +176,7 @@ def fetch_tuning(
         return FetchedTuning(
             run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
             signed_by=signed_by, executable_refused=refused, warm_state=warm,
+            verified_for=(key, environment) if signed_by is not None else None,
         )
 
 
@@ -456,8 +461,8 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
     for commit in commits:
         fields_set = commit()
         written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
-    if fetched.signed_by is not None and fetched.run.signature is not None:
-        remember_installed(fetched.run.key, fetched.run.environment, fetched.run.signature.signed_at)
+    if fetched.signed_by is not None and fetched.run.signature is not None and fetched.verified_for is not None:
+        remember_installed(*fetched.verified_for, fetched.run.signature.signed_at)
     return InstallResult(outcome=ReportOutcome.INSTALLED, run_id=fetched.run.id, entries=fetched.run.entries,
                          sha256=fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE).sha256,
                          signed_by=fetched.signed_by, **written)
