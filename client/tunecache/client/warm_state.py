@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pydantic import ValidationError
+
 from tunecache.formats.tarball import open_bounded
 from tunecache.formats.vllm_compile import (
     FACTORS_FILE,
@@ -154,6 +156,9 @@ def read_compile_factors(data: bytes) -> CompileFactors | None:
         raw = tar.extractfile(member)
         try:
             return CompileFactors.model_validate_json(raw.read() if raw else b"")
+        except ValidationError as exc:  # one line, each field named
+            why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg']}" for e in exc.errors()[:5])
+            raise BadWarmStateArtifact(f"the compile cache's {FACTORS_FILE} is unreadable: {why}") from None
         except ValueError as exc:
             raise BadWarmStateArtifact(f"the compile cache's {FACTORS_FILE} is unreadable: {exc}") from None
 

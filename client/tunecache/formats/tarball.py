@@ -20,6 +20,33 @@ import tarfile
 DEFAULT_MAX_UNPACK_BYTES = 1 << 30
 #: Default of ``TUNECACHE_MAX_UNPACK_FILES``: the most entries one tarball may hold.
 DEFAULT_MAX_UNPACK_FILES = 20_000
+#: The largest extended header (pax, GNU long name) one entry may carry. tarfile reads such a
+#: header whole into memory before it returns the entry (``TarInfo._proc_pax``), so the byte
+#: bound above came too late: a 2.3 MB tarball declaring a huge pax header took 1.7 GiB.
+#: What a run's tarballs carry is a path and the exact file time (:mod:`tunecache.formats.jit_module`).
+MAX_EXTENDED_HEADER_BYTES = 1 << 20
+_EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+                   tarfile.GNUTYPE_LONGLINK)
+
+
+class _ExtendedHeaderTooLarge(ValueError):
+    pass
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A ``TarInfo`` that refuses an extended header over :data:`MAX_EXTENDED_HEADER_BYTES`
+    before tarfile reads it: ``fromtarfile`` as CPython's own (3.10 to 3.13), with the check
+    between parsing the header block and processing the member."""
+
+    @classmethod
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        buf = tarfile_.fileobj.read(tarfile.BLOCKSIZE)
+        obj = cls.frombuf(buf, tarfile_.encoding, tarfile_.errors)
+        obj.offset = tarfile_.fileobj.tell() - tarfile.BLOCKSIZE
+        if obj.type in _EXTENDED_TYPES and obj.size > MAX_EXTENDED_HEADER_BYTES:
+            raise _ExtendedHeaderTooLarge(f"an extended header of {obj.size:,} bytes (at most "
+                                          f"{MAX_EXTENDED_HEADER_BYTES:,})")
+        return obj._proc_member(tarfile_)
 
 
 def positive_whole_setting(name: str, default: int) -> int:
@@ -48,7 +75,9 @@ def open_bounded(data: bytes, what: str, error: type[ValueError]) -> tarfile.Tar
     """
     limit_bytes, limit_files = max_unpack_bytes(), max_unpack_files()
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz", tarinfo=_BoundedTarInfo)
+    except _ExtendedHeaderTooLarge as exc:
+        raise error(f"{what} artifact holds {exc}") from None
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None
     total = count = 0
@@ -60,6 +89,9 @@ def open_bounded(data: bytes, what: str, error: type[ValueError]) -> tarfile.Tar
                 raise error(f"{what} artifact holds more than {limit_files:,} entries (TUNECACHE_MAX_UNPACK_FILES)")
             if total > limit_bytes:
                 raise error(f"{what} artifact unpacks to more than {limit_bytes:,} bytes (TUNECACHE_MAX_UNPACK_BYTES)")
+    except _ExtendedHeaderTooLarge as exc:
+        tar.close()
+        raise error(f"{what} artifact holds {exc}") from None
     except (tarfile.TarError, OSError, EOFError) as exc:
         tar.close()
         raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None

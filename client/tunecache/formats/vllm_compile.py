@@ -82,8 +82,12 @@ class CompileFactors(BaseModel):
                                  description="factors between the config hash and the model hash key (Inductor's, "
                                              "with VLLM_USE_MEGA_AOT_ARTIFACT)")
     model_hash_key: str | None = None
-    backbone_dir: str | None = Field(default=None, description="the node's <backbone> directory name")
-    aot_dir: str | None = Field(default=None, description="the node's torch_aot_compile/<aot> directory name")
+    # The names are vLLM's hex digests (sha256[:10], sha256), and nothing else: a pod that
+    # cannot compute its own names installs under these, so they must never be a path
+    backbone_dir: str | None = Field(default=None, pattern=r"^[0-9a-f]{10}$",
+                                     description="the node's <backbone> directory name")
+    aot_dir: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                                description="the node's torch_aot_compile/<aot> directory name")
 
 
 class PodCompileFactors(BaseModel):

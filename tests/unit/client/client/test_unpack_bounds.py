@@ -127,3 +127,36 @@ def test_a_lookup_answer_that_expands_past_its_bound_is_refused(monkeypatch):
         with pytest.raises(Exception) as raised:  # read whole now, and then not a run
             client.lookup(h200_key(), file_environment(CUDNN_FILE))
     assert not isinstance(raised.value, AnswerTooLarge)
+
+
+def _pax_header(size: int) -> bytes:
+    """A gzip'd tar whose one file carries a pax header of about ``size`` bytes (one
+    ``comment`` record of repeated letters: a few kB of gzip)."""
+    value = "a" * size
+    record = f" comment={value}\n"
+    length = len(record) + len(str(len(record)))
+    length += len(str(length)) - len(str(len(record)))
+    header = f"{length}{record}".encode()
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb") as gz:
+        info = tarfile.TarInfo("././@PaxHeader")
+        info.type, info.size = tarfile.XHDTYPE, len(header)
+        gz.write(info.tobuf(format=tarfile.USTAR_FORMAT))
+        gz.write(header + bytes(-len(header) % 512))
+        member = tarfile.TarInfo("cached_ops/m/m.so")
+        member.size = 1
+        gz.write(member.tobuf(format=tarfile.USTAR_FORMAT) + b"x" + bytes(511) + bytes(1024))
+    return raw.getvalue()
+
+
+def test_an_extended_header_is_bounded_before_tarfile_reads_it():
+    """A 2.3 MB tarball with a huge pax header took 1.7 GiB before any bound tripped: tarfile
+    reads an extended header whole before it returns the entry. Refused at its header now."""
+    small = _pax_header(1000)
+    with open_bounded(small, "JIT", BadJitArtifact) as tar:  # an ordinary pax header still reads
+        assert tar.getnames() == ["cached_ops/m/m.so"] and tar.getmembers()[0].pax_headers["comment"] == "a" * 1000
+    huge = _pax_header(64 << 20)
+    assert len(huge) < 200_000
+    with pytest.raises(BadJitArtifact, match=r"^JIT artifact holds an extended header of 67,1\d\d,\d\d\d bytes "
+                                             r"\(at most 1,048,576\)$"):
+        open_bounded(huge, "JIT", BadJitArtifact)

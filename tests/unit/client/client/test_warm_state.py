@@ -174,3 +174,22 @@ def test_factors_that_do_not_parse_are_refused(tmp_path):
     with pytest.raises(BadWarmStateArtifact, match="unreadable"):
         read_compile_factors(raw.getvalue())
     assert CompileFactors.model_fields["vllm_version"].is_required()
+
+
+@pytest.mark.parametrize("field, value", [("backbone_dir", "../../../../tmp/x"), ("aot_dir", "../escape"),
+                                          ("backbone_dir", "/etc/cron.d")])
+def test_directory_names_in_the_factors_are_vllms_digests_or_refused(tmp_path, field, value):
+    """A pod that cannot compute its own names (an init container) installs under the node's
+    recorded names: a signed ``backbone_dir`` with ``..`` moved a directory of the pod's."""
+    doc = {"vllm_version": "0.25.0", "env": ENV, "config_hash": CONFIG_HASH, "model": NODE_MODEL,
+           "backbone_dir": "0123456789", "aot_dir": "a" * 64, field: value}
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        member = tarfile.TarInfo("tunecache-compile-factors.json")
+        body = json.dumps(doc).encode()
+        member.size = len(body)
+        tar.addfile(member, io.BytesIO(body))
+    root = tmp_path / "pod" / "vllm-cache"
+    with pytest.raises(BadWarmStateArtifact, match=f"unreadable: {field}: String should match pattern"):
+        VllmCacheRoot(root).stage(SimpleNamespace(warm_state={ArtifactKind.VLLM_COMPILE_CACHE: raw.getvalue()}))
+    assert not root.exists()
