@@ -326,3 +326,29 @@ def tunecache_promote(server, run_id) -> int:
     from tests.support.cli import tunecache
 
     return tunecache("promote", str(run_id), "--server", server).returncode
+
+
+@pytest.mark.parametrize("where", ["node", "summary value", "summary key"])
+def test_a_lone_surrogate_is_a_422_naming_the_field_not_a_500(server, where):
+    """JSON can spell a lone surrogate (``"\\ud800"``), which encodes to no UTF-8 and which
+    PostgreSQL's JSON refuses: a push answered 500."""
+    payload = _signed_run(server, None)
+    marker = "LONE-SURROGATE"
+    if where == "node":
+        payload["node"] = marker
+    elif where == "summary value":
+        payload["summary"]["note"] = marker
+    else:
+        payload["summary"][marker] = 1
+    body = json.dumps(payload).replace(marker, "\\ud800").encode()
+    answer = as_admin.post(f"{server}/v1/tunings", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert "lone surrogate" in answer.text and ("node" if where == "node" else "summary") in answer.text
+    assert as_admin.get(f"{server}/v1/tunings").json()["total"] == 0
+
+
+def test_an_autotune_file_nested_100000_deep_is_a_422_not_a_500(server):
+    deep = b'{"_metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    answer = _post_file(server, deep)
+    assert answer.status_code == 422, answer.text
+    assert "nested too deeply" in answer.json()["detail"]

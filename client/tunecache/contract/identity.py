@@ -68,9 +68,19 @@ NO_NUL = r"^[^\x00]*$"
 
 
 def _no_nul(value: str) -> str:
+    """Text both databases store: no NUL, and valid Unicode (a lone surrogate such as
+    ``"\ud800"``, which JSON can spell, encodes to no UTF-8 and answered 500)."""
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
+    _valid_unicode(value)
     return value
+
+
+def _valid_unicode(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it holds a lone surrogate such as \\ud800)") from None
 
 
 def _whole_number(value: Any) -> Any:
@@ -146,6 +156,7 @@ def _storable_json(value: Any) -> str:
         raise ValueError("must not contain NaN or Infinity") from None
     if "\\u0000" in encoded:
         raise ValueError("must not contain NUL characters")
+    _valid_unicode(json.dumps(value, ensure_ascii=False))
     return encoded
 
 

@@ -51,6 +51,8 @@ def _json_object(data: bytes, source: str) -> dict:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise NotAnAutotuneFile(f"{source} is not JSON: {exc}") from None
+    except RecursionError:  # e.g. 100,000 nested lists: json's decoder recurses
+        raise NotAnAutotuneFile(f"{source} is nested too deeply to be a FlashInfer autotune file") from None
     if not isinstance(doc, dict):
         raise NotAnAutotuneFile(f"{source} is not a FlashInfer autotune file (top level is not an object)")
     return doc

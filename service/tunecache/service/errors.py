@@ -34,7 +34,7 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, str):
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {_json_safe(k): _json_safe(v) for k, v in value.items()}  # keys too: a surrogate key answered 500
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
