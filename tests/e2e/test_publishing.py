@@ -352,3 +352,37 @@ def test_an_autotune_file_nested_100000_deep_is_a_422_not_a_500(server):
     answer = _post_file(server, deep)
     assert answer.status_code == 422, answer.text
     assert "nested too deeply" in answer.json()["detail"]
+
+
+def test_an_undated_format_1_signature_installs_the_tactics_and_no_code(node_signing_key, server, tmp_path, monkeypatch):
+    """Manifest-format-1 signatures never expire and cannot be ordered by the rollback memory:
+    a pod without memory installed their DeepGEMM kernels (and Triton cache, compile-cache
+    pickles). Code the pod loads now needs a dated signature."""
+    import base64
+
+    from tests.support.builders import file_environment
+    from tests.support.jit import deep_gemm_tarball
+    from tunecache.client.http import TunecacheClient
+    from tunecache.client.install import fetch_tuning
+    from tunecache.contract import RunSignature, TuningRunCreate
+    from tunecache.signing import canonical_manifest, format_public_key, key_id, load_trusted_keys
+
+    monkeypatch.setenv("TUNECACHE_STATE_DIR", str(tmp_path / "pod-state"))
+    tarball = deep_gemm_tarball([("cache/kernel.abc/kernel.cubin", b"cubin")])
+    payload = _signed_run(server, None)
+    payload["artifacts"].append({"kind": "deep_gemm_jit_cache", "name": "deep-gemm-jit-cache.tar.gz",
+                                 "media_type": "application/gzip", "sha256": _put(server, tarball)})
+    run = TuningRunCreate.model_validate(payload)
+    manifest = canonical_manifest(run.key, run.environment, run.artifacts, key_id(node_signing_key.public_key()), manifest=1)
+    payload["signature"] = RunSignature(key_id=key_id(node_signing_key.public_key()), manifest=1,
+                                        signature=base64.b64encode(node_signing_key.sign(manifest)).decode()).model_dump()
+    recorded = as_admin.post(f"{server}/v1/tunings?force=true", json=payload)
+    assert recorded.status_code == 201, recorded.text
+    trusted = load_trusted_keys(format_public_key(node_signing_key.public_key()))
+    with TunecacheClient(server, reports=False) as client:
+        fetched = fetch_tuning(client, h200_key(), file_environment(CUDNN_FILE), trusted_keys=trusted, deep_gemm=True,
+                               warm_state=True)
+    assert fetched.signed_by is not None and fetched.autotune == CUDNN_FILE.read_bytes()  # the tactics install
+    assert fetched.deep_gemm is None and not fetched.warm_state
+    assert fetched.executable_refused.startswith("JIT modules, DeepGEMM caches and the rest of the warm state not "
+                                                 "installed: the run's signature (manifest format 1) is undated")

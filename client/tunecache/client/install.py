@@ -156,12 +156,14 @@ def fetch_tuning(
             refused = ("JIT modules, DeepGEMM caches and the rest of the warm state install only from a run signed "
                        "by a trusted key, and no trusted keys are set (TUNECACHE_TRUSTED_KEYS)")
             jit = deep_gemm = warm_state = False
-        elif jit and run.signature is not None and run.signature.manifest < 2 and \
-                run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE):
-            refused = ("JIT modules not installed: the run's signature (manifest format 1) does not cover the JIT "
-                       "validity fields they are checked against; re-tune, or promote the run again from a node of "
-                       "this version")
-            jit = False
+        elif (jit or deep_gemm or warm_state) and run.signature is not None and run.signature.manifest < 2:
+            # A format-1 signature is undated: it never expires, the rollback memory cannot order
+            # it, and it does not cover the JIT validity fields. Code the pod loads (JIT modules,
+            # DeepGEMM kernels, Triton's cache, compile-cache pickles) needs a dated one.
+            refused = ("JIT modules, DeepGEMM caches and the rest of the warm state not installed: the run's "
+                       "signature (manifest format 1) is undated and never expires; re-tune, or sign it anew "
+                       "(tunecache promote RUN --signing-key KEY)")
+            jit = deep_gemm = warm_state = False
         artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
         if artifact is None:
             raise TunecacheError(f"tuning run {run.id} has no {ArtifactKind.FLASHINFER_AUTOTUNE} artifact")
