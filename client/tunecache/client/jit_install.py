@@ -38,10 +38,10 @@ from tunecache.formats.jit_module import (
     BadJitArtifact,
     check_jit_module,
 )
+from tunecache.formats.tarball import open_bounded
 
 #: The directory :func:`build_aot_dir` makes inside the pod's FlashInfer workspace.
 AOT_DIR_NAME = "tunecache-aot"
-from tunecache.formats.tarball import open_bounded
 
 
 def shown(value: object, limit: int = 200) -> str:

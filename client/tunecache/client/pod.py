@@ -477,8 +477,9 @@ class WarmBoot:
             deadline = install_deadline(self.settings)
             trusted = load_trusted_keys(self.settings.trusted_keys) if self.settings.trusted_keys else None
             cache = VllmCacheRoot(compile_cache=False)
-            target = InstallTarget(jit_modules=JitWorkspace(loads_as_aot=True), deep_gemm=DeepGemmCache(), triton=TritonCache(),
-                                   vllm_cache=cache, tactics=None)
+            # the workers load the JIT modules through FlashInfer's AOT path (use_staged_aot_dir)
+            target = InstallTarget(jit_modules=JitWorkspace(loads_as_aot=True), deep_gemm=DeepGemmCache(),
+                                   triton=TritonCache(), vllm_cache=cache, tactics=None)
             with TunecacheClient.from_settings(self.settings) as client:
                 self.fetched = fetch_tuning(client, self.key, environment, trusted_keys=trusted,
                                             deadline_s=self.started + deadline - time.monotonic(),
@@ -525,7 +526,8 @@ class WarmBoot:
 
 def use_staged_aot_dir() -> Path | None:
     """In a worker, before its model loads: point its FlashInfer at the AOT directory its
-    engine's main process made (:data:`FLASHINFER_AOT_VARIABLE`), once; the directory, or
+    engine's main process made (:data:`FLASHINFER_AOT_VARIABLE`; each hook calls it, the
+    same each time); the directory, or
     ``None`` when there is none (or FlashInfer is not importable). Never raises."""
     staged = os.environ.get(FLASHINFER_AOT_VARIABLE)
     if not staged:
