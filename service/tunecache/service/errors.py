@@ -75,6 +75,8 @@ COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
 async def _http_error(request: Request, exc: StarletteHTTPException):
     """Starlette's HTTP errors as JSON; a 405 lists in ``Allow`` every method of every route
     of the path (``app.state.path_methods``: Starlette would name one route's only)."""
+    if exc.status_code == 404 and exc.detail == "Not Found":  # no route: say which part of the path is wrong
+        return JSONResponse(status_code=404, content={"detail": _no_route(request)}, headers=exc.headers)
     if exc.status_code != 405:
         return await http_exception_handler(request, exc)
     allowed: set[str] = set()
@@ -83,6 +85,20 @@ async def _http_error(request: Request, exc: StarletteHTTPException):
             allowed |= methods
     return JSONResponse(status_code=405, content={"detail": f"method {request.method} not allowed here"},
                         headers={"Allow": ", ".join(sorted(allowed))})
+
+
+def _no_route(request: Request) -> str:
+    """Why no route has this path: a segment where a route takes an id (``/v1/tunings/abc``:
+    ids are positive whole numbers), else only that none has it."""
+    path = request.url.path
+    segments = path.split("/")
+    for i, segment in enumerate(segments):
+        if segment and not segment.isdigit():
+            probe = "/".join([*segments[:i], "1", *segments[i + 1:]])
+            if any(regex.match(probe) for regex, _ in request.app.state.path_methods):
+                return (f"no such route: {_json_safe(path)[:256]} ({_json_safe(segment)[:64]!r} is not an id: ids are "
+                        "positive whole numbers)")
+    return f"no such route: {_json_safe(path)[:256]}"
 
 
 def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:

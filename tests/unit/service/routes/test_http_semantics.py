@@ -89,3 +89,14 @@ def test_ranges_and_methods_answer_as_http_says(app_client, tmp_path):
         response = app_client.request(method, path)
         assert response.status_code == 405 and response.headers["allow"] == allowed, (method, path)
         assert response.json()["detail"]
+
+
+def test_a_path_no_route_has_is_a_404_naming_what_is_wrong(app_client):
+    """``/v1/tunings/abc`` was a bare ``{"detail": "Not Found"}`` (the id ``0`` gets a 422)."""
+    answer = app_client.get("/v1/tunings/abc")
+    assert answer.status_code == 404
+    assert answer.json() == {"detail": "no such route: /v1/tunings/abc ('abc' is not an id: ids are positive whole "
+                                       "numbers)"}
+    assert app_client.get("/v1/nothing-here").json() == {"detail": "no such route: /v1/nothing-here"}
+    missing = app_client.get("/v1/tunings/424242")  # a route's own 404 keeps its own words
+    assert missing.status_code == 404 and "no such route" not in missing.json()["detail"]
