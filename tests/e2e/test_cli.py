@@ -537,3 +537,12 @@ def test_help_into_a_closed_pipe_ends_without_a_traceback_and_h_is_help():
     for args in (["-h"], ["pull", "-h"], ["job", "-h"]):
         shown = tunecache(*args)
         assert shown.returncode == 0 and "Usage: tunecache" in shown.stdout, (args, shown.stderr)
+
+
+def test_a_bad_key_field_is_one_line_in_the_validators_own_words():
+    """Without pydantic's "Value error," prefix (it showed in the CLI's one-line errors)."""
+    result = tunecache("doctor", "--server", "http://127.0.0.1:1", "--model", " bad", "--max-num-batched-tokens", "8",
+                       "--environment", str(CUDNN_FILE))
+    assert result.returncode == int(ExitCode.USAGE)
+    assert result.stderr.strip().splitlines()[-1] == ("tunecache: error: invalid key: model: must not start or end "
+                                                     "with whitespace")
