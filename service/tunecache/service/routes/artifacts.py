@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -34,6 +35,8 @@ Sha256 = Annotated[str, Path(pattern=SHA256_PATTERN, description="lowercase hex 
 
 #: Upload bodies up to this size are spooled in memory, larger ones on disk.
 _SPOOL_MEMORY_BYTES = 8 * 1024 * 1024
+#: Retry-After of a 503 for an upload whose spool's disk is full.
+_FULL_SPOOL_RETRY_S = 30
 #: Artifacts never change under their sha256: any HTTP cache may keep them for a year.
 IMMUTABLE = "public, max-age=31536000, immutable"
 
@@ -92,16 +95,24 @@ async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep,
 
     Errors: 422 when the body does not hash to ``sha256`` (the request's transaction is
     rolled back: nothing is stored); 413 when it exceeds ``TUNECACHE_MAX_UPLOAD_BYTES``;
-    503 with ``Retry-After`` when the object store is unavailable.
+    503 with ``Retry-After`` when the object store is unavailable or the upload spool's disk
+    (``TMPDIR``) is full.
     """
-    with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY_BYTES) as spool:
-        async for part in request.stream():
-            spool.write(part)
-        spool.seek(0)
-        try:
-            stored = await run_in_threadpool(artifact_store.store_blob, session, spool, sha256)
-        except blobs.DigestMismatch as exc:
-            raise HTTPException(422, detail=str(exc)) from None
+    try:
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY_BYTES) as spool:
+            async for part in request.stream():
+                spool.write(part)
+            spool.seek(0)
+            try:
+                stored = await run_in_threadpool(artifact_store.store_blob, session, spool, sha256)
+            except blobs.DigestMismatch as exc:
+                raise HTTPException(422, detail=str(exc)) from None
+    except OSError as exc:  # the spool's disk full: the client retries (it answered 500 before)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise HTTPException(503, detail=f"no room to receive the upload: {os.strerror(exc.errno)} in the upload "
+                                        f"spool ({tempfile.gettempdir()}); retry later",
+                            headers={"Retry-After": str(_FULL_SPOOL_RETRY_S)}) from None
     if not stored.created:
         response.status_code = 200
     request.state.audit_detail = f"{stored.size_bytes} bytes ({'stored' if stored.created else 'already stored'})"

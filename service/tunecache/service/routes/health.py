@@ -3,6 +3,10 @@ does; details for a caller with a token."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Request
@@ -14,6 +18,23 @@ from tunecache.service import db
 from tunecache.service.policy import PublicCaller
 
 router = APIRouter(tags=["health"])
+
+#: Free space under which a disk the node writes to makes it ``degraded``.
+LOW_DISK_BYTES = 64 * 1024 * 1024
+
+
+def low_disks(data_dir: Path) -> list[str]:
+    """A problem for each disk the node writes to with less than :data:`LOW_DISK_BYTES` free:
+    the data directory (SQLite, the artifact mirror) and the upload spool (``TMPDIR``)."""
+    problems = []
+    for what, path in (("data directory", Path(data_dir)), ("upload spool", Path(tempfile.gettempdir()))):
+        try:
+            free = shutil.disk_usage(path).free
+        except OSError:
+            continue  # not there yet: nothing written to it either
+        if free < LOW_DISK_BYTES:
+            problems.append(f"{what} {path} has {free:,} bytes free")
+    return problems
 
 
 @router.get("/health", response_model=Health, response_model_exclude_none=True)
@@ -45,6 +66,7 @@ async def health(request: Request, caller: PublicCaller) -> Health:
         problems.append(f"database unavailable ({type(exc).__name__})")
     if state.artifact_files.write_failure is not None:
         problems.append(state.artifact_files.write_failure)
+    problems.extend(low_disks(state.settings.data_dir))
     status = "degraded" if problems else "ok"
     if caller.anonymous:
         return Health(status=status)
