@@ -74,14 +74,10 @@ def open_bounded(data: bytes, what: str, error: type[ValueError]) -> tarfile.Tar
         error: not a gzip'd tar, or past a bound (the message names ``what`` and the bound's setting).
     """
     limit_bytes, limit_files = max_unpack_bytes(), max_unpack_files()
-    try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz", tarinfo=_BoundedTarInfo)
-    except _ExtendedHeaderTooLarge as exc:
-        raise error(f"{what} artifact holds {exc}") from None
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None
+    tar = None
     total = count = 0
     try:
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz", tarinfo=_BoundedTarInfo)
         while (member := tar.next()) is not None:
             count += 1
             total += max(member.size, 0)
@@ -89,13 +85,12 @@ def open_bounded(data: bytes, what: str, error: type[ValueError]) -> tarfile.Tar
                 raise error(f"{what} artifact holds more than {limit_files:,} entries (TUNECACHE_MAX_UNPACK_FILES)")
             if total > limit_bytes:
                 raise error(f"{what} artifact unpacks to more than {limit_bytes:,} bytes (TUNECACHE_MAX_UNPACK_BYTES)")
-    except _ExtendedHeaderTooLarge as exc:
-        tar.close()
-        raise error(f"{what} artifact holds {exc}") from None
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        tar.close()
-        raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None
-    except BaseException:
-        tar.close()
+    except BaseException as exc:
+        if tar is not None:
+            tar.close()
+        if isinstance(exc, _ExtendedHeaderTooLarge):
+            raise error(f"{what} artifact holds {exc}") from None
+        if isinstance(exc, (tarfile.TarError, OSError, EOFError)):
+            raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None
         raise
     return tar
