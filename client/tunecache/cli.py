@@ -175,6 +175,33 @@ StagesOpt = Annotated[
 ]
 
 
+EngineArgsOpt = Annotated[
+    Optional[str], typer.Option("--engine-args", help="the engine variant to tune: vllm.LLM arguments as a JSON object, "
+                                                      "e.g. '{\"max_model_len\": 8192}' (with --warmup vllm)")
+]
+
+
+def engine_args_option(value: str | None) -> dict[str, Any] | None:
+    """``--engine-args``'s JSON object (``None`` when not given); a usage error (exit 2, one
+    line) when it is not one of identifiers, as :data:`tunecache.contract.EngineArgs` takes it."""
+    if value is None:
+        return None
+    try:
+        args = json.loads(value)
+    except ValueError as exc:
+        fail(ExitCode.USAGE, f"--engine-args is not JSON: {exc}")
+    if not isinstance(args, dict):
+        fail(ExitCode.USAGE, "--engine-args must be a JSON object of vllm.LLM arguments, e.g. '{\"max_model_len\": 8192}'")
+    from pydantic import TypeAdapter
+
+    from tunecache.contract import EngineArgs
+
+    try:
+        return TypeAdapter(EngineArgs).validate_python(args)
+    except ValidationError as exc:
+        fail(ExitCode.USAGE, f"invalid --engine-args: {first_error(exc)}")
+
+
 def csv_option(value: str | None) -> list[str] | None:
     """``"a, b"`` -> ``["a", "b"]``; ``None`` for an empty or missing option."""
     return [part.strip() for part in value.split(",") if part.strip()] if value else None
@@ -925,6 +952,9 @@ def retune(
                               "TUNECACHE_MODEL_CONFIG_DIR (<dir>/<org>/<name>/config.json)")] = False,
     gemm_backends: GemmBackendsOpt = None,
     stages: StagesOpt = None,
+    warmup: Annotated[str, typer.Option(help="'stages' (tunecache's own warmup stages) or 'vllm' (vLLM's own boot on the "
+                                             "GPU node: the whole warm state)")] = "stages",
+    engine_args: EngineArgsOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="follow the job to its end with a progress bar")] = False,
     wait_timeout: Annotated[float, typer.Option(min=0, help="seconds to wait with --wait")] = 7200.0,
     poll: Annotated[float, typer.Option(min=0.05, help="seconds between polls with --wait")] = 2.0,
@@ -936,7 +966,9 @@ def retune(
 
     The GPU node needs the model's config.json: --config sends it with the job, --node-config says the node has it in its TUNECACHE_MODEL_CONFIG_DIR as <dir>/<org>/<name>/config.json (one of the two is required: exit 2).
 
-    A job already queued or running for the key is joined when it has the same options (config, --stages, --gemm-backends); with other options nothing is queued and the command names that job and what differs (exit 15): wait for it, or cancel it with `tunecache job cancel ID`.
+    --warmup vllm boots vLLM on the GPU node and stores its whole warm state; --engine-args '{"max_model_len": 8192}' tunes that engine variant of the key (pods booted with those arguments get its compile cache).
+
+    A job already queued or running for the key is joined when it has the same options (config, --stages, --gemm-backends, --warmup, --engine-args); with other options nothing is queued and the command names that job and what differs (exit 15): wait for it, or cancel it with `tunecache job cancel ID`.
 
     When no live GPU worker for the key's GPU and arch has been seen, one line says so and the job stays queued; with --require-worker the command exits 17 instead and queues nothing.
 
@@ -963,8 +995,14 @@ def retune(
         fail(ExitCode.USAGE, f"the GPU node needs the config.json of {key.model[:200]!r}: give --config FILE|DIR to send it "
                              f"with the job, or --node-config if the node has it in its TUNECACHE_MODEL_CONFIG_DIR "
                              f"(<dir>/{key.model[:200]}/config.json)")
+    if warmup not in ("stages", "vllm"):
+        fail(ExitCode.USAGE, "--warmup must be 'stages' or 'vllm'")
+    variant_args = engine_args_option(engine_args)
+    if variant_args and warmup != "vllm":
+        fail(ExitCode.USAGE, "--engine-args names an engine variant, which only --warmup vllm tunes")
     try:
-        request = TuningJobCreate(key=key, hf_config=hf_config, gemm_backends=csv_option(gemm_backends), stages=csv_option(stages))
+        request = TuningJobCreate(key=key, hf_config=hf_config, gemm_backends=csv_option(gemm_backends),
+                                  stages=csv_option(stages), warmup=warmup, engine_args=variant_args)
     except ValidationError as exc:
         fail(ExitCode.USAGE, f"invalid job: {first_error(exc)}")
     gpu = f"{key.gpu_name} ({key.arch})"

@@ -75,8 +75,9 @@ STAND_IN = {
             model: str
             served_model_name: str | None
             max_model_len: int
-            def compute_hash(self):  # served_model_name is not hashed, the model's place is
-                return _h(self.model, self.max_model_len)
+            def compute_hash(self):  # served_model_name is not hashed, the model's place is (vLLM's way: its
+                from vllm.config.utils import hash_factors  # fields, through the function imported on each call)
+                return hash_factors({"model": self.model, "max_model_len": self.max_model_len})
         @dataclasses.dataclass
         class CacheConfig:
             block_size: int
@@ -214,13 +215,18 @@ STAND_IN = {
         import vllm.envs as envs
         from stand_in_config import config_of
         from stand_in_record import record
+        import dataclasses
         MODELINFO = "vllm-model_executor-models-llama-LlamaForCausalLM.json"
+        @dataclasses.dataclass
         class EngineArgs:
             # the engine's main process: vLLM inspects the model class (cached in modelinfos/)
-            # while it builds its config; the workers never call it
-            def __init__(self, model, served_model_name=None, max_num_batched_tokens=None, tensor_parallel_size=1):
-                self.model, self.served_model_name = model, served_model_name
-                self.max_num_batched_tokens, self.tensor_parallel_size = max_num_batched_tokens, tensor_parallel_size
+            # while it builds its config; the workers never call it. A dataclass, as vLLM's
+            model: str
+            served_model_name: str | None = None
+            max_num_batched_tokens: int | None = None
+            tensor_parallel_size: int = 1
+            max_model_len: int | None = None
+            gpu_memory_utilization: float = 0.9
             def create_engine_config(self, *args, **kwargs):
                 info = Path(envs.VLLM_CACHE_ROOT) / "modelinfos" / MODELINFO
                 record("inspect_model", cached=info.is_file())
@@ -333,7 +339,8 @@ ENGINE = textwrap.dedent('''
     plugin.load()()   # EngineArgs.__post_init__ -> load_general_plugins
     from vllm.engine.arg_utils import EngineArgs
     args = EngineArgs(os.environ["STAND_IN_MODEL"], served_model_name="meta-llama/Llama-3.1-8B",
-                      max_num_batched_tokens=int(os.environ["STAND_IN_MNBT"]) if os.environ.get("STAND_IN_MNBT") else None)
+                      max_num_batched_tokens=int(os.environ["STAND_IN_MNBT"]) if os.environ.get("STAND_IN_MNBT") else None,
+                      max_model_len=int(os.environ["STAND_IN_MAX_MODEL_LEN"]) if os.environ.get("STAND_IN_MAX_MODEL_LEN") else None)
     config = args.create_engine_config()
     config.instance_id = os.environ["STAND_IN_INSTANCE_ID"]
     if os.environ.get("STAND_IN_BLOCK_SIZE"):  # the engine core settles the block size for its attention backend
@@ -355,6 +362,8 @@ NODE_SCRATCH = textwrap.dedent('''
     from stand_in_config import COMPILER_HASH, MODEL_KEY, cache_names, code_hash, config_of
     scratch, model, overrides = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
     config = config_of(model, "meta-llama/Llama-3.1-8B", 8192, block_size=overrides.get("block_size"))
+    if overrides.get("max_model_len"):  # an engine variant: vLLM booted with another max_model_len
+        config.model_config.max_model_len = overrides["max_model_len"]
     traced = overrides.get("traced_files", [])
     backbone, aot = cache_names(config, traced)
     compiled = scratch / "vllm-cache" / "torch_compile_cache"
@@ -373,9 +382,12 @@ NODE_SCRATCH = textwrap.dedent('''
     (kernel / "_fwd_kernel.cubin").write_bytes(b"cubin")
     (kernel / "__grp___fwd_kernel.json").write_text(json.dumps({"child_paths": {"_fwd_kernel.cubin": str(kernel / "_fwd_kernel.cubin")}}))
     hashes = {name: getattr(config, name).compute_hash() for name in ("model_config", "cache_config", "scheduler_config", "parallel_config")}
-    (scratch / "compile-facts.json").write_text(json.dumps({"vllm_version": overrides.get("vllm_version", "0.25.0"),
+    from tunecache.formats.vllm_compile import variant_factors  # as the tuner's compile_facts records it
+    version = overrides.get("vllm_version", "0.25.0")
+    variant = variant_factors(config, envs.compile_factors(), version, "meta-llama/Llama-3.1-8B")
+    (scratch / "compile-facts.json").write_text(json.dumps({"vllm_version": version,
         "config_hashes": hashes, "model": model, "aot_extra": [], "model_hash_key": MODEL_KEY,
-        "traced_files": overrides.get("traced_files", [])}))
+        "traced_files": overrides.get("traced_files", []), "variant_factors": variant.model_dump(mode="json")}))
 ''')
 
 
@@ -383,7 +395,7 @@ def node_scratch(tmp_path: Path, model: str, **overrides) -> Path:
     """A tuning node's scratch as its vLLM leaves it (:data:`NODE_SCRATCH`), with the node's environment."""
     stand_in = write_stand_in(tmp_path)
     (tmp_path / "node_scratch.py").write_text(NODE_SCRATCH)
-    scratch = tmp_path / "node-scratch"
+    scratch = tmp_path / ("node-scratch" + (f"-{overrides['max_model_len']}" if overrides.get("max_model_len") else ""))
     env = {**os.environ, "PYTHONPATH": f"{stand_in}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "VLLM_USE_AOT_COMPILE": "1"}
     subprocess.run([sys.executable, str(tmp_path / "node_scratch.py"), str(scratch), model, json.dumps(overrides)],
                    check=True, env=env)

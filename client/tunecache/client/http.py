@@ -613,16 +613,17 @@ class TunecacheClient:
         except ValidationError:
             raise ServerError(response.status_code, f"not a tunecache answer: {response.text[:200]!r}") from None
 
-    def lookup(self, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:
-        """``POST /v1/tunings/lookup``: the current tuning run for this key and environment.
+    def lookup(self, key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None) -> TuningRunRead:
+        """``POST /v1/tunings/lookup``: the current tuning run for this key and environment
+        (with ``variant``: that engine variant's current run where it has one, else the key's).
 
         Raises:
             NoCompatibleTuning: 404, with the closest stored tunings and their differences.
             InstallDeadlineExceeded: inside :meth:`deadline_scope`, the deadline passed first.
             ServerUnreachable, ServerError.
         """
-        request = LookupRequest(key=key, environment=environment)
-        response = self._request("POST", "/v1/tunings/lookup", content=request.model_dump_json(),
+        request = LookupRequest(key=key, environment=environment, variant=variant)
+        response = self._request("POST", "/v1/tunings/lookup", content=request.model_dump_json(exclude_none=True),
                                  headers={"Content-Type": "application/json"})
         if response.status_code == 404:
             try:

@@ -113,7 +113,8 @@ WARM_STATE_KINDS = (ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACH
 def fetch_tuning(
     client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False, deep_gemm: bool = False,
     trusted_keys: Mapping[str, Ed25519PublicKey] | None = None, deadline_s: float | None = None,
-    warm_state: bool = False,
+    warm_state: bool = False, variant: str | None = None,
+    warm_state_kinds: tuple[ArtifactKind, ...] = WARM_STATE_KINDS,
 ) -> FetchedTuning:
     """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
     JIT modules; with ``deep_gemm``, its DeepGEMM cache; with ``warm_state``, its
@@ -134,6 +135,11 @@ def fetch_tuning(
     Everything is fetched before anything is written, so when it passes nothing has been
     installed.
 
+    ``variant``: the pod's engine variant, asked of the server (the variant's current run
+    where it has one, else the key's); a run of that variant is checked against the pod's
+    memory of that variant (:mod:`tunecache.client.installed`). ``warm_state_kinds``: which
+    of :data:`WARM_STATE_KINDS` ``warm_state`` downloads.
+
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
         (:mod:`tunecache.client.http`); InstallDeadlineExceeded (a ServerUnreachable) when
@@ -143,12 +149,12 @@ def fetch_tuning(
         a JIT module's tarball is unusable (checked before any install).
     """
     with client.deadline_scope(deadline_s):
-        run = client.lookup(key, environment)
+        run = client.lookup(key, environment, variant) if variant else client.lookup(key, environment)
         try:
             signed_by = (verify_run(run.signature, key, environment, run.artifacts, trusted_keys, run.summary)
                          if trusted_keys else None)
             if signed_by is not None:
-                _not_older(run, key, environment)
+                _not_older(run, key, environment, variant if variant and run.variant == variant else None)
         except UntrustedRun as exc:
             raise UntrustedRun(f"tuning run {run.id} refused: {exc}") from None
         refused = None
@@ -173,7 +179,7 @@ def fetch_tuning(
         for module in modules:  # every module checked before any is installed
             check_jit_module(module)
         dg = run.artifact(ArtifactKind.DEEP_GEMM_JIT_CACHE) if deep_gemm else None
-        warm = {kind: client.download_artifact(a.sha256) for kind in (WARM_STATE_KINDS if warm_state else ())
+        warm = {kind: client.download_artifact(a.sha256) for kind in (warm_state_kinds if warm_state else ())
                 if (a := run.artifact(kind)) is not None}
         return FetchedTuning(
             run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
@@ -182,7 +188,7 @@ def fetch_tuning(
         )
 
 
-def _not_older(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata) -> None:
+def _not_older(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None) -> None:
     """Refuse a signed run signed before one this pod installed for the key
     (:mod:`tunecache.client.installed`): pods never move backwards unless a signer signed
     the move (``tunecache promote RUN --signing-key KEY`` signs the older run anew).
@@ -190,7 +196,7 @@ def _not_older(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetad
     Raises:
         UntrustedRun: it is older, or undated (a format-1 signature) after a dated one.
     """
-    newest = newest_installed(key, environment)
+    newest = newest_installed(key, environment, variant)
     if newest is None:
         return
     signed_at = run.signature.signed_at if run.signature is not None else None

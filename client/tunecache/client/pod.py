@@ -56,7 +56,7 @@ from tunecache.client.install import (
 from tunecache.client.jit_install import use_aot_dir
 from tunecache.client.layouts import deep_gemm_cache_dir
 from tunecache.client.warm_state import TritonCache, VllmCacheRoot, read_compile_factors, vllm_cache_root
-from tunecache.formats.vllm_compile import CompileFactors, PodCompileFactors
+from tunecache.formats.vllm_compile import CompileFactors, PodCompileFactors, variant_differences
 from tunecache.contract import ENVIRONMENT_FIELDS, ArtifactKind, EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
 from tunecache.formats.autotune_file import check_loadable
 from tunecache.signing import load_trusted_keys
@@ -391,6 +391,7 @@ def _send_report(record: PodRecord, settings: Any, client: TunecacheClient | Non
     fields = result.report_fields() or {}
     if compiled is not None:
         fields["compiled"] = compiled
+    fields.update(variant_report_fields())
     try:
         from tunecache.client.report import build_report, send_in_background
 
@@ -544,12 +545,155 @@ class _Staged:
     warm_state: dict[ArtifactKind, bytes]
 
 
-def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodCompileFactors], rank: int) -> InstallResult | None:
+#: Set by the engine's main process to the pod's vLLM engine arguments that differ from vLLM's
+#: defaults (a JSON object, :func:`engine_args_of`), for its workers' reports: with them a
+#: missing engine variant can be tuned (``tunecache retune --warmup vllm --engine-args``).
+ENGINE_ARGS_VARIABLE = "TUNECACHE_ENGINE_ARGS"
+
+#: ``EngineArgs`` fields never reported: the key's own, where the model and its files live, and
+#: what changes no compiled kernel of the engine (ports, logging, seeds).
+_NOT_VARIANT_ARGS = frozenset({
+    "model", "served_model_name", "tokenizer", "download_dir", "load_format", "skip_tokenizer_init", "hf_config_path",
+    "max_num_batched_tokens", "tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "dtype",
+    "quantization", "seed", "revision", "code_revision", "tokenizer_revision", "hf_token", "trust_remote_code",
+    "disable_log_stats", "enable_log_requests", "worker_cls", "worker_extension_cls", "allowed_local_media_path",
+})
+
+
+def engine_args_of(engine_args: Any) -> dict[str, Any]:
+    """A vLLM ``EngineArgs``' fields whose value differs from the field's default and is plain
+    JSON (numbers, strings, booleans, lists of those), but :data:`_NOT_VARIANT_ARGS` and paths:
+    the arguments that name the pod's engine variant, as ``tune --engine-args`` takes them.
+    At most :data:`tunecache.contract.identity.MAX_ENGINE_ARGS`, by name."""
+    import dataclasses
+    import json
+
+    from tunecache.contract.identity import MAX_ENGINE_ARG_CHARS, MAX_ENGINE_ARGS
+
+    if not dataclasses.is_dataclass(engine_args):
+        return {}
+    found: dict[str, Any] = {}
+    for field in sorted(dataclasses.fields(engine_args), key=lambda f: f.name):
+        if field.name in _NOT_VARIANT_ARGS or field.name.startswith("_") or "path" in field.name or "dir" in field.name:
+            continue
+        value = getattr(engine_args, field.name, None)
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            try:
+                default = field.default_factory()  # type: ignore[misc]
+            except Exception:
+                continue
+        else:
+            continue
+        plain = value is None or isinstance(value, (bool, int, float, str)) or (
+            isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str)) for v in value))
+        if not plain or value == default:
+            continue
+        text = json.dumps(list(value) if isinstance(value, tuple) else value)
+        if len(text) <= MAX_ENGINE_ARG_CHARS and len(found) < MAX_ENGINE_ARGS:
+            found[field.name] = json.loads(text)
+    return found
+
+
+@dataclass
+class _VariantSeen:
+    """What this worker found of its engine variant (sent with its reports)."""
+
+    variant: str | None = None
+    missing: bool = False
+
+
+_variant_seen = _VariantSeen()
+
+
+def variant_report_fields() -> dict[str, Any]:
+    """The report fields of this worker's engine variant: ``variant`` (when its compile-cache
+    install computed it), ``variant_missing``, ``engine_args`` (:data:`ENGINE_ARGS_VARIABLE`)."""
+    import json
+
+    fields: dict[str, Any] = {}
+    if _variant_seen.variant:
+        fields["variant"] = _variant_seen.variant
+        fields["variant_missing"] = _variant_seen.missing
+    try:
+        args = json.loads(os.environ.get(ENGINE_ARGS_VARIABLE) or "{}")
+    except ValueError:
+        args = {}
+    if isinstance(args, dict) and args:
+        fields["engine_args"] = args
+    return fields
+
+
+#: Fetches an engine variant's compile cache: ``(run id, tarball)``, or ``None`` when the
+#: service has no run of that variant (:func:`fetch_variant_compile_cache`).
+VariantFetch = Callable[[str], "tuple[int, bytes] | None"]
+
+
+def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: EnvironmentMetadata,
+                                variant: str) -> tuple[int, bytes] | None:
+    """The compile cache of engine variant ``variant``'s current run, as :func:`fetch_tuning`
+    fetches a run (the lookup with the variant, the signature over this pod's key and
+    environment, the variant's own rollback memory, the sha256): ``(run id, tarball)``;
+    ``None`` when the service has no run of the variant (it answered the key's, of another
+    variant), or the run has no compile cache.
+
+    Raises:
+        whatever :func:`fetch_tuning` raises; ``UntrustedRun`` when no trusted keys are set
+        (a compile cache is code the pod loads).
+    """
+    from tunecache.client.installed import remember_installed
+    from tunecache.signing import UntrustedRun
+
+    if not settings.trusted_keys:
+        raise UntrustedRun("a compile cache installs only from a run signed by a trusted key, and no trusted keys "
+                           "are set (TUNECACHE_TRUSTED_KEYS)")
+    with TunecacheClient.from_settings(settings) as client:
+        fetched = fetch_tuning(client, key, environment, trusted_keys=load_trusted_keys(settings.trusted_keys),
+                               deadline_s=install_deadline(settings), warm_state=True, variant=variant,
+                               warm_state_kinds=(ArtifactKind.VLLM_COMPILE_CACHE,))
+    data = fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE)
+    if fetched.run.variant != variant or data is None or fetched.executable_refused:
+        return None
+    remember_installed(key, environment, fetched.run.signature.signed_at if fetched.run.signature else None, variant)
+    return fetched.run.id, data
+
+
+def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tuple[int, bytes] | None:
+    """The compile cache of ``variant`` for this engine: fetched once per engine (by the first
+    worker, under the staged cache's lock) and kept beside the staged one for its other
+    workers; ``None`` when the service has none (remembered too)."""
+    import glob
+
+    pattern = f"compile-cache-variant-{variant}-run-*.tar.gz"
+    for found in sorted(glob.glob(os.path.join(glob.escape(str(staged.parent)), pattern))):
+        run = Path(found).name[len(f"compile-cache-variant-{variant}-run-"):-len(".tar.gz")]
+        if run.isdigit():
+            return int(run), Path(found).read_bytes()
+    missing = staged.parent / f"compile-cache-variant-{variant}.missing"
+    if missing.exists() or fetch is None:
+        return None
+    got = fetch(variant)
+    if got is None:
+        write_atomically(missing, b"")
+        return None
+    write_atomically(staged.parent / f"compile-cache-variant-{variant}-run-{got[0]}.tar.gz", got[1])
+    return got
+
+
+def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodCompileFactors], rank: int,
+                                 fetch_variant: VariantFetch | None = None) -> InstallResult | None:
     """In a worker, right before its vLLM compiles: install the compile cache its engine's
     main process staged (:data:`COMPILE_CACHE_VARIABLE`) under the directory names
     ``pod_factors`` (this worker's factors, from its own ``VllmConfig``) give, or name each
     factor that differs; the workers of one engine take turns under a lock (the first
-    installs, the others find the directories in place). Logs one line; never raises."""
+    installs, the others find the directories in place).
+
+    When this worker's engine variant is not the staged run's (another ``max_model_len``,
+    compilation setting, ...), the variant's own compile cache is fetched (``fetch_variant``,
+    once per engine) and installed instead; when the service has none, the line names how the
+    variants differ and the reports say the variant is missing (vLLM compiles; the rest of the
+    warm state is installed all the same). Logs one line; never raises."""
     staged = os.environ.get(COMPILE_CACHE_VARIABLE)
     if not staged:
         return None
@@ -561,16 +705,36 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
         if node is None:
             raise ValueError("the run's compile cache records no factors")
         factors = pod_factors(node)
+        run = os.environ.get(WARM_STATE_VARIABLE, "?")
+        mine = factors.variant_factors.variant if factors.variant_factors else None
+        theirs = node.variant_factors.variant if node.variant_factors else None
+        _variant_seen.variant, _variant_seen.missing = mine, False
         with file_lock(path.with_suffix(".lock"), DEFAULT_INSTALL_DEADLINE_S):
+            if mine and theirs and mine != theirs:
+                found = _variant_cache(path, mine, fetch_variant)
+                if found is None:
+                    _variant_seen.missing = True
+                    named = "; ".join(variant_differences(node.variant_factors, factors.variant_factors))
+                    skipped = (f"compile cache not installed, vLLM will compile: no warm state is stored for this "
+                               f"engine variant ({mine}; run {run} is variant {theirs}, which differs in: {named}); "
+                               f"reported to the service as missing")
+                    log.info("tunecache: %s (rank %s)", skipped, rank)
+                    return InstallResult(outcome=ReportOutcome.INSTALLED, compile_cache_skipped=skipped)
+                run, data = str(found[0]), found[1]
+                node = read_compile_factors(data)
+                if node is None:
+                    raise ValueError(f"run {run}'s compile cache records no factors")
+                factors = pod_factors(node)
             written = VllmCacheRoot(path.parent.parent, factors, modelinfos=False).stage(
                 _Staged({ArtifactKind.VLLM_COMPILE_CACHE: data}))()
         result = InstallResult(outcome=ReportOutcome.INSTALLED, **written)
         if result.compile_cache_skipped:
             log.info("tunecache: %s (rank %s)", result.compile_cache_skipped, rank)
         else:
-            log.info("tunecache: %s from run %s, under the names this worker's vLLM config gives (rank %s, %.2f s)",
-                     ", ".join(result.warm_state) or "compile cache already in place",
-                     os.environ.get(WARM_STATE_VARIABLE, "?"), rank, time.monotonic() - started)
+            variant = f" (engine variant {mine})" if mine and mine != theirs else ""
+            log.info("tunecache: %s from run %s%s, under the names this worker's vLLM config gives (rank %s, %.2f s)",
+                     ", ".join(result.warm_state) or "compile cache already in place", run, variant, rank,
+                     time.monotonic() - started)
         return result
     except Exception as exc:
         log.warning("tunecache: compile cache not installed, vLLM will compile: %s: %s", type(exc).__name__, exc)

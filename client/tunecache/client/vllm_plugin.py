@@ -183,11 +183,19 @@ def _attest(worker: Any) -> None:
 def _install_compile_cache(worker: Any) -> None:
     """This worker's install of the staged compile cache, from its own ``VllmConfig``. Never raises."""
     try:
-        from tunecache.client.pod import install_staged_compile_cache
+        from tunecache.client.pod import _environment, fetch_variant_compile_cache, install_staged_compile_cache
 
         config = worker.vllm_config
+
+        def fetch_variant(variant: str):  # this engine variant's own compile cache, when the staged one is another's
+            settings = _settings_safely()
+            if settings is None:
+                return None
+            environment = _environment(settings)
+            return fetch_variant_compile_cache(settings, _config_key(config, environment, settings), environment, variant)
+
         install_staged_compile_cache(lambda node: pod_compile_factors(config, node),
-                                     int(getattr(config.parallel_config, "rank", 0)))
+                                     int(getattr(config.parallel_config, "rank", 0)), fetch_variant)
     except Exception as exc:
         log.warning("tunecache: compile cache not installed: %s: %s", type(exc).__name__, exc)
 
@@ -229,6 +237,7 @@ def _warm_boot_before(engine_args: Any):
         settings = _settings_safely()
         if settings is None or os.environ.get("TUNECACHE_WARM_STATE_RUN"):
             return None
+        _note_engine_args(engine_args)
         key = environment = None
         if getattr(engine_args, "max_num_batched_tokens", None):
             environment = _main_process_environment(settings)
@@ -237,6 +246,20 @@ def _warm_boot_before(engine_args: Any):
     except Exception as exc:
         log.warning("tunecache: no warm state installed: %s: %s", type(exc).__name__, exc)
         return None
+
+
+def _note_engine_args(engine_args: Any) -> None:
+    """Hand the pod's variant engine arguments (:func:`tunecache.client.pod.engine_args_of`) to
+    the workers vLLM starts (:data:`tunecache.client.pod.ENGINE_ARGS_VARIABLE`), for their
+    reports. Never raises."""
+    import json
+
+    from tunecache.client.pod import ENGINE_ARGS_VARIABLE, engine_args_of
+
+    try:
+        os.environ[ENGINE_ARGS_VARIABLE] = json.dumps(engine_args_of(engine_args))
+    except Exception as exc:
+        log.debug("tunecache: engine arguments not noted: %s: %s", type(exc).__name__, exc)
 
 
 def _warm_boot_after(boot: Any, config: Any) -> None:
@@ -261,21 +284,18 @@ def pod_compile_factors(config: Any, node: Any):
     import vllm
     import vllm.envs as envs
 
-    from tunecache.formats.vllm_compile import PodCompileFactors, config_hashes, traced_files_here
+    from tunecache.formats.vllm_compile import (PodCompileFactors, config_hashes, model_named, traced_files_here,
+                                                 variant_factors)
 
-    model_config = config.model_config
-    own_model = model_config.model
-    try:
-        object.__setattr__(model_config, "model", node.model)
+    with model_named(config, node.model):
         as_node, hashes_as_node = config.compute_hash(), config_hashes(config)
-    finally:
-        object.__setattr__(model_config, "model", own_model)
     digests, moved, own_code_hash = traced_files_here(dict(node.traced_files))
+    env = json.loads(json.dumps(envs.compile_factors(), default=str))
     return PodCompileFactors(
-        vllm_version=vllm.__version__,
-        env=json.loads(json.dumps(envs.compile_factors(), default=str)),
+        vllm_version=vllm.__version__, env=env,
         config_hash=config.compute_hash(), config_hash_as_node=as_node, config_hashes_as_node=hashes_as_node,
         traced_files=digests, traced_here=moved, code_hash=own_code_hash,
+        variant_factors=variant_factors(config, env, vllm.__version__, _model_name(config.model_config)),
     )
 
 

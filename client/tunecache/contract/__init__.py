@@ -34,6 +34,7 @@ routes from these; the client returns these models, never dicts. Pure Python: py
 from tunecache.contract.identity import (
     DeploymentKey,
     differences,
+    EngineArgs,
     ENVIRONMENT_FIELDS,
     EnvironmentMetadata,
     expert_parallel_size,
@@ -50,6 +51,8 @@ from tunecache.contract.identity import (
     StrEnum,
     Text,
     TuningKey,
+    Variant,
+    VARIANT_PATTERN,
     WholeNumber,
 )
 from tunecache.contract.runs import (
@@ -103,6 +106,7 @@ from tunecache.contract.reports import (
     FLEET_PAGE_DEFAULT,
     FLEET_PAGE_MAX,
     FleetKey,
+    FleetVariant,
     FleetRun,
     FleetView,
     BOOT_ID_PATTERN,
@@ -159,6 +163,7 @@ __all__ = [
     "FieldDifference",
     "FieldError",
     "FleetKey",
+    "FleetVariant",
     "FleetRun",
     "FleetView",
     "GpuKey",

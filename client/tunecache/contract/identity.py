@@ -129,6 +129,38 @@ WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 Text = Annotated[str, AfterValidator(_no_nul), Field(json_schema_extra={"pattern": NO_NUL})]
 
 
+#: An engine variant's id (:class:`tunecache.formats.vllm_compile.VariantFactors`): the first
+#: 16 hex digits of a sha256 over what makes vLLM compile the same key differently (another
+#: ``max_model_len``, compilation setting, KV-cache dtype, vLLM version or environment factor).
+VARIANT_PATTERN = r"^[0-9a-f]{16}$"
+#: A variant id (``None`` where a run has no compile cache, or a pod does not know its own).
+Variant = Annotated[str, Field(pattern=VARIANT_PATTERN, description="an engine variant's id (16 hex digits)")]
+
+#: At most this many vLLM engine arguments name a variant's engine (``engine_args``).
+MAX_ENGINE_ARGS = 32
+#: An engine argument's JSON value is at most this many characters.
+MAX_ENGINE_ARG_CHARS = 256
+
+
+def _engine_args(args: dict[str, Any]) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments that make an engine variant: identifiers, at most
+    :data:`MAX_ENGINE_ARGS`, each value JSON of at most :data:`MAX_ENGINE_ARG_CHARS` characters."""
+    if len(args) > MAX_ENGINE_ARGS:
+        raise ValueError(f"has {len(args)} arguments; at most {MAX_ENGINE_ARGS}")
+    for name, value in args.items():
+        if not name.isidentifier() or len(name) > 64:
+            raise ValueError(f"{name[:64]!r} is not a vLLM engine argument name (an identifier)")
+        if len(_storable_json(value)) > MAX_ENGINE_ARG_CHARS:
+            raise ValueError(f"{name}'s value is over {MAX_ENGINE_ARG_CHARS} characters as JSON")
+    return args
+
+
+#: vLLM engine arguments (``vllm.LLM`` keywords, e.g. ``{"max_model_len": 8192}``) that name
+#: an engine variant of a key: what a tuning gives its engine beyond the key, and what a pod
+#: of that variant was booted with.
+EngineArgs = Annotated[dict[str, Any], AfterValidator(_engine_args)]
+
+
 #: Deepest nesting of lists and objects accepted in free-form JSON (``summary``, ``hf_config``).
 MAX_JSON_DEPTH = 64
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tunecache.contract.events import TunableStage
-from tunecache.contract.identity import StrEnum, TuningKey, _storable_json
+from tunecache.contract.identity import EngineArgs, StrEnum, TuningKey, _storable_json
 
 
 class JobStatus(StrEnum):
@@ -74,6 +74,12 @@ class TuningJobCreate(BaseModel):
     """FlashInfer GEMM backends to tune (default: the tuner's per-arch choice)."""
     stages: list[TunableStage] | None = Field(default=None, min_length=1, max_length=8)
     """Run only these tuner stages (default: every stage that applies to the model)."""
+    warmup: Literal["stages", "vllm"] = "stages"
+    """``stages``: tunecache's own warmup stages; ``vllm``: vLLM's own boot on the GPU node,
+    whose run is the whole warm state (the node needs vLLM: the tuner image)."""
+    engine_args: EngineArgs | None = None
+    """The engine variant to tune (``vllm.LLM`` arguments over the node's
+    ``TUNECACHE_VLLM_ENGINE_ARGS``, e.g. ``{"max_model_len": 8192}``); needs ``warmup="vllm"``."""
 
     @field_validator("hf_config")
     @classmethod
@@ -100,6 +106,8 @@ class TuningJobCreate(BaseModel):
     def _matchable(self) -> "TuningJobCreate":
         if problems := self.key.unmatchable():
             raise ValueError("key." + "; key.".join(problems))
+        if self.engine_args and self.warmup != "vllm":
+            raise ValueError("engine_args name an engine variant, which only warmup 'vllm' tunes")
         return self
 
 

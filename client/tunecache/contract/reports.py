@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tunecache.contract.identity import (ENVIRONMENT_FIELDS, KEY_FIELDS, MAX_ID, SHA256_PATTERN, EnvironmentMetadata,
-                                         FieldDifference, StrEnum, Text, TuningKey, WholeNumber)
+from tunecache.contract.identity import (ENVIRONMENT_FIELDS, KEY_FIELDS, MAX_ID, SHA256_PATTERN, EngineArgs,
+                                         EnvironmentMetadata, FieldDifference, StrEnum, Text, TuningKey, Variant,
+                                         WholeNumber)
 from tunecache.contract.runs import CompiledKind, RunTrigger
 
 
@@ -78,7 +79,11 @@ class PodReportCreate(BaseModel):
       before it): each report counts as a boot of its own;
     * ``compiled``: the boot's attestation, what this worker's boot still compiled, by
       :class:`CompiledKind` (sent by the vLLM plugin once the worker warmed up; ``None``:
-      not counted); a boot at the floor has every count 0.
+      not counted); a boot at the floor has every count 0;
+    * ``variant``: the pod's engine variant (when the plugin computed it);
+      ``variant_missing``: no warm state is stored for it (the pod got the key's run without
+      its compile cache); ``engine_args``: the vLLM engine arguments the pod was booted with
+      beyond vLLM's defaults, which name the variant (what ``retune --engine-args`` takes).
 
     Nothing in a report chooses a path, a tuning or a token: the service only counts it.
     """
@@ -101,9 +106,14 @@ class PodReportCreate(BaseModel):
     looked_up: bool = True
     boot_id: str | None = Field(default=None, pattern=BOOT_ID_PATTERN)
     compiled: dict[CompiledKind, Annotated[int, Field(ge=0, le=1_000_000)]] | None = None
+    variant: Variant | None = None
+    variant_missing: bool = False
+    engine_args: EngineArgs | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "PodReportCreate":
+        if self.variant_missing and self.variant is None:
+            raise ValueError("variant_missing needs the variant")
         if self.environment is not None and self.environment.environment_hash() != self.environment_hash:
             raise ValueError("environment_hash is not the hash of environment")
         if self.outcome is ReportOutcome.INSTALLED and self.run_id is None:
@@ -130,6 +140,24 @@ class FleetRun(BaseModel):
     trigger: RunTrigger
 
 
+class FleetVariant(BaseModel):
+    """One engine variant of a key in one environment, as pods reported it over the window:
+    ``boots`` that reported it, ``missing`` those that found no warm state for it,
+    ``current_run_id``: the variant's current run now (``None``: none), ``engine_args``: what
+    the latest report named it with."""
+
+    variant: str
+    environment_hash: str
+    key: TuningKey | None = None
+    """The key (in ``wanted_variants``; a :class:`FleetKey`'s variants are its own)."""
+    boots: int
+    missing: int
+    pods: int
+    current_run_id: int | None
+    engine_args: dict[str, Any] | None
+    last_report_at: dt.datetime
+
+
 class FleetKey(BaseModel):
     """One row of the fleet matrix: a key with its current runs (one per environment that
     has one; none when only pods' reports name the key) and what pods reported for it over
@@ -152,6 +180,8 @@ class FleetKey(BaseModel):
     """Of those, the boots that compiled nothing (every count 0)."""
     still_compiled: dict[CompiledKind, int] = {}
     """What the other attested boots compiled, summed by kind."""
+    variants: list[FleetVariant] = []
+    """The key's engine variants pods reported in the window, most boots first."""
 
 
 class WantedTuning(BaseModel):
@@ -208,3 +238,7 @@ class FleetView(BaseModel):
     wanted_limit: int
     wanted_offset: int
     wanted: list[WantedTuning]
+    wanted_variants: list[FleetVariant] = []
+    """Engine variants pods found no warm state for in the window and that still have no
+    current run: what ``tunecache retune --warmup vllm --engine-args`` would tune (most boots
+    first, at most ``wanted_limit``)."""

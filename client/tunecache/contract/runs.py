@@ -33,6 +33,7 @@ from tunecache.contract.identity import (
     StrEnum,
     Text,
     TuningKey,
+    Variant,
     _storable_json,
 )
 
@@ -172,6 +173,9 @@ class TuningRunCreate(BaseModel):
     signature: RunSignature | None = None
     """The tuner node's signature over the run's manifest; pods install JIT modules and
     DeepGEMM caches only from runs signed by a key they trust."""
+    variant: Variant | None = None
+    """The engine variant its compile cache is for (``summary.vllm_compile.variant_factors``);
+    ``None``: the run has no compile cache. The service keeps a current run per variant."""
 
     @field_validator("summary")
     @classmethod
@@ -212,12 +216,15 @@ class PromoteRequest(BaseModel):
 
 
 class LookupRequest(BaseModel):
-    """Body of ``POST /v1/tunings/lookup``: the pod's key and its FlashInfer environment."""
+    """Body of ``POST /v1/tunings/lookup``: the pod's key and its FlashInfer environment, and
+    with ``variant`` its engine variant: the answer is then the variant's current run where it
+    has one, else the key's current run (whose ``variant`` says which it is)."""
 
     model_config = ConfigDict(extra="forbid")
 
     key: TuningKey
     environment: EnvironmentMetadata
+    variant: Variant | None = None
 
 
 def encode_run_cursor(created_at: dt.datetime, run_id: int) -> str:
@@ -457,6 +464,8 @@ class TuningRunRead(BaseModel):
     pinned: bool = False
     """An admin pinned it (``PUT /v1/tunings/{id}/pin``): the service's retention
     (``TUNECACHE_RUN_RETENTION``) never deletes it."""
+    variant: str | None = None
+    """The engine variant its compile cache is for (``None``: it has none)."""
 
     def artifact(self, kind: ArtifactKind) -> ArtifactRead | None:
         """The run's first artifact of ``kind``, or ``None``."""

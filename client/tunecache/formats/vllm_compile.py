@@ -33,15 +33,27 @@ difference: the pod's own hashes name the directories then:
   directory. vLLM's AOT artifact checks its sources under the pod's own paths already
   (``vllm/compilation/decorators.py::_verify_source_unchanged``).
 
-Pure: the standard library and pydantic.
+An **engine variant** of a key is what makes vLLM compute other directory names for the same
+model and GPU on purpose: another ``max_model_len``, compilation setting, KV-cache dtype or vLLM
+environment factor (:class:`VariantFactors`: vLLM's version, its environment factors but the
+placement ones, and each sub-config's ``compute_hash()`` with ``ModelConfig.model`` set to the
+served model's name, so that where the model lives is no difference). Its id, :attr:`VariantFactors.variant`,
+is what the service stores a warm state under; tuner and pod compute it with the same
+function (:func:`variant_factors`) from the worker's ``VllmConfig``, and the differences between
+two variants are named field by field where vLLM hashes fields (``vllm.config.utils.hash_factors``).
+
+Pure: the standard library and pydantic (the functions that take a ``VllmConfig`` import
+``vllm.config.utils`` where it is there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -61,6 +73,63 @@ PLACEMENT_ENV_FACTORS: dict[str, str] = {
     "VLLM_CONFIG_ROOT": "where vLLM reads its own config files (default ~/.config/vllm)",
     "VLLM_XLA_CACHE_PATH": "the TPU (XLA) compile cache (default ~/.cache/vllm/xla_cache), never read on CUDA",
 }
+
+
+#: The length of a variant id (hex digits of a sha256; the contract's ``Variant``).
+VARIANT_LENGTH = 16
+#: A hashed factor's value is kept as it is up to this many characters of JSON, else as the
+#: first 16 hex digits of its sha256 (``{"sha256": ...}``): enough to name a field that differs.
+_FACTOR_SHOWN_MAX = 120
+
+
+class VariantFactors(BaseModel):
+    """What an engine variant of a key is made of: everything vLLM hashes into its compile-cache
+    names but where things live (the model's path, :data:`PLACEMENT_ENV_FACTORS`, the package
+    prefix of the traced sources). Equal factors, equal :attr:`variant`, the same compile cache."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    vllm_version: str
+    env: dict[str, Any] = Field(description="vllm.envs.compile_factors() without the placement factors")
+    config_hashes: dict[str, str] = Field(
+        description="compute_hash() of each sub-config, ModelConfig.model set to the served model's name")
+    config_factors: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="the fields each sub-config hashed, where it hashes fields "
+                                          "(vllm.config.utils.hash_factors), long values as their sha256: for naming")
+
+    @property
+    def variant(self) -> str:
+        """The variant's id: the first :data:`VARIANT_LENGTH` hex digits of the sha256 of the
+        version, the environment factors and the sub-config hashes (the factor values are only
+        there to name a difference)."""
+        canonical = json.dumps({"vllm_version": self.vllm_version, "env": self.env, "config": self.config_hashes},
+                               sort_keys=True, default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:VARIANT_LENGTH]
+
+
+def variant_differences(node: VariantFactors, pod: VariantFactors) -> list[str]:
+    """Every factor in which the pod's variant differs from the node's, one line each, a
+    sub-config's fields named where both recorded them; ``[]``: the same variant."""
+    lines: list[str] = []
+    if node.vllm_version != pod.vllm_version:
+        lines.append(f"vLLM version: node {node.vllm_version}, pod {pod.vllm_version}")
+    for name in sorted(set(node.env) | set(pod.env)):
+        mine, theirs = pod.env.get(name, "(unset)"), node.env.get(name, "(unset)")
+        if mine != theirs:
+            lines.append(f"environment {name}: node {_shown(theirs)}, pod {_shown(mine)}")
+    for name in sorted(set(node.config_hashes) | set(pod.config_hashes)):
+        if node.config_hashes.get(name) == pod.config_hashes.get(name):
+            continue
+        theirs, mine = node.config_factors.get(name), pod.config_factors.get(name)
+        fields = sorted(f for f in set(theirs or {}) | set(mine or {})
+                        if (theirs or {}).get(f, "(unset)") != (mine or {}).get(f, "(unset)")) if theirs and mine else []
+        if fields:
+            lines.extend(f"vLLM config {name}.{f}: node {_shown(theirs.get(f, '(unset)'))}, "
+                         f"pod {_shown(mine.get(f, '(unset)'))}" for f in fields)
+        else:
+            lines.append(f"vLLM config {name}: its hash differs (node {str(node.config_hashes.get(name))[:12]}, "
+                         f"pod {str(pod.config_hashes.get(name))[:12]})")
+    return lines
 
 
 class CompileFactors(BaseModel):
@@ -88,6 +157,9 @@ class CompileFactors(BaseModel):
                                      description="the node's <backbone> directory name")
     aot_dir: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                                 description="the node's torch_aot_compile/<aot> directory name")
+    variant_factors: VariantFactors | None = Field(default=None,
+                                                   description="the engine variant the cache is for (None: a tuner "
+                                                               "before variants)")
 
 
 class PodCompileFactors(BaseModel):
@@ -108,6 +180,7 @@ class PodCompileFactors(BaseModel):
     code_hash: str | None = Field(default=None,
                                   description="the code hash this pod's vLLM will compute over its own paths of the "
                                               "traced files, when some path differs (None: the node's applies)")
+    variant_factors: VariantFactors | None = None
 
 
 def env_hash(env: dict[str, Any]) -> str:
@@ -159,7 +232,10 @@ def differences(node: CompileFactors, pod: PodCompileFactors) -> list[str]:
         mine, theirs = pod.env.get(name, "(unset)"), node.env.get(name, "(unset)")
         if mine != theirs:
             lines.append(f"environment {name}: node {_shown(theirs)}, pod {_shown(mine)}")
-    if pod.config_hash_as_node != node.config_hash:
+    if pod.config_hash_as_node != node.config_hash and node.variant_factors and pod.variant_factors:
+        lines.extend(line for line in variant_differences(node.variant_factors, pod.variant_factors)
+                     if line.startswith("vLLM config "))
+    elif pod.config_hash_as_node != node.config_hash:
         named = [name for name in sorted(set(node.config_hashes) | set(pod.config_hashes_as_node))
                  if node.config_hashes.get(name) != pod.config_hashes_as_node.get(name)]
         lines.extend(f"vLLM config {name}: its hash differs (node {str(node.config_hashes.get(name))[:12]}, "
@@ -211,6 +287,77 @@ def config_hashes(vllm_config: Any) -> dict[str, str]:
             except Exception:  # a sub-config that cannot hash itself alone is left unnamed
                 continue
     return hashes
+
+
+@contextlib.contextmanager
+def model_named(vllm_config: Any, model: str) -> Iterator[None]:
+    """Within: ``vllm_config.model_config.model`` is ``model`` (the frozen dataclass's field set
+    as vLLM's own ``__post_init__`` does); restored after."""
+    model_config = vllm_config.model_config
+    own = model_config.model
+    object.__setattr__(model_config, "model", model)
+    try:
+        yield
+    finally:
+        object.__setattr__(model_config, "model", own)
+
+
+def _short(value: Any) -> Any:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return value if len(text) <= _FACTOR_SHOWN_MAX else {"sha256": hashlib.sha256(text.encode()).hexdigest()[:16]}
+
+
+def config_factors(vllm_config: Any) -> dict[str, dict[str, Any]]:
+    """The fields each sub-config of a ``VllmConfig`` hashes, as its ``compute_hash()`` hands
+    them to ``vllm.config.utils.hash_factors`` (caught on the way there, so vLLM's own ignored
+    fields are left out), long values as their sha256 (:func:`_short`). A sub-config that
+    hashes otherwise (or a vLLM without that function) has none."""
+    import dataclasses
+
+    try:
+        from vllm.config import utils
+    except Exception:
+        return {}
+    original = getattr(utils, "hash_factors", None)
+    if original is None:
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    seen: list[dict[str, Any]] = []
+
+    def hash_factors(items: dict[str, Any]) -> str:
+        if isinstance(items, dict):
+            seen.append(items)
+        return original(items)
+
+    utils.hash_factors = hash_factors
+    try:
+        for field in dataclasses.fields(vllm_config):
+            method = getattr(getattr(vllm_config, field.name, None), "compute_hash", None)
+            if not callable(method):
+                continue
+            seen.clear()
+            try:
+                method()
+            except Exception:
+                continue
+            if len(seen) == 1:
+                found[field.name] = {name: _short(value) for name, value in seen[0].items()}
+    finally:
+        utils.hash_factors = original
+    return found
+
+
+def variant_factors(vllm_config: Any, env: dict[str, Any], vllm_version: str, served_model: str) -> VariantFactors:
+    """The engine variant of a worker's ``VllmConfig`` (:class:`VariantFactors`): vLLM's
+    ``compute_hash()`` of each sub-config (:func:`config_hashes`) and their fields
+    (:func:`config_factors`) with ``ModelConfig.model`` set to ``served_model`` (the key's
+    model), ``env`` (``vllm.envs.compile_factors()``) without :data:`PLACEMENT_ENV_FACTORS`.
+    The tuner's engine and the pod's vLLM plugin both call it in the worker."""
+    with model_named(vllm_config, served_model):
+        hashes, factors = config_hashes(vllm_config), config_factors(vllm_config)
+    kept = {name: value for name, value in env.items() if name not in PLACEMENT_ENV_FACTORS}
+    return VariantFactors(vllm_version=vllm_version, env=json.loads(json.dumps(kept, default=str)),
+                          config_hashes=hashes, config_factors=json.loads(json.dumps(factors, default=str)))
 
 
 def file_digests(paths: list[str] | set[str]) -> dict[str, str | None]:

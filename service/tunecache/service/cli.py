@@ -20,6 +20,7 @@ from typing import Annotated, Optional
 import typer
 
 from tunecache.cli import (
+    EngineArgsOpt,
     ExitCode,
     GemmBackendsOpt,
     KeyOptions,
@@ -27,6 +28,7 @@ from tunecache.cli import (
     client_errors,
     client_for,
     csv_option,
+    engine_args_option,
     fail,
     first_error,
     key_options,
@@ -394,13 +396,15 @@ def tune(
     work_dir: Annotated[Optional[Path], typer.Option(help="keep the tuner's files here (default: a temporary directory)")] = None,
     verify: Annotated[bool, typer.Option(help="with --warmup vllm and --server: boot the stored run in a new vLLM "
                                               "process as a pod would and store what it still compiled")] = True,
+    engine_args: EngineArgsOpt = None,
 ) -> None:
     """On a GPU node: run the warmup and autotune stages for a model and store the run.
 
     The stages run in a child process; the run is stored (on a server with --server, in a database with --database). A failure after the tuner found
     its GPU is stored as a failed run with the reason; before that (no CUDA device, no torch)
     nothing is stored, since without the GPU there is no key to file it under. Either way it
-    exits 8 and says which. With --signing-key the run is signed: pods install its JIT modules only then."""
+    exits 8 and says which. With --signing-key the run is signed: pods install its JIT modules only then.
+    With --warmup vllm, --engine-args '{"max_model_len": 8192}' tunes that engine variant of the key."""
     from pydantic import ValidationError
 
     from tunecache.progress import ProgressDisplay
@@ -418,6 +422,9 @@ def tune(
     warmup = "stages" if warmup == "native" else warmup
     if server is None and database is None:
         fail(ExitCode.USAGE, "give --server URL or --database URL (or set TUNECACHE_DATABASE_URL)")
+    variant_args = engine_args_option(engine_args)
+    if variant_args and warmup != "vllm":
+        fail(ExitCode.USAGE, "--engine-args names an engine variant, which only --warmup vllm tunes")
     try:
         signer = load_signing_key(signing_key) if signing_key is not None else None
     except SigningError as exc:
@@ -433,6 +440,7 @@ def tune(
             gemm_backends=csv_option(gemm_backends),
             stages=csv_option(stages),
             warmup=warmup,
+            engine_args=variant_args or {},
         )
     except ValidationError as exc:
         fail(ExitCode.USAGE, f"invalid option {first_error(exc)}")

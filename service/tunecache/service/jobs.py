@@ -109,13 +109,20 @@ def _option_values(hf_config: dict[str, Any] | None, options: dict[str, Any] | N
         return None if values is None else sorted(set(values))
 
     return {"hf_config": config_digest(hf_config), "gemm_backends": as_set(options.get("gemm_backends")),
-            "stages": as_set(options.get("stages"))}
+            "stages": as_set(options.get("stages")), "warmup": options.get("warmup") or "stages",
+            "engine_args": options.get("engine_args") or None}
+
+
+def _options(request: TuningJobCreate) -> dict[str, Any]:
+    """The tuner options a job keeps (``tuning_jobs.options``)."""
+    return {"gemm_backends": request.gemm_backends, "stages": request.stages, "warmup": request.warmup,
+            "engine_args": request.engine_args}
 
 
 def _conflict(active: TuningJob, request: TuningJobCreate) -> JobConflict | None:
     """The 409 body when ``request`` asks for other options than the ``active`` job has, else ``None``."""
     had = _option_values(active.hf_config, active.options)
-    asked = _option_values(request.hf_config, {"gemm_backends": request.gemm_backends, "stages": request.stages})
+    asked = _option_values(request.hf_config, _options(request))
     differences = [JobOptionDifference(field=f, active=had[f], requested=asked[f]) for f in had if had[f] != asked[f]]
     if not differences:
         return None
@@ -154,7 +161,7 @@ def enqueue(session: Session, request: TuningJobCreate, requested_by: str | None
         "key_id": key_row.id,
         "status": JobStatus.QUEUED.value,
         "hf_config": request.hf_config,
-        "options": {"gemm_backends": request.gemm_backends, "stages": request.stages},
+        "options": _options(request),
         "requested_by": requested_by,
         "attempts": 0,
         "created_at": utcnow(),

@@ -156,6 +156,7 @@ class TuningRun(Base):
         Index("ix_tuning_runs_created_id", "created_at", "id"),
         Index("ix_tuning_runs_key_created", "key_id", "created_at", "id"),
         Index("ix_tuning_runs_environment_created", "environment_id", "created_at", "id"),
+        Index("ix_tuning_runs_key_variant", "key_id", "variant"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -189,6 +190,8 @@ class TuningRun(Base):
     verification: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     """Its verification boot (:class:`tunecache.contract.RunVerification` as JSON; ``None``: none)."""
     pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    variant: Mapped[str | None] = mapped_column(String(16))
+    """The engine variant its compile cache is for (:attr:`tunecache.contract.TuningRunCreate.variant`)."""
     """An admin pinned it (``PUT /v1/tunings/{id}/pin``): retention never deletes it."""
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")
@@ -243,6 +246,19 @@ class CurrentTuning(Base):
     key_id: Mapped[int] = mapped_column(ForeignKey("tuning_keys.id"), primary_key=True)
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"))
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class CurrentVariant(Base):
+    """The current run of one engine variant of a key in an environment (beside
+    :class:`CurrentTuning`, the key's current run, which moves to every new current run)."""
+
+    __tablename__ = "current_variants"
+
+    key_id: Mapped[int] = mapped_column(ForeignKey("tuning_keys.id"), primary_key=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), primary_key=True)
+    variant: Mapped[str] = mapped_column(String(16), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"), index=True)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
@@ -399,6 +415,12 @@ class PodReport(Base):
     boot_id: Mapped[str | None] = mapped_column(String(64))
     """The pod boot (:attr:`tunecache.contract.PodReportCreate.boot_id`); ``None``: a client
     before it (the report counts as a boot of its own)."""
+    variant: Mapped[str | None] = mapped_column(String(16))
+    """The pod's engine variant (:attr:`tunecache.contract.PodReportCreate.variant`), when it knew it."""
+    variant_missing: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """No warm state is stored for the pod's variant: it got the key's run without its compile cache."""
+    engine_args: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """The vLLM engine arguments the pod named its variant with (to tune it: ``retune --engine-args``)."""
     sender: Mapped[str | None] = mapped_column(String(128))
     """The source that sent it: the client address (an IPv6 one as its /64), or ``token:``
     and the token's name (:func:`tunecache.service.report_bounds.source_of`)."""

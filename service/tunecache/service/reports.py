@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, Text, bindparam, case, cast, delete, func, select
+from sqlalchemy import Connection, Engine, Select, Text, and_, bindparam, case, cast, delete, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -59,7 +59,7 @@ from tunecache.contract import (
     TuningKey,
 )
 from tunecache.service import repository
-from tunecache.service.models import (CurrentTuning, Environment, PodReport, TuningKeyRow, TuningRun,
+from tunecache.service.models import (CurrentTuning, CurrentVariant, Environment, PodReport, TuningKeyRow, TuningRun,
                                       utcnow)
 
 #: The key fields of a report row, in :data:`tunecache.contract.KEY_FIELDS` order.
@@ -90,6 +90,9 @@ def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | 
         compiled={k.value: v for k, v in report.compiled.items()} if report.compiled is not None else None,
         compiled_total=sum(report.compiled.values()) if report.compiled is not None else None,
         boot_id=report.boot_id,
+        variant=report.variant,
+        variant_missing=report.variant_missing,
+        engine_args=report.engine_args or None,
         sender=sender,
     )
 
@@ -194,6 +197,54 @@ def wanted_rows(since: dt.datetime | BindParameter) -> Select:
     return (select(key_hash, environment_hash, pods, count, last, cast(PodReport.environment, Text), PodReport.run_id,
                    cast(PodReport.differences, Text), sources, *_KEY_COLUMNS)
             .join_from(groups, PodReport, PodReport.id == latest_id))
+
+
+def variant_groups(since: dt.datetime | BindParameter) -> Select:
+    """Reports naming an engine variant received since ``since`` by key, environment and
+    variant: ``(key_hash, environment_hash, variant, boots (:func:`boots`), boots that found
+    no warm state for it, distinct pods, latest received_at, latest id)``."""
+    missing = PodReport.variant_missing.is_(True)
+    return (select(PodReport.key_hash, PodReport.environment_hash, PodReport.variant, boots(),
+                   func.count(case((missing, PodReport.boot_id)).distinct())
+                   + func.coalesce(func.sum(case((and_(missing, PodReport.boot_id.is_(None)), 1), else_=0)), 0),
+                   func.count(PodReport.pod.distinct()), func.max(PodReport.received_at), func.max(PodReport.id))
+            .where(PodReport.received_at >= since, PodReport.variant.is_not(None))
+            .group_by(PodReport.key_hash, PodReport.environment_hash, PodReport.variant))
+
+
+#: The current run of every engine variant: ``(variant, run id, env_hash, *KEY_FIELDS)``.
+CURRENT_VARIANTS = (
+    select(CurrentVariant.variant, CurrentVariant.run_id, Environment.env_hash,
+           *(getattr(TuningKeyRow, f) for f in KEY_FIELDS))
+    .select_from(CurrentVariant)
+    .join(TuningKeyRow, TuningKeyRow.id == CurrentVariant.key_id)
+    .join(Environment, Environment.id == CurrentVariant.environment_id)
+)
+
+
+def _fleet_variants(connection: Connection, since: dt.datetime) -> dict[str, list[dict[str, Any]]]:
+    """Each key's engine variants reported since ``since`` (:func:`variant_groups`), as
+    :class:`~tunecache.contract.FleetVariant` fields, most boots first; with the engine
+    arguments of each group's latest report and the variant's current run now."""
+    groups = connection.execute(variant_groups(since)).all()
+    if not groups:
+        return {}
+    current = {(_key(values).key_hash(), env_hash, variant): run_id
+               for variant, run_id, env_hash, *values in connection.execute(CURRENT_VARIANTS)}
+    latest = [row[7] for row in groups]
+    args: dict[int, Any] = {}
+    for start in range(0, len(latest), _IN_CHUNK):
+        for report_id, engine_args in connection.execute(
+                select(PodReport.id, cast(PodReport.engine_args, Text)).where(PodReport.id.in_(latest[start:start + _IN_CHUNK]))):
+            args[report_id] = json.loads(engine_args) if engine_args is not None else None
+    variants: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for key_hash, env_hash, variant, count, missing, pods, last, latest_id in groups:
+        variants[key_hash].append({"variant": variant, "environment_hash": env_hash, "boots": count, "missing": missing,
+                                   "pods": pods, "current_run_id": current.get((key_hash, env_hash, variant)),
+                                   "engine_args": args.get(latest_id) or None, "last_report_at": last})
+    for found in variants.values():
+        found.sort(key=lambda v: (-v["boots"], -v["last_report_at"].timestamp(), v["variant"], v["environment_hash"]))
+    return variants
 
 
 #: The current tunings with what the matrix shows of each: ``(key id, environment id, run
@@ -413,6 +464,7 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
         for key_hash, counted in connection.execute(still_compiling(since, page[start:start + _IN_CHUNK])):
             for kind, count in (json.loads(counted) if isinstance(counted, str) else counted or {}).items():
                 compiled[key_hash][kind] += int(count)
+    variants = _fleet_variants(connection, since)
     matrix = []
     for minus_total, _model, _gpu_name, _tokens, key_hash in order[offset:offset + limit]:
         by_outcome = counts.get(key_hash, {})
@@ -426,7 +478,7 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
             "errors": by_outcome.get(_ERROR, 0), "hit_rate": installed / total if total else None,
             "last_report_at": last_report.get(key_hash),
             "attested": attested.get(key_hash, (0, 0))[0], "at_floor": attested.get(key_hash, (0, 0))[1],
-            "still_compiled": dict(compiled.get(key_hash, {}))})
+            "still_compiled": dict(compiled.get(key_hash, {})), "variants": variants.get(key_hash, [])})
 
     groups.sort(key=lambda g: (-g[8], -g[2], -g[3], -g[4].timestamp(), g[0], g[1]))
     wanted = []
@@ -439,9 +491,15 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
             "environment": environment or None, "sources": sources, "pods": pods, "reports": count,
             "last_asked_at": last,
             "closest_run_id": closest_run_id, "differences": found or []})
+    wanted_variants = sorted(
+        ({**v, "key": keys[key_hash]} for key_hash, found in variants.items()
+         if key_hash in keys and _holds(needle, keys[key_hash].model, keys[key_hash].gpu_name)
+         for v in found if v["missing"] and v["current_run_id"] is None),
+        key=lambda v: (-v["missing"], -v["boots"], -v["last_report_at"].timestamp(), v["variant"]))[:wanted_limit]
     # one validation of the page (pydantic's core): the same checks as building each
     # FleetKey, FleetRun and WantedTuning on its own, without a Python call per object
     return FleetView.model_validate({
         "hours": hours, "since": since, "generated_at": now,
         "total_keys": len(order), "limit": limit, "offset": offset, "keys": matrix,
-        "total_wanted": len(groups), "wanted_limit": wanted_limit, "wanted_offset": wanted_offset, "wanted": wanted})
+        "total_wanted": len(groups), "wanted_limit": wanted_limit, "wanted_offset": wanted_offset, "wanted": wanted,
+        "wanted_variants": wanted_variants})

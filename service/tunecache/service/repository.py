@@ -43,6 +43,7 @@ from tunecache.service import artifact_store, dialect
 from tunecache.service.models import (
     ArtifactBlob,
     CurrentTuning,
+    CurrentVariant,
     Environment,
     RunArtifact,
     TuningGeneration,
@@ -132,6 +133,7 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
         signature_verified=run.signature_verified,
         verification=RunVerification.model_validate(run.verification) if run.verification else None,
         pinned=bool(run.pinned),
+        variant=run.variant,
         artifacts=[
             ArtifactRead(
                 kind=a.kind,
@@ -244,6 +246,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
         recorded_by=recorded_by,
         held=held,
         signature_verified=(signed_by is not None) if trusted_keys and run.signature else None,
+        variant=run.variant,
         artifacts=[
             RunArtifact(kind=a.kind.value, name=a.name, media_type=a.media_type, sha256=a.sha256, size_bytes=sizes[a.sha256])
             for a in run.artifacts
@@ -262,7 +265,20 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
             conflict=["key_id", "environment_id"],
             newer="run_id",
         )
+        _make_current_variant(session, row, newer="run_id")
     return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
+
+
+def _make_current_variant(session: Session, row: TuningRun, newer: str | None) -> None:
+    """Point the current run of ``row``'s engine variant at it (a run without a variant has
+    none); ``newer``: as :func:`tunecache.service.dialect.upsert_if_newer`."""
+    if row.variant is None:
+        return
+    dialect.upsert_if_newer(
+        session, CurrentVariant.__table__,
+        {"key_id": row.key_id, "environment_id": row.environment_id, "variant": row.variant, "run_id": row.id,
+         "updated_at": utcnow()},
+        conflict=["key_id", "environment_id", "variant"], newer=newer)
 
 
 def _server_verification(run: TuningRunCreate, trusted_keys: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
@@ -379,6 +395,7 @@ def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] |
         session, CurrentTuning.__table__,
         {"key_id": row.key_id, "environment_id": row.environment_id, "run_id": row.id, "updated_at": utcnow()},
         conflict=["key_id", "environment_id"], newer=None)
+    _make_current_variant(session, row, newer=None)
     session.flush()
     return _to_read(row, is_current=True), previous.id if previous is not None else None
 
@@ -484,13 +501,27 @@ def list_runs(session: Session, filters: TuningRunQuery = TuningRunQuery()) -> T
                          next_cursor=encode_run_cursor(*position) if position else None)
 
 
-def lookup(session: Session, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead | LookupMiss:
-    """The current tuning for exactly this key and environment, or why there is none.
+def lookup(session: Session, key: TuningKey, environment: EnvironmentMetadata,
+           variant: str | None = None) -> TuningRunRead | LookupMiss:
+    """The current tuning for exactly this key and environment, or why there is none; with
+    ``variant``, the current run of that engine variant where it has one (else the key's
+    current run, whose ``variant`` tells the pod it is another's).
 
     On a miss, the current tunings of the same model (of any model when that has none)
     are ranked by how many key and environment fields differ, and the closest
     :data:`CLOSEST_LIMIT` are returned with each differing field.
     """
+    if variant is not None:
+        of_variant = session.scalars(
+            select(TuningRun)
+            .join(CurrentVariant, CurrentVariant.run_id == TuningRun.id)
+            .join(TuningKeyRow, TuningKeyRow.id == CurrentVariant.key_id)
+            .join(Environment, Environment.id == CurrentVariant.environment_id)
+            .where(*_key_filter(key), Environment.env_hash == environment.environment_hash(),
+                   CurrentVariant.variant == variant)
+        ).first()
+        if of_variant is not None:
+            return _to_read(of_variant, is_current=bool(_current_run_ids(session, [of_variant.id])))
     hit = session.scalars(
         select(TuningRun)
         .join(CurrentTuning, CurrentTuning.run_id == TuningRun.id)

@@ -45,7 +45,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.service import artifact_store
 from tunecache.service.hot_path import ArtifactFiles, Trimmed
-from tunecache.service.models import ArtifactBlob, CurrentTuning, RunArtifact, TuningJob, TuningRun, utcnow
+from tunecache.service.models import (ArtifactBlob, CurrentTuning, CurrentVariant, RunArtifact, TuningJob, TuningRun,
+                                      utcnow)
 
 log = logging.getLogger("tunecache")
 
@@ -111,6 +112,7 @@ def _deletable(cutoff: dt.datetime) -> list:
         TuningRun.pinned.is_(False),
         TuningRun.created_at < cutoff,
         ~exists().where(CurrentTuning.run_id == TuningRun.id),
+        ~exists().where(CurrentVariant.run_id == TuningRun.id),
         ~exists().where(TuningJob.run_id == TuningRun.id),
     ]
 
@@ -118,7 +120,7 @@ def _deletable(cutoff: dt.datetime) -> list:
 def prune_runs(session: Session, keep: int | None, now: dt.datetime | None = None,
                grace: dt.timedelta = RetentionPolicy.grace, dry_run: bool = False) -> list[int]:
     """Delete, per key and environment, the runs past the newest ``keep`` (``None``: none),
-    except current, pinned and job runs and those recorded within ``grace`` of ``now``;
+    except current (of the key or of an engine variant), pinned and job runs and those recorded within ``grace`` of ``now``;
     their ``run_artifacts`` rows go with them (``ON DELETE CASCADE``). Returns the ids
     deleted (``dry_run``: those it would delete, deleting nothing). The caller commits.
 

@@ -281,6 +281,8 @@ class JobWorker:
             hf_config=config,
             gemm_backends=options.get("gemm_backends"),
             stages=options.get("stages"),
+            warmup=options.get("warmup") or "stages",
+            engine_args=options.get("engine_args") or {},
         )
         self._run_job(job.id, spec)
         return True

@@ -171,7 +171,9 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
 
     Matching is exact on every key field and every field of FlashInfer's ``_metadata``
     (``flashinfer.autotuner._collect_metadata``), because ``AutoTuner.load_configs``
-    rejects a file on any mismatch. 404 body: ``{"detail": "...", "closest": [{"run_id",
+    rejects a file on any mismatch. With ``variant`` (the pod's engine variant), the current
+    run of that variant where it has one, else the key's current run (its ``variant`` names
+    the variant it is for: the pod installs all but its compile cache). 404 body: ``{"detail": "...", "closest": [{"run_id",
     "key", "environment_hash", "differences": [{"field", "stored", "yours"}]}]}``.
 
     The hot path of a boot: answered from the process's
@@ -202,11 +204,12 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
                 if not isinstance(exc, TimeoutError):
                     raise
                 generation = await reader.current()
-            answer = cached = state.lookup_cache.get(generation, body.key, body.environment)
+            answer = cached = state.lookup_cache.get(generation, body.key, body.environment, body.variant)
             if cached is None:
                 answer = await state.lookup_cache.answer(
                     generation, body.key, body.environment,
-                    lambda: anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, abandon_on_cancel=True))
+                    lambda: anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, abandon_on_cancel=True),
+                    body.variant)
     except TimeoutError:  # a frozen database: the pod comes back later, the service stays up
         metrics.count_lookup_error()
         return JSONResponse(status_code=503, content={"detail": "database did not answer in time, try again"},
@@ -222,7 +225,7 @@ def _stale_answer(state, body: LookupRequest) -> Response | None:
     """The answer held in memory at the last generation read, when that read began at most
     ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, marked ``Tunecache-Stale``; else ``None``."""
     generation = state.generation_reader.last_read(state.settings.lookup_stale_seconds)
-    answer = None if generation is None else state.lookup_cache.get(generation, body.key, body.environment)
+    answer = None if generation is None else state.lookup_cache.get(generation, body.key, body.environment, body.variant)
     if answer is None:
         return None
     metrics.count_lookup(answer[0], from_cache=True)
@@ -238,7 +241,7 @@ STALE_HEADER = "Tunecache-Stale"
 def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest) -> tuple[int, bytes]:
     """``(status, JSON body)`` of a lookup, computed in one transaction."""
     with sessions.begin() as session:
-        result = repository.lookup(session, body.key, body.environment)
+        result = repository.lookup(session, body.key, body.environment, body.variant)
     return 404 if isinstance(result, LookupMiss) else 200, result.model_dump_json().encode()
 
 

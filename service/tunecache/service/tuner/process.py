@@ -105,6 +105,7 @@ class TunerResult:
         signed with ``signing_key`` (:func:`tunecache.signing.sign_run`) when one is given."""
         key = spec.deployment.on_gpu(self.gpu_name, self.arch)
         artifacts = [a for a, _ in self.artifacts]
+        summary = {**self.summary, **({"engine_args": spec.engine_args} if spec.engine_args else {})}
         return TuningRunCreate(
             key=key,
             environment=self.environment,
@@ -113,11 +114,22 @@ class TunerResult:
             node=node,
             started_at=self.started_at,
             finished_at=self.finished_at,
-            summary=self.summary,
+            summary=summary,
             artifacts=artifacts,
-            signature=(sign_run(signing_key, key, self.environment, artifacts, self.summary)
+            signature=(sign_run(signing_key, key, self.environment, artifacts, summary)
                        if signing_key is not None else None),
+            variant=self.variant,
         )
+
+    @property
+    def variant(self) -> str | None:
+        """The engine variant of the run's compile cache (``summary.vllm_compile.variant_factors``:
+        :class:`tunecache.formats.vllm_compile.VariantFactors`), ``None`` without one."""
+        from tunecache.formats.vllm_compile import VariantFactors
+
+        compiled = self.summary.get("vllm_compile") or {}
+        factors = compiled.get("variant_factors") if isinstance(compiled, dict) else None
+        return VariantFactors.model_validate(factors).variant if factors else None
 
     def record(self, store: TuningStore, spec: TuneSpec, trigger: RunTrigger, node: str | None,
                signing_key: Ed25519PrivateKey | None = None) -> TuningRunRead:

@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tunecache.contract import DeploymentKey, Stage, TunableStage
+from tunecache.contract import DeploymentKey, EngineArgs, Stage, TunableStage
 
 from tunecache.service.tuner.model_config import (
     GemmShape,
@@ -56,6 +56,9 @@ class TuneSpec(BaseModel):
     warmup: Literal["stages", "vllm"] = "stages"
     """``stages``: tunecache's own warmup stages (this module); ``vllm``: vLLM's own
     kernel_warmup (:mod:`tunecache.service.tuner.vllm_warmup`), where vllm is installed."""
+    engine_args: EngineArgs = Field(default_factory=dict)
+    """The engine variant's ``vllm.LLM`` arguments (``{"max_model_len": 8192}``), over the node's
+    ``TUNECACHE_VLLM_ENGINE_ARGS``: with ``warmup="vllm"`` the run is that variant's warm state."""
 
     def resolved_quantization(self) -> str | None:
         """``quantization``, or the checkpoint's when ``"auto"``."""

@@ -123,22 +123,27 @@ def compile_facts(worker: Any) -> dict[str, Any]:
     (``vllm.compilation.caching.aot_compile_hash_factors``) and the compiled module's
     ``vllm.compilation.decorators._model_hash_key``."""
     import vllm
+    import vllm.envs as envs
     from vllm.compilation.caching import aot_compile_hash_factors
     from vllm.compilation.decorators import _model_hash_key
 
-    from tunecache.formats.vllm_compile import config_hashes
+    from tunecache.formats.vllm_compile import config_hashes, variant_factors
 
     config = worker.vllm_config
     model = worker.model_runner.model
     # every module @support_torch_compile made (its __init__ sets this flag) is a compiled one
     keys = sorted({_model_hash_key(m.forward) for m in model.modules()
                    if hasattr(m, "was_aot_compile_fn_loaded_from_disk")})
+    served = config.model_config.served_model_name
+    served = served[0] if isinstance(served, (list, tuple)) else served
+    variant = variant_factors(config, envs.compile_factors(), vllm.__version__, str(served or config.model_config.model))
     return {
         "vllm_version": vllm.__version__,
         "config_hashes": config_hashes(config),
         "model": str(config.model_config.model),
         "aot_extra": [str(f) for f in aot_compile_hash_factors(config)[2:]],
         "model_hash_key": keys[0] if len(keys) == 1 else None,
+        "variant_factors": variant.model_dump(mode="json"),
     }
 
 
@@ -186,6 +191,19 @@ def node_engine_args() -> dict[str, Any]:
     return args
 
 
+def variant_engine_args(args: dict[str, Any]) -> dict[str, Any]:
+    """An engine variant's ``vllm.LLM`` arguments (a job's or ``tune --engine-args``), which go
+    over the node's :func:`node_engine_args`.
+
+    Raises:
+        ValueError: they name an argument the key or this module sets.
+    """
+    fixed = sorted(set(args) & _FIXED_ARGS)
+    if fixed:
+        raise ValueError(f"engine arguments cannot set {', '.join(fixed)}: the tuning key and the vLLM warmup set them")
+    return dict(args)
+
+
 def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """The command line and environment additions that run vLLM's warmup for ``spec``.
 
@@ -194,12 +212,14 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
     (``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``), ``deep_gemm/`` (``DG_JIT_CACHE_DIR``) and
     ``triton/`` (``TRITON_CACHE_DIR``).
     The model is loaded with ``load_format="dummy"`` and ``skip_tokenizer_init=True``,
-    with the node's :func:`node_engine_args` added.
+    with the node's :func:`node_engine_args` added and the spec's variant arguments
+    (``spec.engine_args``) over them.
 
     Raises:
-        ValueError: ``TUNECACHE_VLLM_ENGINE_ARGS`` is invalid (:func:`node_engine_args`).
+        ValueError: ``TUNECACHE_VLLM_ENGINE_ARGS`` is invalid (:func:`node_engine_args`), or the
+            spec's engine arguments name one the key sets (:func:`variant_engine_args`).
     """
-    extra = node_engine_args()
+    extra = {**node_engine_args(), **variant_engine_args(spec.engine_args)}
     model_dir = scratch / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(spec.hf_config))
@@ -342,6 +362,7 @@ def _compile_factors(scratch: Path, compiled: Path) -> CompileFactors | None:
         traced_files={p: d for p, d in file_digests(facts.get("traced_files", [])).items() if d is not None},
         aot_extra=facts.get("aot_extra", []), model_hash_key=facts.get("model_hash_key"),
         backbone_dir=metas[0].parts[-4], aot_dir=aot[0] if len(aot) == 1 else None,
+        variant_factors=facts.get("variant_factors"),
     )
 
 
