@@ -39,15 +39,20 @@ def mark_boot_started() -> int:
     return int(os.environ.setdefault(BOOT_STARTED_VARIABLE, str(time.time_ns())))
 
 
-def written_since(roots: Iterable[Path | None], pattern: str, since_ns: int, directories: bool = False) -> int:
-    """Distinct files (or directories) matching ``pattern`` under ``roots``, modified at or after ``since_ns``."""
+def written_since(roots: Iterable[Path | None], pattern: str, since_ns: int, directories: bool = False,
+                  until_ns: int | None = None) -> int:
+    """Distinct files (or directories) matching ``pattern`` under ``roots``, modified at or after
+    ``since_ns`` (and, with ``until_ns``, before it)."""
     seen: set[Path] = set()
     for root in roots:
         if root is None or not root.is_dir():
             continue
         for path in root.rglob(pattern):
             try:
-                if (path.is_dir() if directories else path.is_file()) and path.stat().st_mtime_ns >= since_ns:
+                if not (path.is_dir() if directories else path.is_file()):
+                    continue
+                mtime = path.stat().st_mtime_ns
+                if mtime >= since_ns and (until_ns is None or mtime < until_ns):
                     seen.add(path.resolve())
             except OSError:
                 continue
@@ -55,15 +60,16 @@ def written_since(roots: Iterable[Path | None], pattern: str, since_ns: int, dir
 
 
 def count_files(since_ns: int, *, workspace: Path | None, triton_dirs: Iterable[Path | None],
-                deep_gemm_dir: Path | None, vllm_cache_root: Path | None) -> dict[CompiledKind, int]:
-    """The counts that the files a boot wrote since ``since_ns`` tell."""
+                deep_gemm_dir: Path | None, vllm_cache_root: Path | None,
+                until_ns: int | None = None) -> dict[CompiledKind, int]:
+    """The counts that the files a boot wrote since ``since_ns`` (before ``until_ns``) tell."""
     return {
-        CompiledKind.FLASHINFER_JIT_MODULES: written_since([workspace], "*.so", since_ns),
-        CompiledKind.TRITON_KERNELS: written_since(triton_dirs, "*.cubin", since_ns),
+        CompiledKind.FLASHINFER_JIT_MODULES: written_since([workspace], "*.so", since_ns, until_ns=until_ns),
+        CompiledKind.TRITON_KERNELS: written_since(triton_dirs, "*.cubin", since_ns, until_ns=until_ns),
         CompiledKind.DEEP_GEMM_KERNELS: written_since([deep_gemm_dir / "cache" if deep_gemm_dir else None], "kernel.*",
-                                                      since_ns, directories=True),
+                                                      since_ns, directories=True, until_ns=until_ns),
         CompiledKind.MODEL_INSPECTIONS: written_since([vllm_cache_root / "modelinfos" if vllm_cache_root else None],
-                                                      "*.json", since_ns),
+                                                      "*.json", since_ns, until_ns=until_ns),
     }
 
 
@@ -77,17 +83,13 @@ def count_vllm(counter: Any) -> dict[CompiledKind, int]:
 
 def this_boot() -> dict[CompiledKind, int]:
     """What this worker's boot compiled, from vLLM, FlashInfer and the files it wrote."""
-    from tunecache.client.jit_install import flashinfer_workspace
-    from tunecache.client.layouts import deep_gemm_cache_dir
-    from tunecache.client.warm_state import triton_cache_dir, vllm_cache_root
+    return {**boot_files(), **in_process_counts()}
 
-    since = int(os.environ.get(BOOT_STARTED_VARIABLE) or 0)
-    root = vllm_cache_root()
-    workspace = flashinfer_workspace()
-    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    counts = count_files(since, workspace=workspace.path if workspace else None,
-                         triton_dirs=[triton_cache_dir(), root / "torch_compile_cache", Path(inductor) if inductor else None],
-                         deep_gemm_dir=deep_gemm_cache_dir(), vllm_cache_root=root)
+
+def in_process_counts() -> dict[CompiledKind, int]:
+    """What vLLM's ``compilation_counter`` and FlashInfer's autotuner counted in this process
+    (quick: the worker reads them when it warmed up, before it serves)."""
+    counts: dict[CompiledKind, int] = {}
     try:
         from vllm.compilation.counter import compilation_counter
 
@@ -101,3 +103,21 @@ def this_boot() -> dict[CompiledKind, int]:
     except Exception:
         pass
     return counts
+
+
+def boot_files(until_ns: int | None = None) -> dict[CompiledKind, int]:
+    """What the files this boot wrote (since :data:`BOOT_STARTED_VARIABLE`, before ``until_ns``)
+    tell: a walk of the pod's FlashInfer workspace, Triton, Inductor, DeepGEMM and vLLM caches
+    (about a second on the H200 with a warm state installed: the plugin runs it after the
+    worker warmed up, in the background)."""
+    from tunecache.client.jit_install import flashinfer_workspace
+    from tunecache.client.layouts import deep_gemm_cache_dir
+    from tunecache.client.warm_state import triton_cache_dir, vllm_cache_root
+
+    since = int(os.environ.get(BOOT_STARTED_VARIABLE) or 0)
+    root = vllm_cache_root()
+    workspace = flashinfer_workspace()
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return count_files(since, workspace=workspace.path if workspace else None,
+                       triton_dirs=[triton_cache_dir(), root / "torch_compile_cache", Path(inductor) if inductor else None],
+                       deep_gemm_dir=deep_gemm_cache_dir(), vllm_cache_root=root, until_ns=until_ns)

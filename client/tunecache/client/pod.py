@@ -32,6 +32,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,7 +57,8 @@ from tunecache.client.install import (
 from tunecache.client.jit_install import use_aot_dir
 from tunecache.client.layouts import deep_gemm_cache_dir
 from tunecache.client.warm_state import TritonCache, VllmCacheRoot, read_compile_factors, vllm_cache_root
-from tunecache.formats.vllm_compile import CompileFactors, PodCompileFactors, variant_differences
+from tunecache.formats.vllm_compile import (FACTORS_FILE, CompileFactors, PodCompileFactors, differences,
+                                             pod_dir_names, variant_differences)
 from tunecache.contract import ENVIRONMENT_FIELDS, ArtifactKind, EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
 from tunecache.formats.autotune_file import check_loadable
 from tunecache.signing import load_trusted_keys
@@ -503,11 +505,16 @@ class WarmBoot:
         self._log(note)
 
     def _stage_compile_cache(self, root: Path) -> Path | None:
+        """Write the run's compile cache beside the cache root for the workers and unpack it
+        there on a thread of its own (:func:`unpack_staged`), while vLLM goes on inspecting the
+        model and starting its engine core: a worker then only renames its directories into
+        place (:func:`install_staged_compile_cache`)."""
         data = self.fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if self.fetched else None
         if data is None:
             return None
         path = root / ".tunecache" / f"compile-cache-run-{self.fetched.run.id}.tar.gz"
         write_atomically(path, data)
+        threading.Thread(target=unpack_staged, args=(path, data), name="tunecache-unpack", daemon=True).start()
         return path
 
     def _log(self, note: str) -> None:
@@ -659,6 +666,84 @@ def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: Envi
     return fetched.run.id, data
 
 
+#: How long a worker waits for its engine's main process to unpack the staged compile cache
+#: (:func:`unpack_staged`) before it unpacks the tarball itself.
+UNPACK_WAIT_S = 30.0
+
+
+def unpacked_dir(staged: Path) -> Path:
+    """Where :func:`unpack_staged` unpacks the staged tarball ``staged``: beside it, named by
+    this boot (:func:`tunecache.client.report.boot_id`, which the engine's workers inherit)."""
+    from tunecache.client.report import boot_id
+
+    return staged.with_name(staged.name.removesuffix(".tar.gz") + f"-{boot_id()}")
+
+
+def unpack_staged(staged: Path, data: bytes) -> None:
+    """In the engine's main process, on a thread: unpack ``data`` (checked as every warm-state
+    tarball is) into :func:`unpacked_dir`, staged beside it and renamed when whole; on a
+    failure, ``<dir>.failed`` says why (the workers then unpack the tarball themselves).
+    Unpacked directories of earlier boots are removed first. Never raises."""
+    import shutil
+    import tempfile
+
+    from tunecache.client.warm_state import _open_checked
+
+    target = unpacked_dir(staged)
+    try:
+        for old in staged.parent.glob(staged.name.removesuffix(".tar.gz") + "-*"):
+            if old != target and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=staged.parent))
+        with _open_checked(data, "vllm_compile_cache") as tar:
+            tar.extractall(staging, filter="data")
+        staging.rename(target)
+    except Exception as exc:  # the workers unpack it themselves
+        try:
+            write_atomically(target.with_name(target.name + ".failed"), f"{type(exc).__name__}: {exc}".encode())
+        except OSError:
+            pass
+
+
+def _wait_unpacked(staged: Path) -> Path | None:
+    """The directory the engine's main process unpacked ``staged`` into, once it is there
+    (at most :data:`UNPACK_WAIT_S`); ``None`` when it failed, took too long, or is none."""
+    target = unpacked_dir(staged)
+    failed = target.with_name(target.name + ".failed")
+    give_up = time.monotonic() + UNPACK_WAIT_S
+    while time.monotonic() < give_up:
+        if target.is_dir():
+            return target
+        if failed.exists():
+            return None
+        time.sleep(0.01)
+    return None
+
+
+def _rename_unpacked(unpacked: Path, destination: Path, renames: dict[str, str]) -> list[str]:
+    """Rename each of ``renames``' directories (path in ``unpacked`` -> path under
+    ``destination``) that ``destination`` lacks into place, its Triton group files pointed at
+    their final place (as :func:`tunecache.client.warm_state.merge_entries` does from a tarball)."""
+    from tunecache.client.warm_state import fix_triton_groups
+
+    installed = []
+    for source, target in sorted(renames.items()):
+        found, final = unpacked / source, destination / target
+        if not found.exists() or final.exists():
+            continue
+        if found.is_dir():
+            fix_triton_groups(found, final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            found.rename(final)
+        except OSError:
+            if not final.exists():
+                raise
+            continue
+        installed.append(target)
+    return installed
+
+
 def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tuple[int, bytes] | None:
     """The compile cache of ``variant`` for this engine: fetched once per engine (by the first
     worker, under the staged cache's lock) and kept beside the staged one for its other
@@ -700,8 +785,13 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
     started = time.monotonic()
     try:
         path = Path(staged)
-        data = path.read_bytes()
-        node = read_compile_factors(data)
+        unpacked = _wait_unpacked(path)
+        if unpacked is not None and (unpacked / FACTORS_FILE).is_file():
+            data = None
+            node = CompileFactors.model_validate_json((unpacked / FACTORS_FILE).read_bytes())
+        else:
+            unpacked, data = None, path.read_bytes()
+            node = read_compile_factors(data)
         if node is None:
             raise ValueError("the run's compile cache records no factors")
         factors = pod_factors(node)
@@ -720,13 +810,21 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
                                f"reported to the service as missing")
                     log.info("tunecache: %s (rank %s)", skipped, rank)
                     return InstallResult(outcome=ReportOutcome.INSTALLED, compile_cache_skipped=skipped)
-                run, data = str(found[0]), found[1]
+                run, data, unpacked = str(found[0]), found[1], None
                 node = read_compile_factors(data)
                 if node is None:
                     raise ValueError(f"run {run}'s compile cache records no factors")
                 factors = pod_factors(node)
-            written = VllmCacheRoot(path.parent.parent, factors, modelinfos=False).stage(
-                _Staged({ArtifactKind.VLLM_COMPILE_CACHE: data}))()
+            if unpacked is not None:  # unpacked by the main process: renamed into place
+                lines = differences(node, factors)
+                renames = {} if lines else pod_dir_names(node, factors)
+                dirs = _rename_unpacked(unpacked, path.parent.parent / "torch_compile_cache", renames)
+                written = {"warm_state": (f"compile cache ({len(dirs)} of {len(renames)} directories)",) if renames else (),
+                           "compile_cache_skipped": ("compile cache not installed, vLLM would not use it: "
+                                                     + "; ".join(lines)) if lines else None}
+            else:
+                written = VllmCacheRoot(path.parent.parent, factors, modelinfos=False).stage(
+                    _Staged({ArtifactKind.VLLM_COMPILE_CACHE: data}))()
         result = InstallResult(outcome=ReportOutcome.INSTALLED, **written)
         if result.compile_cache_skipped:
             log.info("tunecache: %s (rank %s)", result.compile_cache_skipped, rank)

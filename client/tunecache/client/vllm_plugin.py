@@ -72,6 +72,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -163,16 +164,35 @@ def _wrap_worker_compile() -> None:
         defer_reports()
 
 
-def _attest(worker: Any) -> None:
-    """Once the worker warmed up: log what its boot still compiled and send its install
-    report with it (:mod:`tunecache.client.attestation`). Never raises."""
+def _attest(worker: Any) -> threading.Thread | None:
+    """Once the worker warmed up: read what vLLM and FlashInfer counted (quick), then, off the
+    boot's critical path, count the files the boot wrote before now, log what it still
+    compiled and send its install report with it (:mod:`tunecache.client.attestation`). The
+    count runs on a thread of its own (not a daemon: the process waits for it at exit), so the
+    worker returns to vLLM at once. Never raises."""
     try:
-        from tunecache.client.attestation import this_boot
-        from tunecache.contract import compiled_summary
-        from tunecache.client.pod import send_deferred_reports
+        import time
 
-        counts = this_boot()
+        from tunecache.client.attestation import in_process_counts
+
+        counted, until = in_process_counts(), time.time_ns()
         rank = getattr(getattr(getattr(worker, "vllm_config", None), "parallel_config", None), "rank", 0)
+        thread = threading.Thread(target=_finish_attestation, args=(counted, until, rank), name="tunecache-attestation")
+        thread.start()
+        return thread
+    except Exception as exc:
+        log.warning("tunecache: boot not attested: %s: %s", type(exc).__name__, exc)
+        return None
+
+
+def _finish_attestation(counted: dict, until_ns: int, rank: Any) -> None:
+    """The attestation's file count and what follows it (see :func:`_attest`). Never raises."""
+    try:
+        from tunecache.client.attestation import boot_files
+        from tunecache.client.pod import send_deferred_reports
+        from tunecache.contract import compiled_summary
+
+        counts = {**boot_files(until_ns), **counted}
         log.info("tunecache: this boot compiled %s (rank %s)%s", compiled_summary(counts), rank,
                  "" if any(counts.values()) else ": at the floor")
         send_deferred_reports({kind.value: n for kind, n in counts.items()})
