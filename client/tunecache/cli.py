@@ -586,7 +586,7 @@ def doctor(
 ) -> None:
     """Show this machine's FlashInfer environment, its key, and the server's matching or closest runs.
 
-    What the server has for the key: the matching run, or the closest ones and each field that differs.
+    What the server has for the key: the matching run, or the closest ones and each field that differs; for a matching run, what each kind of its artifacts will do on this pod (loads, will not load and why, or depends on the engine's arguments), compared with this pod's own paths, versions and package prefix.
 
     Exit 0 when the server has a matching tuning, 3 when not (as pull), 4/5 for server trouble.
     """
@@ -619,6 +619,18 @@ def doctor(
         f"{f'finished {run.finished_at}' if run.finished_at else f'recorded {run.created_at}'}, "
         f"artifacts: {', '.join(kinds)})"
     )
+    from tunecache.client.preflight import preflight
+    from tunecache.client.settings import load_client_settings
+    from tunecache.signing import SigningError, load_trusted_keys
+
+    try:
+        configured = load_client_settings().trusted_keys
+        trusted = load_trusted_keys(configured) if configured else None
+    except (ValueError, SigningError) as exc:
+        fail(ExitCode.BAD_INPUT, f"TUNECACHE_TRUSTED_KEYS: {exc}")
+    typer.echo(f"what run {run.id} will do on this pod, kind by kind (its paths and values)")
+    for verdict in preflight(run, key, env, trusted):
+        typer.echo(f"  {verdict}")
 
 
 def _tactic_text(tactic) -> str:

@@ -251,3 +251,59 @@ def test_a_traced_source_changed_under_the_pods_prefix_is_named(server, tmp_path
     assert seen["compile"] == {"backbone": False, "aot": False}
     [skipped] = [line for line in tunecache_lines(log) if "compile cache not installed" in line]
     assert f"traced source {node_file}: its content differs" in skipped
+
+
+def _doctor(server, tmp_path, python_path, **env):
+    """``tunecache doctor`` on a pod whose packages are ``python_path`` (the stand-in vLLM among them)."""
+    import subprocess
+
+    from tests.support.cli import tunecache_executable
+
+    full = {**os.environ, "PYTHONPATH": python_path, "VLLM_USE_AOT_COMPILE": "1",
+            "VLLM_CACHE_ROOT": str(tmp_path / "doctor-vllm-cache"), **env}
+    for name in [name for name, value in env.items() if value is None]:
+        full.pop(name)
+    result = subprocess.run([tunecache_executable(), "doctor", "--server", server, "--model", "meta-llama/Llama-3.1-8B",
+                             "--max-num-batched-tokens", "8192", "--environment", str(CUDNN_FILE)],
+                            env=full, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    verdicts = lines[lines.index(next(line for line in lines if line.startswith("what run "))) + 1:]
+    return {line.strip().split(":")[0]: line.strip() for line in verdicts}
+
+
+@pytest.mark.parametrize("case", ["same", "other prefix", "changed source", "environment", "untrusted"])
+def test_doctor_tells_before_the_boot_what_each_kind_will_do_on_this_pod(server, tmp_path, node_signing_key, case):
+    """The check before the boot compares with the pod's own paths and values: the prefix case
+    said "installed" once and vLLM compiled anyway; a changed source under the pod's prefix, or
+    another vLLM environment factor, is named before any boot."""
+    from tests.support.vllm_stand_in import write_stand_in
+
+    stand_in = write_stand_in(tmp_path)
+    node_file = _model_source(tmp_path / "node-prefix")
+    pod_file = _model_source(tmp_path / "pod-prefix")
+    if case == "changed source":
+        pod_file.write_text(pod_file.read_text() + "# patched in the pod's image\n")
+    push_warm_run(server, tmp_path, node_signing_key, block_size=32, traced_files=[str(node_file)])
+    prefix = tmp_path / ("node-prefix" if case == "same" else "pod-prefix")
+    env = {"VLLM_USE_AOT_COMPILE": "0"} if case == "environment" else {}
+    if case == "untrusted":
+        env["TUNECACHE_TRUSTED_KEYS"] = None
+    verdicts = _doctor(server, tmp_path, os.pathsep.join([str(prefix), str(stand_in), os.environ.get("PYTHONPATH", "")]),
+                       **env)
+    assert verdicts["flashinfer_autotune_v1"].startswith("flashinfer_autotune_v1: loads: ")
+    compiled = verdicts["vllm_compile_cache"]
+    if case == "untrusted":
+        assert all(v.endswith("installs only from a run signed by a trusted key, and TUNECACHE_TRUSTED_KEYS is not set")
+                   for kind, v in verdicts.items() if kind != "flashinfer_autotune_v1")
+    elif case == "changed source":
+        assert compiled.startswith("vllm_compile_cache: will not load: vLLM would compute other directory names: ")
+        assert f"traced source {pod_file}: its content differs" in compiled
+    elif case == "environment":
+        assert "environment VLLM_USE_AOT_COMPILE: node '1', pod '0'" in compiled
+    else:
+        assert compiled.startswith("vllm_compile_cache: depends on the engine: vLLM version, environment and traced "
+                                   "sources match")
+        assert ("1 traced sources found under this pod's own package prefix" in compiled) is (case == "other prefix")
+        assert verdicts["triton_cache"].startswith("triton_cache: loads: merged into ")
+        assert verdicts["vllm_modelinfos"] == f"vllm_modelinfos: loads: into {tmp_path / 'doctor-vllm-cache' / 'modelinfos'}"
