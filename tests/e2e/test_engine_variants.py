@@ -90,3 +90,27 @@ def test_each_reason_a_variant_differs_is_named(server, tmp_path, node_signing_k
     assert seen["compile"] == {"backbone": False, "aot": False}
     [skipped] = [line for line in tunecache_lines(log) if "no warm state is stored for this engine variant" in line]
     assert named in skipped
+
+
+def test_with_auto_tune_on_a_missing_variant_is_queued_as_a_vllm_warmup_of_its_engine_args(database_url, tmp_path,
+                                                                                            node_signing_key):
+    """``TUNECACHE_AUTO_TUNE_VARIANTS=1``: the first pod boot that reports its variant missing
+    queues a tuning job of the key with the engine arguments the pod was booted with."""
+    import time
+
+    from tests.support.serve import start_server, stop_server
+
+    process, server = start_server(database_url, tmp_path, "auto", TUNECACHE_AUTO_TUNE_VARIANTS="1")
+    try:
+        push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+        run_engine(tmp_path, **pod_env(tmp_path, server, STAND_IN_MAX_MODEL_LEN="8192"))
+        for _ in range(100):
+            items = as_admin.get(f"{server}/v1/tuning-jobs").json()["items"]
+            if items:
+                break
+            time.sleep(0.1)
+        [job] = items
+        assert job["status"] == "queued" and job["key"] == h200_key().model_dump()
+        assert job["warmup"] == "vllm" and job["engine_args"] == {"max_model_len": 8192}
+    finally:
+        stop_server(process)

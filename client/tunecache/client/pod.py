@@ -567,11 +567,31 @@ _NOT_VARIANT_ARGS = frozenset({
 })
 
 
-def engine_args_of(engine_args: Any) -> dict[str, Any]:
-    """A vLLM ``EngineArgs``' fields whose value differs from the field's default and is plain
-    JSON (numbers, strings, booleans, lists of those), but :data:`_NOT_VARIANT_ARGS` and paths:
-    the arguments that name the pod's engine variant, as ``tune --engine-args`` takes them.
-    At most :data:`tunecache.contract.identity.MAX_ENGINE_ARGS`, by name."""
+def _plain(value: Any) -> Any:
+    """``value`` as plain JSON data (numbers, strings, booleans, ``None``, lists and objects
+    of those; a tuple as a list), or :data:`_NOT_PLAIN`."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        return _NOT_PLAIN if any(i is _NOT_PLAIN for i in items) else items
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        items = {k: _plain(v) for k, v in value.items()}
+        return _NOT_PLAIN if any(i is _NOT_PLAIN for i in items.values()) else items
+    return _NOT_PLAIN
+
+
+_NOT_PLAIN = object()
+
+
+def engine_args_of(engine_args: Any, nested: bool = True) -> dict[str, Any]:
+    """A vLLM ``EngineArgs``' fields whose value differs from the field's default, as plain
+    JSON, but :data:`_NOT_VARIANT_ARGS` and paths: the arguments that name the pod's engine
+    variant, as ``tune --engine-args`` (``vllm.LLM``) takes them. A field that holds a config
+    object (``compilation_config``: vLLM's ``CompilationConfig``) becomes the object of its own
+    non-default plain fields, as ``vllm.LLM`` takes it too. At most
+    :data:`tunecache.contract.identity.MAX_ENGINE_ARGS`, each at most
+    :data:`~tunecache.contract.identity.MAX_ENGINE_ARG_CHARS` characters of JSON, by name."""
     import dataclasses
     import json
 
@@ -593,13 +613,17 @@ def engine_args_of(engine_args: Any) -> dict[str, Any]:
                 continue
         else:
             continue
-        plain = value is None or isinstance(value, (bool, int, float, str)) or (
-            isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str)) for v in value))
-        if not plain or value == default:
+        if nested and dataclasses.is_dataclass(value) and not isinstance(value, type):
+            plain = engine_args_of(value, nested=False) or _NOT_PLAIN
+        else:
+            plain = _plain(value)
+            if plain is not _NOT_PLAIN and plain == _plain(default):
+                continue
+        if plain is _NOT_PLAIN:
             continue
-        text = json.dumps(list(value) if isinstance(value, tuple) else value)
+        text = json.dumps(plain, sort_keys=True)
         if len(text) <= MAX_ENGINE_ARG_CHARS and len(found) < MAX_ENGINE_ARGS:
-            found[field.name] = json.loads(text)
+            found[field.name] = plain
     return found
 
 

@@ -159,6 +159,10 @@ class TuningJobRead(BaseModel):
     stops the tuner within seconds and records it ``cancelled``)."""
     cancelled_by: str | None = None
     """The name of the token that cancelled the job (or asked to)."""
+    warmup: Literal["stages", "vllm"] = "stages"
+    """The warmup it runs (:attr:`TuningJobCreate.warmup`)."""
+    engine_args: dict[str, Any] | None = None
+    """The engine variant it tunes (:attr:`TuningJobCreate.engine_args`; ``None``: the node's own)."""
 
 
 class JobOptionDifference(BaseModel):

@@ -96,6 +96,17 @@ def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
     return worker
 
 
+def _auto_tune_variants(settings: Settings):
+    """What the report intake does after each batch when ``TUNECACHE_AUTO_TUNE_VARIANTS`` is on
+    (:func:`tunecache.service.variant_autotune.queue_wanted_variants`); ``None`` when it is off."""
+    if not settings.auto_tune_variants:
+        return None
+    from tunecache.service.variant_autotune import queue_wanted_variants
+
+    return lambda session, rows: queue_wanted_variants(session, rows, settings.auto_tune_variants,
+                                                       settings.auto_tune_variant_hours)
+
+
 def _worker_lock(settings: Settings) -> IO | None:
     """An exclusive lock on ``<data dir>/worker.lock`` held for this process's life, or
     ``None`` when another process of the node holds it (one job worker per node: one
@@ -153,7 +164,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             app.state.sessions.configure(info={"artifact_stores": app.state.artifact_stores})
             app.state.report_intake = report_intake = ReportIntake(
                 app.state.sessions, settings.report_flush_seconds, settings.report_intake_max,
-                ReportFilter(settings.report_boots_per_key, settings.report_new_keys))
+                ReportFilter(settings.report_boots_per_key, settings.report_new_keys),
+                after_batch=_auto_tune_variants(settings))
             report_intake.start()
 
             generation_connection = GenerationConnection(app.state.engine)

@@ -70,6 +70,8 @@ def _to_read(job: TuningJob) -> TuningJobRead:
         duration_s=duration,
         cancel_requested_at=job.cancel_requested_at,
         cancelled_by=job.cancelled_by,
+        warmup=(job.options or {}).get("warmup") or "stages",
+        engine_args=(job.options or {}).get("engine_args") or None,
     )
 
 

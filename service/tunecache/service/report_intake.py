@@ -30,6 +30,7 @@ import datetime as dt
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -53,8 +54,12 @@ class ReportIntake:
     """
 
     def __init__(self, sessions: sessionmaker[Session], flush_interval_s: float = 0.5, max_rows: int = 20_000,
-                 bounds: ReportFilter | None = None):
+                 bounds: ReportFilter | None = None,
+                 after_batch: Callable[[Session, list[dict]], object] | None = None):
         self._sessions = sessions
+        #: Called with each stored batch's rows, in a transaction of its own (the service's:
+        #: :func:`tunecache.service.variant_autotune.queue_wanted_variants` when it is on).
+        self.after_batch = after_batch
         self.flush_interval_s = flush_interval_s
         self.max_rows = max_rows
         self.bounds = bounds or ReportFilter(boots_per_key=1 << 30, new_keys=1 << 30)
@@ -124,6 +129,12 @@ class ReportIntake:
             log.warning("%d pod reports not stored yet: %s: %s", len(batch), type(exc).__name__,
                         str(exc).splitlines()[0] if str(exc) else "")
             return False
+        if batch and self.after_batch is not None:
+            try:
+                with self._sessions.begin() as session:
+                    self.after_batch(session, [row for row, _checked in batch])
+            except Exception as exc:  # the reports are stored; what follows them is tried with the next batch
+                log.warning("after a batch of pod reports: %s: %s", type(exc).__name__, str(exc).splitlines()[0])
         return True
 
     def _filtered(self, session: Session, batch: list[tuple[dict, bool]]) -> list[tuple[dict, bool]]:

@@ -233,6 +233,10 @@ class Settings(BaseSettings):
     report_source_max: int = Field(default=2000, ge=1, le=100_000_000)
     report_boots_per_key: int = Field(default=100, ge=1, le=100_000_000)
     report_new_keys: int = Field(default=20, ge=1, le=100_000_000)
+    #: Opt-in: queue a vLLM warmup of an engine variant once this many pod boots reported it
+    #: missing within auto_tune_variant_hours (0: never; tunecache.service.variant_autotune).
+    auto_tune_variants: int = Field(default=0, ge=0, le=1_000_000)
+    auto_tune_variant_hours: float = Field(default=1.0, gt=0, le=720)
     #: Pod reports are stored in batches at least this often, seconds (tunecache.service.report_intake).
     report_flush_seconds: float = Field(default=0.5, gt=0, le=60)
     #: Reports a process holds not yet stored at most; past it POST /v1/reports answers 503.

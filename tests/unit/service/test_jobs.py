@@ -223,3 +223,45 @@ def test_jobs_read_configs_only_from_the_model_config_dir_and_show_no_node_path(
     assert str(config_dir) not in shown and "Errno" not in shown and "config.json'" not in shown
     # the why, with the node's paths, is in the node's log only
     assert f"{config_dir / 'org' / 'absent' / 'config.json'}" in caplog.text and "outside" in caplog.text
+
+
+def test_a_variant_job_keeps_its_warmup_and_engine_args_and_another_variant_waits_its_turn(sessions):
+    from tunecache.service.jobs import JobOptionsConflict
+
+    request = TuningJobCreate(key=h200_key(), hf_config={"model_type": "llama"}, warmup="vllm",
+                              engine_args={"max_model_len": 8192})
+    with sessions.begin() as session:
+        job, created = jobs.enqueue(session, request)
+        joined, joined_created = jobs.enqueue(session, request)
+    assert created and not joined_created and joined.id == job.id
+    other = request.model_copy(update={"engine_args": {"max_model_len": 4096}})
+    with pytest.raises(JobOptionsConflict) as conflict, sessions.begin() as session:
+        jobs.enqueue(session, other)
+    [difference] = conflict.value.conflict.differences
+    assert difference.field == "engine_args" and str(difference) == (
+        "engine_args: job {'max_model_len': 8192}, yours {'max_model_len': 4096}")
+    seen = []
+    tuner = stand_in_tuner()
+
+    def recording(spec, work_dir, timeout_s, on_event, cancel=None):
+        seen.append((spec.warmup, spec.engine_args))
+        return tuner(spec, work_dir, timeout_s, on_event, cancel)
+
+    assert JobWorker(sessions, H200, "w", tuner=recording).run_once()
+    assert seen == [("vllm", {"max_model_len": 8192})]
+    with sessions() as session:
+        run = repository.get_run(session, jobs.get_job(session, job.id).run_id)
+    assert run.summary["engine_args"] == {"max_model_len": 8192}
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"engine_args": {"max_model_len": 8192}}, "engine_args name an engine variant, which only warmup 'vllm' tunes"),
+    ({"warmup": "vllm", "engine_args": {"max_num_batched_tokens": 1}}, "is the tuning key's or the vLLM warmup's"),
+    ({"warmup": "vllm", "engine_args": {"not an identifier": 1}}, "is not a vLLM engine argument name"),
+    ({"warmup": "vllm", "engine_args": {"x": "y" * 300}}, "x's value is over 256 characters as JSON"),
+])
+def test_a_variant_job_is_refused_with_the_reason(fields, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        TuningJobCreate(key=h200_key(), **fields)

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.contract import ArtifactKind
+from tunecache.contract.identity import KEY_ENGINE_ARGS
 from tunecache.formats.vllm_compile import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
 from tunecache.service.tuner.jit_artifacts import built_since, deep_gemm_artifact, harvest_flashinfer_jit, tar_directory
 from tunecache.service.tuner.stages import TuneSpec
@@ -164,8 +165,7 @@ ENGINE_ARGS_VARIABLE = "TUNECACHE_VLLM_ENGINE_ARGS"
 
 
 #: ``vllm.LLM`` arguments the key and this module set (:func:`vllm_command`).
-_FIXED_ARGS = frozenset({"model", "load_format", "skip_tokenizer_init", "max_num_batched_tokens", "tensor_parallel_size",
-                         "data_parallel_size", "enable_expert_parallel", "dtype", "quantization", "served_model_name"})
+_FIXED_ARGS = KEY_ENGINE_ARGS
 
 
 def node_engine_args() -> dict[str, Any]:

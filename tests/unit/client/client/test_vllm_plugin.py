@@ -70,3 +70,36 @@ def test_without_vllms_platform_torch_answers(monkeypatch):
     original = torch.cuda.get_device_capability
     with cuda_answered_by_nvml():
         assert torch.cuda.get_device_capability is original
+
+
+def test_the_engine_args_that_name_a_variant_are_the_non_default_plain_ones():
+    import dataclasses
+
+    from tunecache.client.pod import engine_args_of
+
+    @dataclasses.dataclass
+    class CompilationConfig:  # vLLM's config objects are dataclasses too
+        mode: int = 3
+        cudagraph_capture_sizes: list | None = None
+        cache_dir: str = ""
+
+    @dataclasses.dataclass
+    class EngineArgs:  # vLLM's EngineArgs is a dataclass of this kind
+        model: str = "x"
+        max_model_len: int | None = None
+        gpu_memory_utilization: float = 0.9
+        compilation_config: CompilationConfig = dataclasses.field(default_factory=CompilationConfig)
+        hf_overrides: dict = dataclasses.field(default_factory=dict)
+        download_dir: str | None = None
+        seed: int = 0
+        kv_cache_dtype: str = "auto"
+        logits_processors: object = None
+
+    args = EngineArgs(model="/models/llama", max_model_len=8192,
+                      compilation_config=CompilationConfig(cudagraph_capture_sizes=[1, 2, 4], cache_dir="/mnt/cc"),
+                      hf_overrides={"rope_scaling": {"factor": 2.0}}, download_dir="/mnt/models", seed=7,
+                      kv_cache_dtype="auto", logits_processors=object())
+    assert engine_args_of(args) == {"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]},
+                                    "hf_overrides": {"rope_scaling": {"factor": 2.0}}, "max_model_len": 8192}
+    assert engine_args_of(EngineArgs()) == {}
+    assert engine_args_of(object()) == {}

@@ -160,3 +160,65 @@ def test_a_traced_source_with_other_bytes_under_the_pods_prefix_is_named_and_get
         f"traced source {node_file}: its content differs"]
     assert traced_files_here({"/gone/nowhere_pkg_xyz/models/llama.py": node_file_digest})[0] == {
         "/gone/nowhere_pkg_xyz/models/llama.py": None}
+
+
+def _variant_config(monkeypatch, max_model_len: int, model: str = "/node/model"):
+    """A VllmConfig of two sub-configs, the model's hashing its fields through
+    ``vllm.config.utils.hash_factors`` (imported on each call, as vLLM's configs do; a
+    stand-in module for the test's duration)."""
+    import dataclasses
+    import sys
+    import types
+
+    utils = types.ModuleType("vllm.config.utils")
+    utils.hash_factors = lambda items: __import__("hashlib").sha256(repr(sorted(items.items())).encode()).hexdigest()
+    config = types.ModuleType("vllm.config")
+    config.utils = utils
+    vllm = types.ModuleType("vllm")
+    vllm.config = config
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.config", config)
+    monkeypatch.setitem(sys.modules, "vllm.config.utils", utils)
+
+    @dataclasses.dataclass(frozen=True)
+    class ModelConfig:
+        model: str
+        max_model_len: int
+
+        def compute_hash(self):
+            from vllm.config.utils import hash_factors
+
+            return hash_factors({"model": self.model, "max_model_len": self.max_model_len})
+
+    @dataclasses.dataclass
+    class CacheConfig:
+        block_size: int = 16
+
+        def compute_hash(self):
+            return str(self.block_size)
+
+    @dataclasses.dataclass
+    class VllmConfig:
+        model_config: ModelConfig
+        cache_config: CacheConfig
+
+    return VllmConfig(ModelConfig(model, max_model_len), CacheConfig())
+
+
+def test_a_variant_is_where_the_model_lives_left_out_and_its_fields_named(monkeypatch):
+    from tunecache.formats.vllm_compile import variant_differences, variant_factors
+
+    env = {"VLLM_USE_AOT_COMPILE": "1", "VLLM_CONFIG_ROOT": "/home/node/.config/vllm"}
+    node = variant_factors(_variant_config(monkeypatch, 4096), env, "0.25.0", "meta-llama/Llama-3.1-8B")
+    moved = variant_factors(_variant_config(monkeypatch, 4096, model="/pod/elsewhere"),
+                            {**env, "VLLM_CONFIG_ROOT": "/home/pod/.config/vllm"}, "0.25.0", "meta-llama/Llama-3.1-8B")
+    assert moved.variant == node.variant and variant_differences(node, moved) == []  # placement only
+    longer = variant_factors(_variant_config(monkeypatch, 8192), env, "0.25.0", "meta-llama/Llama-3.1-8B")
+    assert longer.variant != node.variant and len(longer.variant) == 16
+    assert variant_differences(node, longer) == ["vLLM config model_config.max_model_len: node 4096, pod 8192"]
+    other = variant_factors(_variant_config(monkeypatch, 4096), {**env, "VLLM_USE_AOT_COMPILE": "0"}, "0.26.0",
+                            "meta-llama/Llama-3.1-8B")
+    assert variant_differences(node, other) == ["vLLM version: node 0.25.0, pod 0.26.0",
+                                                "environment VLLM_USE_AOT_COMPILE: node '1', pod '0'"]
+    assert node.config_factors["model_config"]["model"] == "meta-llama/Llama-3.1-8B"  # the served name, not a path
+    assert "cache_config" not in node.config_factors  # hashed otherwise: named by its hash only
