@@ -37,22 +37,31 @@ def test_the_service_keeps_a_current_run_per_variant_beside_the_keys(server, tmp
     longer = push_warm_run(server, tmp_path, node_signing_key, block_size=32, max_model_len=8192)
     runs = {r["id"]: r for r in as_admin.get(f"{server}/v1/tunings").json()["items"]}
     assert runs[default]["variant"] != runs[longer]["variant"] and len(runs[longer]["variant"]) == 16
-    assert lookup(server).json()["id"] == longer  # the key's current run: the newest
+    # the key's current run stays the one tuned with the node's own engine arguments
+    assert runs[default]["is_current"] and not runs[longer]["is_current"]
+    assert lookup(server).json()["id"] == default
     assert lookup(server, runs[default]["variant"]).json()["id"] == default  # each variant's own
     assert lookup(server, runs[longer]["variant"]).json()["id"] == longer
-    assert lookup(server, "0" * 16).json()["id"] == longer  # a variant with none: the key's, which says its own
+    assert lookup(server, "0" * 16).json()["id"] == default  # a variant with none: the key's, which says its own
     assert lookup(server, "not-a-variant").status_code == 422
+
+
+def test_a_variant_tuned_first_is_the_keys_current_run_until_the_nodes_own_is_tuned(server, tmp_path, node_signing_key):
+    longer = push_warm_run(server, tmp_path, node_signing_key, block_size=32, max_model_len=8192)
+    assert lookup(server).json()["id"] == longer  # the key had none: its tactics serve every pod meanwhile
+    default = push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+    assert lookup(server).json()["id"] == default
+    assert lookup(server, lookup(server).json()["variant"]).json()["id"] == default
 
 
 def test_a_pod_of_another_variant_gets_that_variants_compile_cache(server, tmp_path, node_signing_key, database_url):
     push_warm_run(server, tmp_path, node_signing_key, block_size=32)
     longer = push_warm_run(server, tmp_path, node_signing_key, block_size=32, max_model_len=8192)
-    # the key's current run is the 8192 one: a 4096 pod is the other variant now
-    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server))
+    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server, STAND_IN_MAX_MODEL_LEN="8192"))
     assert seen["inspect_model"] == {"cached": True} and seen["compile"] == {"backbone": True, "aot": True}
     lines = tunecache_lines(log, attestation=True)
     [installed] = [line for line in lines if line.startswith("tunecache: compile cache (2 of 2 directories) from run ")]
-    assert f"from run {longer} " not in installed and "(engine variant " in installed
+    assert f"from run {longer} (engine variant " in installed
     assert lines[-1] == "tunecache: this boot compiled nothing (rank 0): at the floor"
     [report] = stored_reports(database_url, 1)
     assert report.variant is not None and report.variant_missing is False
@@ -114,3 +123,15 @@ def test_with_auto_tune_on_a_missing_variant_is_queued_as_a_vllm_warmup_of_its_e
         assert job["warmup"] == "vllm" and job["engine_args"] == {"max_model_len": 8192}
     finally:
         stop_server(process)
+
+
+def test_promoting_an_older_run_of_a_variant_rolls_back_that_variant_only(server, tmp_path, node_signing_key):
+    default = push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+    first = push_warm_run(server, tmp_path, node_signing_key, block_size=32, max_model_len=8192)
+    (tmp_path / "again").mkdir()  # a re-tune of the variant
+    second = push_warm_run(server, tmp_path / "again", node_signing_key, block_size=32, max_model_len=8192)
+    variant = as_admin.get(f"{server}/v1/tunings/{second}").json()["variant"]
+    assert lookup(server, variant).json()["id"] == second
+    promoted = as_admin.post(f"{server}/v1/tunings/{first}/promote")
+    assert promoted.status_code == 200, promoted.text
+    assert lookup(server, variant).json()["id"] == first and lookup(server).json()["id"] == default

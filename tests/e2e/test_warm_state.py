@@ -47,6 +47,8 @@ def push_warm_run(server, tmp_path, signing_key, **overrides) -> int:
     payload["artifacts"] += [{"kind": a["kind"], "name": a["name"], "media_type": a["media_type"],
                               "sha256": hashlib.sha256((out / a["path"]).read_bytes()).hexdigest()} for a in artifacts]
     payload["summary"]["vllm_compile"] = summary
+    if overrides.get("max_model_len"):  # tuned for that engine variant (tune --engine-args)
+        payload["summary"]["engine_args"] = {"max_model_len": overrides["max_model_len"]}
     answer = as_admin.post(f"{server}/v1/tunings", json=signed(payload, signing_key))
     assert answer.status_code == 201, answer.text
     return answer.json()["id"]

@@ -665,7 +665,8 @@ def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: Envi
                                 variant: str) -> tuple[int, bytes] | None:
     """The compile cache of engine variant ``variant``'s current run, as :func:`fetch_tuning`
     fetches a run (the lookup with the variant, the signature over this pod's key and
-    environment, the variant's own rollback memory, the sha256): ``(run id, tarball)``;
+    environment, the variant's own rollback memory, the sha256), its Triton cache merged into
+    this pod's (the kernels the key's run lacks): ``(run id, tarball)``;
     ``None`` when the service has no run of the variant (it answered the key's, of another
     variant), or the run has no compile cache.
 
@@ -682,10 +683,12 @@ def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: Envi
     with TunecacheClient.from_settings(settings) as client:
         fetched = fetch_tuning(client, key, environment, trusted_keys=load_trusted_keys(settings.trusted_keys),
                                deadline_s=install_deadline(settings), warm_state=True, variant=variant,
-                               warm_state_kinds=(ArtifactKind.VLLM_COMPILE_CACHE,))
+                               warm_state_kinds=(ArtifactKind.VLLM_COMPILE_CACHE, ArtifactKind.TRITON_CACHE))
     data = fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE)
     if fetched.run.variant != variant or data is None or fetched.executable_refused:
         return None
+    if ArtifactKind.TRITON_CACHE in fetched.warm_state:  # the variant's own kernels beside the key's run's
+        TritonCache().stage(fetched)()
     remember_installed(key, environment, fetched.run.signature.signed_at if fetched.run.signature else None, variant)
     return fetched.run.id, data
 

@@ -89,11 +89,27 @@ def _start_worker(app: FastAPI, settings: Settings) -> JobWorker | None:
         model_config_dir=settings.model_config_dir,
         signing_key=load_signing_key(settings.signing_key) if settings.signing_key else None,
         trusted_keys=app.state.trusted_keys,
+        verify=_verifier(settings),
     )
     (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
     worker.start()
     app.state.worker_status = WorkerStatus(enabled=True, gpu_name=gpu.gpu_name, arch=gpu.arch, name=worker.name)
     return worker
+
+
+def _verifier(settings: Settings):
+    """The job worker's verification boot of a recorded vLLM warmup: against the service's own
+    URL (``TUNECACHE_VERIFY_URL``), trusting the node's own signing key; ``None`` when it is
+    ``off`` or unknown."""
+    url = settings.verify_url
+    if not url or url == "off":
+        return None
+    from tunecache.service.tuner.verification import verify_run
+    from tunecache.signing import format_public_key
+
+    trusted = (format_public_key(load_signing_key(settings.signing_key).public_key())
+               if settings.signing_key else None)
+    return lambda spec, scratch: verify_run(spec, url, scratch, settings.job_timeout_seconds, trusted_keys=trusted)
 
 
 def _auto_tune_variants(settings: Settings):

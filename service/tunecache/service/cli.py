@@ -148,6 +148,10 @@ def serve(
     engine.dispose()
     # Every process builds its app from the environment (uvicorn's factory mode).
     # (options override variables: write back what the processes' own Settings() will read)
+    if settings.verify_url is None:  # the job worker's verification boots fetch from this service
+        loopback = "127.0.0.1" if settings.host in ("0.0.0.0", "", "::") else settings.host
+        os.environ["TUNECACHE_VERIFY_URL"] = (f"{'https' if ssl_certfile else 'http'}://"
+                                              f"{f'[{loopback}]' if ':' in loopback else loopback}:{settings.port}")
     os.environ.update({"TUNECACHE_DATABASE_URL": settings.resolved_database_url(), "TUNECACHE_DATA_DIR": str(settings.data_dir),
                        "TUNECACHE_HOST": settings.host, "TUNECACHE_PORT": str(settings.port),
                        "TUNECACHE_SERVER_PROCESSES": str(settings.server_processes)})

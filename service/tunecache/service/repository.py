@@ -151,7 +151,9 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
 def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
                recorded_by: str | None = None, trusted_keys: Mapping[str, Any] | None = None,
                force: bool = False) -> TuningRunRead:
-    """Record a finished run; a succeeded, verified run becomes current for its key and environment.
+    """Record a finished run; a succeeded, verified run becomes current for its key and environment
+    (a run tuned for an engine variant of its own, :func:`is_variant_tuning`, for that variant:
+    the key's current run moves to it only when the key has none).
 
     Earlier runs are kept (history, up to ``TUNECACHE_RUN_RETENTION``:
     :mod:`tunecache.service.retention`); only the ``current_tunings`` pointer moves, in the
@@ -257,16 +259,26 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     if run.status is RunStatus.SUCCEEDED and verified and held is None:
         # Lookup caches of every process drop their answers when this commits.
         session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
-        # The newest run (highest id) stays current when several are recorded at once.
-        dialect.upsert_if_newer(
-            session,
-            CurrentTuning.__table__,
-            {"key_id": key_row.id, "environment_id": env_row.id, "run_id": row.id, "updated_at": utcnow()},
-            conflict=["key_id", "environment_id"],
-            newer="run_id",
-        )
+        # A variant's run (tuned with engine arguments of its own) is current for its variant;
+        # the key's current run stays the one tuned with the node's own engine arguments, unless
+        # the key has none yet.
+        if not is_variant_tuning(run) or current_run_of(session, key_row.id, env_row.id) is None:
+            # The newest run (highest id) stays current when several are recorded at once.
+            dialect.upsert_if_newer(
+                session,
+                CurrentTuning.__table__,
+                {"key_id": key_row.id, "environment_id": env_row.id, "run_id": row.id, "updated_at": utcnow()},
+                conflict=["key_id", "environment_id"],
+                newer="run_id",
+            )
         _make_current_variant(session, row, newer="run_id")
     return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
+
+
+def is_variant_tuning(run: TuningRunCreate | TuningRunRead) -> bool:
+    """Whether ``run`` was tuned for an engine variant of its own (``tune --engine-args``, a
+    variant job: ``summary.engine_args``), not with the node's own engine arguments."""
+    return bool(run.variant and isinstance(run.summary.get("engine_args"), dict) and run.summary["engine_args"])
 
 
 def _make_current_variant(session: Session, row: TuningRun, newer: str | None) -> None:
@@ -358,8 +370,9 @@ def record_verification(session: Session, run_id: int, verification: RunVerifica
 
 def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] | None,
                 signature: RunSignature | None = None) -> tuple[TuningRunRead, int | None]:
-    """Make run ``run_id`` the current run of its key and environment, whatever its age, and
-    clear its ``held``; with ``signature`` (its manifest signed anew), store that signature
+    """Make run ``run_id`` the current run of its key and environment (a run tuned for an
+    engine variant of its own, :func:`is_variant_tuning`: of that variant), whatever its age,
+    and clear its ``held``; with ``signature`` (its manifest signed anew), store that signature
     in place of the run's. Returns it and the run that was current before (``None``: none).
 
     Raises:
@@ -391,13 +404,19 @@ def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] |
     previous = current_run_of(session, row.key_id, row.environment_id)
     row.held = None
     session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
-    dialect.upsert_if_newer(  # any run id: the pointer moves to this run, older or not
-        session, CurrentTuning.__table__,
-        {"key_id": row.key_id, "environment_id": row.environment_id, "run_id": row.id, "updated_at": utcnow()},
-        conflict=["key_id", "environment_id"], newer=None)
+    variant_only = is_variant_tuning(read) and previous is not None  # a variant's run: current for its variant
+    if variant_only:
+        previous = session.get(TuningRun, session.scalar(select(CurrentVariant.run_id).where(
+            CurrentVariant.key_id == row.key_id, CurrentVariant.environment_id == row.environment_id,
+            CurrentVariant.variant == row.variant)) or -1)
+    else:
+        dialect.upsert_if_newer(  # any run id: the pointer moves to this run, older or not
+            session, CurrentTuning.__table__,
+            {"key_id": row.key_id, "environment_id": row.environment_id, "run_id": row.id, "updated_at": utcnow()},
+            conflict=["key_id", "environment_id"], newer=None)
     _make_current_variant(session, row, newer=None)
     session.flush()
-    return _to_read(row, is_current=True), previous.id if previous is not None else None
+    return _to_read(row, is_current=not variant_only), previous.id if previous is not None else None
 
 
 def pin_run(session: Session, run_id: int, pinned: bool) -> TuningRunRead:

@@ -233,6 +233,9 @@ class Settings(BaseSettings):
     report_source_max: int = Field(default=2000, ge=1, le=100_000_000)
     report_boots_per_key: int = Field(default=100, ge=1, le=100_000_000)
     report_new_keys: int = Field(default=20, ge=1, le=100_000_000)
+    #: Where this node's job worker fetches a recorded vLLM warmup from for its verification
+    #: boot (serve sets it to its own listen address when unset; "off": no verification boot).
+    verify_url: str | None = Field(default=None, max_length=2048)
     #: Opt-in: queue a vLLM warmup of an engine variant once this many pod boots reported it
     #: missing within auto_tune_variant_hours (0: never; tunecache.service.variant_autotune).
     auto_tune_variants: int = Field(default=0, ge=0, le=1_000_000)

@@ -31,7 +31,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunecache.contract import RunTrigger, StageChanged, StageProgress, TunerError, TunerEvent
+from tunecache.contract import RunTrigger, RunVerification, StageChanged, StageProgress, TunerError, TunerEvent
 from tunecache.service import jobs
 from tunecache.service import metrics
 from tunecache.service.store import SqlTuningStore
@@ -154,6 +154,11 @@ class JobWorker:
             (:func:`tunecache.service.tuner.model_config.load_job_model_config`).
         signing_key: the node's Ed25519 key (``TUNECACHE_SIGNING_KEY``): every run it records
             is signed (pods install JIT modules and DeepGEMM caches only from signed runs).
+        verify: after a job's vLLM warmup was recorded (its job finished), the run's
+            verification boot: ``verify(spec, scratch)`` returns a
+            :class:`~tunecache.contract.RunVerification`, stored with the run (the service's:
+            :func:`tunecache.service.tuner.verification.verify_run` against its own URL,
+            ``TUNECACHE_VERIFY_URL``); ``None``: no verification boot.
         tuner: the function that tunes (the real child-process runner by default); it is
             called as ``tuner(spec, work_dir, timeout_s, on_event, cancel=event)`` and must
             stop (raising :class:`~tunecache.service.tuner.process.TunerCancelled`) once
@@ -178,6 +183,7 @@ class JobWorker:
         trusted_keys: dict | None = None,
         tuner: Tuner = run_tuner,
         heartbeat_s: float = WORKER_HEARTBEAT_S,
+        verify: Callable[[TuneSpec, Path], RunVerification] | None = None,
     ):
         self.sessions = sessions
         self.gpu = gpu
@@ -192,6 +198,7 @@ class JobWorker:
         self.trusted_keys = trusted_keys
         self.tuner = tuner
         self.heartbeat_s = heartbeat_s
+        self.verify = verify
         self.started_at = jobs.utcnow()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -369,3 +376,17 @@ class JobWorker:
                 with self.sessions.begin() as session:
                     jobs.finish(session, job_id, self.name, run_id=run.id, log_tail=progress.get("log_tail"))
                 metrics.observe_job("succeeded", time.monotonic() - started)
+                if spec.warmup == "vllm" and self.verify is not None:
+                    self._verify(store, run.id, spec, work / "verification")
+
+    def _verify(self, store: SqlTuningStore, run_id: int, spec: TuneSpec, scratch: Path) -> None:
+        """The recorded vLLM warmup's verification boot, stored with its run. Never raises: a
+        boot that failed is the verification's finding, a verifier that failed is logged."""
+        from tunecache.service.tuner.verification import shown
+
+        try:
+            verification = self.verify(spec, scratch)
+            store.record_verification(run_id, verification)
+            log.info("worker %s: run %d: %s", self.name, run_id, shown(verification))
+        except Exception as exc:
+            log.warning("worker %s: run %d not verified: %s: %s", self.name, run_id, type(exc).__name__, exc)

@@ -265,3 +265,26 @@ def test_a_variant_job_is_refused_with_the_reason(fields, message):
 
     with pytest.raises(ValidationError, match=message):
         TuningJobCreate(key=h200_key(), **fields)
+
+
+def test_a_vllm_warmup_job_is_verified_after_it_finished_and_the_verification_kept_with_its_run(sessions):
+    from tunecache.contract import RunVerification
+
+    verified = []
+
+    def verify(spec, scratch):  # the GPU boot's edge: what tunecache.service.tuner.verification.verify_run returns
+        verified.append((spec.warmup, spec.engine_args, scratch.name))
+        return RunVerification(compiled={}, ready_s=20.5)
+
+    with sessions.begin() as session:
+        job, _ = jobs.enqueue(session, TuningJobCreate(key=h200_key(), hf_config={"model_type": "llama"}, warmup="vllm",
+                                                       engine_args={"max_model_len": 8192}))
+        stages_job, _ = jobs.enqueue(session, TuningJobCreate(key=h200_key(max_num_batched_tokens=1024),
+                                                              hf_config={"model_type": "llama"}))
+    worker = JobWorker(sessions, H200, "w", tuner=stand_in_tuner(), verify=verify)
+    assert worker.run_once() and worker.run_once()
+    assert verified == [("vllm", {"max_model_len": 8192}, "verification")]  # the stages job is not booted
+    with sessions() as session:
+        run = repository.get_run(session, jobs.get_job(session, job.id).run_id)
+        done = jobs.get_job(session, job.id)
+    assert done.status == "succeeded" and run.verification == RunVerification(compiled={}, ready_s=20.5)
