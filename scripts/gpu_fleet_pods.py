@@ -29,7 +29,11 @@ not the service's data directory. The setups (every one from empty caches):
   (``FLASHINFER_WORKSPACE_BASE``, ``VLLM_CACHE_ROOT``, ``TRITON_CACHE_DIR``,
   ``TORCHINDUCTOR_CACHE_DIR``, ``DG_JIT_CACHE_DIR``);
 * ``other_prefix``: the Python packages (vLLM, FlashInfer, tunecache, ...) copied under another
-  prefix, and only that prefix on ``PYTHONPATH``, with other cache directories.
+  prefix, and only that prefix on ``PYTHONPATH``, with other cache directories;
+* ``engine_variant``: the tuner's HOME, other cache directories, and another engine variant:
+  ``max_model_len`` 8192 where the tuner's engine has 4096. Its variant is tuned through the
+  service first: ``tune`` queues ``tunecache retune --warmup vllm --engine-args
+  '{"max_model_len": 8192}'``, which the service's own job worker on this GPU runs.
 
 Each boot is one line of ``OUT/fleet_pods.json`` (``model``, ``attention``, ``pod``, ``boot``,
 ``pair``, ``ready_s``, ``compiled``: kind -> count, plus what tunecache logged); logs beside it.
@@ -51,7 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_warm_state  # noqa: E402
 from gpu_e2e import cli, wait_healthy  # noqa: E402
 
-SETUPS = ("same_as_tuner", "other_home", "non_root_user", "other_cache_dirs", "other_prefix")
+SETUPS = ("engine_variant", "other_home", "non_root_user", "other_prefix", "other_cache_dirs", "same_as_tuner")
+#: The engine variant's own engine arguments (over the fleet's, gpu_warm_state.engine_args).
+VARIANT_ARGS = {"max_model_len": 8192}
 CACHE_VARIABLES = ("FLASHINFER_WORKSPACE_BASE", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
                    "DG_JIT_CACHE_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "VLLM_CONFIG_ROOT")
 POD_UID = 12345
@@ -78,7 +84,7 @@ def pod_setup(setup: str, base: Path, work: Path) -> tuple[dict[str, str | None]
         dirs = {"ws": home, "vc": home / ".cache" / "vllm", "triton": home / ".triton" / "cache",
                 "dg": home / ".cache" / "vllm" / "deep_gemm", "inductor": Path("/tmp") / f"torchinductor_{user}"}
         return env, dirs, (POD_UID if setup == "non_root_user" else None)
-    if setup == "other_cache_dirs":
+    if setup in ("other_cache_dirs", "engine_variant"):
         return dict(set_all), own, None
     if setup == "other_prefix":
         prefix = work / "other-prefix" / "lib" / "python3.12" / "site-packages"
@@ -90,12 +96,13 @@ def pod_setup(setup: str, base: Path, work: Path) -> tuple[dict[str, str | None]
 
 
 def pod_boot(name: str, args: argparse.Namespace, env: dict[str, str | None], dirs: dict[str, Path],
-             uid: int | None, out: Path) -> dict:
-    """One boot of ``gpu_warm_state.py boot`` in a new process with ``env``, as ``uid``."""
+             uid: int | None, out: Path, variant_args: dict | None = None) -> dict:
+    """One boot of ``gpu_warm_state.py boot`` in a new process with ``env``, as ``uid``, with the
+    fleet's engine arguments (and ``variant_args`` over them)."""
     script = Path(args.work) / "scripts" / "gpu_warm_state.py"  # readable by a pod of another uid
     command = [sys.executable, str(script), "boot", "--model", args.model,
                "--model-dir", str(Path(args.work) / "model"), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-               "--engine-args", json.dumps(gpu_warm_state.engine_args(args))]
+               "--engine-args", json.dumps({**gpu_warm_state.engine_args(args), **(variant_args or {})})]
     full = {k: v for k, v in os.environ.items() if k not in env}
     full.update({k: v for k, v in env.items() if v is not None})
     extra = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
@@ -156,7 +163,8 @@ def pods(args: argparse.Namespace) -> None:
                          "TUNECACHE_DATA_DIR": None}
             local = tunecache if args.local_warm == "plugin" else {"TUNECACHE_URL": None, "TUNECACHE_DATA_DIR": None}
             for boot, extra in (("tunecache_warm", tunecache), ("local_warm", local)):
-                measured = pod_boot(f"{setup}-{boot}-{args.pair}", args, {**pod_env, **extra}, dirs, uid, out)
+                measured = pod_boot(f"{setup}-{boot}-{args.pair}", args, {**pod_env, **extra}, dirs, uid, out,
+                                    VARIANT_ARGS if setup == "engine_variant" else None)
                 boots.append({"model": args.model, "attention": args.attention or "default", "pod": setup,
                               "boot": boot, "pair": args.pair, "local_warm": args.local_warm, **measured})
                 state = out / "fleet_pods.json"  # each boot as it ends: a command can end at any moment
@@ -170,7 +178,9 @@ def pods(args: argparse.Namespace) -> None:
 
 
 def tune(args: argparse.Namespace) -> None:
-    """The cold boot: gpu_warm_state.py's tune with no pairs; its cold boot goes to fleet_pods.json too."""
+    """The cold boot: gpu_warm_state.py's tune with no pairs (``--verify``: with its verification
+    boot); its cold boot goes to fleet_pods.json too. Then the engine variant's tuning through
+    the service (:func:`tune_variant`)."""
     args.pairs, args.name = 0, "tune"
     gpu_warm_state.run(args)
     out = Path(args.out).resolve()
@@ -178,6 +188,61 @@ def tune(args: argparse.Namespace) -> None:
     state = out / "fleet_pods.json"
     previous = json.loads(state.read_text()) if state.is_file() else []
     state.write_text(json.dumps(previous + [{**cold, "pod": "tuner", "pair": None}], indent=1))
+    if "engine_variant" in args.setups.split(","):
+        variant = tune_variant(args, out)
+        previous = json.loads(state.read_text())
+        state.write_text(json.dumps(previous + [variant], indent=1))
+        print(json.dumps(variant), flush=True)
+
+
+def tune_variant(args: argparse.Namespace, out: Path) -> dict:
+    """The engine variant's tuning through the service: ``tunecache serve`` with its job worker
+    on this GPU (the node's signing key and the fleet's engine arguments, as the tune had), then
+    ``tunecache retune --warmup vllm --engine-args`` for the key, followed to its end."""
+    import httpx
+
+    work = Path(args.work).resolve()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    node = gpu_warm_state._dirs(work / "node")
+    env = {**os.environ, **gpu_warm_state._environment(node), "TUNECACHE_DATA_DIR": str(work / "data"),
+           "TUNECACHE_JOB_WORKER": "on", "TUNECACHE_SIGNING_KEY": str(work / "keys" / "signing.key"),
+           "TUNECACHE_VLLM_ENGINE_ARGS": json.dumps({k: v for k, v in gpu_warm_state.engine_args(args).items()
+                                                     if k != "quantization"}),
+           "TUNECACHE_VERIFY_URL": url if args.verify else "off", "FLASHINFER_LOGGING_LEVEL": "INFO"}
+    server = subprocess.Popen(cli("serve", "--port", str(port), "--database", f"sqlite:///{work / 'tunecache.db'}"),
+                              stdout=open(out / "serve-variant.log", "w"), stderr=subprocess.STDOUT, env=env)
+    command = cli("retune", "--server", url, "--model", args.model, "--max-num-batched-tokens",
+                  str(args.max_num_batched_tokens), "--gpu-name", "NVIDIA H200", "--config", str(work / "model"),
+                  "--warmup", "vllm", "--engine-args", json.dumps(VARIANT_ARGS), "--wait", "--wait-timeout",
+                  str(args.boot_timeout + 240), "--poll", "1")
+    started = time.perf_counter()
+    try:
+        wait_healthy(url, server)
+        retune = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TUNECACHE_DATA_DIR": str(work / "data")})
+        seconds = round(time.perf_counter() - started, 2)
+        (out / "tune-variant.log").write_text(f"$ {' '.join(command)}\n(exit {retune.returncode}, {seconds} s)\n"
+                                              f"{retune.stdout}{retune.stderr}")
+        jobs = httpx.get(f"{url}/v1/tuning-jobs").json()["items"]
+        job = jobs[0] if jobs else {}
+        if args.verify and job.get("run_id"):  # the verification boot runs after the job finished
+            for _ in range(int(args.boot_timeout)):
+                if httpx.get(f"{url}/v1/tunings/{job['run_id']}").json().get("verification"):
+                    break
+                time.sleep(1)
+        run = httpx.get(f"{url}/v1/tunings/{job['run_id']}").json() if job.get("run_id") else {}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    (out / "tune-variant-run.json").write_text(json.dumps(run, indent=1))
+    return {"model": args.model, "attention": args.attention or "default", "pod": "engine_variant_tuner",
+            "boot": "cold", "pair": None, "engine_args": VARIANT_ARGS, "retune_exit": retune.returncode,
+            "job_s": job.get("duration_s"), "retune_command_s": seconds, "job_status": job.get("status"),
+            "job_error": job.get("error"), "run": run.get("id"), "variant": run.get("variant"),
+            "is_current": run.get("is_current"), "verification": run.get("verification"),
+            "artifacts": [(a["kind"], a["name"], a["size_bytes"]) for a in run.get("artifacts", [])]}
 
 
 def main() -> None:
@@ -196,6 +261,8 @@ def main() -> None:
     parser.add_argument("--pair", type=int, default=1)
     parser.add_argument("--local-warm", choices=("plugin", "none"), default="plugin",
                         help="the local-warm boot through the plugin (the pod as deployed) or without tunecache")
+    parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=False,
+                        help="tune: the runs' verification boots too (about 40 s each)")
     args = parser.parse_args()
     (tune if args.step == "tune" else pods)(args)
 

@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> None:
         command = cli("tune", "--warmup", "vllm", "--model", args.model, "--config", str(work / "model"),
                       "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--server", url,
                       "--signing-key", str(work / "keys" / "signing.key"), "--work-dir", str(work / "tune"),
-                      "--timeout", str(args.boot_timeout))
+                      "--timeout", str(args.boot_timeout), *([] if getattr(args, "verify", True) else ["--no-verify"]))
         if args.quantization:
             command += ["--quantization", args.quantization]
         saved = dict(os.environ)

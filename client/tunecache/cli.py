@@ -210,7 +210,8 @@ def csv_option(value: str | None) -> list[str] | None:
 def first_error(exc: ValidationError) -> str:
     """``"field.part: message"`` of a validation error's first problem, for a one-line exit."""
     error = exc.errors()[0]  # pydantic prefixes a validator's own words with "Value error, "
-    return f"{'.'.join(str(part) for part in error['loc'])}: {str(error['msg']).removeprefix('Value error, ')}"
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where + ': ' if where else ''}{str(error['msg']).removeprefix('Value error, ')}"
 
 
 def key_option(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: str, quantization: str, tp: int,

@@ -3,7 +3,7 @@
 Stands for ``scripts/gpu_fleet_pods.py`` (docs/gpu.md, "Pods unlike the tuning node"; results
 under ``results/gpu/2026-12-03-fleet-pods/``): one cold tuning, then for each pod setup
 (another HOME, a uid without an account, other cache directories, another package prefix, a
-copy of the tuner) a tunecache-warm boot from empty caches and a local-warm boot over what it
+copy of the tuner, another engine variant tuned through the service's job queue) a tunecache-warm boot from empty caches and a local-warm boot over what it
 left, both through the plugin. The issue's bar: each tunecache-warm boot compiles nothing and
 is within 1.10x of the local-warm boot of the same setup and compiles nothing it does not.
 """
@@ -29,7 +29,9 @@ def test_every_pod_setup_boots_at_its_floor_from_one_stored_run(tmp_path):
         assert result.returncode == 0, result.stdout + result.stderr
     boots = json.loads((out / "fleet_pods.json").read_text())
     setups = {b["pod"] for b in boots if b["boot"] == "tunecache_warm"}
-    assert setups == {"same_as_tuner", "other_home", "non_root_user", "other_cache_dirs", "other_prefix"}
+    assert setups == {"same_as_tuner", "other_home", "non_root_user", "other_cache_dirs", "other_prefix", "engine_variant"}
+    [variant] = [b for b in boots if b["pod"] == "engine_variant_tuner"]
+    assert variant["job_status"] == "succeeded" and variant["variant"] and not variant["is_current"]
     for setup in setups:
         [warm] = [b for b in boots if b["pod"] == setup and b["boot"] == "tunecache_warm"]
         [local] = [b for b in boots if b["pod"] == setup and b["boot"] == "local_warm"]

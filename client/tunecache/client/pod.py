@@ -772,24 +772,29 @@ def _rename_unpacked(unpacked: Path, destination: Path, renames: dict[str, str])
 
 
 def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tuple[int, bytes] | None:
-    """The compile cache of ``variant`` for this engine: fetched once per engine (by the first
-    worker, under the staged cache's lock) and kept beside the staged one for its other
-    workers; ``None`` when the service has none (remembered too)."""
+    """The compile cache of ``variant`` for this engine: fetched once per boot (by the first
+    worker, under the staged cache's lock) and kept beside the staged one for the boot's other
+    workers (named by the boot: a later boot asks the service again); ``None`` when the service
+    has none (remembered for the boot too)."""
     import glob
 
-    pattern = f"compile-cache-variant-{variant}-run-*.tar.gz"
-    for found in sorted(glob.glob(os.path.join(glob.escape(str(staged.parent)), pattern))):
-        run = Path(found).name[len(f"compile-cache-variant-{variant}-run-"):-len(".tar.gz")]
+    from tunecache.client.report import boot_id
+
+    prefix = f"compile-cache-variant-{variant}-{boot_id()}-run-"
+    for found in sorted(glob.glob(os.path.join(glob.escape(str(staged.parent)), glob.escape(prefix) + "*.tar.gz"))):
+        run = Path(found).name[len(prefix):-len(".tar.gz")]
         if run.isdigit():
             return int(run), Path(found).read_bytes()
-    missing = staged.parent / f"compile-cache-variant-{variant}.missing"
+    missing = staged.parent / f"compile-cache-variant-{variant}-{boot_id()}.missing"
     if missing.exists() or fetch is None:
         return None
+    for old in staged.parent.glob(f"compile-cache-variant-{variant}-*"):  # earlier boots'
+        old.unlink(missing_ok=True)
     got = fetch(variant)
     if got is None:
         write_atomically(missing, b"")
         return None
-    write_atomically(staged.parent / f"compile-cache-variant-{variant}-run-{got[0]}.tar.gz", got[1])
+    write_atomically(staged.parent / f"{prefix}{got[0]}.tar.gz", got[1])
     return got
 
 

@@ -45,3 +45,20 @@ def test_version_without_the_server_names_the_client_only(capsys, monkeypatch):
     monkeypatch.setattr(cli, "VERSIONED_DISTRIBUTIONS", ("tunecache-client", "tunecache-server-not-installed"))
     code, out, err = _run(capsys, "--version")
     assert code == 0 and out.splitlines() == [f"tunecache-client {importlib.metadata.version('tunecache-client')}"]
+
+
+@pytest.mark.parametrize("given, said", [
+    ('{"model": 1}', "tunecache: error: invalid --engine-args: model is the tuning key's or the vLLM warmup's, not an "
+                     "engine variant's"),
+    ('[8192]', "tunecache: error: --engine-args must be a JSON object of vllm.LLM arguments"),
+    ('{oops', "tunecache: error: --engine-args is not JSON: "),
+])
+def test_engine_args_are_refused_in_one_line(given, said, capsys):
+    import typer
+
+    from tunecache.cli import engine_args_option
+
+    with pytest.raises(typer.Exit) as exited:
+        engine_args_option(given)
+    assert exited.value.exit_code == 2
+    assert capsys.readouterr().err.startswith(said)
