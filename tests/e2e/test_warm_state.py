@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 
 import pytest
 
@@ -40,6 +41,7 @@ def push_warm_run(server, tmp_path, signing_key, **overrides) -> int:
     out = tmp_path / ("harvest" + (f"-{overrides['max_model_len']}" if overrides.get("max_model_len") else ""))
     out.mkdir()
     artifacts, summary = harvest_warm_state(scratch, out)
+    shutil.rmtree(scratch)  # gone, as a tuning job's scratch is: pods never read the node's paths
     assert summary["names_checked"] == {"backbone": True, "aot": True}
     payload = run_payload(CUDNN_FILE, h200_key(), variant=VariantFactors.model_validate(summary["variant_factors"]).variant)
     for blob in [CUDNN_FILE.read_bytes()] + [(out / a["path"]).read_bytes() for a in artifacts]:

@@ -258,7 +258,14 @@ STAND_IN = {
                 from stand_in_record import record
                 backbone, aot = cache_names(self.vllm_config, traced_here())
                 root = Path(envs.VLLM_CACHE_ROOT) / "torch_compile_cache"
-                found = {"backbone": (root / backbone).is_dir(), "aot": (root / "torch_aot_compile" / aot).is_dir()}
+                def loadable(directory):
+                    # vLLM opens every artifact its index names, by the index's path
+                    # (InductorStandaloneAdaptor.load): a missing one fails the engine's start
+                    import ast
+                    indexes = list(directory.rglob("vllm_compile_cache.py")) if directory.is_dir() else []
+                    return bool(indexes) and all(os.path.exists(value["graph_handle"][1]) for index in indexes
+                                                 for value in ast.literal_eval(index.read_text()).values())
+                found = {"backbone": loadable(root / backbone), "aot": (root / "torch_aot_compile" / aot).is_dir()}
                 record("compile", **found)
                 if not all(found.values()) and os.environ.get("TRITON_CACHE_DIR"):  # compiling writes a kernel
                     kernel = Path(os.environ["TRITON_CACHE_DIR"]) / "COMPILEDHERE"
@@ -372,6 +379,11 @@ NODE_SCRATCH = textwrap.dedent('''
     (local / "cache_key_factors.json").write_text(json.dumps({"env": envs.compile_factors(),
         "config_hash": config.compute_hash(), "code_hash": code_hash(traced), "compiler_hash": COMPILER_HASH}))
     (local / "artifact_compile_range_1_8192_subgraph_0").write_bytes(b"inductor artifact")
+    # vLLM's index of the compiled graphs: each artifact by its absolute path on this node (vllm#52154)
+    import pprint
+    (local / "vllm_compile_cache.py").write_text(pprint.PrettyPrinter(indent=4).pformat({
+        ((1, 8192), 0, "inductor_standalone"): {
+            "graph_handle": ("key0", str(local / "artifact_compile_range_1_8192_subgraph_0")), "cache_key": "ck0"}}))
     (compiled / "torch_aot_compile" / aot / "rank_0_0").mkdir(parents=True)
     (compiled / "torch_aot_compile" / aot / "rank_0_0" / "model").write_bytes(b"aot model")
     infos = scratch / "vllm-cache" / "modelinfos"

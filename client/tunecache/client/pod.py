@@ -56,7 +56,8 @@ from tunecache.client.install import (
 )
 from tunecache.client.jit_install import use_aot_dir
 from tunecache.client.layouts import deep_gemm_cache_dir
-from tunecache.client.warm_state import TritonCache, VllmCacheRoot, read_compile_factors, vllm_cache_root
+from tunecache.client.warm_state import (TritonCache, VllmCacheRoot, read_compile_factors, relocate_compile_dirs,
+                                         vllm_cache_root)
 from tunecache.formats.vllm_compile import (FACTORS_FILE, CompileFactors, PodCompileFactors, differences,
                                              pod_dir_names, variant_differences)
 from tunecache.contract import ENVIRONMENT_FIELDS, ArtifactKind, EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
@@ -851,9 +852,10 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
                 lines = differences(node, factors)
                 renames = {} if lines else pod_dir_names(node, factors)
                 dirs = _rename_unpacked(unpacked, path.parent.parent / "torch_compile_cache", renames)
+                removed = relocate_compile_dirs(path.parent.parent / "torch_compile_cache", dirs)
                 written = {"warm_state": (f"compile cache ({len(dirs)} of {len(renames)} directories)",) if renames else (),
                            "compile_cache_skipped": ("compile cache not installed, vLLM would not use it: "
-                                                     + "; ".join(lines)) if lines else None}
+                                                     + "; ".join(lines)) if lines else removed}
             else:
                 written = VllmCacheRoot(path.parent.parent, factors, modelinfos=False).stage(
                     _Staged({ArtifactKind.VLLM_COMPILE_CACHE: data}))()

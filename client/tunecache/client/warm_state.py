@@ -47,6 +47,38 @@ class BadWarmStateArtifact(ValueError):
     """A warm-state tarball that cannot be installed (unsafe entries, not a gzipped tarball)."""
 
 
+def relocate_compile_dirs(compiled: Path, installed: list[str]) -> str | None:
+    """Point the graph handles of vLLM's compile index (:data:`~tunecache.formats.vllm_compile.COMPILE_INDEX`)
+    in each of the ``installed`` directories under ``compiled`` (``torch_compile_cache/``) at
+    this pod's own copies of the artifacts (:func:`tunecache.formats.vllm_compile.relocate_compile_index`),
+    each index rewritten whole. A directory whose index names an artifact that is in neither
+    place is removed again (vLLM would fail its start opening it; without it vLLM compiles).
+    Returns why one was removed (``None``: none)."""
+    import shutil
+
+    from tunecache.client.atomic import write_atomically
+    from tunecache.formats.vllm_compile import COMPILE_INDEX, relocate_compile_index
+
+    removed = []
+    for name in installed:
+        directory = compiled / name
+        missing: list[str] = []
+        for index in sorted(directory.rglob(COMPILE_INDEX)):
+            try:
+                text, moved, missing_here = relocate_compile_index(index.read_text(), str(index.parent))
+            except (OSError, ValueError, SyntaxError) as exc:
+                missing.append(f"{index.name} unreadable ({type(exc).__name__})")
+                continue
+            missing += missing_here
+            if moved:
+                write_atomically(index, text.encode())
+        if missing:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(f"{name} (its index names {len(missing)} artifacts it lacks: {missing[0]})")
+    return ("compile cache directory removed again, vLLM would fail opening what it names: " + "; ".join(removed)
+            if removed else None)
+
+
 def vllm_cache_root() -> Path:
     """This pod's ``VLLM_CACHE_ROOT``: ``vllm.envs.VLLM_CACHE_ROOT`` where vLLM is importable,
     else the variable, else vLLM's default (``$XDG_CACHE_HOME/vllm``, ``~/.cache/vllm``)."""
@@ -211,10 +243,12 @@ class VllmCacheRoot:
             if infos is not None:
                 files = merge_entries(infos, "vllm_modelinfos", root / "modelinfos", _children)
                 done.append(f"modelinfos ({len(files)} files)")
+            skipped_now = skipped
             if renames:
                 dirs = merge_entries(compiled, "vllm_compile_cache", root / "torch_compile_cache", lambda _: renames)
+                skipped_now = relocate_compile_dirs(root / "torch_compile_cache", dirs) or skipped
                 done.append(f"compile cache ({len(dirs)} of {len(renames)} directories)")
-            return {"warm_state": tuple(done), "compile_cache_skipped": skipped, "vllm_cache_root": root}
+            return {"warm_state": tuple(done), "compile_cache_skipped": skipped_now, "vllm_cache_root": root}
 
         return commit
 

@@ -183,6 +183,50 @@ class PodCompileFactors(BaseModel):
     variant_factors: VariantFactors | None = None
 
 
+#: vLLM's index of the graphs compiled into a backbone directory (``rank_{r}_{dp}/<prefix>/``):
+#: ``CompilerManager.cache_file_path`` in ``vllm/compilation/backends.py``, a Python literal
+#: (``pprint.pformat`` of ``{(range, graph_index, compiler): {"graph_handle": (key, path),
+#: "cache_key": ...}}``) that vLLM reads with ``ast.literal_eval``. The handle's path is the
+#: absolute path of the compiled artifact on the node that compiled it (vllm#52154): vLLM opens
+#: it as it is (``InductorStandaloneAdaptor.load``), both when it loads the AOT artifact and when
+#: it compiles again, and a missing file is an error that ends the engine's start.
+COMPILE_INDEX = "vllm_compile_cache.py"
+
+
+def relocate_compile_index(text: str, directory: str, exists=None) -> tuple[str, int, list[str]]:
+    """vLLM's compile index (:data:`COMPILE_INDEX`, its text) with every graph handle's artifact
+    path pointed into ``directory`` (the index's own directory on this pod) when a file of that
+    name is there (``exists``: how to ask, ``os.path.exists`` by default): ``(new text, paths
+    moved, paths that exist in neither place)``. Read with ``ast.literal_eval`` and written with
+    ``pprint.pformat``, as vLLM does (``CompilerManager.initialize_cache``, ``save_to_file``).
+
+    Raises:
+        ValueError: not a literal of that shape.
+    """
+    import ast
+    import os
+    import pprint
+
+    check = exists or os.path.exists
+    index = ast.literal_eval(text)
+    if not isinstance(index, dict):
+        raise ValueError(f"{COMPILE_INDEX} is not a dict literal")
+    moved, missing = 0, []
+    for value in index.values():
+        handle = value.get("graph_handle") if isinstance(value, dict) else None
+        if not (isinstance(handle, tuple) and len(handle) == 2 and all(isinstance(h, str) for h in handle)):
+            continue
+        here = os.path.join(directory, os.path.basename(handle[1]))
+        if handle[1] == here:
+            continue
+        if check(here):
+            value["graph_handle"] = (handle[0], here)
+            moved += 1
+        elif not check(handle[1]):
+            missing.append(handle[1])
+    return pprint.PrettyPrinter(indent=4).pformat(index), moved, missing
+
+
 def env_hash(env: dict[str, Any]) -> str:
     """``vllm.config.utils.hash_factors`` of the environment factors (that function where vLLM
     is importable; the same formula otherwise: sha256 of the JSON with sorted keys)."""

@@ -193,3 +193,26 @@ def test_directory_names_in_the_factors_are_vllms_digests_or_refused(tmp_path, f
     with pytest.raises(BadWarmStateArtifact, match=f"unreadable: {field}: String should match pattern"):
         VllmCacheRoot(root).stage(SimpleNamespace(warm_state={ArtifactKind.VLLM_COMPILE_CACHE: raw.getvalue()}))
     assert not root.exists()
+
+
+def test_a_compile_directory_whose_index_names_a_missing_artifact_is_removed_again(tmp_path):
+    """vLLM ends its start on an artifact its index names and that is not there; without the
+    directory it compiles. So such a directory is taken out again, and that is said."""
+    import pprint
+
+    from tunecache.client.warm_state import relocate_compile_dirs
+
+    compiled = tmp_path / "torch_compile_cache"
+    good, bad = compiled / "aaaaaaaaaa" / "rank_0_0" / "backbone", compiled / "bbbbbbbbbb" / "rank_0_0" / "backbone"
+    for directory, artifact in ((good, "artifact_a"), (bad, None)):
+        directory.mkdir(parents=True)
+        if artifact:
+            (directory / artifact).write_bytes(b"x")
+        (directory / "vllm_compile_cache.py").write_text(pprint.pformat(
+            {((1, 8), 0, "inductor_standalone"): {"graph_handle": ("k", f"/node/x/{artifact or 'artifact_b'}"),
+                                                   "cache_key": "c"}}))
+    said = relocate_compile_dirs(compiled, ["aaaaaaaaaa", "bbbbbbbbbb"])
+    assert said.startswith("compile cache directory removed again, vLLM would fail opening what it names: "
+                           "bbbbbbbbbb (its index names 1 artifacts it lacks: /node/x/artifact_b)")
+    assert (compiled / "aaaaaaaaaa").is_dir() and not (compiled / "bbbbbbbbbb").exists()
+    assert str(good / "artifact_a") in (good / "vllm_compile_cache.py").read_text()

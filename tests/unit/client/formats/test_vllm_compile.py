@@ -222,3 +222,28 @@ def test_a_variant_is_where_the_model_lives_left_out_and_its_fields_named(monkey
                                                 "environment VLLM_USE_AOT_COMPILE: node '1', pod '0'"]
     assert node.config_factors["model_config"]["model"] == "meta-llama/Llama-3.1-8B"  # the served name, not a path
     assert "cache_config" not in node.config_factors  # hashed otherwise: named by its hash only
+
+
+def test_the_compile_index_handles_point_at_this_pods_artifacts(tmp_path):
+    """vLLM's vllm_compile_cache.py names each artifact by the node's absolute path (vllm#52154);
+    a pod's copy of the index points at its own copy of the artifact, in vLLM's own format."""
+    import ast
+    import pprint
+
+    from tunecache.formats.vllm_compile import relocate_compile_index
+
+    node = "/node/scratch/vllm-cache/torch_compile_cache/d1c44ff477/rank_0_0/backbone"
+    index = {((1, 2048), 0, "inductor_standalone"): {"graph_handle": ("k0", f"{node}/artifact_compile_range_1_2048_subgraph_0"),
+                                                      "cache_key": "c0"},
+             ((1, 2048), 1, "inductor_standalone"): {"graph_handle": ("k1", f"{node}/artifact_gone"), "cache_key": "c1"}}
+    (tmp_path / "artifact_compile_range_1_2048_subgraph_0").write_bytes(b"x")
+    text, moved, missing = relocate_compile_index(pprint.PrettyPrinter(indent=4).pformat(index), str(tmp_path))
+    assert moved == 1 and missing == [f"{node}/artifact_gone"]
+    again = ast.literal_eval(text)
+    assert again[((1, 2048), 0, "inductor_standalone")]["graph_handle"] == (
+        "k0", str(tmp_path / "artifact_compile_range_1_2048_subgraph_0"))
+    assert relocate_compile_index(text, str(tmp_path))[1] == 0  # in place already: nothing moves
+    import pytest
+
+    with pytest.raises(ValueError):
+        relocate_compile_index("__import__('os')", str(tmp_path))
