@@ -112,12 +112,14 @@ def boot_files(until_ns: int | None = None) -> dict[CompiledKind, int]:
     worker warmed up, in the background)."""
     from tunecache.client.jit_install import flashinfer_workspace
     from tunecache.client.layouts import deep_gemm_cache_dir
-    from tunecache.client.warm_state import triton_cache_dir, vllm_cache_root
+    from tunecache.client.warm_state import inductor_triton_dir, triton_cache_dir, vllm_cache_root
 
     since = int(os.environ.get(BOOT_STARTED_VARIABLE) or 0)
     root = vllm_cache_root()
     workspace = flashinfer_workspace()
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    triton_of_inductor = inductor_triton_dir()
     return count_files(since, workspace=workspace.path if workspace else None,
-                       triton_dirs=[triton_cache_dir(), root / "torch_compile_cache", Path(inductor) if inductor else None],
+                       triton_dirs=[triton_cache_dir(), root / "torch_compile_cache", Path(inductor) if inductor else None,
+                                    triton_of_inductor.parent if triton_of_inductor else None],
                        deep_gemm_dir=deep_gemm_cache_dir(), vllm_cache_root=root, until_ns=until_ns)

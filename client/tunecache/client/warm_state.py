@@ -106,6 +106,34 @@ def triton_cache_dir() -> Path:
         return Path("~/.triton/cache").expanduser()
 
 
+def inductor_triton_dir(device: int = 0) -> Path | None:
+    """Where Inductor keeps the Triton kernels of device ``device`` when ``TRITON_CACHE_DIR`` is
+    unset: ``<Inductor's cache>/triton/<device>`` (``torch._inductor.runtime.cache_dir_utils.
+    triton_cache_dir``, whose cache directory is ``TORCHINDUCTOR_CACHE_DIR`` or
+    ``default_cache_dir()``, ``/tmp/torchinductor_<user>``; that function is not called, since it
+    creates the directory and sets the variable). ``None`` when ``TRITON_CACHE_DIR`` is set:
+    Inductor uses Triton's cache then. Inductor writes the kernels its artifacts bundle there
+    when it loads them, unless they are there already."""
+    if os.environ.get("TRITON_CACHE_DIR") is not None:
+        return None
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not root:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            root = default_cache_dir()
+        except Exception:  # no torch here (an init container): the same default
+            import getpass
+            import re
+
+            try:
+                user = getpass.getuser()
+            except (KeyError, ModuleNotFoundError, OSError):
+                user = f"uid_{os.getuid()}"
+            root = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return Path(os.path.abspath(root)) / "triton" / str(device)
+
+
 def _open_checked(data: bytes, what: str) -> tarfile.TarFile:
     """The tarball within the unpack bounds (:func:`tunecache.formats.tarball.open_bounded`),
     every entry checked (raises :class:`BadWarmStateArtifact`)."""
@@ -256,7 +284,8 @@ class VllmCacheRoot:
 @dataclass(frozen=True)
 class TritonCache:
     """A run's Triton cache, merged kernel by kernel into ``path`` (``None``: this pod's own,
-    :func:`triton_cache_dir`)."""
+    :func:`triton_cache_dir`, and, where ``TRITON_CACHE_DIR`` is unset, Inductor's too,
+    :func:`inductor_triton_dir`: Inductor looks for its kernels there, not in Triton's)."""
 
     path: Path | None = None
 
@@ -266,11 +295,16 @@ class TritonCache:
         data = fetched.warm_state.get(ArtifactKind.TRITON_CACHE)
         if data is None:
             return dict
-        directory = Path(self.path) if self.path is not None else triton_cache_dir()
+        if self.path is not None:
+            directories = [Path(self.path)]
+        else:
+            directories = [triton_cache_dir(), *filter(None, [inductor_triton_dir()])]
         _open_checked(data, "triton_cache").close()
 
         def commit() -> dict[str, Any]:
-            kernels = merge_entries(data, "triton_cache", directory, _children)
-            return {"warm_state": (f"Triton cache ({len(kernels)} kernels)",), "triton_cache_dir": directory}
+            kernels = merge_entries(data, "triton_cache", directories[0], _children)
+            for also in directories[1:]:
+                merge_entries(data, "triton_cache", also, _children)
+            return {"warm_state": (f"Triton cache ({len(kernels)} kernels)",), "triton_cache_dir": directories[0]}
 
         return commit

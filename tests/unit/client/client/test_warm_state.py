@@ -216,3 +216,23 @@ def test_a_compile_directory_whose_index_names_a_missing_artifact_is_removed_aga
                            "bbbbbbbbbb (its index names 1 artifacts it lacks: /node/x/artifact_b)")
     assert (compiled / "aaaaaaaaaa").is_dir() and not (compiled / "bbbbbbbbbb").exists()
     assert str(good / "artifact_a") in (good / "vllm_compile_cache.py").read_text()
+
+
+def test_without_triton_cache_dir_the_kernels_go_where_inductor_looks_too(tmp_path, monkeypatch):
+    """With TRITON_CACHE_DIR unset, Inductor keeps its kernels under its own cache
+    (``<TORCHINDUCTOR_CACHE_DIR>/triton/0``), not Triton's ``~/.triton/cache``: a pod with another
+    HOME wrote 19 kernels there on the H200 while loading the compile cache. Both get them."""
+    from tunecache.client.warm_state import inductor_triton_dir
+
+    _, _, fetched, _, _ = harvested(tmp_path)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert inductor_triton_dir() == tmp_path / "inductor" / "triton" / "0"
+    written = TritonCache().stage(fetched)()
+    assert written["warm_state"] == ("Triton cache (1 kernels)",)
+    for directory in (tmp_path / "home" / ".triton" / "cache", tmp_path / "inductor" / "triton" / "0"):
+        group = json.loads((directory / "HASHB" / "__grp___fwd_kernel.json").read_text())["child_paths"]
+        assert group == {"_fwd_kernel.cubin": str(directory / "HASHB" / "_fwd_kernel.cubin")}
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    assert inductor_triton_dir() is None  # Inductor uses Triton's cache then
