@@ -1049,6 +1049,7 @@ def retune(
                     time.sleep(poll)
                     job = client.get_job(job.id)
                     progress.update_from_job(job)
+            run = client.get_run(job.run_id) if job.status is JobStatus.SUCCEEDED and job.run_id else None
         except Exception as exc:
             client_errors(exc)
     if job.status is JobStatus.FAILED:
@@ -1056,7 +1057,15 @@ def retune(
     if job.status is JobStatus.CANCELLED:
         by = f" by {job.cancelled_by}" if job.cancelled_by else ""
         fail(ExitCode.JOB_CANCELLED, f"job {job.id} was cancelled{by} before it finished; the previous tuning stays current")
-    typer.echo(f"job {job.id}: succeeded in {job.duration_s or 0:.1f} s; run {job.run_id} is current")
+    if run is None or run.is_current:
+        became = "is current"
+    elif run.held:
+        became = f"is held back from being current: {run.held}"
+    elif run.variant and run.summary.get("engine_args"):
+        became = f"is current for its engine variant {run.variant}"
+    else:
+        became = "is not current"
+    typer.echo(f"job {job.id}: succeeded in {job.duration_s or 0:.1f} s; run {job.run_id} {became}")
 
 
 def _say_when_no_worker_will_take(client: TunecacheClient, workers, key: TuningKey, node_config: bool) -> None:
