@@ -134,6 +134,10 @@ def pods(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work).resolve()
     public = (work / "keys" / "signing.pub").read_text().strip()
+    # the tuner's work directory goes, as on another machine: vLLM's compile index names the
+    # tuner's paths, and a pod that could still read them there would prove nothing (the run of
+    # 2026-12-03 read them); its logs are in OUT already
+    shutil.rmtree(work / "tune", ignore_errors=True)
     shutil.rmtree(work / "scripts", ignore_errors=True)
     shutil.copytree(Path(__file__).resolve().parent, work / "scripts")
     with socket.socket() as s:
