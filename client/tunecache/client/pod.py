@@ -711,17 +711,14 @@ def unpack_staged(staged: Path, data: bytes) -> None:
     """In the engine's main process, on a thread: unpack ``data`` (checked as every warm-state
     tarball is) into :func:`unpacked_dir`, staged beside it and renamed when whole; on a
     failure, ``<dir>.failed`` says why (the workers then unpack the tarball themselves).
-    Unpacked directories of earlier boots are removed first. Never raises."""
-    import shutil
+    What earlier boots left there is removed first (:func:`_remove_stale`). Never raises."""
     import tempfile
 
     from tunecache.client.warm_state import _open_checked
 
     target = unpacked_dir(staged)
     try:
-        for old in staged.parent.glob(staged.name.removesuffix(".tar.gz") + "-*"):
-            if old != target and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
+        _remove_stale(staged.parent.glob(staged.name.removesuffix(".tar.gz") + "-*"))
         staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=staged.parent))
         with _open_checked(data, "vllm_compile_cache") as tar:
             tar.extractall(staging, filter="data")
@@ -731,6 +728,29 @@ def unpack_staged(staged: Path, data: bytes) -> None:
             write_atomically(target.with_name(target.name + ".failed"), f"{type(exc).__name__}: {exc}".encode())
         except OSError:
             pass
+
+
+#: What an earlier boot left beside the staged compile cache (unpacked directories, a variant's
+#: tarball) is removed once it is this old: another engine on the same cache root may still be
+#: booting from a newer one.
+STALE_AFTER_S = 3600.0
+
+
+def _remove_stale(paths) -> None:
+    """Remove each of ``paths`` (files or directories) last changed over :data:`STALE_AFTER_S` ago."""
+    import shutil
+
+    now = time.time()
+    for path in paths:
+        try:
+            if now - path.lstat().st_mtime < STALE_AFTER_S:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError:
+            continue
 
 
 def _wait_unpacked(staged: Path) -> Path | None:
@@ -789,8 +809,7 @@ def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tu
     missing = staged.parent / f"compile-cache-variant-{variant}-{boot_id()}.missing"
     if missing.exists() or fetch is None:
         return None
-    for old in staged.parent.glob(f"compile-cache-variant-{variant}-*"):  # earlier boots'
-        old.unlink(missing_ok=True)
+    _remove_stale(staged.parent.glob(f"compile-cache-variant-{variant}-*"))  # earlier boots'
     got = fetch(variant)
     if got is None:
         write_atomically(missing, b"")

@@ -236,3 +236,34 @@ def test_without_triton_cache_dir_the_kernels_go_where_inductor_looks_too(tmp_pa
         assert group == {"_fwd_kernel.cubin": str(directory / "HASHB" / "_fwd_kernel.cubin")}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     assert inductor_triton_dir() is None  # Inductor uses Triton's cache then
+
+
+def test_the_main_process_unpacks_the_staged_compile_cache_for_its_workers_and_says_when_it_could_not(tmp_path,
+                                                                                                      monkeypatch):
+    import os
+    import time
+
+    from tunecache.client import pod, report
+
+    _, _, fetched, backbone, _ = harvested(tmp_path)
+    data = fetched.warm_state[ArtifactKind.VLLM_COMPILE_CACHE]
+    staged = tmp_path / "root" / ".tunecache" / "compile-cache-run-7.tar.gz"
+    staged.parent.mkdir(parents=True)
+    monkeypatch.setenv("TUNECACHE_BOOT_ID", "boot-aaaaaaaa")
+    monkeypatch.setattr(report, "_boot_id", None)  # this process's boot, made from the variable
+    stale = staged.parent / "compile-cache-run-7-boot-old"
+    stale.mkdir()
+    os.utime(stale, (time.time() - 2 * pod.STALE_AFTER_S,) * 2)
+    beside = staged.parent / "compile-cache-run-7-boot-other"  # another engine's, booting now
+    beside.mkdir()
+    pod.unpack_staged(staged, data)
+    unpacked = pod.unpacked_dir(staged)
+    assert unpacked.name == "compile-cache-run-7-boot-aaaaaaaa" and (unpacked / backbone).is_dir()
+    assert pod._wait_unpacked(staged) == unpacked
+    assert not stale.exists() and beside.exists()
+    monkeypatch.setenv("TUNECACHE_BOOT_ID", "boot-bbbbbbbb")
+    monkeypatch.setattr(report, "_boot_id", None)
+    pod.unpack_staged(staged, b"not a tarball")
+    failed = staged.parent / "compile-cache-run-7-boot-bbbbbbbb.failed"
+    assert failed.read_text().startswith("BadWarmStateArtifact: ")
+    assert pod._wait_unpacked(staged) is None  # the worker unpacks the tarball itself
