@@ -67,3 +67,82 @@ def test_a_pods_workers_install_the_same_things_at_once(tmp_path):
     assert (tmp_path / "vllm" / CONFIG_HASH / "autotune_configs_dp0_rank1.json").read_bytes() == CUDNN_FILE.read_bytes()
     leftovers = [p for p in tmp_path.rglob(".*") if p.name.startswith((".tunecache-", ".batch_prefill", ".run-7", f".{CONFIG_HASH}"))]
     assert leftovers == []
+
+
+READERS = 2
+SECONDS = 4.0
+
+
+def _reinstaller(stop, jits: list[bytes], ranks: list[bytes], root, failures) -> None:
+    """Installs two runs in turn (other rank files, another build of the module) until ``stop``."""
+    turn = 0
+    while not stop.is_set():
+        try:
+            install_jit_module(jits[turn % 2], root / "workspace")
+            install_vllm_rank_files(ranks[turn % 2], root / "vllm", CONFIG_HASH,
+                                    [vllm_rank_file_name(0, 0), vllm_rank_file_name(0, 1)])
+        except Exception:
+            failures.put(traceback.format_exc())
+        turn += 1
+
+
+def _reader(stop, root, seen) -> None:
+    """What a booting engine sees meanwhile: each rank's file, and the module's ``.so``."""
+    missing_rank = missing_so = reads = 0
+    rank_dir = root / "vllm" / CONFIG_HASH
+    so = root / "workspace" / "cached_ops" / "batch_prefill_bf16_h128" / "batch_prefill_bf16_h128.so"
+    while not stop.is_set():
+        for name in (vllm_rank_file_name(0, 0), vllm_rank_file_name(0, 1)):
+            try:
+                (rank_dir / name).read_bytes()
+            except FileNotFoundError:
+                missing_rank += 1
+        try:
+            so.read_bytes()
+        except FileNotFoundError:
+            missing_so += 1
+        reads += 1
+    seen.put((missing_rank, missing_so, reads))
+
+
+def test_a_reader_never_finds_a_rank_file_or_a_module_missing_while_another_run_is_installed(tmp_path):
+    """A re-install swaps each directory in one step (renameat2's RENAME_EXCHANGE): before, it
+    renamed the old one away and the new one in, and readers found rank files and the
+    module's .so missing between the two (1,162 and 755 times in a probe of 16 installers)."""
+    from tunecache.client.atomic import _exchange
+
+    probe = tmp_path / "probe"
+    (probe / "a").mkdir(parents=True)
+    (probe / "b").mkdir()
+    if not _exchange(probe / "a", probe / "b"):
+        import pytest
+
+        pytest.skip("this system cannot swap two directories in one step (renameat2 RENAME_EXCHANGE)")
+    builds = []
+    for n in range(2):
+        node = fake_workspace(tmp_path / f"node-{n}")
+        so = node / "cached_ops" / "batch_prefill_bf16_h128" / "batch_prefill_bf16_h128.so"
+        so.write_bytes(so.read_bytes() + bytes([n]))
+        builds.append(module_tarball(node, "batch_prefill_bf16_h128"))
+    ranks = [CUDNN_FILE.read_bytes(), CUDNN_FILE.read_bytes().replace(b"{", b"{ ", 1)]
+    install_jit_module(builds[0], tmp_path / "workspace")
+    install_vllm_rank_files(ranks[0], tmp_path / "vllm", CONFIG_HASH, [vllm_rank_file_name(0, 0), vllm_rank_file_name(0, 1)])
+    context = multiprocessing.get_context("spawn")
+    stop, failures, seen = context.Event(), context.Queue(), context.Queue()
+    processes = ([context.Process(target=_reinstaller, args=(stop, builds, ranks, tmp_path, failures)) for _ in range(4)]
+                 + [context.Process(target=_reader, args=(stop, tmp_path, seen)) for _ in range(READERS)])
+    for process in processes:
+        process.start()
+    import time
+
+    time.sleep(SECONDS)
+    stop.set()
+    counts = [seen.get(timeout=60) for _ in range(READERS)]
+    for process in processes:
+        process.join(60)
+    errors = []
+    while not failures.empty():
+        errors.append(failures.get())
+    assert not errors, errors[0]
+    assert all(reads > 100 for _, _, reads in counts), counts
+    assert [(missing_rank, missing_so) for missing_rank, missing_so, _ in counts] == [(0, 0)] * READERS, counts

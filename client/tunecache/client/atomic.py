@@ -63,12 +63,74 @@ def file_lock(path: Path, timeout_s: float, poll_s: float = 0.05) -> Iterator[No
         os.close(fd)  # releases the lock
 
 
+#: ``renameat2``'s flag that swaps two paths in one step (Linux 3.15+, ``include/uapi/linux/fs.h``).
+_RENAME_EXCHANGE = 2
+#: ``AT_FDCWD``: paths relative to the working directory.
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the directories ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``,
+    through the C library's wrapper): a process that opens a path under ``b`` meanwhile finds
+    the old entry or the new one, never none. ``False`` where the system or the filesystem
+    cannot (no wrapper, ``EINVAL``, ``ENOSYS``, ``EXDEV``...): the caller renames twice."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def _entries(root: Path) -> dict[str, tuple[str, str | None]]:
+    """Every entry under ``root`` (symlinks not followed): relative path -> (kind, link target)."""
+    found: dict[str, tuple[str, str | None]] = {}
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                name = os.path.relpath(entry.path, root)
+                if entry.is_symlink():
+                    found[name] = ("link", os.readlink(entry.path))
+                elif entry.is_dir(follow_symlinks=False):
+                    found[name] = ("dir", None)
+                    stack.append(Path(entry.path))
+                else:
+                    found[name] = ("file", None)
+    return found
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    """Whether the directories ``a`` and ``b`` hold the same entries: files with the same bytes,
+    directories, and links to the same targets (links are not followed)."""
+    entries = _entries(a)
+    if entries != _entries(b):
+        return False
+    return all((a / name).read_bytes() == (b / name).read_bytes() for name, (kind, _) in entries.items() if kind == "file")
+
+
 def swap_into_place(staged: Path, target: Path) -> None:
-    """Rename the directory ``staged`` to ``target``, replacing an existing ``target``.
-    Call it holding :func:`directory_lock` of ``target.parent``."""
+    """Put the directory ``staged`` at ``target``, replacing an existing ``target``: in one
+    step where the system can (:func:`_exchange`), so that a reader never finds ``target``
+    missing; a ``target`` that already holds the same files is left as it is (``staged`` is
+    removed). Elsewhere two renames (a reader may find it missing in between). Call it holding
+    :func:`directory_lock` of ``target.parent``."""
+    if not target.exists():
+        staged.rename(target)
+        return
+    if same_tree(staged, target):
+        shutil.rmtree(staged, ignore_errors=True)
+        return
+    if _exchange(staged, target):  # the old one is at ``staged`` now
+        shutil.rmtree(staged, ignore_errors=True)
+        return
     old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-    if target.exists():
-        target.rename(old)
+    target.rename(old)
     staged.rename(target)
     shutil.rmtree(old, ignore_errors=True)
 

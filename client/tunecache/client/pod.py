@@ -34,7 +34,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -111,6 +111,19 @@ class Pod:
     def marker(self) -> Path:
         return self.root / ".tunecache" / f"{self.config_hash}.json"
 
+    @property
+    def commit_lock(self) -> Path:
+        """Held by the first worker while it puts the run in place and records it, and by a
+        worker that gave up waiting while it decides (:func:`_commit_window`, :func:`_give_up`)."""
+        return self.root / ".tunecache" / f"{self.config_hash}.commit.lock"
+
+    @property
+    def abandoned(self) -> Path:
+        """Made by a worker of this boot that gave up waiting for the first: the first then
+        installs nothing (:func:`_commit_window`)."""
+        instance = hashlib.sha256(self.instance.encode()).hexdigest()[:16]
+        return self.root / ".tunecache" / f"{self.config_hash}.abandoned-{instance}"
+
     def shown_ranks(self) -> str:
         count = len(self.file_names)
         return f"rank {self.rank}" if count == 1 else f"ranks 0-{count - 1}"
@@ -181,12 +194,59 @@ def install_for_pod(worker: Worker, settings: Any) -> PodInstall:
                 return _follow(pod, record, settings, started)
             return _install_as_first(pod, worker, settings, started, deadline)
     except TimeoutError:  # only the lock's wait: the two calls above catch everything
-        log.warning("tunecache: no tuning installed, vLLM will tune: this pod's first worker was still installing after "
-                    "%.0f s (the install deadline, %g s, plus %g s)", time.monotonic() - started, deadline,
-                    INSTALL_WAIT_MARGIN_S)
+        try:
+            return _give_up(pod, settings, started, deadline)
+        except Exception as exc:
+            log.warning("tunecache: no tuning installed, vLLM will tune: %s: %s", type(exc).__name__, exc)
     except Exception as exc:  # whatever happens, vLLM boots as it would without tunecache
         log.warning("tunecache: no tuning installed, vLLM will tune: %s: %s", type(exc).__name__, exc)
     return PodInstall(ReportOutcome.ERROR, rank, settings)
+
+
+#: Seconds a worker waits for the commit lock (:attr:`Pod.commit_lock`): its holder only
+#: renames what it staged into place and writes the record.
+COMMIT_WAIT_S = 30.0
+
+
+class Abandoned(RuntimeError):
+    """A worker of this boot gave up waiting for the first, so the first installs nothing:
+    every worker of the boot then boots without the run, as one (vllm#57423)."""
+
+
+@contextlib.contextmanager
+def _commit_window(pod: Pod) -> Iterator[None]:
+    """The first worker's window to put the run in place and record it: under the commit lock,
+    and only while no worker of this boot gave up waiting (:attr:`Pod.abandoned`).
+
+    Raises:
+        Abandoned: one did; nothing may be put in place.
+        TimeoutError: the commit lock stayed held (a worker that gave up is deciding).
+    """
+    with file_lock(pod.commit_lock, COMMIT_WAIT_S):
+        if pod.abandoned.exists():
+            raise Abandoned("a worker of this boot gave up waiting for this one (its wait, the install deadline plus "
+                            f"{INSTALL_WAIT_MARGIN_S:g} s, passed first); nothing was installed, so that every rank "
+                            "boots without the run alike")
+        yield
+
+
+def _give_up(pod: Pod, settings: Any, started: float, deadline: float) -> PodInstall:
+    """After this worker's wait for the pod's first worker ran out: under the commit lock,
+    follow the first worker's record if it put the run in place meanwhile; else mark the boot
+    abandoned (:attr:`Pod.abandoned`), so that the first installs nothing either: every rank
+    sees the same state, never one rank's run and another's nothing (vllm#57423)."""
+    from tunecache.client.atomic import write_atomically
+
+    with file_lock(pod.commit_lock, COMMIT_WAIT_S):
+        record = _read_record(pod)
+        if record is not None:
+            return _follow(pod, record, settings, started)
+        _remove_stale(pod.abandoned.parent.glob(f"{pod.config_hash}.abandoned-*"))
+        write_atomically(pod.abandoned, pod.instance.encode())
+    log.warning("tunecache: no tuning installed, vLLM will tune: this pod's first worker was still installing after "
+                "%.0f s (the install deadline, %g s, plus %g s); it will install nothing either, so every rank boots "
+                "alike", time.monotonic() - started, deadline, INSTALL_WAIT_MARGIN_S)
+    return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
 
 
 def _in_place(pod: Pod, worker: Worker, settings: Any, unwritable: OSError) -> PodInstall:
@@ -250,6 +310,7 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
     holding the pod's lock. Never raises."""
     key = environment = client = None
     v2 = False
+    commit = contextlib.ExitStack()
     try:
         environment = _environment(settings)
         key = worker.key(environment)
@@ -276,6 +337,9 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
         if took > deadline:  # the other workers stop waiting soon: write nothing they would not expect
             raise TimeoutError(f"fetching run {fetched.run.id} took {took:.1f} s, more than the install deadline "
                                f"({deadline:g} s); nothing was installed")
+        # put in place only while no worker of this boot gave up waiting; the record below is
+        # written in the same window, so a worker that gives up later finds it and follows
+        commit.enter_context(_commit_window(pod))
         result = install(fetched, target)
         if result.deep_gemm_dir is not None:  # the directory vLLM would set, set before DeepGEMM reads it
             os.environ["DG_JIT_CACHE_DIR"] = str(result.deep_gemm_dir)
@@ -290,11 +354,12 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
         line = f"tunecache: no tuning installed, vLLM will tune: {result.reason}"
     record = PodRecord(instance=pod.instance, rank=pod.rank, host=socket.gethostname(), pid=os.getpid(), key=key,
                        environment=environment, v2=v2, result=result)
-    try:
-        _write_record(pod, record)
-    except Exception as exc:
-        line += (f" (not recorded for this pod's other workers, which will look up themselves: "
-                 f"{type(exc).__name__}: {exc})")
+    with commit:
+        try:
+            _write_record(pod, record)
+        except Exception as exc:
+            line += (f" (not recorded for this pod's other workers, which will look up themselves: "
+                     f"{type(exc).__name__}: {exc})")
     log.log(level, "%s", line)
     _report(record, settings, client, started, pod.rank, True, result)
     return PodInstall(result.outcome, pod.rank, settings)
