@@ -9,6 +9,9 @@ Create Date: 2026-12-03
   (:class:`tunecache.formats.vllm_compile.VariantFactors`), indexed with its key;
 * ``current_variants``: the current run of each (key, environment, variant), beside
   ``current_tunings`` (the key's current run, which every pod gets its tactics from);
+* ``current_tunings.previous_run_id`` (and the same in ``current_variants``): the run that was
+  current before the pointer last moved (``updated_at``): retention keeps it for a while, since
+  a pod that looked it up just before may still be downloading it;
 * ``pod_reports.variant``, ``pod_reports.variant_missing`` (boolean, not null, default
   false: the pod installed the key's run, but no warm state is stored for its variant) and
   ``pod_reports.engine_args`` (JSON: the pod's vLLM engine arguments that name its variant).
@@ -36,6 +39,7 @@ def upgrade() -> None:
         sa.Column('variant', sa.String(16), nullable=False),
         sa.Column('run_id', sa.Integer(), nullable=False),
         sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('previous_run_id', sa.Integer(), nullable=True),
         sa.ForeignKeyConstraint(['environment_id'], ['environments.id'],
                                 name=op.f('fk_current_variants_environment_id_environments')),
         sa.ForeignKeyConstraint(['key_id'], ['tuning_keys.id'], name=op.f('fk_current_variants_key_id_tuning_keys')),
@@ -43,6 +47,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint('key_id', 'environment_id', 'variant', name=op.f('pk_current_variants')),
     )
     op.create_index('ix_current_variants_run_id', 'current_variants', ['run_id'])
+    op.add_column('current_tunings', sa.Column('previous_run_id', sa.Integer(), nullable=True))
     op.add_column('pod_reports', sa.Column('variant', sa.String(16), nullable=True))
     op.add_column('pod_reports', sa.Column('variant_missing', sa.Boolean(), nullable=False, server_default=sa.false()))
     op.add_column('pod_reports', sa.Column('engine_args', sa.JSON(), nullable=True))
@@ -53,6 +58,8 @@ def downgrade() -> None:
         batch.drop_column('engine_args')
         batch.drop_column('variant_missing')
         batch.drop_column('variant')
+    with op.batch_alter_table('current_tunings') as batch:
+        batch.drop_column('previous_run_id')
     op.drop_index('ix_current_variants_run_id', table_name='current_variants')
     op.drop_table('current_variants')
     op.drop_index('ix_tuning_runs_key_variant', table_name='tuning_runs')

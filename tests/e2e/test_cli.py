@@ -546,3 +546,24 @@ def test_a_bad_key_field_is_one_line_in_the_validators_own_words():
     assert result.returncode == int(ExitCode.USAGE)
     assert result.stderr.strip().splitlines()[-1] == ("tunecache: error: invalid key: model: must not start or end "
                                                      "with whitespace")
+
+
+def test_two_db_upgrades_at_once_on_one_sqlite_file_migrate_one_after_the_other(tmp_path):
+    """SQLite alters a table by copying it into _alembic_tmp_<table>: two upgrades at once left
+    that copy behind in 2 of 6 rounds of a probe, and every later migration failed on it."""
+    import sqlite3
+    import subprocess
+
+    from tests.support.cli import tunecache_executable
+    from tunecache.service.db import head_revision
+
+    for round_ in range(4):
+        url = f"sqlite:///{tmp_path / f'round-{round_}.db'}"
+        started = [subprocess.Popen([tunecache_executable(), "db", "upgrade", "--database", url],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        outcomes = [process.communicate(timeout=120) + (process.returncode,) for process in started]
+        assert [code for _, _, code in outcomes] == [0, 0], outcomes
+        with sqlite3.connect(tmp_path / f"round-{round_}.db") as connection:
+            tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            [(revision,)] = connection.execute("SELECT version_num FROM alembic_version").fetchall()
+        assert not [t for t in tables if t.startswith("_alembic_tmp")] and revision == head_revision()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 from alembic import command
@@ -131,14 +133,41 @@ def current_revision(engine: Engine) -> str | None:
         return revision_of(connection)
 
 
+@contextlib.contextmanager
+def _migration_lock(engine: Engine):
+    """On a SQLite file: an exclusive ``flock`` on ``<file>.migrate.lock`` for the block, so that
+    two ``tunecache db upgrade`` (or two first starts of ``serve``) at once migrate one after the
+    other: SQLite runs an ``ALTER`` of a table as a copy into ``_alembic_tmp_<table>`` and a
+    rename, and two at once left that copy behind (2 of 6 rounds in a probe), breaking every
+    later migration. PostgreSQL serializes them itself (transactional DDL on the version
+    table); an in-memory database has nothing to share."""
+    database = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not database or database == ":memory:" or database.startswith("file:"):
+        yield
+        return
+    import fcntl
+
+    path = Path(database).expanduser().resolve().with_name(Path(database).name + ".migrate.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply migrations up to ``revision`` (``alembic upgrade``)."""
-    command.upgrade(alembic_config(engine), revision)
+    """Apply migrations up to ``revision`` (``alembic upgrade``), one process at a time on a
+    SQLite file (:func:`_migration_lock`)."""
+    with _migration_lock(engine):
+        command.upgrade(alembic_config(engine), revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
     """Revert migrations down to ``revision`` (``"base"`` drops every table)."""
-    command.downgrade(alembic_config(engine), revision)
+    with _migration_lock(engine):
+        command.downgrade(alembic_config(engine), revision)
 
 
 def check_schema(engine: Engine) -> str:

@@ -40,15 +40,18 @@ def insert_or_ignore(
     return session.execute(stmt.returning(table.c[returning])).scalar()
 
 
-def upsert_if_newer(session: Session, table: Table, values: dict[str, Any], conflict: list[str], newer: str | None) -> None:
+def upsert_if_newer(session: Session, table: Table, values: dict[str, Any], conflict: list[str], newer: str | None,
+                    keep_old: dict[str, str] | None = None) -> None:
     """``INSERT ... ON CONFLICT (conflict) DO UPDATE ... WHERE table.newer < excluded.newer``
-    (``newer`` ``None``: the update is unconditional).
+    (``newer`` ``None``: the update is unconditional); ``keep_old``: columns set by the update
+    to the row's old value of another column (``{"previous_run_id": "run_id"}``).
 
     Writers racing on one row leave the largest ``newer`` value, whatever order they
     commit in (PostgreSQL re-checks the condition against the committed row).
     """
     stmt = _insert(session, table).values(**values)
     update = {k: stmt.excluded[k] for k in values if k not in conflict}
+    update.update({column: table.c[old] for column, old in (keep_old or {}).items()})
     where = table.c[newer] < stmt.excluded[newer] if newer is not None else None
     session.execute(stmt.on_conflict_do_update(index_elements=conflict, set_=update, where=where))
 

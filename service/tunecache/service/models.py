@@ -247,6 +247,8 @@ class CurrentTuning(Base):
     environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"))
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    previous_run_id: Mapped[int | None] = mapped_column(Integer)
+    """The run current before ``updated_at`` (no foreign key: retention deletes it in time)."""
 
 
 class CurrentVariant(Base):
@@ -260,6 +262,8 @@ class CurrentVariant(Base):
     variant: Mapped[str] = mapped_column(String(16), primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"), index=True)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    previous_run_id: Mapped[int | None] = mapped_column(Integer)
+    """The run current for the variant before ``updated_at``."""
 
 
 class TuningGeneration(Base):

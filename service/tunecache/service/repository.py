@@ -270,6 +270,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
                 {"key_id": key_row.id, "environment_id": env_row.id, "run_id": row.id, "updated_at": utcnow()},
                 conflict=["key_id", "environment_id"],
                 newer="run_id",
+                keep_old={"previous_run_id": "run_id"},
             )
         _make_current_variant(session, row, newer="run_id")
     return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
@@ -290,7 +291,7 @@ def _make_current_variant(session: Session, row: TuningRun, newer: str | None) -
         session, CurrentVariant.__table__,
         {"key_id": row.key_id, "environment_id": row.environment_id, "variant": row.variant, "run_id": row.id,
          "updated_at": utcnow()},
-        conflict=["key_id", "environment_id", "variant"], newer=newer)
+        conflict=["key_id", "environment_id", "variant"], newer=newer, keep_old={"previous_run_id": "run_id"})
 
 
 def _server_verification(run: TuningRunCreate, trusted_keys: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
@@ -413,7 +414,7 @@ def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] |
         dialect.upsert_if_newer(  # any run id: the pointer moves to this run, older or not
             session, CurrentTuning.__table__,
             {"key_id": row.key_id, "environment_id": row.environment_id, "run_id": row.id, "updated_at": utcnow()},
-            conflict=["key_id", "environment_id"], newer=None)
+            conflict=["key_id", "environment_id"], newer=None, keep_old={"previous_run_id": "run_id"})
     _make_current_variant(session, row, newer=None)
     session.flush()
     return _to_read(row, is_current=not variant_only), previous.id if previous is not None else None

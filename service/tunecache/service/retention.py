@@ -95,7 +95,7 @@ class PassReport:
                 + (f"; database part skipped: {self.skipped}" if self.skipped else ""))
 
 
-def _runs_past_retention(keep: int, cutoff: dt.datetime):
+def _runs_past_retention(keep: int, cutoff: dt.datetime, now: dt.datetime | None = None):
     """``SELECT id`` of the runs that :func:`prune_runs` deletes."""
     ranked = select(
         TuningRun.id,
@@ -103,24 +103,36 @@ def _runs_past_retention(keep: int, cutoff: dt.datetime):
                                order_by=(TuningRun.created_at.desc(), TuningRun.id.desc())).label("rank"),
     ).subquery()
     return select(TuningRun.id).where(TuningRun.id.in_(select(ranked.c.id).where(ranked.c.rank > keep)),
-                                      *_deletable(cutoff))
+                                      *_deletable(cutoff, now))
 
 
-def _deletable(cutoff: dt.datetime) -> list:
+#: The run that was current until the pointer moved (``previous_run_id``) is kept this long
+#: after it moved: a pod that looked it up just before may still be downloading it (its install
+#: deadline is 30 s by default, a lookup answered from memory up to a minute old), whatever the
+#: grace. (With a grace of 0, a pass deleted the run a pod had just looked up, and the pod's
+#: download got 404 mid-boot.)
+RECENTLY_REPLACED = dt.timedelta(minutes=10)
+
+
+def _deletable(cutoff: dt.datetime, now: dt.datetime | None = None) -> list:
     """Conditions on a run that retention may delete (checked again in each DELETE)."""
+    replaced_since = (now or utcnow()) - RECENTLY_REPLACED
     return [
         TuningRun.pinned.is_(False),
         TuningRun.created_at < cutoff,
         ~exists().where(CurrentTuning.run_id == TuningRun.id),
         ~exists().where(CurrentVariant.run_id == TuningRun.id),
         ~exists().where(TuningJob.run_id == TuningRun.id),
+        ~exists().where(CurrentTuning.previous_run_id == TuningRun.id, CurrentTuning.updated_at >= replaced_since),
+        ~exists().where(CurrentVariant.previous_run_id == TuningRun.id, CurrentVariant.updated_at >= replaced_since),
     ]
 
 
 def prune_runs(session: Session, keep: int | None, now: dt.datetime | None = None,
                grace: dt.timedelta = RetentionPolicy.grace, dry_run: bool = False) -> list[int]:
     """Delete, per key and environment, the runs past the newest ``keep`` (``None``: none),
-    except current (of the key or of an engine variant), pinned and job runs and those recorded within ``grace`` of ``now``;
+    except current (of the key or of an engine variant), pinned and job runs, those recorded within ``grace`` of ``now``,
+    and a run that stopped being current within :data:`RECENTLY_REPLACED`;
     their ``run_artifacts`` rows go with them (``ON DELETE CASCADE``). Returns the ids
     deleted (``dry_run``: those it would delete, deleting nothing). The caller commits.
 
@@ -129,8 +141,9 @@ def prune_runs(session: Session, keep: int | None, now: dt.datetime | None = Non
     """
     if keep is None:
         return []
-    cutoff = (now or utcnow()) - grace
-    candidates = list(session.scalars(_runs_past_retention(keep, cutoff).order_by(TuningRun.id)))
+    now = now or utcnow()
+    cutoff = now - grace
+    candidates = list(session.scalars(_runs_past_retention(keep, cutoff, now).order_by(TuningRun.id)))
     if dry_run:
         return candidates
     deleted: list[int] = []
@@ -139,7 +152,7 @@ def prune_runs(session: Session, keep: int | None, now: dt.datetime | None = Non
         try:
             with session.begin_nested():  # the session forgets the deleted runs (synchronize_session)
                 deleted += session.scalars(
-                    delete(TuningRun).where(TuningRun.id.in_(batch), *_deletable(cutoff)).returning(TuningRun.id),
+                    delete(TuningRun).where(TuningRun.id.in_(batch), *_deletable(cutoff, now)).returning(TuningRun.id),
                     execution_options={"synchronize_session": "fetch"}).all()
         except (IntegrityError, OperationalError) as exc:
             log.warning("retention: %d runs left for the next pass: %s", len(batch), str(exc).splitlines()[0])
