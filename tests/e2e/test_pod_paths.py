@@ -158,3 +158,29 @@ def test_a_run_for_the_pods_own_flashinfer_installs_into_its_own_workspace(serve
     pulled = pull(server, env)
     assert pulled.returncode == 0 and f"installed 1 FlashInfer JIT modules into {workspace}" in pulled.stderr, pulled.stderr
     assert (workspace / "cached_ops" / MODULE / f"{MODULE}.so").is_file()
+
+
+def test_a_full_volume_midway_leaves_no_jit_module_installed_either(server, tmp_path, node_signing_key):
+    """All or nothing: the module's small files fit, the rank files do not (writes past 4 kB
+    fail as a full volume fails); the module that went in first is taken back (it was left
+    installed, with exit 12)."""
+    import resource
+    import signal
+
+    publish(server, tmp_path, node_signing_key, "0.6.13/90a")
+    env = pod_env(tmp_path, flashinfer=True)
+    env["FLASHINFER_WORKSPACE_BASE"] = str(tmp_path / "pod-home")
+
+    def small_volume():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    result = subprocess.run(
+        [tunecache_executable(), "pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+         "--environment", str(CUDNN_FILE), "--layout", "vllm", "--vllm-config-hash", CONFIG_HASH, "--jit",
+         "--jit-workspace", str(tmp_path / "workspace")],
+        env=env, capture_output=True, text=True, timeout=120, preexec_fn=small_volume)
+    assert result.returncode == 12, result.stderr
+    assert not (tmp_path / "workspace" / "cached_ops" / MODULE).exists(), result.stderr
+    assert not (tmp_path / "vllm-cache" / "flashinfer_autotune_cache").exists() or not any(
+        (tmp_path / "vllm-cache" / "flashinfer_autotune_cache").rglob(RANK_FILE))

@@ -19,7 +19,81 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
+
+
+class Journal:
+    """What one install put in place, so that it can be taken back whole
+    (:func:`all_or_nothing`): each directory or file swapped in with what it replaced (kept
+    beside it until the install ends), each entry added."""
+
+    def __init__(self) -> None:
+        self._done: list[tuple[Path, Path | None]] = []
+
+    def put(self, target: Path, old: Path | None) -> None:
+        """``target`` was put in place; ``old`` holds what was there before (``None``: nothing)."""
+        self._done.append((target, old))
+
+    def rollback(self) -> None:
+        """Take back everything put in place, newest first: the old entries return. Never raises."""
+        for target, old in reversed(self._done):
+            try:
+                if old is not None and old.is_dir() and target.is_dir() and _exchange(old, target):
+                    _remove(old)
+                    continue
+                _remove(target)
+                if old is not None:
+                    old.rename(target)
+            except OSError:
+                continue
+        self._done.clear()
+
+    def commit(self) -> None:
+        """The install stands: drop what it replaced. Never raises."""
+        for _, old in self._done:
+            if old is not None:
+                _remove(old)
+        self._done.clear()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+_journal: ContextVar[Journal | None] = ContextVar("tunecache_install_journal", default=None)
+
+
+@contextmanager
+def all_or_nothing() -> Iterator[Journal]:
+    """Within the block, what :func:`swap_into_place`, :func:`write_atomically` and
+    :func:`note_added` put in place is journaled; when the block raises (a full volume midway),
+    all of it is taken back and the old entries return, so an install leaves everything as it
+    was or all of it in place. The replaced entries are dropped when the block ends well."""
+    journal = Journal()
+    token = _journal.set(journal)
+    try:
+        yield journal
+    except BaseException:
+        journal.rollback()
+        raise
+    else:
+        journal.commit()
+    finally:
+        _journal.reset(token)
+
+
+def note_added(path: Path) -> None:
+    """Journal an entry an install renamed into a place that was empty (see :func:`all_or_nothing`)."""
+    journal = _journal.get()
+    if journal is not None:
+        journal.put(path, None)
 
 
 @contextmanager
@@ -120,19 +194,29 @@ def swap_into_place(staged: Path, target: Path) -> None:
     missing; a ``target`` that already holds the same files is left as it is (``staged`` is
     removed). Elsewhere two renames (a reader may find it missing in between). Call it holding
     :func:`directory_lock` of ``target.parent``."""
+    journal = _journal.get()
     if not target.exists():
         staged.rename(target)
+        note_added(target)
         return
     if same_tree(staged, target):
         shutil.rmtree(staged, ignore_errors=True)
         return
     if _exchange(staged, target):  # the old one is at ``staged`` now
-        shutil.rmtree(staged, ignore_errors=True)
+        if journal is not None:
+            kept = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+            staged.rename(kept)
+            journal.put(target, kept)
+        else:
+            shutil.rmtree(staged, ignore_errors=True)
         return
     old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
     target.rename(old)
     staged.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+    if journal is not None:
+        journal.put(target, old)
+    else:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -144,13 +228,22 @@ def write_atomically(path: Path, data: bytes) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    journal = _journal.get()
+    old = None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; the pod's vLLM user must read it
+        if journal is not None and path.is_file():  # kept for a roll back, without a moment of no file
+            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+            os.link(path, old)
         os.replace(tmp, path)
+        if journal is not None:
+            journal.put(path, old)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        if old is not None:
+            old.unlink(missing_ok=True)
         raise

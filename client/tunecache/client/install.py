@@ -19,7 +19,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict
 
-from tunecache.client.atomic import write_atomically
+from tunecache.client.atomic import all_or_nothing, write_atomically
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import newest_installed, remember_installed
 from tunecache.client.jit_install import (
@@ -453,10 +453,11 @@ InstalledTuning = InstallResult
 
 
 def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
-    """Install a fetched run at ``target``, all or nothing as far as the tactics go: every
-    destination is staged first (artifacts checked, paths resolved, this pod's FlashInfer
-    workspace compared with the run's; nothing written), then each is written in
-    :class:`InstallTarget`'s order, the tactics last.
+    """Install a fetched run at ``target``, all or nothing: every destination is staged first
+    (artifacts checked, paths resolved, this pod's FlashInfer workspace compared with the
+    run's; nothing written), then each is written in :class:`InstallTarget`'s order, the
+    tactics last; when a write fails (a full volume), what the others put in place is taken
+    back and what they replaced returns (:func:`tunecache.client.atomic.all_or_nothing`).
 
     Raises:
         ValueError: a path this pod cannot tell (e.g. vLLM's autotune root without vllm,
@@ -466,9 +467,10 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
     """
     commits = [destination.stage(fetched) for destination in target.destinations()]
     written: dict[str, Any] = {}
-    for commit in commits:
-        fields_set = commit()
-        written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
+    with all_or_nothing():  # a write that fails (a full volume) takes back what the others put in place
+        for commit in commits:
+            fields_set = commit()
+            written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
     if fetched.signed_by is not None and fetched.run.signature is not None and fetched.verified_for is not None:
         remember_installed(*fetched.verified_for, fetched.run.signature.signed_at)
     return InstallResult(outcome=ReportOutcome.INSTALLED, run_id=fetched.run.id, entries=fetched.run.entries,

@@ -35,7 +35,7 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from tunecache.client.atomic import directory_lock, swap_into_place
+from tunecache.client.atomic import directory_lock, note_added, swap_into_place
 from tunecache.formats.tarball import max_unpack_files, open_bounded
 
 
@@ -216,6 +216,7 @@ def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
                     if not (kernels / kernel.name).is_dir():  # not another process's identical kernel
                         raise
                     continue
+                note_added(kernels / kernel.name)
                 installed.append(kernel.name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -166,6 +166,8 @@ def fix_triton_groups(staged: Path, final: Path) -> int:
 
 
 def merge_entries(data: bytes, what: str, destination: Path, renames: Callable[[Path], dict[str, str]]) -> list[str]:
+    from tunecache.client.atomic import note_added
+
     """Unpack ``data`` beside ``destination`` and rename in each entry ``renames(staged)``
     gives (path in the tarball -> path under ``destination``) that ``destination`` lacks,
     its Triton group files pointed at their final place. Returns the entries installed.
@@ -192,6 +194,7 @@ def merge_entries(data: bytes, what: str, destination: Path, renames: Callable[[
                     if not final.exists():  # not another process's identical entry
                         raise
                     continue
+                note_added(final)
                 installed.append(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -51,3 +51,30 @@ def test_a_worker_that_gives_up_after_the_first_recorded_follows_the_record(tmp_
                                  paths=(first.root / first.config_hash,))))
     followed = pods._give_up(follower, SETTINGS, time.monotonic() - 12, 1.0)
     assert followed.outcome is ReportOutcome.INSTALLED and not follower.abandoned.exists()
+
+
+def test_an_install_that_fails_midway_takes_back_what_it_put_in_place_and_the_old_entries_return(tmp_path):
+    from tunecache.client.atomic import all_or_nothing, note_added, swap_into_place, write_atomically
+
+    replaced, written, added = tmp_path / "module", tmp_path / "file.json", tmp_path / "kernel.a"
+    replaced.mkdir()
+    (replaced / "old.so").write_bytes(b"old")
+    written.write_bytes(b"old file")
+    with pytest.raises(OSError, match="volume full"), all_or_nothing():
+        staged = tmp_path / "staged"
+        staged.mkdir()
+        (staged / "new.so").write_bytes(b"new")
+        swap_into_place(staged, replaced)
+        write_atomically(written, b"new file")
+        added.mkdir()
+        note_added(added)
+        raise OSError("volume full")
+    assert sorted(p.name for p in replaced.iterdir()) == ["old.so"] and written.read_bytes() == b"old file"
+    assert not added.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["file.json", "module"]
+    with all_or_nothing():  # one that ends well drops what it replaced
+        staged = tmp_path / "staged"
+        staged.mkdir()
+        (staged / "new.so").write_bytes(b"new")
+        swap_into_place(staged, replaced)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.json", "module"]
+    assert sorted(p.name for p in replaced.iterdir()) == ["new.so"]
