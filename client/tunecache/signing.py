@@ -77,10 +77,15 @@ SIGNATURE_VALID_DAYS = 90.0
 def install_fields(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     """The fields of a run's ``summary`` that decide what a pod installs, signed with the run
     (manifest 2): ``flashinfer_jit``, the FlashInfer workspace and the JIT validity fields
-    the pod compares with its own before it installs JIT modules. (vLLM's compile factors are
-    signed inside the compile-cache tarball itself.)"""
+    the pod compares with its own before it installs JIT modules, and, where the run has them,
+    ``dependencies``, the package versions its executable kinds were built with
+    (:mod:`tunecache.formats.dependencies`; a run recorded before them signs without). (vLLM's
+    compile factors are signed inside the compile-cache tarball itself.)"""
     jit = (summary or {}).get("flashinfer_jit")
-    return {"flashinfer_jit": jit if isinstance(jit, dict) else {}}
+    fields: dict[str, Any] = {"flashinfer_jit": jit if isinstance(jit, dict) else {}}
+    if "dependencies" in (summary or {}):
+        fields["dependencies"] = summary["dependencies"]
+    return fields
 #: Name of the private key file :func:`generate_signing_key` writes.
 PRIVATE_KEY_FILE = "signing.key"
 #: Name of the public key file :func:`generate_signing_key` writes.

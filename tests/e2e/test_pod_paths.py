@@ -184,3 +184,24 @@ def test_a_full_volume_midway_leaves_no_jit_module_installed_either(server, tmp_
     assert not (tmp_path / "workspace" / "cached_ops" / MODULE).exists(), result.stderr
     assert not (tmp_path / "vllm-cache" / "flashinfer_autotune_cache").exists() or not any(
         (tmp_path / "vllm-cache" / "flashinfer_autotune_cache").rglob(RANK_FILE))
+
+
+def test_a_module_whose_build_ninja_names_an_include_directory_the_pod_lacks_is_left_out(server, tmp_path,
+                                                                                         node_signing_key):
+    """Installed for ninja (pull --jit), a module whose build.ninja points at headers this pod
+    does not have would fail or build again: it is left out, and the directory is named."""
+    node = fake_workspace(tmp_path / "node-includes")
+    (node / "cached_ops" / MODULE / "build.ninja").write_text(
+        "cflags = -isystem /opt/tuner-only/tvm_ffi/include -O3\nrule nvcc\n")
+    module = module_tarball(node, MODULE)
+    for blob in (CUDNN_FILE.read_bytes(), module):
+        assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code in (200, 201)
+    payload = run_payload(CUDNN_FILE, summary={"entries": 42, "flashinfer_jit": {"workspace_subdir": "0.6.13/90a"}})
+    payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": f"flashinfer-jit/{MODULE}.tar.gz",
+                                 "media_type": "application/gzip", "sha256": hashlib.sha256(module).hexdigest()})
+    assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
+    result = pull(server, pod_env(tmp_path, flashinfer=True), "--jit-workspace", str(tmp_path / "workspace"))
+    assert result.returncode == 0, result.stderr
+    assert ("1 FlashInfer JIT modules not installed: module batch_prefill_bf16_h128's build.ninja names include "
+            "directories this pod lacks: /opt/tuner-only/tvm_ffi/include") in result.stderr
+    assert not (tmp_path / "workspace" / "cached_ops" / MODULE).exists()

@@ -49,6 +49,8 @@ def push_warm_run(server, tmp_path, signing_key, **overrides) -> int:
     payload["artifacts"] += [{"kind": a["kind"], "name": a["name"], "media_type": a["media_type"],
                               "sha256": hashlib.sha256((out / a["path"]).read_bytes()).hexdigest()} for a in artifacts]
     payload["summary"]["vllm_compile"] = summary
+    if overrides.get("dependencies"):  # the package versions the tuner recorded
+        payload["summary"]["dependencies"] = overrides["dependencies"]
     if overrides.get("max_model_len"):  # tuned for that engine variant (tune --engine-args)
         payload["summary"]["engine_args"] = {"max_model_len": overrides["max_model_len"]}
     answer = as_admin.post(f"{server}/v1/tunings", json=signed(payload, signing_key))
@@ -311,3 +313,21 @@ def test_doctor_tells_before_the_boot_what_each_kind_will_do_on_this_pod(server,
         assert ("1 traced sources found under this pod's own package prefix" in compiled) is (case == "other prefix")
         assert verdicts["triton_cache"].startswith("triton_cache: loads: merged into ")
         assert verdicts["vllm_modelinfos"] == f"vllm_modelinfos: loads: into {tmp_path / 'doctor-vllm-cache' / 'modelinfos'}"
+
+
+def test_kinds_built_with_another_triton_or_torch_are_left_out_and_named(server, tmp_path, node_signing_key):
+    """A package bump drops what was built with the old one (tokenspeed#1033): the run records
+    its torch, Triton and TVM-FFI; the Triton cache and the compile cache of another Triton are
+    not installed, and both say why; the model inspections still are."""
+    from tunecache.formats.dependencies import installed_versions
+
+    here = installed_versions()
+    push_warm_run(server, tmp_path, node_signing_key, block_size=32,
+                  dependencies={**here, "triton": "0.0.1-the-tuners"})
+    seen, log = run_engine(tmp_path, **pod_env(tmp_path, server))
+    assert seen["inspect_model"] == {"cached": True} and seen["compile"] == {"backbone": False, "aot": False}
+    [first] = [line for line in tunecache_lines(log) if line.startswith("tunecache: warm state of run ")]
+    said = f"triton: node 0.0.1-the-tuners, pod {here['triton']}"
+    assert f"Triton cache not installed, built with other packages ({said})" in first
+    assert f"compile cache not installed, built with other packages ({said})" in first
+    assert not (tmp_path / "pod-triton" / "HASHB").exists()

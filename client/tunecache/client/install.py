@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict
 
 from tunecache.client.atomic import all_or_nothing, write_atomically
+from tunecache.formats.dependencies import drift, installed_versions
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import newest_installed, remember_installed
 from tunecache.client.jit_install import (
@@ -93,6 +94,9 @@ class FetchedTuning:
     """The key and environment the run's signature was checked against (this pod's own, as
     it asked): what :func:`install` remembers the install under, never the key or
     environment the server's answer names (a proxy can rewrite those)."""
+    drift: Mapping[ArtifactKind, str] = field(default_factory=dict)
+    """The kinds built with other package versions than this pod's, each with the differences
+    (:func:`tunecache.formats.dependencies.drift`): not installed."""
 
     @property
     def workspace_subdir(self) -> str:
@@ -185,6 +189,7 @@ def fetch_tuning(
             run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
             signed_by=signed_by, executable_refused=refused, warm_state=warm,
             verified_for=(key, environment) if signed_by is not None else None,
+            drift=drift(run.summary.get("dependencies"), installed_versions()),
         )
 
 
@@ -303,8 +308,11 @@ class JitWorkspace:
         if not fetched.jit_modules:
             return None, fetched.executable_refused
         if self.path is not None:
-            return Path(self.path), None
+            return Path(self.path), self._missing_includes(fetched)
         count = len(fetched.jit_modules)
+        differs = getattr(fetched, "drift", {}).get(ArtifactKind.FLASHINFER_JIT_MODULE)
+        if differs:
+            return None, f"{count} FlashInfer JIT modules not installed, built with other packages: {differs}"
         own = flashinfer_workspace()
         if own is None:
             return None, (f"{count} FlashInfer JIT modules not installed: FlashInfer is not importable here, so this "
@@ -316,10 +324,29 @@ class JitWorkspace:
             mismatches.insert(0, f"workspace_subdir: node {shown(fetched.workspace_subdir)}, here {own.subdir}")
         if mismatches:
             return None, f"{count} FlashInfer JIT modules not installed, built elsewhere: " + "; ".join(mismatches)
-        return own.path, None
+        return own.path, None if self.loads_as_aot else self._missing_includes(fetched)
+
+    def _missing_includes(self, fetched: FetchedTuning) -> str | None:
+        """Why the modules are not installed when one's ``build.ninja`` names an include
+        directory this pod lacks (ninja, which loads a module not loaded through the AOT path,
+        would fail on it or build again); ``None``: none does."""
+        from tunecache.formats.dependencies import missing_include_dirs
+        from tunecache.formats.jit_module import BadJitArtifact, check_jit_module
+        from tunecache.formats.tarball import open_bounded
+
+        for blob in fetched.jit_modules:
+            module = check_jit_module(blob)
+            with open_bounded(blob, "JIT", BadJitArtifact) as tar:
+                missing = missing_include_dirs(tar, module)
+            if missing:
+                return (f"{len(fetched.jit_modules)} FlashInfer JIT modules not installed: module {module}'s build.ninja "
+                        f"names include directories this pod lacks: {', '.join(shown(m) for m in missing[:3])}")
+        return None
 
     def stage(self, fetched: FetchedTuning) -> Commit:
         workspace, skipped = self._workspace(fetched)
+        if workspace is not None and skipped:  # a directory the pod named, but a module that would not build there
+            workspace = None
         asked = len(fetched.run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE))
 
         image = image_aot_dir() if self.loads_as_aot and workspace else None

@@ -576,7 +576,7 @@ class WarmBoot:
         model and starting its engine core: a worker then only renames its directories into
         place (:func:`install_staged_compile_cache`)."""
         data = self.fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if self.fetched else None
-        if data is None:
+        if data is None or self.fetched.drift.get(ArtifactKind.VLLM_COMPILE_CACHE):
             return None
         path = root / ".tunecache" / f"compile-cache-run-{self.fetched.run.id}.tar.gz"
         write_atomically(path, data)
@@ -593,6 +593,9 @@ class WarmBoot:
             parts.append(f"DeepGEMM cache into {self.result.deep_gemm_dir}")
         if os.environ.get(COMPILE_CACHE_VARIABLE):
             parts.append("compile cache staged for the workers")
+        elif self.fetched is not None and self.fetched.drift.get(ArtifactKind.VLLM_COMPILE_CACHE):
+            parts.append(f"compile cache not installed, built with other packages "
+                         f"({self.fetched.drift[ArtifactKind.VLLM_COMPILE_CACHE]})")
         skipped = f"; {self.result.jit_skipped}" if self.result.jit_skipped else ""
         log.info("tunecache: warm state of run %s installed for %s in %.1f s: %s%s%s", self.fetched.run.id,
                  self.key.model if self.key else "?", took, ", ".join(parts), skipped, note)

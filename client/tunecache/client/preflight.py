@@ -15,7 +15,10 @@ same checks the install makes (nothing is fetched or written):
   prefix the packages live under is no difference). The engine's arguments decide the rest,
   which only vLLM's config tells: the run's engine variant and the engine arguments it was
   tuned with are named;
-* DeepGEMM, Triton and vLLM's model-inspection cache: where they go on this pod.
+* DeepGEMM, Triton and vLLM's model-inspection cache: where they go on this pod;
+* the package versions the executable kinds were built with against this pod's
+  (:mod:`tunecache.formats.dependencies`): a kind built with another torch, Triton or TVM-FFI
+  will not load.
 
 Executable kinds (everything but the tactics) install only from a run signed by a trusted key
 (``TUNECACHE_TRUSTED_KEYS``): checked here as the install checks it.
@@ -156,6 +159,11 @@ def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetada
         executable.append(Verdict(ArtifactKind.VLLM_MODELINFOS, True, f"into {vllm_cache_root() / 'modelinfos'}"))
     if ArtifactKind.VLLM_COMPILE_CACHE in kinds:
         executable.append(_compile_cache(run))
+    from tunecache.formats.dependencies import drift, installed_versions
+
+    differs = drift(run.summary.get("dependencies"), installed_versions())
+    executable = [Verdict(v.kind, False, f"built with other packages: {differs[v.kind]}") if v.kind in differs else v
+                  for v in executable]
     if refused:
         executable = [Verdict(v.kind, False, refused) for v in executable]
     return verdicts + executable

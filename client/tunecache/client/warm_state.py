@@ -253,6 +253,9 @@ class VllmCacheRoot:
         compiled = fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if self.compile_cache else None
         renames: dict[str, str] | None = None
         skipped = None
+        differs = getattr(fetched, "drift", {}).get(ArtifactKind.VLLM_COMPILE_CACHE)
+        if compiled is not None and differs:
+            compiled, skipped = None, f"compile cache not installed, built with other packages: {differs}"
         if compiled is not None:
             node = read_compile_factors(compiled)
             if node is None:
@@ -298,6 +301,9 @@ class TritonCache:
         data = fetched.warm_state.get(ArtifactKind.TRITON_CACHE)
         if data is None:
             return dict
+        differs = getattr(fetched, "drift", {}).get(ArtifactKind.TRITON_CACHE)
+        if differs:
+            return lambda: {"warm_state": (f"Triton cache not installed, built with other packages ({differs})",)}
         if self.path is not None:
             directories = [Path(self.path)]
         else:

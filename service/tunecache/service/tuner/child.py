@@ -39,6 +39,7 @@ from tunecache.contract import (
     TunerFinished,
     TunerStarted,
 )
+from tunecache.formats.dependencies import installed_versions
 from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage
 from tunecache.service.tuner.guard import die_with_parent, hold_gpu_lock
 from tunecache.service.tuner.stages import STAGES, TunerStage, TuneSpec
@@ -114,6 +115,7 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
         "stages": stages,
         "jit_modules": [a["module"] for a in jit],
         "flashinfer_jit": workspace_layout(),
+        "dependencies": installed_versions(),
         "artifacts": [
             _autotune_artifact(),
             *({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in jit),
@@ -167,6 +169,7 @@ def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str
         "stages": {Stage.VLLM.value: {"status": "done", "seconds": seconds, "ranks": harvested["ranks"]}},
         "jit_modules": [a["module"] for a in harvested["jit"]],
         "flashinfer_jit": workspace_layout() if harvested["jit"] else {},
+        "dependencies": installed_versions(),
         "vllm_compile": harvested["vllm_compile"],
         "artifacts": [
             _autotune_artifact(),
