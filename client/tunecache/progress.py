@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from tunecache.contract import Stage, StageChanged, StageProgress, TunerError, TunerEvent, TunerStarted, TuningJobRead
+from tunecache.contract import Stage, StageChanged, StageProgress, TunerEvent, TunerStarted, TuningJobRead
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -59,8 +59,7 @@ class ProgressDisplay:
         elif isinstance(event, StageProgress) and event.stage in self.tasks:
             self.progress.update(self.tasks[event.stage], completed=event.step, total=event.total, description=event.detail)
             self._line(f"stage {event.stage}: {event.step}/{event.total} {event.detail}")
-        elif isinstance(event, TunerError):
-            self._line(f"error: {event.message}")
+        # a TunerError is not shown here: the command ends with it, in one line
 
     def update_from_job(self, job: TuningJobRead) -> None:
         """Show a polled ``GET /v1/tuning-jobs/{id}`` answer as the tuner events it implies."""

@@ -567,3 +567,24 @@ def test_two_db_upgrades_at_once_on_one_sqlite_file_migrate_one_after_the_other(
             tables = [row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
             [(revision,)] = connection.execute("SELECT version_num FROM alembic_version").fetchall()
         assert not [t for t in tables if t.startswith("_alembic_tmp")] and revision == head_revision()
+
+
+def test_a_push_with_a_push_token_says_why_its_run_is_not_current(server, tmp_path):
+    """A pod's push token files the run as a pod's run that never becomes current: push --help
+    promised a reason, and none was printed (nor shown by the API or the dashboard)."""
+    import httpx
+
+    from tests.support.cli import tunecache_executable
+    from tests.support.serve import admin_headers
+
+    answer = httpx.post(f"{server}/v1/tokens", json={"name": "pods", "scope": "push"}, headers=admin_headers())
+    assert answer.status_code == 201, answer.text
+    result = subprocess.run([tunecache_executable(), "--token", answer.json()["token"], "push", str(CUDNN_FILE),
+                             "--server", server, "--model", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens", "8192"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    said = ("recorded with a push token, so it is stored as a pod's run: unverified, and never current (a run recorded "
+            "with a tune or admin token can become current)")
+    assert f"is not current: {said}" in result.stderr
+    [run] = httpx.get(f"{server}/v1/tunings").json()["items"]
+    assert (run["trigger"], run["is_current"], run["held"]) == ("pod", False, said)

@@ -58,7 +58,10 @@ def test_tune_command_exits_8_without_gpu(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 8, result.stderr
-    assert "no CUDA device" in result.stderr
+    # one line: it was said twice (the progress display's, then the command's) with the child's traceback
+    assert result.stderr.strip().splitlines() == [
+        "tunecache: error: RuntimeError: no CUDA device: this node cannot tune (it can still serve lookups) (no run "
+        "recorded: the tuner failed before it found its GPU, so there is no key to file it under)"]
 
 
 def test_tune_command_needs_one_destination(tmp_path):

@@ -454,7 +454,8 @@ class TuningRunRead(BaseModel):
     held: str | None = None
     """Why this succeeded run is not current though it could be (the service's promotion
     policy held it back: not signed by a key the service trusts, emptier than the current run,
-    a regression the run diff flags); ``tunecache promote`` makes it current anyway."""
+    a regression the run diff flags; ``tunecache promote`` makes it current anyway), or, for a
+    run recorded with a ``push`` token (trigger ``pod``), that it never becomes current."""
     signature_verified: bool | None = None
     """Whether the service checked the signature against its own trusted keys
     (``TUNECACHE_TRUSTED_KEYS`` on the server; ``None``: it has none, or the run is unsigned)."""

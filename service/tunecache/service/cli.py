@@ -462,7 +462,9 @@ def tune(
                     kept = f"recorded as failed run {store.record_run(record).id}"
                 else:
                     kept = "no run recorded: the tuner failed before it found its GPU, so there is no key to file it under"
-                fail(ExitCode.TUNING_FAILED, f"{failure.message} ({kept})\n{failure.log_tail}".rstrip())
+                # the tuner's log tail only where it ran (a node without a GPU: its one line says all)
+                tail = f"\n{failure.log_tail}" if failure.started is not None and failure.log_tail else ""
+                fail(ExitCode.TUNING_FAILED, f"{failure.message} ({kept}){tail}".rstrip())
             run = result.record(store, spec, RunTrigger.CLI, node, signer)
             typer.echo(
                 f"stored run {run.id}: {result.summary['entries']} entries in {result.summary['tuning_seconds']:.1f} s "

@@ -227,6 +227,8 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     held = None
     if run.status is RunStatus.SUCCEEDED and verified and not force:
         held = hold_reason(session, run, autotune_file, key_row, env_row, trusted_keys, unsigned_why)
+    elif run.status is RunStatus.SUCCEEDED and not verified:
+        held = POD_RUN_HELD
     row = TuningRun(
         key=key_row,
         environment=env_row,
@@ -292,6 +294,11 @@ def _make_current_variant(session: Session, row: TuningRun, newer: str | None) -
         {"key_id": row.key_id, "environment_id": row.environment_id, "variant": row.variant, "run_id": row.id,
          "updated_at": utcnow()},
         conflict=["key_id", "environment_id", "variant"], newer=newer, keep_old={"previous_run_id": "run_id"})
+
+
+#: Why a run recorded with a ``push`` token (a pod's) is not current: it never becomes current.
+POD_RUN_HELD = ("recorded with a push token, so it is stored as a pod's run: unverified, and never current "
+                "(a run recorded with a tune or admin token can become current)")
 
 
 def _server_verification(run: TuningRunCreate, trusted_keys: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
