@@ -588,3 +588,34 @@ def test_a_push_with_a_push_token_says_why_its_run_is_not_current(server, tmp_pa
     assert f"is not current: {said}" in result.stderr
     [run] = httpx.get(f"{server}/v1/tunings").json()["items"]
     assert (run["trigger"], run["is_current"], run["held"]) == ("pod", False, said)
+
+
+def test_a_lost_admin_token_is_recovered_from_the_database(server, database_url, tmp_path):
+    """On Kubernetes the first admin token lands in a server pod's emptyDir (or a tuner pod's):
+    lost on a restart. Whoever can reach the database makes a new one, and it works."""
+    import httpx
+
+    from tests.support.cli import tunecache_executable
+
+    made = subprocess.run([tunecache_executable(), "db", "admin-token", "--database", database_url, "--name", "ops"],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert token.startswith("tc_") and len(made.stdout.strip().splitlines()) == 1
+    listed = httpx.get(f"{server}/v1/tokens", headers={"Authorization": f"Bearer {token}"})
+    assert listed.status_code == 200 and "ops" in [t["name"] for t in listed.json()]
+    again = subprocess.run([tunecache_executable(), "db", "admin-token", "--database", database_url, "--name", "ops"],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 7 and again.stderr.strip().splitlines() == [
+        "tunecache: error: a token named 'ops' exists already: give another --name"]
+
+
+def test_serve_makes_no_first_admin_token_where_it_is_told_not_to(tmp_path):
+    from tests.support.serve import start_server, stop_server
+
+    process, url = start_server(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path, "tuner",
+                                TUNECACHE_BOOTSTRAP_ADMIN_TOKEN="false")
+    try:
+        assert not (tmp_path / "tuner-data" / "admin.token").exists()
+    finally:
+        stop_server(process)

@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
     db_app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
     db_app.command("upgrade")(db_upgrade)
     db_app.command("move-artifacts")(db_move_artifacts)
+    db_app.command("admin-token")(db_admin_token)
     app.add_typer(db_app, name="db")
     app.command()(serve)
     app.command()(prune)
@@ -144,7 +145,8 @@ def serve(
     _check_listen(settings.host, settings.port, where)  # before the database is created, migrated or given a token
     engine = _ready_engine(settings.resolved_database_url())
     shown = engine.url.render_as_string(hide_password=True)
-    _bootstrap_admin_token(engine, settings.admin_token_file)
+    if settings.bootstrap_admin_token:
+        _bootstrap_admin_token(engine, settings.admin_token_file)
     engine.dispose()
     # Every process builds its app from the environment (uvicorn's factory mode).
     # (options override variables: write back what the processes' own Settings() will read)
@@ -258,6 +260,35 @@ def db_upgrade(database: DatabaseOpt = None) -> None:
     except Exception as exc:
         fail(ExitCode.DATABASE, f"cannot upgrade {engine.url.render_as_string(hide_password=True)}: {str(exc).splitlines()[0]}")
     typer.echo(f"database at revision {revision}")
+
+
+def db_admin_token(
+    name: Annotated[str, typer.Option("--name", help="the new token's name (names are never reused)")] = "admin-recovered",
+    database: DatabaseOpt = None,
+) -> None:
+    """Create an admin token directly in the database and print it (the token, on stdout).
+
+    For a service whose admin tokens are lost (the first start's admin.token was on a pod's
+    emptyDir, or on a tuner pod), or to make the first one where the operator chooses: whoever
+    can reach the database (TUNECACHE_DATABASE_URL) can already do anything, so this asks for
+    no token. Store it in a Secret; revoke the lost ones with it (tunecache token revoke).
+    Exit 7 when the name is taken, 9 when the database fails."""
+    from tunecache.contract import Scope
+    from tunecache.service import db, tokens
+    from tunecache.service.settings import Settings
+
+    url = database or Settings().resolved_database_url()
+    engine = _ready_engine(url)
+    try:
+        with db.session_factory(engine).begin() as session:
+            created = tokens.create_token(session, name, Scope.ADMIN, created_by="tunecache db admin-token")
+    except tokens.TokenNameTaken as exc:
+        fail(ExitCode.BAD_INPUT, f"{exc}: give another --name")
+    except Exception as exc:
+        _store_errors(exc)
+    finally:
+        engine.dispose()
+    typer.echo(created.token)
 
 
 def db_move_artifacts(

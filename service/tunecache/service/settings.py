@@ -233,6 +233,9 @@ class Settings(BaseSettings):
     report_source_max: int = Field(default=2000, ge=1, le=100_000_000)
     report_boots_per_key: int = Field(default=100, ge=1, le=100_000_000)
     report_new_keys: int = Field(default=20, ge=1, le=100_000_000)
+    #: serve creates the first admin token (in <data dir>/admin.token) on a database with none;
+    #: off on nodes whose data directory no operator reads (a tuner pod).
+    bootstrap_admin_token: bool = True
     #: Where this node's job worker fetches a recorded vLLM warmup from for its verification
     #: boot (serve sets it to its own listen address when unset; "off": no verification boot).
     verify_url: str | None = Field(default=None, max_length=2048)
