@@ -126,7 +126,7 @@ def test_vllm_025_multi_process_engine_is_told_it_tunes_itself(server, tmp_path)
         assert seen["flashinfer_autotune"] == {"tunes_every_rank": True}
         assert tunecache_lines(log) == ["tunecache: no tuning installed, vLLM will tune: SingleProcessLayout: this vLLM "
                                         "tunes every rank of a 2-process engine itself and reads no autotune file "
-                                        "(vLLM 0.25's kernel_warmup.flashinfer_autotune)"]
+                                        "(vLLM 0.25's and 0.26's kernel_warmup.flashinfer_autotune)"]
     assert not (tmp_path / "vllm-autotune").exists()
 
 
@@ -161,6 +161,7 @@ def test_an_unexpected_vllm_layout_is_logged_not_raised(tmp_path):
     (stand_in / "vllm" / "model_executor" / "warmup").mkdir(parents=True)
     for init in ("vllm", "vllm/model_executor", "vllm/model_executor/warmup"):
         (stand_in / init / "__init__.py").write_text("")
+    (stand_in / "vllm/__init__.py").write_text('__version__ = "0.33.0"\n')
     (stand_in / "vllm/model_executor/warmup/kernel_warmup.py").write_text("x = 1  # no flashinfer_autotune here\n")
     code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='%(message)s'); "
             "from tunecache.client.vllm_plugin import register; register(); print('booted')")
@@ -168,6 +169,13 @@ def test_an_unexpected_vllm_layout_is_logged_not_raised(tmp_path):
                             env={**os.environ, "PYTHONPATH": str(stand_in), "TUNECACHE_URL": "http://127.0.0.1:1"})
     assert result.returncode == 0 and result.stdout.strip() == "booted"
     assert "tunecache: not installing tunings: cannot hook vLLM's kernel_warmup (AttributeError" in result.stderr
+    # a release tunecache does not know: one line, nothing hooked, vLLM boots as without it
+    (stand_in / "vllm/__init__.py").write_text('__version__ = "0.40.0"\n')
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(stand_in), "TUNECACHE_URL": "http://127.0.0.1:1"})
+    assert result.returncode == 0 and result.stdout.strip() == "booted"
+    assert result.stderr.splitlines() == ["tunecache: vLLM 0.40.0 is not a release tunecache knows (0.25-0.34): "
+                                          "nothing is installed, vLLM boots as without tunecache"]
 
 
 def test_a_pod_that_trusts_keys_refuses_an_unsigned_run_in_one_line_and_boots(server, tmp_path, node_signing_key):
@@ -372,3 +380,19 @@ def test_a_read_only_cache_root_with_a_baked_file_is_named_for_what_vllm_does(se
                                "and is left as it is; ")
     else:
         assert line.startswith("tunecache: no tuning installed, vLLM will tune: ")
+
+
+@pytest.mark.parametrize("version, layout, files", [
+    ("0.29.0", "0.29", ["autotune_configs.json"]),  # rank 0 reads it for every rank
+    ("0.32.0", "0.32", ["autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json"]),  # one per rank
+])
+def test_the_autotune_layouts_of_vllm_027_to_032_in_a_two_process_engine(server, tmp_path, version, layout, files):
+    """vLLM 0.27-0.31 read one file at rank 0 and broadcast it; 0.32 one file per rank beside
+    resolve_flashinfer_autotune_file's, loaded only when every rank's matches
+    (tunecache.client.vllm_releases)."""
+    assert push(server, CUDNN_FILE, "--tensor-parallel-size", "2").returncode == 0
+    workers, _ = run_pod(tmp_path, 2, TUNECACHE_URL=server, STAND_IN_VLLM_LAYOUT=layout, STAND_IN_VLLM_VERSION=version)
+    for seen, _log in workers:
+        assert seen["flashinfer_autotune"]["loadable"] is True, _log
+    directory = tmp_path / "vllm-autotune" / CONFIG_HASH
+    assert sorted(p.name for p in directory.iterdir()) == files

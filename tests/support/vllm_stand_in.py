@@ -24,7 +24,8 @@ STAND_IN = {
             print(json.dumps({"step": step, **seen}), flush=True)
     '''),
     "vllm/__init__.py": textwrap.dedent('''
-        __version__ = "0.25.0"
+        import os as _os
+        __version__ = _os.environ.get("STAND_IN_VLLM_VERSION", "0.25.0")
         class LLM:
             # the offline engine in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0): plugins
             # loaded, the engine's config made, then its worker's profiling run and warmup
@@ -146,8 +147,8 @@ STAND_IN = {
         from pathlib import Path
         def flashinfer_autotune_cache_hash(runner):
             return "ef" * 32
-        if os.environ.get("STAND_IN_VLLM_LAYOUT") == "0.25":
-            # vLLM 0.25: one autotune_configs.json, made ready (its directory) by the resolver
+        if os.environ.get("STAND_IN_VLLM_LAYOUT") in ("0.25", "0.29", "0.32"):
+            # vLLM 0.25 to 0.32: one autotune_configs.json, made ready (its directory) by the resolver
             def resolve_flashinfer_autotune_file(runner):
                 directory = Path(os.environ["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"]) / flashinfer_autotune_cache_hash(runner)
                 directory.mkdir(parents=True, exist_ok=True)
@@ -193,8 +194,34 @@ STAND_IN = {
             except (OSError, ValueError):
                 loadable = False
             return {"file_present_at_warmup": path.is_file(), "loadable": loadable}
+        def _flashinfer_autotune_029(runner, group):
+            # vLLM 0.27 to 0.31: rank 0 reads the one file and broadcasts it to every rank
+            path = c.resolve_flashinfer_autotune_file(runner)
+            try:
+                loadable = "_metadata" in json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                loadable = False
+            return {"file_present_at_warmup": path.is_file(), "loadable": loadable}
+        def _flashinfer_autotune_032(runner, group):
+            # vLLM 0.32: <stem>_dp{dp}_rank{rank}<suffix> beside that file, every rank's alike
+            path = c.resolve_flashinfer_autotune_file(runner)
+            seen = set()
+            for rank in range(group.world_size):
+                try:
+                    doc = json.loads((path.parent / f"{path.stem}_dp0_rank{rank}{path.suffix}").read_bytes())
+                except (OSError, ValueError):
+                    return {"loadable": False}
+                seen.add(json.dumps(doc.get("_metadata"), sort_keys=True))
+            return {"loadable": len(seen) == 1}
         def flashinfer_autotune(runner):
             group = get_world_group()
+            layout = os.environ.get("STAND_IN_VLLM_LAYOUT")
+            if layout == "0.29":
+                record("flashinfer_autotune", **_flashinfer_autotune_029(runner, group))
+                return
+            if layout == "0.32":
+                record("flashinfer_autotune", **_flashinfer_autotune_032(runner, group))
+                return
             if hasattr(c, "resolve_flashinfer_autotune_file"):
                 record("flashinfer_autotune", **_flashinfer_autotune_025(runner, group))
                 return

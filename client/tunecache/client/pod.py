@@ -526,10 +526,13 @@ class WarmBoot:
     fetched: FetchedTuning | None = None
     result: InstallResult | None = None
     failure: str | None = None
+    no_compile_cache: str | None = None
+    """Why this vLLM gets no compile cache (:mod:`tunecache.client.vllm_releases`); ``None``: it does."""
 
     @classmethod
-    def before(cls, settings: Any, key: TuningKey | None, environment: EnvironmentMetadata | None) -> WarmBoot:
-        boot = cls(settings, time.monotonic(), key)
+    def before(cls, settings: Any, key: TuningKey | None, environment: EnvironmentMetadata | None,
+               no_compile_cache: str | None = None) -> WarmBoot:
+        boot = cls(settings, time.monotonic(), key, no_compile_cache=no_compile_cache)
         if key is not None and environment is not None:
             boot._fetch_and_install(environment, "")
         return boot
@@ -576,7 +579,7 @@ class WarmBoot:
         model and starting its engine core: a worker then only renames its directories into
         place (:func:`install_staged_compile_cache`)."""
         data = self.fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if self.fetched else None
-        if data is None or self.fetched.drift.get(ArtifactKind.VLLM_COMPILE_CACHE):
+        if data is None or self.fetched.drift.get(ArtifactKind.VLLM_COMPILE_CACHE) or self.no_compile_cache:
             return None
         path = root / ".tunecache" / f"compile-cache-run-{self.fetched.run.id}.tar.gz"
         write_atomically(path, data)
@@ -593,6 +596,9 @@ class WarmBoot:
             parts.append(f"DeepGEMM cache into {self.result.deep_gemm_dir}")
         if os.environ.get(COMPILE_CACHE_VARIABLE):
             parts.append("compile cache staged for the workers")
+        elif self.no_compile_cache and self.fetched is not None and self.fetched.warm_state.get(
+                ArtifactKind.VLLM_COMPILE_CACHE):
+            parts.append(f"compile cache not installed: {self.no_compile_cache}")
         elif self.fetched is not None and self.fetched.drift.get(ArtifactKind.VLLM_COMPILE_CACHE):
             parts.append(f"compile cache not installed, built with other packages "
                          f"({self.fetched.drift[ArtifactKind.VLLM_COMPILE_CACHE]})")

@@ -24,11 +24,14 @@ once per worker process, in whichever hook comes first, so before DeepGEMM warmu
   read that record and look nothing up: every worker of the pod gets the same run, or the
   same miss or error. A record of another instance (an earlier boot on a persistent volume)
   means a fresh lookup.
-* **Both vLLM layouts.** vLLM 0.33 reads one v1 file per rank,
-  ``<root>/<hash>/autotune_configs_dp{dp}_rank{rank}.json``; vLLM 0.25 (the release that
-  pins torch 2.11 and FlashInfer 0.6.13) reads ``<root>/<hash>/autotune_configs.json``
-  (``resolve_flashinfer_autotune_file``) in a single-process engine only, and tunes every
-  rank of a larger one itself: there the plugin says so and installs nothing (:meth:`VllmWorker.pod`).
+* **Each release's layout.** The releases tunecache knows, 0.25 to 0.34, each with its
+  autotune layout, are :mod:`tunecache.client.vllm_releases`'s (an unknown one: one line, and
+  vLLM boots as without tunecache). vLLM 0.33 and 0.34 read one v1 file per rank,
+  ``<root>/<hash>/autotune_configs_dp{dp}_rank{rank}.json``; 0.32 the same names beside
+  ``resolve_flashinfer_autotune_file``'s; 0.27 to 0.31 that one ``autotune_configs.json``, rank 0
+  reading it for all; 0.25 and 0.26 (0.25 pins torch 2.11 and FlashInfer 0.6.13) that file in a
+  single-process engine only, tuning every rank of a larger one itself: there the plugin says
+  so and installs nothing (:meth:`VllmWorker.pod`).
 * **The served model.** The key's model is vLLM's ``served_model_name`` (``model`` when
   none is given), so a pod loading weights from a directory asks for the model it serves.
 * **All ranks or none.** The run's bytes become every rank's v1 file at once
@@ -84,6 +87,8 @@ log = logging.getLogger("vllm.plugins.tunecache")
 
 #: This process's install (:class:`tunecache.client.pod.PodInstall`, ``False``: none), once it ran.
 _installed: Any = None
+#: The vLLM release of this process (:class:`tunecache.client.vllm_releases.VllmRelease`), set by :func:`register`.
+_release: Any = None
 _pushed_back = False
 
 
@@ -93,6 +98,18 @@ def register() -> None:
     other vLLM layout is logged and vLLM boots as without tunecache. Never raises."""
     settings = _settings_safely()
     if settings is None or not settings.url:
+        return
+    global _release
+    try:
+        from tunecache.client.vllm_releases import known_range, this_release
+
+        version, _release = this_release()
+    except Exception as exc:  # no vLLM to ask: nothing to hook either
+        log.warning("tunecache: not installing tunings: %s: %s", type(exc).__name__, exc)
+        return
+    if _release is None:
+        log.warning("tunecache: vLLM %s is not a release tunecache knows (%s): nothing is installed, vLLM boots as "
+                    "without tunecache", version or "(no version)", known_range())
         return
     from tunecache.client.attestation import mark_boot_started
     from tunecache.client.report import boot_id
@@ -202,6 +219,8 @@ def _finish_attestation(counted: dict, until_ns: int, rank: Any) -> None:
 
 def _install_compile_cache(worker: Any) -> None:
     """This worker's install of the staged compile cache, from its own ``VllmConfig``. Never raises."""
+    if _release is not None and not _release.compile_cache:
+        return  # the main process staged none, and said why
     try:
         from tunecache.client.pod import _environment, fetch_variant_compile_cache, install_staged_compile_cache
 
@@ -262,7 +281,8 @@ def _warm_boot_before(engine_args: Any):
         if getattr(engine_args, "max_num_batched_tokens", None):
             environment = _main_process_environment(settings)
             key = _engine_args_key(engine_args, environment, settings)
-        return WarmBoot.before(settings, key, environment)
+        return WarmBoot.before(settings, key, environment,
+                               no_compile_cache=_release.not_supported if _release and not _release.compile_cache else None)
     except Exception as exc:
         log.warning("tunecache: no warm state installed: %s: %s", type(exc).__name__, exc)
         return None
@@ -526,16 +546,27 @@ class VllmWorker:
         config = self.runner.vllm_config
         dp_rank, rank = int(config.parallel_config.data_parallel_rank), int(group.rank_in_group)
         world_size = int(getattr(group, "world_size", 1))
+        # vLLM's own functions where the release has them (the root layout's), else its row
         if hasattr(cache, "flashinfer_autotune_root"):
+            layout = "root"
+        else:
+            layout = _release.autotune_layout if _release is not None and _release.autotune_layout != "root" \
+                else "single-process"
+        if layout == "root":
             root, config_hash = Path(cache.flashinfer_autotune_root()), str(cache.flashinfer_autotune_cache_hash(self.runner))
             names = tuple(vllm_rank_file_name(dp_rank, r) for r in range(world_size))
             own = names[rank]
         else:
-            if world_size > 1:
+            if layout == "single-process" and world_size > 1:
                 raise SingleProcessLayout(f"this vLLM tunes every rank of a {world_size}-process engine itself and reads "
-                                          "no autotune file (vLLM 0.25's kernel_warmup.flashinfer_autotune)")
+                                          "no autotune file (vLLM 0.25's and 0.26's kernel_warmup.flashinfer_autotune)")
             path = Path(cache.resolve_flashinfer_autotune_file(self.runner))
-            root, config_hash, names, own = path.parent.parent, path.parent.name, (path.name,), path.name
+            root, config_hash = path.parent.parent, path.parent.name
+            if layout == "per-rank":  # vLLM 0.32: <stem>_dp{dp}_rank{rank}<suffix> beside it, one per rank
+                names = tuple(f"{path.stem}_dp{dp_rank}_rank{r}{path.suffix}" for r in range(world_size))
+                own = names[rank]
+            else:  # single-process, or broadcast (0.27-0.31): rank 0 reads the one file and sends it to the others
+                names, own = (path.name,), path.name
         return Pod(root=root, config_hash=config_hash, rank=rank, instance=_instance_id(config), file_names=names,
                    rank_file=root / config_hash / own)
 

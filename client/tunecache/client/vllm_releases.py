@@ -1,0 +1,93 @@
+"""The vLLM releases tunecache knows, and what of a boot's warm state it installs for each.
+
+vLLM promises stability for ``LLM``, ``AsyncLLM`` and ``LLMEngine`` only (vllm#32455); what the
+plugin hooks and reads moved between releases, and no function of vLLM tells which layout a
+release has, so the release's version picks it here. Each row is checked against that
+release's own code by ``tests/contract/test_vllm_releases.py`` (the functions and methods named
+exist; the markers of the autotune layout are in ``kernel_warmup.flashinfer_autotune``; vLLM's
+``hash_factors`` hashes as :func:`tunecache.formats.vllm_compile.env_hash` does).
+
+FlashInfer autotune files (``vllm/model_executor/warmup/``):
+
+* ``single-process`` (0.25, 0.26): one ``autotune_configs.json``
+  (``resolve_flashinfer_autotune_file``), read by a single-process engine only; an engine of
+  several processes tunes every rank itself (nothing to install tactics into);
+* ``broadcast`` (0.27-0.31): the same file, read by rank 0 and broadcast to the others, in any
+  engine;
+* ``per-rank`` (0.32): ``autotune_configs_dp{dp}_rank{rank}.json`` beside that file, one per
+  rank, loaded only when every rank's matches;
+* ``root`` (0.33, 0.34): ``flashinfer_autotune_root()/<hash>/flashinfer_autotune_filename(dp,
+  rank)``, and FlashInfer's v2 store for a single rank (``use_flashinfer_autotune_v2``).
+
+The compile cache (and the engine variants) need each sub-config's ``compute_hash()``, which
+vLLM 0.34 replaced by ``compile_factors()`` and ``hash_config``: for 0.34 the plugin installs
+the rest of the warm state and leaves the compile cache out, saying so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VllmRelease:
+    """What tunecache does for one vLLM minor release."""
+
+    minor: tuple[int, int]
+    autotune_layout: str
+    """``single-process``, ``broadcast``, ``per-rank`` or ``root`` (see the module)."""
+    compile_cache: bool
+    """Whether the compile cache (and the engine variants) install for it."""
+    tested: str
+    """How it was tested: ``H200 boots`` and/or ``contract test``."""
+    not_supported: str = ""
+    """What it does not get, and why (one line; empty: everything)."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.minor[0]}.{self.minor[1]}"
+
+
+_NO_COMPILE = ("the compile cache: its configs hash through compile_factors() and hash_config(), which this "
+               "tunecache does not compute yet")
+
+RELEASES: dict[tuple[int, int], VllmRelease] = {r.minor: r for r in (
+    VllmRelease((0, 25), "single-process", True, "H200 boots (compile, graphs, every pod setup) and contract test",
+                "tactics in an engine of several processes (this vLLM tunes every rank itself and reads no file)"),
+    VllmRelease((0, 26), "single-process", True, "contract test",
+                "tactics in an engine of several processes (this vLLM tunes every rank itself and reads no file)"),
+    VllmRelease((0, 27), "broadcast", True, "contract test"),
+    VllmRelease((0, 28), "broadcast", True, "contract test"),
+    VllmRelease((0, 29), "broadcast", True, "contract test"),
+    VllmRelease((0, 30), "broadcast", True, "contract test"),
+    VllmRelease((0, 31), "broadcast", True, "contract test"),
+    VllmRelease((0, 32), "per-rank", True, "contract test"),
+    VllmRelease((0, 33), "root", True, "contract test"),
+    VllmRelease((0, 34), "root", False, "contract test", _NO_COMPILE),
+)}
+
+
+def release_of(version: str) -> VllmRelease | None:
+    """The row of ``version`` (``"0.25.0"``, ``"0.33.0rc1"``, ``"0.27.1+cu130"``), or ``None``
+    for a release tunecache does not know."""
+    match = re.match(r"^(\d+)\.(\d+)", version or "")
+    return RELEASES.get((int(match[1]), int(match[2]))) if match else None
+
+
+def known_range() -> str:
+    """``"0.25-0.34"``: the releases of :data:`RELEASES`, for a one-line refusal."""
+    minors = sorted(RELEASES)
+    return f"{minors[0][0]}.{minors[0][1]}-{minors[-1][0]}.{minors[-1][1]}"
+
+
+def this_release() -> tuple[str, VllmRelease | None]:
+    """The version of the vLLM this process imports, and its row (``None``: unknown).
+
+    Raises:
+        ImportError: vLLM is not importable.
+    """
+    import vllm
+
+    version = str(getattr(vllm, "__version__", ""))
+    return version, release_of(version)

@@ -1,0 +1,155 @@
+"""Each vLLM release tunecache knows (tunecache.client.vllm_releases), against that release's
+own code: the wheel from the package index, its Python sources read as they are, nothing of
+it imported (no CUDA, no torch of its own needed).
+
+Checked per release: every function and method the plugin hooks or the tuner calls exists
+(``EngineArgs.create_engine_config``, the worker's ``load_model``, ``determine_available_memory``
+and ``compile_or_warm_up_model``, ``kernel_warmup``, ``flashinfer_autotune``, vLLM's plugin
+loader, ``get_world_group``, ``vllm.envs.compile_factors``); the markers of the autotune layout
+the table names are in ``kernel_warmup.flashinfer_autotune`` and ``flashinfer_autotune_cache``;
+for a release whose compile cache installs, the sub-configs' ``compute_hash``,
+``aot_compile_hash_factors``, ``_model_hash_key``, the compile index's file name, and vLLM's own
+``hash_factors`` run from its source hashing as ``tunecache.formats.vllm_compile.env_hash``
+does; for one whose compile cache does not, that ``compute_hash`` is indeed gone.
+
+Which releases: ``TUNECACHE_VLLM_RELEASES`` (comma-separated versions, or ``all``: one of each
+minor release of the table); by default the oldest and the newest, which CI runs. Wheels are
+kept in ``TUNECACHE_VLLM_WHEELS`` (default ``~/.cache/tunecache-tests/vllm-wheels``); a release
+whose wheel cannot be downloaded skips, naming why.
+
+    TUNECACHE_VLLM_RELEASES=all scripts/test.sh tests/contract
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tunecache.client.vllm_releases import RELEASES, release_of
+
+#: One release of each minor version of the table (its newest patch at the time of writing).
+ALL = ["0.25.0", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
+DEFAULT = [ALL[0], ALL[-1]]
+
+
+def _releases() -> list[str]:
+    asked = os.environ.get("TUNECACHE_VLLM_RELEASES", "").strip()
+    if not asked:
+        return DEFAULT
+    return ALL if asked == "all" else [v.strip() for v in asked.split(",") if v.strip()]
+
+
+def test_every_minor_release_of_the_table_has_a_version_here():
+    assert sorted(release_of(v).minor for v in ALL) == sorted(RELEASES)
+
+
+@pytest.fixture(scope="module")
+def wheels() -> Path:
+    directory = Path(os.environ.get("TUNECACHE_VLLM_WHEELS") or Path.home() / ".cache" / "tunecache-tests" / "vllm-wheels")
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _wheel(wheels: Path, version: str) -> zipfile.ZipFile:
+    found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+    if not found:
+        platforms = [arg for n in (28, 31, 35) for arg in ("--platform", f"manylinux_2_{n}_x86_64")]
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                                 "--python-version", "3.12", *platforms, f"vllm=={version}", "-d", str(wheels)],
+                                capture_output=True, text=True, timeout=900)
+        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+        if not found:
+            pytest.skip(f"no wheel of vllm {version}: {(result.stderr or result.stdout).strip()[-300:]}")
+    return zipfile.ZipFile(found[-1])
+
+
+def _defined(source: bytes) -> set[str]:
+    """Top-level functions, classes, assignments and imports, and ``Class.method`` of a module."""
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names.add(node.name)
+            names.update(f"{node.name}.{sub.name}" for sub in node.body
+                         if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        elif isinstance(node, (ast.ImportFrom, ast.Import)):
+            names.update(alias.asname or alias.name.split(".")[-1] for alias in node.names)
+    return names
+
+
+def _function(source: bytes, name: str) -> str:
+    tree = ast.parse(source)
+    [node] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    return ast.get_source_segment(source.decode(), node)
+
+
+#: What the plugin hooks and the tuner calls, in every release (module path -> names).
+HOOKED = {
+    "vllm/engine/arg_utils.py": ["EngineArgs", "EngineArgs.create_engine_config"],
+    "vllm/v1/worker/gpu_worker.py": ["Worker.load_model", "Worker.determine_available_memory",
+                                     "Worker.compile_or_warm_up_model"],
+    "vllm/model_executor/warmup/kernel_warmup.py": ["kernel_warmup", "flashinfer_autotune"],
+    "vllm/model_executor/warmup/flashinfer_autotune_cache.py": ["flashinfer_autotune_cache_hash",
+                                                                "resolve_flashinfer_autotune_file"],
+    "vllm/plugins/__init__.py": ["load_general_plugins"],
+    "vllm/distributed/parallel_state.py": ["get_world_group"],
+    "vllm/envs.py": ["compile_factors"],
+    "vllm/config/utils.py": ["hash_factors"],
+}
+#: What the compile cache and the engine variants need besides.
+COMPILED = {
+    "vllm/config/model.py": ["ModelConfig.compute_hash"],
+    "vllm/config/cache.py": ["CacheConfig.compute_hash"],
+    "vllm/compilation/caching.py": ["aot_compile_hash_factors"],
+    "vllm/compilation/decorators.py": ["_model_hash_key"],
+}
+#: What marks each autotune layout in kernel_warmup.flashinfer_autotune's source.
+LAYOUT_MARKS = {
+    "single-process": "use_persistent_cache = False",
+    "broadcast": "cached_results = world.broadcast_object",
+    "per-rank": "_dp{dp_rank}_rank{",
+    "root": "resolve_rank_flashinfer_autotune_file",
+}
+
+
+@pytest.mark.parametrize("version", _releases())
+def test_the_release_has_what_tunecache_uses_as_the_table_says(wheels, version):
+    release = release_of(version)
+    assert release is not None, f"vllm {version} is not in tunecache.client.vllm_releases"
+    wheel = _wheel(wheels, version)
+    sources = {name: wheel.read(name) for name in {*HOOKED, *COMPILED, "vllm/compilation/backends.py"}
+               if name in wheel.namelist()}
+    missing = [f"{path}: {name}" for path, names in HOOKED.items() for name in names
+               if path not in sources or name not in _defined(sources[path])]
+    assert not missing, f"vllm {version} lacks what the plugin or the tuner calls: {missing}"
+
+    warmup = _function(sources["vllm/model_executor/warmup/kernel_warmup.py"], "flashinfer_autotune")
+    found = [layout for layout, mark in LAYOUT_MARKS.items() if mark in warmup]
+    assert found == [release.autotune_layout], (version, found)
+    cache_module = _defined(wheel.read("vllm/model_executor/warmup/flashinfer_autotune_cache.py"))
+    assert ("flashinfer_autotune_root" in cache_module) is (release.autotune_layout == "root")
+
+    compiled = [f"{path}: {name}" for path, names in COMPILED.items() for name in names
+                if path not in sources or name not in _defined(sources[path])]
+    if release.compile_cache:
+        assert not compiled, f"vllm {version} lacks what the compile cache needs: {compiled}"
+        assert "vllm_compile_cache.py" in sources["vllm/compilation/backends.py"].decode()
+    else:
+        assert "vllm/config/model.py: ModelConfig.compute_hash" in compiled, (version, compiled)
+
+    # vLLM's own hash_factors, run from its source, hashes as tunecache's fallback does
+    from tunecache.formats.vllm_compile import env_hash
+
+    namespace = {"hashlib": hashlib, "json": json}
+    exec(_function(sources["vllm/config/utils.py"], "hash_factors"), namespace)  # noqa: S102 - the release's own code
+    factors = {"VLLM_USE_AOT_COMPILE": True, "VLLM_PP_LAYER_PARTITION": None, "VLLM_CONFIG_ROOT": "/x"}
+    assert namespace["hash_factors"](factors) == env_hash(factors)
