@@ -170,9 +170,12 @@ def test_an_unexpected_vllm_layout_is_logged_not_raised(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == "booted"
     assert "tunecache: not installing tunings: cannot hook vLLM's kernel_warmup (AttributeError" in result.stderr
     # a release tunecache does not know: one line, nothing hooked, vLLM boots as without it
-    (stand_in / "vllm/__init__.py").write_text('__version__ = "0.40.0"\n')
+    # (another directory: a rewrite of the same size within a second would reuse the cached bytecode)
+    unknown = tmp_path / "unknown_vllm" / "vllm"
+    unknown.mkdir(parents=True)
+    (unknown / "__init__.py").write_text('__version__ = "0.40.0"\n')
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(stand_in), "TUNECACHE_URL": "http://127.0.0.1:1"})
+                            env={**os.environ, "PYTHONPATH": str(unknown.parent), "TUNECACHE_URL": "http://127.0.0.1:1"})
     assert result.returncode == 0 and result.stdout.strip() == "booted"
     assert result.stderr.splitlines() == ["tunecache: vLLM 0.40.0 is not a release tunecache knows (0.25-0.34): "
                                           "nothing is installed, vLLM boots as without tunecache"]
