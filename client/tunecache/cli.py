@@ -968,6 +968,9 @@ def retune(
     warmup: Annotated[str, typer.Option(help="'stages' (tunecache's own warmup stages) or 'vllm' (vLLM's own boot on the "
                                              "GPU node: the whole warm state)")] = "stages",
     engine_args: EngineArgsOpt = None,
+    vllm_version: Annotated[Optional[str], typer.Option(
+        "--vllm-version", help="only a job worker whose image has this vLLM takes the job: an upgrade tuned before "
+                               "the first pod of the new image boots")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="follow the job to its end with a progress bar")] = False,
     wait_timeout: Annotated[float, typer.Option(min=0, help="seconds to wait with --wait")] = 7200.0,
     poll: Annotated[float, typer.Option(min=0.05, help="seconds between polls with --wait")] = 2.0,
@@ -979,7 +982,7 @@ def retune(
 
     The GPU node needs the model's config.json: --config sends it with the job, --node-config says the node has it in its TUNECACHE_MODEL_CONFIG_DIR as <dir>/<org>/<name>/config.json (one of the two is required: exit 2).
 
-    --warmup vllm boots vLLM on the GPU node and stores its whole warm state; --engine-args '{"max_model_len": 8192}' tunes that engine variant of the key (pods booted with those arguments get its compile cache).
+    --warmup vllm boots vLLM on the GPU node and stores its whole warm state; --engine-args '{"max_model_len": 8192}' tunes that engine variant of the key (pods booted with those arguments get its compile cache); --vllm-version 0.26.0 leaves the job to a job worker whose image has that vLLM (an upgrade tuned before its first pod boots).
 
     A job already queued or running for the key is joined when it has the same options (config, --stages, --gemm-backends, --warmup, --engine-args); with other options nothing is queued and the command names that job and what differs (exit 15): wait for it, or cancel it with `tunecache job cancel ID`.
 
@@ -1015,7 +1018,8 @@ def retune(
         fail(ExitCode.USAGE, "--engine-args names an engine variant, which only --warmup vllm tunes")
     try:
         request = TuningJobCreate(key=key, hf_config=hf_config, gemm_backends=csv_option(gemm_backends),
-                                  stages=csv_option(stages), warmup=warmup, engine_args=variant_args)
+                                  stages=csv_option(stages), warmup=warmup, engine_args=variant_args,
+                                  vllm_version=vllm_version)
     except ValidationError as exc:
         fail(ExitCode.USAGE, f"invalid job: {first_error(exc)}")
     gpu = f"{key.gpu_name} ({key.arch})"
@@ -1036,7 +1040,7 @@ def retune(
                                             f"(tunecache job cancel {c.job_id}) and ask again")
             typer.echo(f"job {job.id}: {job.status} ({key.model}, {key.gpu_name}, max_num_batched_tokens {key.max_num_batched_tokens})")
             if job.status is JobStatus.QUEUED:
-                _say_when_no_worker_will_take(client, workers, key, node_config)
+                _say_when_no_worker_will_take(client, workers, key, node_config, vllm_version)
             if not wait:
                 return
             deadline = time.monotonic() + wait_timeout
@@ -1068,7 +1072,8 @@ def retune(
     typer.echo(f"job {job.id}: succeeded in {job.duration_s or 0:.1f} s; run {job.run_id} {became}")
 
 
-def _say_when_no_worker_will_take(client: TunecacheClient, workers, key: TuningKey, node_config: bool) -> None:
+def _say_when_no_worker_will_take(client: TunecacheClient, workers, key: TuningKey, node_config: bool,
+                                  vllm_version: str | None = None) -> None:
     """One line on stderr when no live GPU worker for the key's GPU has been seen (the job
     stays queued), or, for a job without a config, when none of them has a model config
     directory. Says nothing when the server cannot tell (an older server without
@@ -1083,6 +1088,10 @@ def _say_when_no_worker_will_take(client: TunecacheClient, workers, key: TuningK
     if not live:
         typer.echo(f"tunecache: no GPU worker for {gpu} has been seen in the last {workers.live_window_s:g} s; "
                    f"the job stays queued", err=True)
+    elif vllm_version and not any(w.vllm_version == vllm_version for w in live):
+        typer.echo(f"tunecache: no live GPU worker for {gpu} runs vLLM {vllm_version} (they run "
+                   f"{', '.join(sorted({w.vllm_version or 'no vLLM' for w in live}))}); the job stays queued until one "
+                   "of that image comes", err=True)
     elif node_config and not any(w.model_config_dir for w in live):
         typer.echo(f"tunecache: warning: no live GPU worker for {gpu} has a model config directory "
                    f"(TUNECACHE_MODEL_CONFIG_DIR): the job fails unless one with the config.json of {key.model[:200]!r} takes it",

@@ -12,6 +12,8 @@ Create Date: 2026-12-03
 * ``current_tunings.previous_run_id`` (and the same in ``current_variants``): the run that was
   current before the pointer last moved (``updated_at``): retention keeps it for a while, since
   a pod that looked it up just before may still be downloading it;
+* ``workers.vllm_version``: the vLLM of a job worker's image (a job that names one, an
+  upgrade tuned ahead, is taken only by such a worker);
 * ``pod_reports.variant``, ``pod_reports.variant_missing`` (boolean, not null, default
   false: the pod installed the key's run, but no warm state is stored for its variant) and
   ``pod_reports.engine_args`` (JSON: the pod's vLLM engine arguments that name its variant).
@@ -48,6 +50,7 @@ def upgrade() -> None:
     )
     op.create_index('ix_current_variants_run_id', 'current_variants', ['run_id'])
     op.add_column('current_tunings', sa.Column('previous_run_id', sa.Integer(), nullable=True))
+    op.add_column('workers', sa.Column('vllm_version', sa.String(64), nullable=True))
     op.add_column('pod_reports', sa.Column('variant', sa.String(16), nullable=True))
     op.add_column('pod_reports', sa.Column('variant_missing', sa.Boolean(), nullable=False, server_default=sa.false()))
     op.add_column('pod_reports', sa.Column('engine_args', sa.JSON(), nullable=True))
@@ -58,6 +61,8 @@ def downgrade() -> None:
         batch.drop_column('engine_args')
         batch.drop_column('variant_missing')
         batch.drop_column('variant')
+    with op.batch_alter_table('workers') as batch:
+        batch.drop_column('vllm_version')
     with op.batch_alter_table('current_tunings') as batch:
         batch.drop_column('previous_run_id')
     op.drop_index('ix_current_variants_run_id', table_name='current_variants')

@@ -80,6 +80,9 @@ class TuningJobCreate(BaseModel):
     engine_args: EngineArgs | None = None
     """The engine variant to tune (``vllm.LLM`` arguments over the node's
     ``TUNECACHE_VLLM_ENGINE_ARGS``, e.g. ``{"max_model_len": 8192}``); needs ``warmup="vllm"``."""
+    vllm_version: Annotated[str, Field(pattern=r"^[0-9][0-9A-Za-z.+_-]{0,63}$")] | None = None
+    """Only a job worker whose image has this vLLM takes it (``"0.26.0"``): a fleet's upgrade
+    tuned before the first pod of the new image boots (``None``: any worker of the GPU)."""
 
     @field_validator("hf_config")
     @classmethod
@@ -163,6 +166,8 @@ class TuningJobRead(BaseModel):
     """The warmup it runs (:attr:`TuningJobCreate.warmup`)."""
     engine_args: dict[str, Any] | None = None
     """The engine variant it tunes (:attr:`TuningJobCreate.engine_args`; ``None``: the node's own)."""
+    vllm_version: str | None = None
+    """The vLLM of the image it is for (:attr:`TuningJobCreate.vllm_version`; ``None``: any)."""
 
 
 class JobOptionDifference(BaseModel):
@@ -211,6 +216,8 @@ class WorkerRead(BaseModel):
     gpu_name: str
     arch: str
     model_config_dir: bool
+    vllm_version: str | None = None
+    """The vLLM of its image (``None``: none there)."""
     heartbeat_s: float
     """Seconds between its heartbeats."""
     started_at: dt.datetime

@@ -138,6 +138,10 @@ class FleetRun(BaseModel):
     """Seconds since the run was recorded, by the service's clock."""
     entries: int | None
     trigger: RunTrigger
+    vllm_version: str | None = None
+    """The vLLM its warm state was made with (``None``: no compile cache recorded): with
+    ``flashinfer_version`` and ``torch_version``, the image a key has a warm state for."""
+    torch_version: str | None = None
 
 
 class FleetVariant(BaseModel):

@@ -72,6 +72,7 @@ def _to_read(job: TuningJob) -> TuningJobRead:
         cancelled_by=job.cancelled_by,
         warmup=(job.options or {}).get("warmup") or "stages",
         engine_args=(job.options or {}).get("engine_args") or None,
+        vllm_version=(job.options or {}).get("vllm_version"),
     )
 
 
@@ -112,13 +113,13 @@ def _option_values(hf_config: dict[str, Any] | None, options: dict[str, Any] | N
 
     return {"hf_config": config_digest(hf_config), "gemm_backends": as_set(options.get("gemm_backends")),
             "stages": as_set(options.get("stages")), "warmup": options.get("warmup") or "stages",
-            "engine_args": options.get("engine_args") or None}
+            "engine_args": options.get("engine_args") or None, "vllm_version": options.get("vllm_version")}
 
 
 def _options(request: TuningJobCreate) -> dict[str, Any]:
     """The tuner options a job keeps (``tuning_jobs.options``)."""
     return {"gemm_backends": request.gemm_backends, "stages": request.stages, "warmup": request.warmup,
-            "engine_args": request.engine_args}
+            "engine_args": request.engine_args, "vllm_version": request.vllm_version}
 
 
 def _conflict(active: TuningJob, request: TuningJobCreate) -> JobConflict | None:
@@ -236,9 +237,11 @@ def release_jobs_of_dead_workers(session: Session, host: str, alive: Callable[[i
 
 
 def claim(
-    session: Session, worker: str, gpu_name: str, arch: str, lease_s: float, max_attempts: int = 3
+    session: Session, worker: str, gpu_name: str, arch: str, lease_s: float, max_attempts: int = 3,
+    vllm_version: str | None = None,
 ) -> TuningJobRead | None:
-    """Claim the oldest job this worker's GPU can serve; ``None`` if there is none.
+    """Claim the oldest job this worker's GPU (and, for a job that names one, its image's vLLM,
+    ``vllm_version``) can serve; ``None`` if there is none.
 
     Call it in a transaction of its own (the claim holds the job's row lock on PostgreSQL
     until that commits).
@@ -254,7 +257,9 @@ def claim(
         session,
         select(TuningJob.id)
         .join(TuningKeyRow, TuningKeyRow.id == TuningJob.key_id)
-        .where(_claimable(now, max_attempts), TuningKeyRow.gpu_name == gpu_name, TuningKeyRow.arch == arch)
+        .where(_claimable(now, max_attempts), TuningKeyRow.gpu_name == gpu_name, TuningKeyRow.arch == arch,
+               or_(TuningJob.options["vllm_version"].as_string().is_(None),
+                   TuningJob.options["vllm_version"].as_string() == (vllm_version or "")))
         .order_by(TuningJob.created_at, TuningJob.id)
         .limit(1),
     )
@@ -382,13 +387,14 @@ WORKER_KEPT_S = 7 * 24 * 3600.0
 
 def announce_worker(
     session: Session, name: str, gpu_name: str, arch: str, *, model_config_dir: bool, heartbeat_s: float,
-    started_at: dt.datetime,
+    started_at: dt.datetime, vllm_version: str | None = None,
 ) -> None:
     """Upsert ``name``'s heartbeat (``last_seen`` = now, ``stopped_at`` cleared) and forget
     workers not seen for a week. Called by the worker every ``heartbeat_s`` seconds."""
     now = utcnow()
     values = {"name": name, "gpu_name": gpu_name, "arch": arch, "model_config_dir": model_config_dir,
-              "heartbeat_s": heartbeat_s, "started_at": started_at, "last_seen": now, "stopped_at": None}
+              "heartbeat_s": heartbeat_s, "started_at": started_at, "last_seen": now, "stopped_at": None,
+              "vllm_version": vllm_version}
     dialect.upsert_if_newer(session, Worker.__table__, values, conflict=["name"], newer="last_seen")
     session.execute(delete(Worker).where(Worker.last_seen < now - dt.timedelta(seconds=WORKER_KEPT_S)))
 
@@ -412,6 +418,7 @@ def list_workers(session: Session, gpu_name: str | None = None, arch: str | None
         ago = max(0.0, (now - row.last_seen).total_seconds())
         live = row.stopped_at is None and ago <= max(WORKER_LIVE_WINDOW_S, 3 * row.heartbeat_s)
         items.append(WorkerRead(name=row.name, gpu_name=row.gpu_name, arch=row.arch, model_config_dir=row.model_config_dir,
+                                vllm_version=row.vllm_version,
                                 heartbeat_s=row.heartbeat_s, started_at=row.started_at, last_seen=row.last_seen,
                                 stopped_at=row.stopped_at, seen_s_ago=round(ago, 3), live=live))
     return WorkerList(live_window_s=WORKER_LIVE_WINDOW_S, items=items)

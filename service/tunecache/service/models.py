@@ -327,6 +327,8 @@ class Worker(Base):
     gpu_name: Mapped[str] = mapped_column(String(128))
     arch: Mapped[str] = mapped_column(String(16))
     model_config_dir: Mapped[bool] = mapped_column(Boolean, default=False)
+    vllm_version: Mapped[str | None] = mapped_column(String(64))
+    """The vLLM of the worker's image (a job naming one is taken only by such a worker)."""
     """Whether the node has a ``TUNECACHE_MODEL_CONFIG_DIR`` (jobs without ``hf_config``)."""
     heartbeat_s: Mapped[float] = mapped_column(Float)
     started_at: Mapped[dt.datetime] = mapped_column()

@@ -252,7 +252,9 @@ def _fleet_variants(connection: Connection, since: dt.datetime) -> dict[str, lis
 #: (:func:`_entries`), read in the database (a tuner's summary is ~1 KB of JSON).
 CURRENT_RUNS = (
     select(CurrentTuning.key_id, CurrentTuning.environment_id, TuningRun.id, TuningRun.created_at,
-           cast(TuningRun.summary["entries"], Text), TuningRun.trigger)
+           cast(TuningRun.summary["entries"], Text), TuningRun.trigger,
+           TuningRun.summary["vllm_compile"]["vllm_version"].as_string(),
+           TuningRun.summary["dependencies"]["torch"].as_string())
     .select_from(CurrentTuning)
     .join(TuningRun, TuningRun.id == CurrentTuning.run_id)
 )
@@ -331,12 +333,13 @@ def read_current_tunings(connection: Connection, generation: int | None) -> Curr
                     for environment_id, env_hash, flashinfer_version in connection.execute(CURRENT_ENVIRONMENTS)}
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     pairs: set[tuple[str, str]] = set()
-    for key_id, environment_id, run_id, created_at, entries, trigger in current_runs:
+    for key_id, environment_id, run_id, created_at, entries, trigger, vllm_version, torch_version in current_runs:
         key_hash = hash_of_key_id[key_id]
         env_hash, flashinfer_version = environments[environment_id]
         pairs.add((key_hash, env_hash))
         runs[key_hash].append({"run_id": run_id, "environment_hash": env_hash, "flashinfer_version": flashinfer_version,
-                               "created_at": created_at, "entries": _entries(entries), "trigger": trigger})
+                               "created_at": created_at, "entries": _entries(entries), "trigger": trigger,
+                               "vllm_version": vllm_version, "torch_version": torch_version})
     return CurrentTunings(
         generation=generation, keys=keys,
         runs={h: tuple(sorted(r, key=lambda run: run["created_at"], reverse=True)) for h, r in runs.items()},

@@ -136,6 +136,17 @@ def remove_abandoned_work_dirs(work_root: Path | None) -> list[Path]:
     return removed
 
 
+def image_vllm_version() -> str | None:
+    """The vLLM installed where this worker runs (its tuner's, ``importlib.metadata``; vLLM is
+    not imported), or ``None``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return None
+
+
 class JobWorker:
     """Claims and runs tuning jobs for one GPU.
 
@@ -199,6 +210,7 @@ class JobWorker:
         self.tuner = tuner
         self.heartbeat_s = heartbeat_s
         self.verify = verify
+        self.vllm_version = image_vllm_version()
         self.started_at = jobs.utcnow()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -236,7 +248,7 @@ class JobWorker:
         with self.sessions.begin() as session:
             jobs.announce_worker(session, self.name, self.gpu.gpu_name, self.gpu.arch,
                                  model_config_dir=self.model_config_dir is not None, heartbeat_s=self.heartbeat_s,
-                                 started_at=self.started_at)
+                                 started_at=self.started_at, vllm_version=self.vllm_version)
 
     def _beat_forever(self) -> None:
         while not self._stop.is_set():
@@ -269,7 +281,8 @@ class JobWorker:
                 log.warning("worker %s: job(s) %s of a worker process of this host that died are claimable again",
                             self.name, ", ".join(map(str, released)))
                 remove_abandoned_work_dirs(self.work_root)
-            job = jobs.claim(session, self.name, self.gpu.gpu_name, self.gpu.arch, self.lease_s, self.max_attempts)
+            job = jobs.claim(session, self.name, self.gpu.gpu_name, self.gpu.arch, self.lease_s, self.max_attempts,
+                             vllm_version=self.vllm_version)
             if job is None:
                 return False
             key, hf_config, options = jobs.job_spec_inputs(session, job.id)

@@ -171,3 +171,15 @@ def test_an_attestation_out_of_bounds_or_of_an_unknown_kind_is_refused():
     for compiled in ({"triton_kernels": -1}, {"triton_kernels": 1_000_001}, {"espresso": 1}):
         with pytest.raises(ValueError):
             PodReportCreate(**fields, compiled=compiled)
+
+
+def test_each_current_run_names_the_image_its_warm_state_is_for(engine):
+    """Per key, which images have a warm state: FlashInfer's version (the environment), vLLM's
+    (the compile cache's factors) and torch's (the packages the run was built with)."""
+    _record(engine, h200_key(model="warm"), summary={"entries": 1, "vllm_compile": {"vllm_version": "0.25.0"},
+                                                      "dependencies": {"torch": "2.11.0", "triton": "3.6.0"}})
+    _record(engine, h200_key(model="tactics-only"), summary={"entries": 1})
+    runs = {row.key.model: row.current[0] for row in _view(engine).keys}
+    assert (runs["warm"].flashinfer_version, runs["warm"].vllm_version, runs["warm"].torch_version) == (
+        "0.7.4", "0.25.0", "2.11.0")
+    assert (runs["tactics-only"].vllm_version, runs["tactics-only"].torch_version) == (None, None)

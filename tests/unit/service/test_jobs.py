@@ -288,3 +288,23 @@ def test_a_vllm_warmup_job_is_verified_after_it_finished_and_the_verification_ke
         run = repository.get_run(session, jobs.get_job(session, job.id).run_id)
         done = jobs.get_job(session, job.id)
     assert done.status == "succeeded" and run.verification == RunVerification(compiled={}, ready_s=20.5)
+
+
+def test_a_job_for_a_new_image_is_taken_only_by_a_worker_of_that_vllm(sessions):
+    """An upgrade tuned before its first pod boots: retune --vllm-version 0.26.0 waits for a
+    job worker whose image has that vLLM; a worker of the old image leaves it."""
+    with sessions.begin() as session:
+        job, _ = jobs.enqueue(session, TuningJobCreate(key=h200_key(), hf_config={"model_type": "llama"}, warmup="vllm",
+                                                       vllm_version="0.26.0"))
+    old, new = JobWorker(sessions, H200, "old", tuner=stand_in_tuner()), JobWorker(sessions, H200, "new",
+                                                                                     tuner=stand_in_tuner())
+    old.vllm_version, new.vllm_version = "0.25.0", "0.26.0"
+    assert not old.run_once()
+    assert new.run_once()
+    with sessions() as session:
+        done = jobs.get_job(session, job.id)
+    assert (done.status, done.worker, done.vllm_version) == ("succeeded", "new", "0.26.0")
+    new.announce()
+    with sessions() as session:
+        [worker] = jobs.list_workers(session).items
+    assert worker.vllm_version == "0.26.0"
