@@ -592,6 +592,11 @@ def doctor(
     Exit 0 when the server has a matching tuning, 3 when not (as pull), 4/5 for server trouble.
     """
     env = environment_option(environment)
+    try:  # as pull reads them, before anything is said (a bad value: one line, exit 2)
+        configured = client_settings().trusted_keys
+        trusted = load_trusted_keys(configured) if configured else None
+    except SigningError as exc:
+        fail(ExitCode.USAGE, str(exc))
     typer.echo("environment (FlashInfer _metadata" + (f", from {environment})" if environment else ", detected)"))
     for field, value in env.model_dump().items():
         typer.echo(f"  {field}: {value}")
@@ -621,14 +626,7 @@ def doctor(
         f"artifacts: {', '.join(kinds)})"
     )
     from tunecache.client.preflight import preflight
-    from tunecache.client.settings import load_client_settings
-    from tunecache.signing import SigningError, load_trusted_keys
 
-    try:
-        configured = load_client_settings().trusted_keys
-        trusted = load_trusted_keys(configured) if configured else None
-    except (ValueError, SigningError) as exc:
-        fail(ExitCode.BAD_INPUT, f"TUNECACHE_TRUSTED_KEYS: {exc}")
     typer.echo(f"what run {run.id} will do on this pod, kind by kind (its paths and values)")
     for verdict in preflight(run, key, env, trusted):
         typer.echo(f"  {verdict}")

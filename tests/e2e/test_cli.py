@@ -606,7 +606,7 @@ def test_a_lost_admin_token_is_recovered_from_the_database(server, database_url,
     assert listed.status_code == 200 and "ops" in [t["name"] for t in listed.json()]
     again = subprocess.run([tunecache_executable(), "db", "admin-token", "--database", database_url, "--name", "ops"],
                            capture_output=True, text=True, timeout=120)
-    assert again.returncode == 7 and again.stderr.strip().splitlines() == [
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
         "tunecache: error: a token named 'ops' exists already: give another --name"]
 
 
@@ -619,3 +619,23 @@ def test_serve_makes_no_first_admin_token_where_it_is_told_not_to(tmp_path):
         assert not (tmp_path / "tuner-data" / "admin.token").exists()
     finally:
         stop_server(process)
+
+
+def test_doctor_says_an_unsigned_run_will_not_load_where_pods_trust_keys(server, tmp_path, node_signing_key, monkeypatch):
+    """With TUNECACHE_TRUSTED_KEYS set, a pod installs nothing of an unsigned run, the tactics
+    neither: doctor said the tactics load while pull exited 14. A bad value of the variable is
+    one line and exit 2 before anything is printed, as pull says it."""
+    from tests.support.cli import tunecache_executable
+
+    assert push(server).returncode == 0  # unsigned
+    command = [tunecache_executable(), "doctor", "--server", server, "--model", "meta-llama/Llama-3.1-8B",
+               "--max-num-batched-tokens", "8192", "--environment", str(CUDNN_FILE)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [tactics] = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("flashinfer_autotune_v1")]
+    assert tactics.startswith("flashinfer_autotune_v1: will not load: the run is refused, nothing of it installs: ")
+    monkeypatch.setenv("TUNECACHE_TRUSTED_KEYS", str(tmp_path / "no-such-file"))
+    bad = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert bad.stderr.startswith("tunecache: error: TUNECACHE_TRUSTED_KEYS") and "TUNECACHE_TRUSTED_KEYS: TUNECACHE" \
+        not in bad.stderr

@@ -133,9 +133,9 @@ def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetada
     from tunecache.signing import UntrustedRun, verify_run
 
     kinds = {a.kind for a in run.artifacts}
-    verdicts = [Verdict(ArtifactKind.FLASHINFER_AUTOTUNE, True,
-                        f"{run.entries if run.entries is not None else '?'} entries, for this pod's key and FlashInfer "
-                        "environment")]
+    tactics = Verdict(ArtifactKind.FLASHINFER_AUTOTUNE, True,
+                      f"{run.entries if run.entries is not None else '?'} entries, for this pod's key and FlashInfer "
+                      "environment")
     refused = None
     if not trusted_keys:
         refused = "installs only from a run signed by a trusted key, and TUNECACHE_TRUSTED_KEYS is not set"
@@ -145,7 +145,10 @@ def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetada
             if run.signature is not None and run.signature.manifest < 2:
                 refused = "the run's signature (manifest format 1) is undated: code installs only from a dated one"
         except UntrustedRun as exc:
-            refused = f"the run's signature does not check here: {exc}"
+            # a pod that trusts keys installs nothing of a run they do not sign, the tactics neither
+            refused = f"the run is refused, nothing of it installs: {exc}"
+            tactics = Verdict(ArtifactKind.FLASHINFER_AUTOTUNE, False, refused)
+    verdicts = [tactics]
     executable: list[Verdict] = []
     jit = run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE)
     if jit:

@@ -268,11 +268,9 @@ def db_admin_token(
 ) -> None:
     """Create an admin token directly in the database and print it (the token, on stdout).
 
-    For a service whose admin tokens are lost (the first start's admin.token was on a pod's
-    emptyDir, or on a tuner pod), or to make the first one where the operator chooses: whoever
-    can reach the database (TUNECACHE_DATABASE_URL) can already do anything, so this asks for
-    no token. Store it in a Secret; revoke the lost ones with it (tunecache token revoke).
-    Exit 7 when the name is taken, 9 when the database fails."""
+    For a service whose admin tokens are lost (the first start's admin.token was on a pod's emptyDir, or on a tuner pod), or to make the first one where the operator chooses: whoever can reach the database (TUNECACHE_DATABASE_URL) can already do anything, so this asks for no token. Store it in a Secret; revoke the lost ones with it (tunecache token revoke).
+
+    Exit 2 when the name is taken, 9 when the database fails."""
     from tunecache.contract import Scope
     from tunecache.service import db, tokens
     from tunecache.service.settings import Settings
@@ -283,7 +281,7 @@ def db_admin_token(
         with db.session_factory(engine).begin() as session:
             created = tokens.create_token(session, name, Scope.ADMIN, created_by="tunecache db admin-token")
     except tokens.TokenNameTaken as exc:
-        fail(ExitCode.BAD_INPUT, f"{exc}: give another --name")
+        fail(ExitCode.USAGE, f"{exc}: give another --name")
     except Exception as exc:
         _store_errors(exc)
     finally:
@@ -422,7 +420,7 @@ def tune(
     ] = None,
     gemm_backends: GemmBackendsOpt = None,
     stages: StagesOpt = None,
-    warmup: Annotated[str, typer.Option(help="'stages' (tunecache's own warmup stages) or 'vllm' (vLLM's own kernel_warmup: vLLM 0.25 with tp 1, 0.33 with tp > 1)")] = "stages",
+    warmup: Annotated[str, typer.Option(help="'stages' (tunecache's own warmup stages) or 'vllm' (a boot of the node's vLLM, whose whole warm state is stored: the releases of docs/pods.md's table)")] = "stages",
     runner: Annotated[Optional[str], typer.Option(hidden=True, help="deprecated name of --warmup ('native': 'stages')")] = None,
     timeout: Annotated[float, typer.Option(min=1, help="seconds before the tuner process is killed")] = 3600.0,
     signing_key: Annotated[
