@@ -52,7 +52,9 @@ log = logging.getLogger("tunecache")
 
 #: Runs or blobs deleted per statement.
 BATCH = 500
-#: The PostgreSQL advisory lock a pass holds while it deletes: one replica's pass at a time.
+#: The PostgreSQL advisory lock a pass holds while it deletes: one replica's pass at a time
+#: (combined with the schema's name, so that deployments in other schemas of one database do
+#: not wait on each other).
 ADVISORY_LOCK = 0x7475_6E65_6361_6368 & 0x7FFF_FFFF_FFFF_FFFF
 
 
@@ -239,11 +241,14 @@ def stored_among(session: Session, shas: list[str]) -> set[str]:
 
 
 def _try_pass_lock(session: Session) -> bool:
-    """On PostgreSQL, this transaction's hold on :data:`ADVISORY_LOCK` (``False``: another
-    replica's pass holds it); elsewhere ``True``."""
+    """On PostgreSQL, this transaction's hold on :data:`ADVISORY_LOCK` for the session's schema
+    (``False``: another replica's pass holds it); elsewhere ``True``. Advisory locks are
+    database-wide; the schema's hash (``hashtextextended(current_schema(), 0)``) keeps the
+    deployments of one database in other schemas apart."""
     if session.get_bind().dialect.name != "postgresql":
         return True
-    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK}))
+    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:key # hashtextextended(current_schema(), 0))"),
+                               {"key": ADVISORY_LOCK}))
 
 
 def run_pass(sessions: sessionmaker[Session], files: ArtifactFiles | None, policy: RetentionPolicy,

@@ -404,3 +404,42 @@ def test_the_run_current_until_just_now_is_kept_a_while_whatever_the_grace(sessi
     assert deleted == [first.id] and ids(session) == [current.id, looked_up.id]
     later_on = now + retention.RECENTLY_REPLACED + dt.timedelta(seconds=1)
     assert retention.prune_runs(session, keep=1, now=later_on, grace=dt.timedelta(0)) == [looked_up.id]
+
+
+@pytest.mark.postgres
+def test_one_pass_per_schema_at_a_time(postgres_schema_url, tmp_path):
+    """On PostgreSQL the pass lock is the schema's: a second pass in the schema whose lock is
+    held skips its database part; a pass in another schema of the same database does not wait
+    (two deployments, or two test workers, sharing one database)."""
+    from tests.conftest import POSTGRES_URL
+
+    policy = retention.RetentionPolicy(keep=1, grace=dt.timedelta(0))
+    holder_engine = db.create_db_engine(postgres_schema_url)
+    db.upgrade(holder_engine)
+    engines = [holder_engine]
+    try:
+        with holder_engine.connect() as holder:
+            with holder.begin():
+                assert retention._try_pass_lock(db.session_factory(holder_engine)(bind=holder))
+                same = retention.run_pass(db.session_factory(holder_engine), None, policy)
+                assert same.skipped == "another replica's retention pass is running"
+                schema = f"tunecache_test_other_{os.getpid()}_{threading.get_ident() % 10_000}"
+                admin = db.create_db_engine(POSTGRES_URL)
+                engines.append(admin)
+                with admin.begin() as connection:
+                    connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+                try:
+                    sep = "&" if "?" in POSTGRES_URL else "?"
+                    elsewhere_engine = db.create_db_engine(f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}")
+                    engines.append(elsewhere_engine)
+                    db.upgrade(elsewhere_engine)
+                    elsewhere = retention.run_pass(db.session_factory(elsewhere_engine), None, policy)
+                    assert elsewhere.skipped is None
+                finally:
+                    with admin.begin() as connection:
+                        connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        after = retention.run_pass(db.session_factory(holder_engine), None, policy)  # the lock went with the transaction
+        assert after.skipped is None
+    finally:
+        for engine in engines:
+            engine.dispose()
