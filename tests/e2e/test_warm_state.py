@@ -218,6 +218,24 @@ def test_a_pod_with_another_home_gets_the_compile_cache_under_the_names_its_own_
     assert tunecache_lines(log, attestation=True)[-1] == "tunecache: this boot compiled nothing (rank 0): at the floor"
 
 
+def test_without_triton_cache_dir_inductor_finds_the_kernels_the_compile_cache_bundles(server, tmp_path,
+                                                                                     node_signing_key):
+    """With TRITON_CACHE_DIR unset, vLLM 0.25 points Inductor's cache into the AOT directory it
+    loads and Inductor writes the Triton kernels its artifact bundles under it (19 kernels in
+    each such boot on the H200, 2026-12-03): the plugin points TRITON_CACHE_DIR at the Triton
+    cache it installed (Triton's own default), where Inductor then finds them."""
+    push_warm_run(server, tmp_path, node_signing_key, block_size=32)
+    home = tmp_path / "pod-home"
+    home.mkdir()
+    env = pod_env(tmp_path, server, HOME=str(home))
+    del env["TRITON_CACHE_DIR"]
+    seen, log = run_engine(tmp_path, **env)
+    assert seen["compile"] == {"backbone": True, "aot": True}, log
+    assert (home / ".triton" / "cache" / "HASHB" / "_fwd_kernel.cubin").is_file()  # Triton's default under this HOME
+    assert not list((tmp_path / "vllm-cache").rglob("inductor_cache/triton")), log
+    assert tunecache_lines(log, attestation=True)[-1] == "tunecache: this boot compiled nothing (rank 0): at the floor"
+
+
 def _model_source(prefix):
     source = prefix / "tc_model_src" / "llama_src.py"
     source.parent.mkdir(parents=True)

@@ -294,6 +294,18 @@ STAND_IN = {
                                                  for value in ast.literal_eval(index.read_text()).values())
                 found = {"backbone": loadable(root / backbone), "aot": (root / "torch_aot_compile" / aot).is_dir()}
                 record("compile", **found)
+                if found["aot"]:
+                    # vLLM 0.25 points Inductor's cache into the AOT directory it loads
+                    # (vllm/compilation/decorators.py), and Inductor's TritonBundler.read_and_emit
+                    # writes the kernels the artifact bundles into triton_cache_dir(device):
+                    # TRITON_CACHE_DIR, else <TORCHINDUCTOR_CACHE_DIR>/triton/0, unless the kernel's
+                    # directory is there already (the node's Inductor compiled HASHB)
+                    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "torch_aot_compile" / aot / "inductor_cache")
+                    base = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "triton", "0")
+                    bundled = Path(base) / "HASHB"
+                    if not (bundled.is_dir() and any(bundled.iterdir())):
+                        bundled.mkdir(parents=True, exist_ok=True)
+                        (bundled / "_fwd_kernel.cubin").write_bytes(b"cubin")
                 if not all(found.values()) and os.environ.get("TRITON_CACHE_DIR"):  # compiling writes a kernel
                     kernel = Path(os.environ["TRITON_CACHE_DIR"]) / "COMPILEDHERE"
                     kernel.mkdir(parents=True, exist_ok=True)
@@ -464,7 +476,7 @@ def worker_env(tmp_path: Path, rank: int = 0, world_size: int = 1, instance: str
     """A worker's environment: rank ``rank`` of ``world_size`` of the boot ``instance`` (a
     fresh one when ``None``: each call is then a boot of its own)."""
     stand_in = write_stand_in(tmp_path)
-    base = {key: value for key, value in os.environ.items() if key != "DG_JIT_CACHE_DIR"}
+    base = {key: value for key, value in os.environ.items() if key not in ("DG_JIT_CACHE_DIR", "TRITON_CACHE_DIR")}
     base.update({"PYTHONPATH": f"{stand_in}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                  "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "vllm-autotune"),
                  "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),

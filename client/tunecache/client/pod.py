@@ -564,6 +564,14 @@ class WarmBoot:
                     os.environ["DG_JIT_CACHE_DIR"] = str(self.result.deep_gemm_dir)
                 if self.result.jit_aot_dir is not None:
                     os.environ[FLASHINFER_AOT_VARIABLE] = str(self.result.jit_aot_dir)
+                if self.result.triton_cache_dir is not None and not os.environ.get("TRITON_CACHE_DIR", "").strip():
+                    # Inductor reads Triton kernels from TRITON_CACHE_DIR when it is set, else from
+                    # <TORCHINDUCTOR_CACHE_DIR>/triton/<device> (torch._inductor.runtime.
+                    # cache_dir_utils.triton_cache_dir), and vLLM 0.25 points TORCHINDUCTOR_CACHE_DIR
+                    # into each compile directory when it loads it (vllm/compilation/decorators.py):
+                    # without this the engine writes again the kernels installed in Triton's default
+                    # (19 on the H200, 2026-12-03). Triton's own default is this directory already.
+                    os.environ["TRITON_CACHE_DIR"] = str(self.result.triton_cache_dir)
                 os.environ[WARM_STATE_VARIABLE] = str(self.fetched.run.id)
                 staged = self._stage_compile_cache(vllm_cache_root())
                 if staged is not None:
