@@ -29,6 +29,7 @@ from tunecache.client.settings import ClientSettings
 from tunecache.service.cli import register
 from tunecache.service.routes.health import router as health_router
 from tunecache.service.settings import NODE_VARIABLES, RENAMED_VARIABLES, Settings
+from tunecache.service.tuner.vllm_warmup import ENGINE_ARGS_VARIABLE
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 #: The Kubernetes release the manifests are checked against (schemas bundled by kubernetes-validate).
