@@ -28,7 +28,7 @@ from tunecache import cli
 from tunecache.client.settings import ClientSettings
 from tunecache.service.cli import register
 from tunecache.service.routes.health import router as health_router
-from tunecache.service.settings import RENAMED_VARIABLES, Settings
+from tunecache.service.settings import NODE_VARIABLES, RENAMED_VARIABLES, Settings
 from tunecache.service.tuner.vllm_warmup import ENGINE_ARGS_VARIABLE
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -38,8 +38,8 @@ KUBERNETES_VERSION = "1.33.0"
 NOT_YET_SETTINGS = {"TUNECACHE_ARTIFACT_STORE"}
 SERVER_VARIABLES = {f"TUNECACHE_{name.upper()}" for name in Settings.model_fields} | set(RENAMED_VARIABLES.values())
 CLIENT_VARIABLES = {f"TUNECACHE_{name.upper()}" for name in ClientSettings.model_fields}
-#: Read by the tuner from its own environment (not a service setting).
-TUNER_VARIABLES = {ENGINE_ARGS_VARIABLE}
+#: Read by the tuner from its own environment (not a service setting; declared beside the settings).
+TUNER_VARIABLES = set(NODE_VARIABLES)
 IMAGE = "tunecache:latest"  # docker-compose.yml's name for the Dockerfile's image (the server replicas)
 TUNER_IMAGE = "tunecache-tuner:v0.25.0"  # the Dockerfile on the fleet's vLLM image
 

@@ -1,50 +1,10 @@
 """Pod-side settings, read from ``TUNECACHE_*`` environment variables (pydantic-settings).
 
-One :class:`ClientSettings` serves the CLI, the Python API and the vLLM plugin alike:
-
-==============================  ===========  ==================================================
-variable                        default      meaning
-==============================  ===========  ==================================================
-``TUNECACHE_URL``               (none)       the tunecache server, e.g. ``http://tunecache:8321``
-``TUNECACHE_TOKEN``             (none)       sent as ``Authorization: Bearer <token>``
-``TUNECACHE_TOKEN_FILE``        see meaning  a file holding the token, read when
-                                             ``TUNECACHE_TOKEN`` is unset; default: the
-                                             ``admin.token`` that ``tunecache serve`` writes
-                                             in its data dir on this machine, if there is one
-``TUNECACHE_CA_BUNDLE``         (none)       CA certificates (PEM) to verify the server's TLS
-                                             certificate with (default: the system's)
-``TUNECACHE_ALLOW_INSECURE``    ``false``    allow sending a token over plain HTTP to a host
-                                             that is not loopback
-``TUNECACHE_TRUSTED_KEYS``      (none)       public keys of the fleet's tuner nodes: a file
-                                             (one ``ed25519:...`` per line) or a comma list;
-                                             runs signed by none of them install no JIT
-                                             module, no DeepGEMM cache, and no tactics
-``TUNECACHE_STATE_DIR``         see meaning  where a pod remembers the newest signing time it
-                                             installed per key (it refuses older runs);
-                                             default ``~/.cache/tunecache``
-``TUNECACHE_CONNECT_TIMEOUT``   ``5``        seconds to connect
-``TUNECACHE_READ_TIMEOUT``      ``30``       seconds to wait for each read
-``TUNECACHE_TOTAL_TIMEOUT``     ``120``      seconds one request may take in all: every
-                                             attempt, the wait for its first byte and the
-                                             waits between attempts together
-``TUNECACHE_ATTEMPTS``          ``3``        tries per request for transient failures
-``TUNECACHE_MAX_RETRY_AFTER``   ``30``       most seconds a server's ``Retry-After`` is obeyed
-``TUNECACHE_INSTALL_DEADLINE``  ``30``       seconds one install (the lookup and every
-                                             artifact download together) may take; past
-                                             it the pod gives up and installs nothing
-``TUNECACHE_MAX_ANSWER_BYTES``  16 MiB       most bytes a JSON answer may take as it expands
-``TUNECACHE_MAX_UNPACK_BYTES``  1 GiB        most bytes an artifact may have, and unpack to
-``TUNECACHE_MAX_UNPACK_FILES``  ``20000``    most entries a tarball (or a v2 store) may make
-``TUNECACHE_JIT``               ``true``     plugin: also install the run's JIT modules
-``TUNECACHE_PUSH_BACK``         ``false``    plugin: upload a pod's own tuning after a miss
-``TUNECACHE_DTYPE``             ``auto``     plugin: the key's dtype (vLLM's ``--dtype``)
-``TUNECACHE_QUANTIZATION``      ``auto``     plugin: the key's quantization
-``TUNECACHE_ENVIRONMENT_FILE``  (none)       plugin: environment from this file, not detected
-``TUNECACHE_REPORT``            ``true``     after each install (pull, the Python API, the
-                                             plugin) send the server a report of it, in the
-                                             background (``0``: never)
-``TUNECACHE_REPORT_TIMEOUT``    ``2``        seconds a report may take in all (one attempt)
-==============================  ===========  ==================================================
+One :class:`ClientSettings` serves the CLI, the Python API and the vLLM plugin alike. Each
+field's ``description`` is its documentation, and so is each entry's of :data:`POD_VARIABLES`
+(variables the pod code reads where it uses them) and :data:`POD_HANDOFF_VARIABLES` (what an
+engine's main process hands to its workers): the pod guide's tables are made from them
+(``scripts/settings_docs.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +13,63 @@ import os
 from pathlib import Path
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tunecache.formats.tarball import DEFAULT_MAX_UNPACK_BYTES, DEFAULT_MAX_UNPACK_FILES
+
+
+#: Pod variables read from the environment where they are used, not through
+#: :class:`ClientSettings`: each declared as a field is, its default and its ``description``.
+POD_VARIABLES: dict[str, FieldInfo] = {
+    "TUNECACHE_STATE_DIR": Field(default=None, json_schema_extra={
+        "shown_default": "`$XDG_CACHE_HOME/tunecache` or `~/.cache/tunecache`", "accepted": "path"}, description=(
+        "where the pod remembers the newest signing time it installed per key and environment "
+        "(`installed-signatures.json`; give pods a persistent directory there for the memory to outlive them): a "
+        "run signed before it is refused as a replayed older run "
+        "([trust.md](trust.md#publishing-what-becomes-current), `tunecache.client.installed`)")),
+    "TUNECACHE_MAX_ANSWER_BYTES": Field(default=16 << 20, gt=0, description=(
+        "the most bytes a JSON answer (a lookup, a run, a page of runs) may take, as decoded; past it nothing of it is "
+        "used. Not a positive whole number: the default")),
+    "TUNECACHE_MAX_UNPACK_BYTES": Field(default=DEFAULT_MAX_UNPACK_BYTES, gt=0, description=(
+        "the most bytes an artifact may have, and a tarball may unpack to, checked at each entry's header before "
+        "anything is written (`tunecache.formats.tarball`). Not a positive whole number: the default")),
+    "TUNECACHE_MAX_UNPACK_FILES": Field(default=DEFAULT_MAX_UNPACK_FILES, gt=0, description=(
+        "the most entries a tarball (or a FlashInfer v2 store) may make; the defaults are far above what a warm "
+        "state holds (an 8B model's compile cache is about 23 MB in about 150 files). Not a positive whole number: "
+        "the default")),
+    "TUNECACHE_BOOT_ID": Field(default=None, json_schema_extra={
+        "shown_default": "a random id, made once per process start",
+        "accepted": "8-64 letters, digits, `-`, `_`, `.`"}, description=(
+        "the pod boot every report carries (`boot_id`): the fleet view counts a boot once. Made when vLLM loads the "
+        "plugin (its main process does, before it starts its workers) or at the first report, and put in the "
+        "environment, so vLLM's workers inherit it; set it yourself (e.g. to the pod's UID) if you like, but never "
+        "the same for two boots (`tunecache.client.report.boot_id`)")),
+}
+#: What an engine's main process hands to the workers it starts, through their environment (set
+#: by the plugin, read by the plugin; none is a setting to give): the value it is set to (as
+#: the default) and who reads it (as the description).
+POD_HANDOFF_VARIABLES: dict[str, FieldInfo] = {
+    "TUNECACHE_BOOT_STARTED_NS": Field(default=None, json_schema_extra={
+        "shown_default": "when the boot started (nanoseconds since the epoch)"}, description=(
+        "the attestation: files written since then")),
+    "TUNECACHE_WARM_STATE_RUN": Field(default=None, json_schema_extra={
+        "shown_default": "the run whose warm state the main process installed"}, description=(
+        "the workers install the tactics only")),
+    "TUNECACHE_COMPILE_CACHE": Field(default=None, json_schema_extra={"shown_default": (
+        "the run's compile cache, staged under the cache root's `.tunecache/` (and unpacked beside it on a thread "
+        "of the main process, named by the boot)")}, description=(
+        "each worker renames its directories into place under its own names before its first forward pass")),
+    "TUNECACHE_ENGINE_ARGS": Field(default=None, json_schema_extra={
+        "shown_default": "the pod's engine arguments that differ from vLLM's defaults (JSON)"}, description=(
+        "each worker's report, which names its engine variant with them")),
+    "TUNECACHE_FLASHINFER_AOT_DIR": Field(default=None, json_schema_extra={
+        "shown_default": "`<workspace>/tunecache-aot`"}, description=(
+        "each worker points FlashInfer's AOT directory there before its model loads")),
+    "DG_JIT_CACHE_DIR": Field(default=None, json_schema_extra={
+        "shown_default": "the DeepGEMM directory the run's kernels were merged into"}, description=(
+        "DeepGEMM, in each worker")),
+}
 
 
 def default_token_file() -> Path:
@@ -65,29 +81,55 @@ def default_token_file() -> Path:
 
 
 class ClientSettings(BaseSettings):
-    """Settings of a pod's tunecache client (see the module docstring for the variables)."""
+    """Settings of a pod's tunecache client (each field's ``description`` says what it does)."""
 
     model_config = SettingsConfigDict(env_prefix="TUNECACHE_", extra="ignore")
 
-    url: str | None = None
-    token: SecretStr | None = None
-    connect_timeout: float = Field(default=5.0, gt=0, le=3600)
-    read_timeout: float = Field(default=30.0, gt=0, le=3600)
-    total_timeout: float = Field(default=120.0, gt=0, le=86400)
-    attempts: int = Field(default=3, gt=0, le=100)
-    max_retry_after: float = Field(default=30.0, ge=0, le=3600)
-    install_deadline: float = Field(default=30.0, gt=0, le=3600)
-    jit: bool = True
-    push_back: bool = False
-    dtype: str = "auto"
-    quantization: str = "auto"
-    environment_file: Path | None = None
-    token_file: Path = Field(default_factory=default_token_file)
-    ca_bundle: Path | None = None
-    allow_insecure: bool = False
-    trusted_keys: str | None = None
-    report: bool = True
-    report_timeout: float = Field(default=2.0, gt=0, le=60)
+    url: str | None = Field(default=None, description=(
+        "the tunecache server, e.g. `http://tunecache:8321` (the default `--server` of the pod commands; the plugin "
+        "does nothing without it)"))
+    token: SecretStr | None = Field(default=None, description=(
+        "sent as `Authorization: Bearer <token>` on every request (`--token` overrides it); printable ASCII without "
+        "spaces; an empty one is refused (exit 13), never taken as no token"))
+    connect_timeout: float = Field(default=5.0, gt=0, le=3600, description="seconds to connect")
+    read_timeout: float = Field(default=30.0, gt=0, le=3600, description="seconds to wait for each read")
+    total_timeout: float = Field(default=120.0, gt=0, le=86400, description=(
+        "seconds one request may take in all: every attempt, its wait for the first byte and the waits between "
+        "attempts together (no retry starts that would begin past it)"))
+    attempts: int = Field(default=3, gt=0, le=100, description=(
+        "tries per request for transient failures (refused, reset, timeouts, cut-short bodies, 429, 502, 503, 504)"))
+    max_retry_after: float = Field(default=30.0, ge=0, le=3600, description=(
+        "the most seconds a server's `Retry-After` is waited for"))
+    install_deadline: float = Field(default=30.0, gt=0, le=3600, description=(
+        "seconds one install (the lookup and every artifact download together: `pull`, the Python API, the plugin) "
+        "may take in all; past it the install gives up and writes nothing, and the pod boots as without tunecache "
+        "(`pull`: exit 4)"))
+    jit: bool = Field(default=True, description="plugin: also install the run's FlashInfer JIT modules")
+    push_back: bool = Field(default=False, description=(
+        "plugin: upload a pod's own tuning after a miss (stored unverified)"))
+    dtype: str = Field(default="auto", description="plugin: the key's dtype (vLLM's `--dtype`)")
+    quantization: str = Field(default="auto", description="plugin: the key's quantization")
+    environment_file: Path | None = Field(default=None, description=(
+        "plugin: read the environment from this file instead of detecting it"))
+    token_file: Path = Field(default_factory=default_token_file, json_schema_extra={
+        "shown_default": "`<data dir>/admin.token`"}, description=(
+        "a file holding the token, read when `TUNECACHE_TOKEN` is unset and the file exists; by default the "
+        "`admin.token` that `tunecache serve` writes in its data dir on this machine (the data dir as the service's: "
+        "`TUNECACHE_DATA_DIR`, else `$XDG_DATA_HOME/tunecache` or `~/.local/share/tunecache`)"))
+    ca_bundle: Path | None = Field(default=None, description=(
+        "CA certificates (PEM) to verify the server's TLS certificate with (default: the system's); TLS is always "
+        "verified"))
+    allow_insecure: bool = Field(default=False, description=(
+        "allow sending a token over plain `http://` to a host that is not loopback (refused otherwise: exit 13)"))
+    trusted_keys: str | None = Field(default=None, description=(
+        "public keys of the fleet's tuner nodes: a file (one `ed25519:...` per line) or a comma-separated list; "
+        "runs signed by none of them install no JIT module, no DeepGEMM cache, and no tactics "
+        "([trust.md](trust.md))"))
+    report: bool = Field(default=True, description=(
+        "after each install (`pull`, the Python API, the plugin) send the server a report of it, in the background; "
+        "`0`: never"))
+    report_timeout: float = Field(default=2.0, gt=0, le=60, description=(
+        "seconds one report may take in all (one attempt; connect, send and answer together)"))
 
     def resolved_token(self) -> str | None:
         """``token``, else the first line of ``token_file`` when that file exists, else ``None``.

@@ -1,5 +1,5 @@
 """Tuning jobs: asking a GPU node to tune a key, the job as it runs, the conflict of two
-requests for one key, and the GPU workers (and the health answer that names this node's)."""
+requests for one key, and the job workers (and the health answer that names this node's)."""
 
 from __future__ import annotations
 

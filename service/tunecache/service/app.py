@@ -1,5 +1,5 @@
 """The FastAPI application: ``create_app(settings)``; engine, sessions, the hot-path caches
-and the job worker live on ``app.state``. ``tunecache serve --workers N`` runs ``N``
+and the job worker live on ``app.state``. ``tunecache serve --processes N`` runs ``N``
 processes of it (uvicorn's factory mode); one of a node's processes runs the job worker."""
 
 from __future__ import annotations

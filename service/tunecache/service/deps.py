@@ -1,6 +1,6 @@
 """Typed FastAPI dependencies (``SessionDep``, ``SettingsDep``).
 
-``SessionDep`` is the request's unit of work: one session and one transaction, committed
+``SessionDep`` is the request's transaction: one session in one transaction, committed
 when the route returns and rolled back when it raises, before the response is sent
 (``scope="function"``), so a client that gets an answer can rely on what it says being
 stored. Routes and the storage modules never commit themselves.
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from tunecache.service.settings import Settings
 
 
-def unit_of_work(request: Request) -> Iterator[Session]:
+def request_transaction(request: Request) -> Iterator[Session]:
     """A session in a transaction: committed after the route returns, rolled back if it raises."""
     with request.app.state.sessions.begin() as session:
         yield session
@@ -27,5 +27,5 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-SessionDep = Annotated[Session, Depends(unit_of_work, scope="function")]
+SessionDep = Annotated[Session, Depends(request_transaction, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

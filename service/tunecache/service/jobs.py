@@ -9,11 +9,11 @@
 * :func:`cancel` cancels a queued job at once and marks a running one; its worker sees
   the mark (:func:`cancel_requested`), stops the tuner and records it
   (:func:`finish_cancelled`).
-* GPU workers announce themselves (:func:`announce_worker`, the ``workers`` table), so
+* Job workers announce themselves (:func:`announce_worker`, the ``workers`` table), so
   :func:`list_workers` tells whether any live worker will take a job.
 
 Like :mod:`tunecache.service.repository`, functions take a session whose transaction
-the caller owns (the request's unit of work, or one ``with sessions.begin()`` per worker
+the caller owns (the request's transaction, or one ``with sessions.begin()`` per job-worker
 step: claim, heartbeat, finish) and return the contract's read models; none commits.
 """
 

@@ -10,7 +10,7 @@ enumerates the routes and fails on one without):
   so a boot storm stays off the database.
 * :func:`requires` (``push``, ``tune``, ``admin``): writes. The token is checked against
   the database on every request (a revoked token stops at once), in a short transaction
-  of its own (the request's unit of work takes its connection only where the route runs),
+  of its own (the request's transaction takes its connection only where the route runs),
   and the write is recorded in the audit log (``audit_events``) in that same
   transaction: with the write, or not at all.
 
@@ -124,7 +124,7 @@ def _authenticate_in_own_session(sessions, presented: str) -> Caller | None:
 
 class _Write(CallerPolicy):
     """Writes (and admin reads): a token of ``scope`` or above, checked in the request's
-    unit of work; a write is audited in the same transaction when the route returns without an error."""
+    transaction; a write is audited in it when the route returns without an error."""
 
     def __init__(self, scope: Scope):
         self.scope = scope

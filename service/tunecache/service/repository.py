@@ -3,7 +3,7 @@
 reports) that touches ORM rows.
 
 Every function takes a :class:`~sqlalchemy.orm.Session` whose transaction the caller
-owns: the request's unit of work (``tunecache.service.deps.SessionDep``) or one call of
+owns: the request's transaction (``tunecache.service.deps.SessionDep``) or one call of
 :class:`tunecache.service.store.SqlTuningStore`. None commits or rolls back on its own.
 Results are the contract's read models (:mod:`tunecache.contract`), never rows.
 """

@@ -16,6 +16,31 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 RENAMED_VARIABLES = {"job_worker": "TUNECACHE_WORKER", "server_processes": "TUNECACHE_WORKERS"}
 #: The same fields' old keyword names in ``Settings(...)``, still accepted.
 RENAMED_FIELDS = {"worker": "job_worker", "workers": "server_processes"}
+#: Variables no longer read -> the field that replaced them (whose description says so).
+RETIRED_VARIABLES = {"TUNECACHE_REPORT_RATE": "report_source_max"}
+
+#: A node's variables read from the environment where they are used, not through
+#: :class:`Settings` (the tuner reads them in its own process): each declared as a field is,
+#: its default and its ``description`` (the operator guide's settings table shows them).
+NODE_VARIABLES: dict[str, FieldInfo] = {
+    "TUNECACHE_GPU_LOCK_DIR": Field(default=None, json_schema_extra={
+        "shown_default": "the system's temporary directory", "accepted": "path"}, description=(
+        "where tuners keep their GPU lock files (`tunecache-gpu-<CUDA_VISIBLE_DEVICES or all>.lock`): a second "
+        "tuner for the same GPUs waits for the first (`tunecache.service.tuner.guard`)")),
+    "TUNECACHE_VLLM_ENGINE_ARGS": Field(default=None, json_schema_extra={"accepted": "JSON object"}, description=(
+        "on a tuning node, extra `vllm.LLM` arguments of the vLLM warmup (`tune --warmup vllm`) as a JSON object of "
+        "identifiers (e.g. `{\"attention_backend\": \"FLASHINFER\"}`): the fleet's engine settings that decide which "
+        "kernels warm up; an argument the key sets (model, max_num_batched_tokens, parallel sizes, dtype, ...) is "
+        "refused; a variant's `--engine-args` go over them (`tunecache.service.tuner.vllm_warmup`)")),
+}
+#: Set by a tuner's parent (the job worker, ``tunecache tune``) for the child processes it starts
+#: (the tuner, a verification boot), through their environment: not a setting to give.
+TUNER_HANDOFF_VARIABLES: dict[str, FieldInfo] = {
+    "TUNECACHE_TUNER_PARENT_PID": Field(default=None, json_schema_extra={
+        "shown_default": "the parent's process id"}, description=(
+        "the tuner child and the verification boot: each kills its process group once its parent is no longer "
+        "that process (`tunecache.service.tuner.guard.die_with_parent`)")),
+}
 
 
 def _default_data_dir() -> Path:
@@ -54,127 +79,10 @@ class _OldVariableNames(PydanticBaseSettingsSource):
 
 
 class Settings(BaseSettings):
-    """Configuration of one service process.
+    """Configuration of one service process, read from ``TUNECACHE_<FIELD>`` variables.
 
-    Environment variables (prefix ``TUNECACHE_``):
-
-    * ``TUNECACHE_DATABASE_URL``: SQLAlchemy URL. Default: SQLite file
-      ``<data_dir>/tunecache.db``. PostgreSQL: ``postgresql+psycopg://user@host/db``.
-    * ``TUNECACHE_DATA_DIR``: where the default SQLite file lives
-      (default ``$XDG_DATA_HOME/tunecache`` or ``~/.local/share/tunecache``).
-    * ``TUNECACHE_MAX_UPLOAD_BYTES``: largest request body accepted (HTTP 413 above it).
-    * ``TUNECACHE_HOST`` / ``TUNECACHE_PORT``: where ``tunecache serve`` listens.
-    * ``TUNECACHE_JOB_WORKER`` (old name ``TUNECACHE_WORKER``, still read): ``auto`` (run
-      the job worker when this node has a CUDA GPU), ``on`` (refuse to start without one)
-      or ``off`` (lookups only).
-    * ``TUNECACHE_LEASE_SECONDS``: a claimed job's lease, renewed every third of it.
-    * ``TUNECACHE_JOB_TIMEOUT_SECONDS``: the tuner child is killed after this long.
-    * ``TUNECACHE_JOB_MAX_ATTEMPTS``: claims of one job before it is failed.
-    * ``TUNECACHE_WORKER_POLL_SECONDS``: an idle job worker's wait between claim attempts.
-    * ``TUNECACHE_SERVER_PROCESSES`` (old name ``TUNECACHE_WORKERS``, still read): server
-      processes of ``tunecache serve`` (uvicorn's worker processes); one of a node's
-      processes runs the job worker.
-    * ``TUNECACHE_THREADS``: threads per process that run database work (sync routes).
-    * ``TUNECACHE_DB_POOL_SIZE``: database connections per process (default: the threads,
-      and 3 more: the generation reader's, the report flusher's and the retention pass's).
-    * ``TUNECACHE_DB_POOL_TIMEOUT``: seconds a request waits for a connection before 503.
-    * ``TUNECACHE_DB_CONNECT_TIMEOUT`` / ``TUNECACHE_DB_STATEMENT_TIMEOUT``: seconds to
-      connect to the database, and that one statement may run (PostgreSQL; SQLite's busy
-      timeout).
-    * ``TUNECACHE_DB_LOCK_TIMEOUT``: seconds a statement waits for a lock before it fails
-      (PostgreSQL ``lock_timeout``): a table locked by a migration or a stuck session gives
-      503 with ``Retry-After`` instead of holding the request's thread.
-    * ``TUNECACHE_HEALTH_TIMEOUT``: ``/v1/health`` answers within this (1 s) whatever the
-      database does, ``degraded`` when the database did not answer in it.
-    * ``TUNECACHE_LOOKUP_STALE_SECONDS`` / ``TUNECACHE_LOOKUP_STALE_AFTER``: when the
-      tuning generation cannot be read within ``..._STALE_AFTER`` seconds (0.5), a lookup
-      answer held in memory from a generation read at most ``..._STALE_SECONDS`` (60) ago
-      is served, marked ``Tunecache-Stale``; 0 turns this off.
-    * ``TUNECACHE_FILE_THREADS``: threads per process that read mirrored artifact files,
-      apart from ``TUNECACHE_THREADS``: file serving never waits for database work.
-    * ``TUNECACHE_MAX_IN_FLIGHT``: requests one process handles at once; more are answered
-      503 with ``Retry-After`` at once.
-    * ``TUNECACHE_RETRY_AFTER_SECONDS``: the ``Retry-After`` of those answers.
-    * ``TUNECACHE_LOOKUP_CACHE_ENTRIES``: lookup answers kept in memory per process.
-    * ``TUNECACHE_MAX_JSON_BYTES``: largest body of the JSON routes (413 above it).
-    * ``TUNECACHE_JOB_REQUEST_RATE``: tuning-job requests one token may make per
-      process, in the ``limits`` package's notation (``30/minute``); past it: 429.
-    * ``TUNECACHE_READ_TOKEN_REQUIRED``: reads (lookups, artifacts, history) need a token
-      of any scope; off by default (trusted in-cluster networks keep pod boots simple).
-      Writes always need one.
-    * ``TUNECACHE_TOKEN_CACHE_SECONDS``: how long a process trusts a token it checked for a
-      read (a revoked token still reads for at most this long; writes check every time).
-    * ``TUNECACHE_SIGNING_KEY``: this tuner node's Ed25519 private key (``tunecache keys
-      generate``); the job worker signs every run it records with it.
-    * ``TUNECACHE_MODEL_CONFIG_DIR``: a directory of model configs on this node, one
-      ``<org>/<name>/config.json`` per model: a tuning job that carries no ``hf_config``
-      is tuned with its model's file here (a name with ``..``, an absolute name or a
-      symlink out of the directory finds nothing). Unset: such a job fails at once.
-    * ``TUNECACHE_KEEP_ALIVE_SECONDS``: an idle HTTP/1.1 connection is closed after this
-      long (uvicorn's ``timeout_keep_alive``, 5 s). Behind a proxy or load balancer that
-      keeps connections to the service open, set it above the proxy's idle timeout: a
-      connection the service closes just as the proxy reuses it is reset.
-      It also closes a new connection that sends nothing for this long.
-    * ``TUNECACHE_HEADER_TIMEOUT_SECONDS``: a request's headers must be complete within this
-      long of their first byte; past it: 408 and the connection closed
-      (``tunecache.service.connections``).
-    * ``TUNECACHE_BODY_TIMEOUT_SECONDS``: the longest wait for the next piece of a request
-      body; past it: 408 and the connection closed (``tunecache.service.limits``).
-    * ``TUNECACHE_SEND_TIMEOUT_SECONDS``: an answer the client stops reading is dropped (the
-      connection reset) after this long.
-    * ``TUNECACHE_MAX_CONNECTIONS_PER_ADDRESS``: connections one client address may hold
-      open to one process; the next get 429 and are closed. Behind a proxy, every
-      connection comes from the proxy's address.
-    * ``TUNECACHE_ALLOWED_HOSTS``: the ``Host`` headers the service answers, comma-separated
-      (starlette's ``TrustedHostMiddleware``: ``*.example.com`` allowed); others get 400.
-      Default ``*``: any.
-    * ``TUNECACHE_FORWARDED_ALLOW_IPS``: addresses of proxies whose ``X-Forwarded-Proto`` and
-      ``X-Forwarded-For`` are believed (uvicorn's ``forwarded_allow_ips``, comma-separated,
-      networks allowed, ``*``: any). Default: the loopback addresses.
-    * ``TUNECACHE_ACCESS_LOG``: log every request (uvicorn's access log; off by default:
-      under a boot storm it costs a fifth of the CPU).
-    * ``TUNECACHE_REPORT_RETENTION_DAYS``: pod reports (``POST /v1/reports``) older than
-      this are deleted (each process checks at most once a minute, after a report).
-    * ``TUNECACHE_REPORT_SOURCE_MAX``: pod reports one source (a token's name, else the
-      client address; an IPv6 one as its /64) may have stored per hour, per process
-      (2,000); past it reports are answered 202 and not stored (never 429: a real pod behind
-      a flooder's address is not refused), counted in ``tunecache_pod_reports_dropped_total``.
-      48,000 reports a day per source and process: ~1.5 GB at the largest reports
-      (32 KiB), ~50 MB at a pod's usual ~1 KB (``tunecache.service.report_bounds``).
-    * ``TUNECACHE_REPORT_BOOTS_PER_KEY``: pod boots one source may count for one key per
-      hour (100): one address cannot make a key look wanted by a fleet.
-    * ``TUNECACHE_REPORT_NEW_KEYS``: keys without a current tuning one source may bring into
-      the fleet view per hour (20).
-    * ``TUNECACHE_REPORT_FLUSH_SECONDS``: pod reports are taken in memory and stored in
-      batches at least this often (0.5 s; ``tunecache.service.report_intake``).
-    * ``TUNECACHE_REPORT_INTAKE_MAX``: reports a process holds not yet stored at most
-      (20,000); past it ``POST /v1/reports`` answers 503 with ``Retry-After``.
-    * ``TUNECACHE_RUN_RETENTION``: runs kept per key and environment (10), newest first;
-      older ones are deleted with their artifact rows, except the current run, pinned runs
-      (``PUT /v1/tunings/{id}/pin``), a run a tuning job points at and runs recorded within
-      the grace. ``off`` keeps every run; ``0`` is refused (say ``off``, or at least 1).
-    * ``TUNECACHE_RETENTION_GRACE_SECONDS``: runs recorded and blobs uploaded within this
-      long (3600) are never deleted: a run being recorded, bytes uploaded for a run not yet
-      recorded. Blobs no run refers to any more are deleted once past it.
-    * ``TUNECACHE_MIRROR_MAX_BYTES``: bytes of artifact files this node mirrors under
-      ``<data dir>/artifact-cache`` at most (10 GiB); least recently used files are evicted
-      past it (a file used in the last minute stays), and files of deleted blobs go.
-    * ``TUNECACHE_RETENTION_INTERVAL_SECONDS``: each server process runs the retention pass
-      (``tunecache.service.retention``) at most this often (3600), in a thread of its own,
-      the first about a minute after start; ``tunecache prune`` runs one on demand.
-    * ``TUNECACHE_ARTIFACT_STORE``: where artifact bytes are stored. Unset (or
-      ``database``): in the database, 4 MiB chunks (the embedded default).
-      ``s3://bucket/prefix``: objects in an S3-compatible store, reached as the AWS SDKs
-      read the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
-      ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``); the metadata stays in the database, and
-      blobs stored before the switch are still read where they are (``tunecache db
-      move-artifacts`` moves them; :mod:`tunecache.service.artifact_store`).
-    * ``TUNECACHE_ARTIFACT_REDIRECT``: ``on``: ``GET /v1/artifacts/{sha256}`` of a blob in the
-      object store answers 307 to a presigned URL of the store, and pods download from the
-      store directly (it must then be reachable from them at ``AWS_ENDPOINT_URL``). ``off``
-      (the default): the service sends the bytes itself, from its mirror, so the store may
-      be private to the service. Range requests are always served by the service.
-    * ``TUNECACHE_PRESIGN_SECONDS``: how long a redirect's presigned URL is valid (300).
+    Each field's ``description`` is its documentation: the operator guide's settings table is
+    made from them (``scripts/settings_docs.py``), with :data:`NODE_VARIABLES` beside them.
 
     Renamed settings (:data:`RENAMED_VARIABLES`): the old variable is read when the new one
     is unset, and ``Settings(worker=..., workers=...)`` still sets ``job_worker`` and
@@ -183,84 +91,184 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TUNECACHE_", extra="ignore")
 
-    database_url: str | None = None
-    data_dir: Path = Field(default_factory=_default_data_dir)
-    max_upload_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
-    host: str = "127.0.0.1"
-    port: int = Field(default=8321, gt=0, lt=65536)
-    job_worker: Literal["auto", "on", "off"] = "auto"
-    lease_seconds: float = Field(default=60.0, gt=0)
-    job_timeout_seconds: float = Field(default=3600.0, gt=0)
-    job_max_attempts: int = Field(default=3, gt=0)
-    worker_poll_seconds: float = Field(default=2.0, gt=0)
-    server_processes: int = Field(default=1, gt=0, le=64)
-    threads: int = Field(default=40, gt=0, le=1024)
-    db_pool_size: int | None = Field(default=None, gt=0, le=1024)
-    db_pool_timeout: float = Field(default=2.0, gt=0, le=300)
-    db_connect_timeout: float = Field(default=5.0, gt=0, le=300)
-    db_statement_timeout: float = Field(default=10.0, gt=0, le=3600)
-    #: Seconds a statement waits for a lock (PostgreSQL lock_timeout; SQLite's busy timeout is the statement's).
-    db_lock_timeout: float = Field(default=2.0, gt=0, le=3600)
-    #: Seconds /v1/health takes at most, whatever the database does.
-    health_timeout: float = Field(default=1.0, gt=0, le=60)
-    #: Seconds a lookup answer stays servable from memory while the generation cannot be read.
-    lookup_stale_seconds: float = Field(default=60.0, ge=0, le=86400)
-    #: Seconds a lookup waits for the generation before it answers from memory (stale).
-    lookup_stale_after: float = Field(default=0.5, gt=0, le=60)
-    #: Threads per process that read mirrored artifact files (never taken by database work).
-    file_threads: int = Field(default=8, gt=0, le=1024)
-    max_in_flight: int = Field(default=256, gt=0, le=100_000)
-    retry_after_seconds: int = Field(default=1, gt=0, le=3600)
-    lookup_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
-    max_json_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
-    keep_alive_seconds: int = Field(default=5, gt=0, le=3600)
-    header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
-    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
-    send_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
-    max_connections_per_address: int = Field(default=512, gt=0, le=1_000_000)
-    allowed_hosts: str = "*"
-    forwarded_allow_ips: str = "127.0.0.1,::1"
-    access_log: bool = False
-    job_request_rate: str = "30/minute"
-    read_token_required: bool = False
-    signing_key: Path | None = None
-    #: Ed25519 public keys whose runs may become current (a file or inline keys, as pods read
-    #: them: tunecache.signing.load_trusted_keys); unset: any verified run may.
-    trusted_keys: str | None = None
-    model_config_dir: Path | None = None
-    token_cache_seconds: float = Field(default=10.0, gt=0, le=3600)
-    report_retention_days: float = Field(default=14.0, gt=0, le=3650)
-    report_source_max: int = Field(default=2000, ge=1, le=100_000_000)
-    report_boots_per_key: int = Field(default=100, ge=1, le=100_000_000)
-    report_new_keys: int = Field(default=20, ge=1, le=100_000_000)
-    #: serve creates the first admin token (in <data dir>/admin.token) on a database with none;
-    #: off on nodes whose data directory no operator reads (a tuner pod).
-    bootstrap_admin_token: bool = True
-    #: Where this node's job worker fetches a recorded vLLM warmup from for its verification
-    #: boot (serve sets it to its own listen address when unset; "off": no verification boot).
-    verify_url: str | None = Field(default=None, max_length=2048)
-    #: Opt-in: queue a vLLM warmup of an engine variant once this many pod boots reported it
-    #: missing within auto_tune_variant_hours (0: never; tunecache.service.variant_autotune).
-    auto_tune_variants: int = Field(default=0, ge=0, le=1_000_000)
-    auto_tune_variant_hours: float = Field(default=1.0, gt=0, le=720)
-    #: Pod reports are stored in batches at least this often, seconds (tunecache.service.report_intake).
-    report_flush_seconds: float = Field(default=0.5, gt=0, le=60)
-    #: Reports a process holds not yet stored at most; past it POST /v1/reports answers 503.
-    report_intake_max: int = Field(default=20_000, ge=1, le=10_000_000)
-    #: Runs kept per key and environment (None: "off", every run); tunecache.service.retention.
-    run_retention: int | None = Field(default=10, ge=1, le=1_000_000)
-    #: Seconds within which recorded runs and uploaded blobs are never deleted.
-    retention_grace_seconds: float = Field(default=3600.0, ge=0, le=365 * 86400)
-    #: Bytes of mirrored artifact files per node at most (least recently used evicted past it).
-    mirror_max_bytes: int = Field(default=10 * 1024**3, gt=0)
-    #: Seconds between a process's retention passes.
-    retention_interval_seconds: float = Field(default=3600.0, gt=0, le=30 * 86400)
-    #: Where artifact bytes are stored: None/"database", or s3://bucket/prefix (tunecache.service.artifact_store).
-    artifact_store: str | None = None
-    #: GET of an artifact in the object store answers 307 to a presigned URL.
-    artifact_redirect: bool = False
-    #: Seconds a presigned URL is valid.
-    presign_seconds: int = Field(default=300, ge=1, le=7 * 86400)
+    database_url: str | None = Field(default=None, json_schema_extra={
+        "shown_default": "`sqlite:///<data dir>/tunecache.db`"}, description=(
+        "SQLAlchemy URL of the database; PostgreSQL as `postgresql+psycopg://user:pw@host/db`. Unset: the SQLite "
+        "file `tunecache.db` in `TUNECACHE_DATA_DIR`"))
+    data_dir: Path = Field(default_factory=_default_data_dir, json_schema_extra={
+        "shown_default": "`$XDG_DATA_HOME/tunecache` or `~/.local/share/tunecache`"}, description=(
+        "where the default SQLite file lives, and the node's `admin.token` and artifact mirror (`artifact-cache`)"))
+    max_upload_bytes: int = Field(default=256 * 1024 * 1024, gt=0, description=(
+        "largest request body accepted (an artifact upload); above it: 413"))
+    host: str = Field(default="127.0.0.1", description="where `tunecache serve` listens (`serve --host`)")
+    port: int = Field(default=8321, gt=0, lt=65536, description=(
+        "the port `tunecache serve` listens on (`serve --port`); a value that is not a port (Kubernetes' "
+        "`TUNECACHE_PORT=tcp://...` of a Service called `tunecache`) is refused, exit 2"))
+    job_worker: Literal["auto", "on", "off"] = Field(default="auto", description=(
+        "`auto`: run the job worker when this node has a CUDA GPU; `on`: refuse to start without a usable one; "
+        "`off`: lookups only"))
+    lease_seconds: float = Field(default=60.0, gt=0, description="a claimed job's lease, renewed every third of it")
+    job_timeout_seconds: float = Field(default=3600.0, gt=0, description="the tuner child is killed after this long")
+    job_max_attempts: int = Field(default=3, gt=0, description=(
+        "claims of one job before it is failed (its job workers kept dying)"))
+    worker_poll_seconds: float = Field(default=2.0, gt=0, description=(
+        "an idle job worker's wait between claim attempts"))
+    server_processes: int = Field(default=1, gt=0, le=64, description=(
+        "server processes of `tunecache serve` (`serve --processes N`, uvicorn's worker processes in its factory "
+        "mode); one of a node's processes runs the job worker (a lock file in the data dir)"))
+    threads: int = Field(default=40, gt=0, le=1024, description=(
+        "threads per process that run database work (the sync routes)"))
+    db_pool_size: int | None = Field(default=None, gt=0, le=1024, json_schema_extra={
+        "shown_default": "`TUNECACHE_THREADS` + 3"}, description=(
+        "database connections per process: by default one per thread, and one each for the generation reader, the "
+        "report flusher and the retention pass (no overflow: a thread never waits for a connection another thread "
+        "is not using)"))
+    db_pool_timeout: float = Field(default=2.0, gt=0, le=300, description=(
+        "seconds a request waits for a database connection; then 503 + `Retry-After`"))
+    db_connect_timeout: float = Field(default=5.0, gt=0, le=300, description="seconds to connect to the database")
+    db_statement_timeout: float = Field(default=10.0, gt=0, le=3600, description=(
+        "seconds one statement may run (PostgreSQL `statement_timeout`; SQLite's busy timeout)"))
+    db_lock_timeout: float = Field(default=2.0, gt=0, le=3600, description=(
+        "seconds a statement waits for a lock before it fails (PostgreSQL `lock_timeout`; SQLite's busy timeout is "
+        "the statement's): a table locked by a migration or a stuck session gives 503 + `Retry-After` instead of "
+        "holding the request's thread for the statement timeout"))
+    health_timeout: float = Field(default=1.0, gt=0, le=60, description=(
+        "`/v1/health` answers within this many seconds whatever the database does: `degraded` when the database "
+        "did not answer in time (see [when the disk or the database fails]"
+        "(operator-guide.md#when-the-disk-or-the-database-fails))"))
+    lookup_stale_seconds: float = Field(default=60.0, ge=0, le=86400, description=(
+        "while the tuning generation cannot be read, a lookup answer held in memory is served stale (header "
+        "`Tunecache-Stale`) if the generation's last read began at most this long ago; 0: never"))
+    lookup_stale_after: float = Field(default=0.5, gt=0, le=60, description=(
+        "seconds a lookup waits for the tuning generation before it answers from memory (stale, see "
+        "`TUNECACHE_LOOKUP_STALE_SECONDS`)"))
+    file_threads: int = Field(default=8, gt=0, le=1024, description=(
+        "threads per process that read mirrored artifact files, apart from `TUNECACHE_THREADS`: file serving never "
+        "waits for database work"))
+    max_in_flight: int = Field(default=256, gt=0, le=100_000, description=(
+        "requests one process handles at once; the next get 503 + `Retry-After` at once"))
+    retry_after_seconds: int = Field(default=1, gt=0, le=3600, description="the `Retry-After` of every 503")
+    lookup_cache_entries: int = Field(default=4096, ge=0, le=1_000_000, description=(
+        "lookup answers held in memory per process (0: off)"))
+    max_json_bytes: int = Field(default=4 * 1024 * 1024, gt=0, description=(
+        "largest body of the JSON routes; above it: 413"))
+    keep_alive_seconds: int = Field(default=5, gt=0, le=3600, description=(
+        "an idle HTTP/1.1 connection (after an answer, or new and silent) is closed after this long (uvicorn's "
+        "`timeout_keep_alive`). Behind a proxy or load balancer that keeps connections to the service open, set it "
+        "above the proxy's idle timeout: else the proxy now and then reuses a connection just as the service "
+        "closes it, and gets a reset"))
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600, description=(
+        "a request's headers must be complete this long after their first byte; past it: 408 and the connection "
+        "closed (`tunecache.service.connections`)"))
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description=(
+        "the longest wait for the next piece of a request body (an upload that keeps moving is never cut); past it: "
+        "408 and the connection closed (`tunecache.service.limits`)"))
+    send_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description=(
+        "an answer the client takes nothing of for this long is dropped (the connection reset)"))
+    max_connections_per_address: int = Field(default=512, gt=0, le=1_000_000, description=(
+        "connections one client address may hold open to one process; the next get 429 and are closed. Behind a "
+        "proxy every connection comes from the proxy's address(es): keep it above the proxy's connections to one "
+        "process"))
+    allowed_hosts: str = Field(default="*", description=(
+        "the `Host` headers the service answers, comma-separated (`tunecache.internal,*.svc.cluster.local`; "
+        "starlette's `TrustedHostMiddleware`; a wildcard only begins a domain, as `*.example.com`); another gets "
+        "400. `*`: any. Name every name pods, probes and proxies use (a kubelet probe sends the pod's IP)"))
+    forwarded_allow_ips: str = Field(default="127.0.0.1,::1", description=(
+        "proxies whose `X-Forwarded-Proto` and `X-Forwarded-For` are believed (uvicorn's `forwarded_allow_ips`, "
+        "comma-separated: addresses, networks, `*` for any): behind a TLS proxy at one of them, the dashboard's "
+        "cookies are `Secure` and the client address is the pod's"))
+    access_log: bool = Field(default=False, description=(
+        "log every request (uvicorn's access log, one line per request; off by default: under a boot storm it costs "
+        "a fifth of the CPU)"))
+    job_request_rate: str = Field(default="30/minute", description=(
+        "tuning-job requests one token may make per process, one rate of at least 1 in the `limits` package's "
+        "notation (count/second|minute|hour|day); past it: 429 + `Retry-After`"))
+    read_token_required: bool = Field(default=False, description=(
+        "reads (lookups, artifacts, history, jobs) need a token of any scope; off by default (trusted in-cluster "
+        "networks keep pod boots simple). Writes always need one"))
+    signing_key: Path | None = Field(default=None, description=(
+        "this tuner node's Ed25519 private key (`tunecache keys generate`); the job worker signs every run it "
+        "records with it (`tune --signing-key` reads it too)"))
+    trusted_keys: str | None = Field(default=None, description=(
+        "Ed25519 public keys whose runs may become current (a file or inline keys, as pods read them: "
+        "`tunecache.signing.load_trusted_keys`): the service verifies each run's signature at record and holds back "
+        "any other (the promotion policy, [trust.md](trust.md#publishing-what-becomes-current)); unset: any verified "
+        "run of a `tune` or `admin` token may"))
+    model_config_dir: Path | None = Field(default=None, description=(
+        "a directory of model configs on this node, one `<org>/<name>/config.json` per model: a tuning job that "
+        "carries no `hf_config` is tuned with its model's file here (a name with `..`, an absolute name or a "
+        "symlink out of the directory finds nothing). Unset: such a job fails at once"))
+    token_cache_seconds: float = Field(default=10.0, gt=0, le=3600, description=(
+        "how long a process trusts a token it checked for a read (a revoked token still reads for at most this "
+        "long; writes check every time)"))
+    report_retention_days: float = Field(default=14.0, gt=0, le=3650, description=(
+        "pod reports (`POST /v1/reports`) older than this are deleted (each process checks at most once a minute, "
+        "after a report it took)"))
+    report_source_max: int = Field(default=2000, ge=1, le=100_000_000, description=(
+        "pod reports one source (a token's name, else the client address; an IPv6 one by its /64) may have stored "
+        "per hour, per process; past it: 202 and not stored (never 429: a real pod behind a flooder's address is not "
+        "refused), counted in `tunecache_pod_reports_dropped_total{reason=\"source\"}`. That bounds a source's "
+        "growth of the database to 48,000 reports a day per process: ~1.5 GB at the largest reports (32 KiB), "
+        "~50 MB at a pod's usual ~1 KB (`tunecache.service.report_bounds`). Replaces `TUNECACHE_REPORT_RATE` "
+        "(its 429 is gone)"))
+    report_boots_per_key: int = Field(default=100, ge=1, le=100_000_000, description=(
+        "pod boots one source may count for one key per hour, per process (one address cannot make a key look "
+        "wanted by a fleet); past it: 202 and not stored (`reason=\"key\"`)"))
+    report_new_keys: int = Field(default=20, ge=1, le=100_000_000, description=(
+        "keys without a current run one source may bring into the fleet view per hour, per process; past it: 202 "
+        "and not stored (`reason=\"new_key\"`)"))
+    bootstrap_admin_token: bool = Field(default=True, description=(
+        "`serve` on a database without tokens creates the first admin token, in `<data dir>/admin.token`; `false` on "
+        "nodes whose data directory no operator reads (a tuner pod); `tunecache db admin-token` makes one in the "
+        "database anytime"))
+    verify_url: str | None = Field(default=None, max_length=2048, json_schema_extra={
+        "shown_default": "`serve`'s own address (`http://127.0.0.1:<port>`, `https` with `--ssl-certfile`)"},
+        description=(
+        "where this node's job worker fetches a recorded vLLM warmup from for its verification boot (with the "
+        "service's own token settings, trusting the node's `TUNECACHE_SIGNING_KEY`); `off`: no verification boot"))
+    auto_tune_variants: int = Field(default=0, ge=0, le=1_000_000, description=(
+        "opt-in: queue a vLLM warmup of an [engine variant](pods.md#the-whole-warm-state) once this many pod boots "
+        "reported it missing within `TUNECACHE_AUTO_TUNE_VARIANT_HOURS`, with the engine arguments they reported "
+        "([tuning jobs](operator-guide.md#tuning-jobs-and-job-workers), `tunecache.service.variant_autotune`); "
+        "0: never"))
+    auto_tune_variant_hours: float = Field(default=1.0, gt=0, le=720, description=(
+        "the window of `TUNECACHE_AUTO_TUNE_VARIANTS`; a variant queued within it is not queued again (a tuning that "
+        "fails is not repeated every batch of reports)"))
+    report_flush_seconds: float = Field(default=0.5, gt=0, le=60, description=(
+        "pod reports are taken in memory and stored in batches (one insert each) at least this often "
+        "(`tunecache.service.report_intake`)"))
+    report_intake_max: int = Field(default=20_000, ge=1, le=10_000_000, description=(
+        "pod reports a process holds not yet stored at most; past it `POST /v1/reports` answers 503 + "
+        "`Retry-After`"))
+    run_retention: int | None = Field(default=10, ge=1, le=1_000_000, description=(
+        "runs kept per key and environment, newest first; older ones are deleted with their artifact rows (see "
+        "[retention](operator-guide.md#retention), `tunecache.service.retention`), never the current run, a pinned "
+        "run (`PUT /v1/tunings/{id}/pin`), a run a tuning job points at or one recorded within the grace. `off`: "
+        "every run is kept; `0` is refused (say `off`, or at least 1)"))
+    retention_grace_seconds: float = Field(default=3600.0, ge=0, le=365 * 86400, description=(
+        "runs recorded and blobs uploaded within this long are never deleted (a run being recorded; bytes uploaded "
+        "for a run not recorded yet); blobs no run refers to any more are deleted once past it"))
+    mirror_max_bytes: int = Field(default=10 * 1024**3, gt=0, description=(
+        "bytes of artifact files this node mirrors (`<data dir>/artifact-cache`) at most; past it the least recently "
+        "used files are evicted (a file used in the last minute stays); files of deleted blobs are removed"))
+    retention_interval_seconds: float = Field(default=3600.0, gt=0, le=30 * 86400, description=(
+        "each server process runs the retention pass at most this often, in a thread of its own (the first about a "
+        "minute after start); `tunecache prune` runs one on demand"))
+    artifact_store: str | None = Field(default=None, json_schema_extra={"shown_default": "unset (the database)"},
+                                       description=(
+        "where artifact bytes are stored: unset or `database`, 4 MiB chunks in the database (the embedded default); "
+        "`s3://bucket/prefix`, objects in an S3-compatible store reached as the AWS SDKs read the environment "
+        "(`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`). The metadata stays in "
+        "the database, and blobs stored before a switch are still read where they are (`tunecache db "
+        "move-artifacts` moves them; [choosing the artifact store](operator-guide.md#choosing-the-artifact-store), "
+        "`tunecache.service.artifact_store`)"))
+    artifact_redirect: bool = Field(default=False, json_schema_extra={"shown_default": "`off`"}, description=(
+        "`on`: `GET /v1/artifacts/{sha256}` of a blob in the object store answers 307 to a presigned URL of the "
+        "store, and pods download from the store directly (it must then be reachable from them at "
+        "`AWS_ENDPOINT_URL`); `off`: the service sends the bytes itself, from its mirror, so the store may be "
+        "private to the service. Range requests are always served by the service"))
+    presign_seconds: int = Field(default=300, ge=1, le=7 * 86400, description=(
+        "how long a redirect's presigned URL is valid"))
 
     def __init__(self, **values: Any) -> None:
         for old, new in RENAMED_FIELDS.items():  # old keyword names, kept for compatibility

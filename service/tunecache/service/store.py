@@ -1,7 +1,7 @@
 """The SQL implementation of the client's :class:`tunecache.store.TuningStore`.
 
-Used where the tuner writes to the database itself: the service's GPU worker and
-``tunecache tune --database``. Each call is one unit of work (a transaction committed
+Used where the tuner writes to the database itself: the service's job worker and
+``tunecache tune --database``. Each call is one transaction (committed
 when the call succeeds, rolled back when it raises) over the repository's functions,
 which never commit on their own.
 """

@@ -1,4 +1,4 @@
-"""The GPU worker: claims tuning jobs for this node's GPU and runs them, one at a time.
+"""The job worker: claims tuning jobs for this node's GPU and runs them, one at a time.
 
 It runs as a thread of the service process on a GPU node. The tuning itself runs in a
 child process (:func:`tunecache.service.tuner.process.run_tuner`) with a timeout, so the

@@ -1,6 +1,6 @@
 """The dashboard's routes: HTML pages rendered on the server, outside the OpenAPI document.
 
-Each page reads through the functions the API's routes use, in one unit of work, and
+Each page reads through the functions the API's routes use, in one transaction, and
 shows one bounded page of its list:
 
 =========================  ======================  =============================================

@@ -179,7 +179,7 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     The hot path of a boot: answered from the process's
     :class:`~tunecache.service.hot_path.LookupCache` while the tuning generation (read by
     a query that began after this request did, shared with the requests beside it) has
-    not moved; otherwise computed in a unit of work of its own, once for all the requests
+    not moved; otherwise computed in a transaction of its own, once for all the requests
     that miss on the same key and environment at the same time. A database that does not
     answer within ``TUNECACHE_DB_STATEMENT_TIMEOUT`` + ``TUNECACHE_DB_POOL_TIMEOUT`` seconds
     (frozen, partitioned) gives 503 with ``Retry-After``.
