@@ -14,7 +14,7 @@ seeded (``--reseed``: dropped and seeded again) with, by default:
   older cuDNN);
 * 10,000 runs (10 per key) over 60 days, ids in time order: about 88 % succeeded, the rest
   failed; triggers upload / cli / http / pod (pod runs unverified); the newest succeeded,
-  verified run of each key and environment current, as ``repository.record_run`` leaves it;
+  verified run of each key and environment current, as ``publishing.record_run`` leaves it;
   every succeeded run with a ``flashinfer_autotune_v1`` artifact: one of 8 variants per
   environment of the real FlashInfer files in ``tests/fixtures`` (a few entries with another
   tactic and time, some with one entry less), stored with :func:`tunecache.service.blobs.store_blob`;

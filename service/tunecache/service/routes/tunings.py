@@ -35,7 +35,7 @@ from tunecache.contract import (
 )
 from tunecache.formats.autotune_file import NotAnAutotuneFile
 from tunecache.service import run_diff
-from tunecache.service import artifact_store, repository
+from tunecache.service import artifact_store, publishing, repository
 from tunecache.service import metrics
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller, TuneCaller
@@ -52,7 +52,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
 
     Needs a ``push`` token. With a ``tune`` or ``admin`` token, a succeeded run becomes
     the current tuning of its key and environment when the promotion policy lets it
-    (:func:`tunecache.service.repository.hold_reason`: with ``TUNECACHE_TRUSTED_KEYS`` on the
+    (:data:`tunecache.service.publishing.RECORD_POLICY`: with ``TUNECACHE_TRUSTED_KEYS`` on the
     service, signed by one of those keys; not fewer entries than the current run; no
     regression the run diff flags against it); a run held back is stored, not current, with
     the reason in ``held`` (and the audit log); ``force=true`` (admin) skips the policy.
@@ -66,9 +66,9 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
     if force and not caller.scope.includes(Scope.ADMIN):
         raise HTTPException(403, detail="force=true (skipping the promotion policy) needs an admin token")
     try:  # ArtifactsMissing: 422 with "missing" (tunecache.service.errors)
-        run = repository.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name,
+        run = publishing.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name,
                                     trusted_keys=request.app.state.trusted_keys, force=force)
-    except (repository.IndeterminateEnvironment, repository.NotAFlashInferFile) as exc:
+    except (publishing.IndeterminateEnvironment, publishing.NotAFlashInferFile) as exc:
         raise HTTPException(422, detail=str(exc)) from None
     request.state.audit_detail = (f"run {run.id} ({run.trigger}, {'verified' if run.verified else 'unverified'}"
                                   f"{', current' if run.is_current else ''}{', forced' if force else ''}) of "
@@ -89,7 +89,7 @@ def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: Sessi
     ``{"signature": ...}`` (the run's manifest signed anew) the run carries that signature
     from now on: pods that installed a newer run take it as the newer one. Audited."""
     try:
-        run, previous = repository.promote_run(session, run_id, request.app.state.trusted_keys,
+        run, previous = publishing.promote_run(session, run_id, request.app.state.trusted_keys,
                                                body.signature if body is not None else None)
     except LookupError as exc:
         raise HTTPException(404, detail=str(exc)) from None
@@ -148,7 +148,7 @@ def record_verification(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: Run
     verification of the same run replaces the earlier one. 404 for an unknown run, 409 for a
     run that did not succeed, 422 naming an invalid field. Audited."""
     try:
-        run = repository.record_verification(session, run_id, body)
+        run = publishing.record_verification(session, run_id, body)
     except LookupError as exc:
         raise HTTPException(404, detail=str(exc)) from None
     except ValueError as exc:
