@@ -17,17 +17,16 @@ from typing import IO
 
 import anyio
 import anyio.to_thread
-import limits
 from cachetools import TTLCache
 from fastapi import FastAPI
 from starlette.routing import Route, compile_path
 from sqlalchemy import Engine
 
-from tunecache.service import artifact_store, db, metrics, policy
+from tunecache.service import artifact_store, db, metrics, policy, run_diff
 from tunecache.service import api_docs, dashboard
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
-from tunecache.service.limits import AllowedHosts, LoadShedding, RequestBodyGuard
+from tunecache.service.limits import AllowedHosts, LoadShedding, RateLimit, RequestBodyGuard
 from tunecache.service.report_bounds import ReportFilter, SourceGate
 from tunecache.service.report_intake import ReportIntake
 from tunecache.service.reports import Pruner
@@ -158,13 +157,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         # Sync routes run on this many threads, each with a database connection of its own.
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
         app.state.lookup_cache = LookupCache(settings.lookup_cache_entries)
-        app.state.job_rate = limits.parse(settings.job_request_rate)
-        app.state.job_rate_limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
+        app.state.job_requests = RateLimit(settings.job_request_rate, "tuning-job requests")
         app.state.report_gate = SourceGate(settings.report_source_max)
         app.state.report_pruner = Pruner()
         app.state.artifact_files = ArtifactFiles(settings.artifact_cache_dir)
         app.state.artifact_mirrors = SingleFlight()
-        app.state.diff_slots = threading.BoundedSemaphore(tunings.DIFFS_AT_ONCE)  # routes/tunings.py
+        app.state.diff_slots = threading.BoundedSemaphore(run_diff.DIFFS_AT_ONCE)
         app.state.health_probes = SingleFlight()
         app.state.health_threads = anyio.CapacityLimiter(1)  # the one probe in flight (routes/health.py)
         # Mirrored artifact files are read in threads of their own, never behind database work.

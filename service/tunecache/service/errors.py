@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tunecache.contract import ErrorBody
 from tunecache.service.artifact_store import ArtifactStoreUnavailable
 from tunecache.service.jobs import JobOptionsConflict
+from tunecache.service.run_diff import CannotDiff, DiffsBusy, RunsNotFound
 from tunecache.store import ArtifactsMissing
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -107,7 +108,9 @@ def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
     with a :class:`~tunecache.contract.JobConflict` body for a job request whose options
     differ from its key's active job (raised too: nothing written, nothing audited), 503 with ``Retry-After`` when the database is unreachable,
     busy or too slow, 400 for values the database refuses, and a JSON 500 for anything
-    else (never a bare text page)."""
+    else (never a bare text page). A run diff (:mod:`tunecache.service.run_diff`): 404 for
+    a run that does not exist, 422 for one without a readable file, 503 with
+    ``Retry-After`` while the process computes another."""
     retry_after = {"Retry-After": str(retry_after_s)}
 
     async def database_unavailable(request: Request, exc: OperationalError) -> JSONResponse:
@@ -134,7 +137,14 @@ def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
         return JSONResponse(status_code=503, content={"detail": "artifact store unavailable, try again"},
                             headers=retry_after)
 
+    async def diff_refused(request: Request, exc: RunsNotFound | CannotDiff | DiffsBusy) -> JSONResponse:
+        status = 404 if isinstance(exc, RunsNotFound) else 422 if isinstance(exc, CannotDiff) else 503
+        return JSONResponse(status_code=status, content={"detail": str(exc)},
+                            headers=retry_after if status == 503 else None)
+
     app.add_exception_handler(ArtifactStoreUnavailable, store_unavailable)
+    for refusal in (RunsNotFound, CannotDiff, DiffsBusy):
+        app.add_exception_handler(refusal, diff_refused)
     app.add_exception_handler(ArtifactsMissing, artifacts_missing)
     app.add_exception_handler(JobOptionsConflict, job_options_conflict)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import threading
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -15,7 +14,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (
-    MAX_AUTOTUNE_FILE_BYTES,
     MAX_ID,
     RUN_CSV_COLUMNS,
     ErrorBody,
@@ -29,13 +27,11 @@ from tunecache.contract import (
     TuningRunPage,
     TuningRunQuery,
     TuningRunRead,
-    ArtifactKind,
     TuningRunDiff,
     run_csv_row,
 )
-from tunecache.formats.autotune_file import NotAnAutotuneFile
 from tunecache.service import run_diff
-from tunecache.service import artifact_store, publishing, repository
+from tunecache.service import publishing, repository
 from tunecache.service import metrics
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller, TuneCaller
@@ -317,16 +313,6 @@ def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDe
     return run
 
 
-#: Largest FlashInfer file a diff reads, in bytes: the route's memory and time stay bounded
-#: whatever was stored (runs recorded before the bound existed may hold larger ones).
-MAX_DIFF_FILE_BYTES = MAX_AUTOTUNE_FILE_BYTES
-
-#: Diffs one server process computes at once. Each holds both files and their parsed entries
-#: (about 75 MiB at :data:`MAX_DIFF_FILE_BYTES`, bench/request_memory.py) and a core for
-#: seconds; anyone may ask for one (a read), so more at once would multiply both. Another
-#: diff meanwhile is answered 503 with ``Retry-After`` (the client retries it).
-DIFFS_AT_ONCE = 1
-
 RunId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
@@ -354,51 +340,15 @@ def diff_tunings(run_a: RunId, run_b: RunId, request: Request, _caller: ReadCall
     which the runs differ and the counts. Files without FlashInfer's selection records
     (before 0.7.4) give no times and no regressions.
 
-    Bounded: each file is read only up to :data:`MAX_DIFF_FILE_BYTES`, in one short
-    transaction; the comparison runs after it, holding no database connection; a server
-    process computes :data:`DIFFS_AT_ONCE` diff at a time (503 with ``Retry-After`` for
-    another meanwhile).
+    Bounded (:func:`tunecache.service.run_diff.diff_stored_runs`): each file is read only up
+    to :data:`~tunecache.service.run_diff.MAX_DIFF_FILE_BYTES`, in one short transaction; the
+    comparison runs after it, holding no database connection; a server process computes
+    :data:`~tunecache.service.run_diff.DIFFS_AT_ONCE` diff at a time (503 with
+    ``Retry-After`` for another meanwhile).
 
     Errors: 404 ``{"detail": "no tuning run 7"}`` (every missing id named); 422 when a run
     has no FlashInfer autotune artifact (e.g. a failed run), one over the size limit, or
     one that is not a FlashInfer autotune file; 503 with ``Retry-After`` while this server
     process computes another diff.
     """
-    slots: threading.BoundedSemaphore = request.app.state.diff_slots
-    if not slots.acquire(blocking=False):
-        raise HTTPException(503, detail=f"this server process is computing another diff (at most {DIFFS_AT_ONCE} at once)",
-                            headers={"Retry-After": str(request.app.state.settings.retry_after_seconds)})
-    try:
-        return _diff(run_a, run_b, request.app.state.sessions)
-    finally:
-        slots.release()
-
-
-def _diff(run_a: int, run_b: int, sessions: sessionmaker[Session]) -> TuningRunDiff:
-    with sessions.begin() as session:
-        runs = {run_id: repository.get_run(session, run_id) for run_id in (run_a, run_b)}
-        missing = [run_id for run_id, run in runs.items() if run is None]
-        if missing:
-            raise HTTPException(404, detail=f"no tuning run{'s' if len(missing) > 1 else ''} "
-                                            f"{' and '.join(str(run_id) for run_id in missing)}")
-        files = {run_id: _autotune_file(session, run) for run_id, run in runs.items()}
-    try:
-        return run_diff.diff_runs(runs[run_a], files[run_a], runs[run_b], files[run_b])
-    except NotAnAutotuneFile as exc:
-        raise HTTPException(422, detail=str(exc)) from None
-
-
-def _autotune_file(session: Session, run: TuningRunRead) -> bytes:
-    """The bytes of the run's FlashInfer autotune file; 422 (naming the run) when it has
-    none, they are not stored, or they are over :data:`MAX_DIFF_FILE_BYTES`."""
-    artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
-    if artifact is None:
-        raise HTTPException(422, detail=f"run {run.id} ({run.status}) has no FlashInfer autotune file "
-                                        f"({ArtifactKind.FLASHINFER_AUTOTUNE} artifact) to diff")
-    size = artifact_store.blob_size(session, artifact.sha256)
-    if size is None:
-        raise HTTPException(422, detail=f"run {run.id}'s FlashInfer autotune file (sha256 {artifact.sha256}) is not stored")
-    if size > MAX_DIFF_FILE_BYTES:
-        raise HTTPException(422, detail=f"run {run.id}'s FlashInfer autotune file is {size} bytes; "
-                                        f"a diff reads at most {MAX_DIFF_FILE_BYTES}")
-    return artifact_store.read_blob(session, artifact.sha256) or b""
+    return run_diff.diff_stored_runs(request.app.state.sessions, request.app.state.diff_slots, run_a, run_b)
