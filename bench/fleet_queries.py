@@ -69,6 +69,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -508,11 +509,12 @@ def move_generation(sessions) -> None:
 
 
 class RouteRequest:
-    """What the route functions read of their Starlette request: ``app.state.sessions`` and
-    ``headers`` (none: JSON answers)."""
+    """What the route functions read of their Starlette request: the service state's
+    ``sessions`` and ``diff_slots`` (``app.state.tunecache``) and ``headers`` (none: JSON answers)."""
 
     def __init__(self, sessions):
-        self.app = SimpleNamespace(state=SimpleNamespace(sessions=sessions))
+        state = SimpleNamespace(sessions=sessions, diff_slots=threading.BoundedSemaphore(1))
+        self.app = SimpleNamespace(state=SimpleNamespace(tunecache=state))
         self.headers: dict[str, str] = {}
 
 

@@ -333,7 +333,7 @@ def test_the_service_runs_the_retention_pass_by_itself(engine, tmp_path):
         assert [r["id"] for r in history["items"]] == [runs[2]["id"], runs[1]["id"]]
         assert client.head(f"/v1/artifacts/{old_module}").status_code == 404  # blob collected, its file removed
         assert client.get(f"/v1/artifacts/{runs[2]['artifacts'][1]['sha256']}").status_code == 200
-        maintenance = client.app.state.maintenance
+        maintenance = client.app.state.tunecache.maintenance
         assert maintenance.last is not None
 
 

@@ -66,6 +66,7 @@ from tunecache.service.dashboard.security import (
 )
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import PublicCaller
+from tunecache.service.state import state_of
 
 router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 
@@ -227,7 +228,7 @@ def promote(run_id: RunId, request: Request, session: SessionDep, caller: Promot
     same checks, 409 naming why not), audited with the pasted admin token's name. The run's
     page again, now current."""
     try:
-        run, previous = publishing.promote_run(session, run_id, request.app.state.trusted_keys)
+        run, previous = publishing.promote_run(session, run_id, state_of(request.app).trusted_keys)
     except LookupError as exc:
         raise HTTPException(404, detail=str(exc)) from None
     except ValueError as exc:
@@ -247,7 +248,7 @@ def diff_page(request: Request, _caller: PageCaller, a: Annotated[int, Query(ge=
     while the process computes another), as a table with ``REGRESSION`` marks; ``show``
     keeps one kind of change, ``regressions`` only regressions; :data:`DIFF_PAGE` entries
     per page."""
-    diff = run_diff.diff_stored_runs(request.app.state.sessions, request.app.state.diff_slots, a, b)
+    diff = run_diff.diff_stored_runs(state_of(request.app).sessions, state_of(request.app).diff_slots, a, b)
     entries = [e for e in diff.entries if (show is None or e.status == show) and (not regressions or e.regression)]
     return page(request, "diff.html", diff=diff, entries=entries[(page_number - 1) * DIFF_PAGE:page_number * DIFF_PAGE],
                 shown=len(entries), show=show.value if show else "", regressions=regressions, page_number=page_number,
@@ -328,7 +329,7 @@ def retune(request: Request, session: SessionDep, fields: FormFields, caller: Fo
         body = TuningJobCreate(key=key, hf_config=hf_config)
     except ValidationError as exc:
         raise _validation_error(exc) from None
-    request.app.state.job_requests.check(caller.name)
+    state_of(request.app).job_requests.check(caller.name)
     job, created = jobs.enqueue(session, body, requested_by=caller.name)
     request.state.audit_detail = (f"job {job.id} for {job.key.model} ({'queued' if created else 'already queued'}) "
                                   "from the dashboard")

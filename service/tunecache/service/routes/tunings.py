@@ -35,6 +35,7 @@ from tunecache.service import publishing, repository
 from tunecache.service import metrics
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller, TuneCaller
+from tunecache.service.state import ServiceState, state_of
 
 router = APIRouter(prefix="/tunings", tags=["tunings"])
 
@@ -63,7 +64,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
         raise HTTPException(403, detail="force=true (skipping the promotion policy) needs an admin token")
     try:  # ArtifactsMissing: 422 with "missing" (tunecache.service.errors)
         run = publishing.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name,
-                                    trusted_keys=request.app.state.trusted_keys, force=force)
+                                    trusted_keys=state_of(request.app).trusted_keys, force=force)
     except (publishing.IndeterminateEnvironment, publishing.NotAFlashInferFile) as exc:
         raise HTTPException(422, detail=str(exc)) from None
     request.state.audit_detail = (f"run {run.id} ({run.trigger}, {'verified' if run.verified else 'unverified'}"
@@ -85,7 +86,7 @@ def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: Sessi
     ``{"signature": ...}`` (the run's manifest signed anew) the run carries that signature
     from now on: pods that installed a newer run take it as the newer one. Audited."""
     try:
-        run, previous = publishing.promote_run(session, run_id, request.app.state.trusted_keys,
+        run, previous = publishing.promote_run(session, run_id, state_of(request.app).trusted_keys,
                                                body.signature if body is not None else None)
     except LookupError as exc:
         raise HTTPException(404, detail=str(exc)) from None
@@ -185,7 +186,7 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, is served with ``Tunecache-Stale: <seconds
     since that read began>``: a pod boots with what was current then.
     """
-    state = request.app.state
+    state = state_of(request.app)
     settings = state.settings
     reader = state.generation_reader
     try:
@@ -217,7 +218,7 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     return Response(content=answer[1], status_code=answer[0], media_type="application/json")
 
 
-def _stale_answer(state, body: LookupRequest) -> Response | None:
+def _stale_answer(state: ServiceState, body: LookupRequest) -> Response | None:
     """The answer held in memory at the last generation read, when that read began at most
     ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, marked ``Tunecache-Stale``; else ``None``."""
     generation = state.generation_reader.last_read(state.settings.lookup_stale_seconds)
@@ -264,7 +265,7 @@ def list_tunings(filters: Annotated[TuningRunQuery, Query()], request: Request, 
     short). 422 names an unknown or invalid parameter (``cursor`` not one this service gave
     out, ``until`` not after ``since``, ``offset`` with ``cursor``).
     """
-    sessions: sessionmaker[Session] = request.app.state.sessions
+    sessions: sessionmaker[Session] = state_of(request.app).sessions
     if _wants_csv(filters, request.headers.get("accept", "")):
         return StreamingResponse(_csv_rows(sessions, filters), media_type="text/csv; charset=utf-8",
                                  headers={"Content-Disposition": 'attachment; filename="tunecache-history.csv"'})
@@ -351,4 +352,4 @@ def diff_tunings(run_a: RunId, run_b: RunId, request: Request, _caller: ReadCall
     one that is not a FlashInfer autotune file; 503 with ``Retry-After`` while this server
     process computes another diff.
     """
-    return run_diff.diff_stored_runs(request.app.state.sessions, request.app.state.diff_slots, run_a, run_b)
+    return run_diff.diff_stored_runs(state_of(request.app).sessions, state_of(request.app).diff_slots, run_a, run_b)
