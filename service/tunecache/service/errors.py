@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tunecache.contract import ErrorBody
 from tunecache.service.artifact_store import ArtifactStoreUnavailable
 from tunecache.service.jobs import JobOptionsConflict
+from tunecache.service.publishing import PromotionRefused, RunNotFound
 from tunecache.service.run_diff import CannotDiff, DiffsBusy, RunsNotFound
 from tunecache.store import ArtifactsMissing
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -149,7 +150,12 @@ def install_error_handlers(app: FastAPI, path_methods: PathMethods, retry_after_
         return JSONResponse(status_code=status, content={"detail": str(exc)},
                             headers=retry_after if status == 503 else None)
 
+    async def promotion_refused(request: Request, exc: RunNotFound | PromotionRefused) -> JSONResponse:
+        return JSONResponse(status_code=404 if isinstance(exc, RunNotFound) else 409, content={"detail": str(exc)})
+
     app.add_exception_handler(ArtifactStoreUnavailable, store_unavailable)
+    app.add_exception_handler(RunNotFound, promotion_refused)
+    app.add_exception_handler(PromotionRefused, promotion_refused)
     for refusal in (RunsNotFound, CannotDiff, DiffsBusy):
         app.add_exception_handler(refusal, diff_refused)
     app.add_exception_handler(ArtifactsMissing, artifacts_missing)

@@ -44,6 +44,14 @@ class IndeterminateEnvironment(ValueError):
     """A run's environment has fields FlashInfer could not detect; it could never be loaded."""
 
 
+class RunNotFound(LookupError):
+    """No run has the id asked for (HTTP 404)."""
+
+
+class PromotionRefused(ValueError):
+    """:data:`PROMOTE_POLICY` refused the run (HTTP 409; the message says why)."""
+
+
 class NotAFlashInferFile(ValueError):
     """A run's ``flashinfer_autotune_v1`` artifact is not a FlashInfer autotune file (pods
     would install it where FlashInfer reads it)."""
@@ -389,19 +397,19 @@ def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] |
     current before (``None``: none).
 
     Raises:
-        LookupError: no such run.
-        ValueError: the policy refused it (it failed, is a pod's (unverified), or, with
+        RunNotFound: no such run.
+        PromotionRefused: the policy refused it (it failed, is a pod's (unverified), or, with
             ``trusted_keys``, is not signed by one of them): the message says which.
     """
     place = repository.place_of(session, run_id)
     if place is None:
-        raise LookupError(f"no tuning run {run_id}")
+        raise RunNotFound(f"no tuning run {run_id}")
     stored = repository.get_run(session, run_id)
     proposal = Proposal(session, stored, place, trusted_keys, run_id=run_id, new_signature=signature,
                         signature_verified=stored.signature_verified)
     verdict = decide(PROMOTE_POLICY, proposal)
     if not verdict.current:
-        raise ValueError(verdict.reason)
+        raise PromotionRefused(verdict.reason)
     if signature is not None:
         repository.replace_signature(session, run_id, signature)
     repository.set_signature_verified(session, run_id, proposal.signature_verified)

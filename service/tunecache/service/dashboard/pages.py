@@ -227,12 +227,7 @@ def promote(run_id: RunId, request: Request, session: SessionDep, caller: Promot
     ``POST /v1/tunings/{id}/promote`` (:func:`tunecache.service.publishing.promote_run`: the
     same checks, 409 naming why not), audited with the pasted admin token's name. The run's
     page again, now current."""
-    try:
-        run, previous = publishing.promote_run(session, run_id, state_of(request.app).trusted_keys)
-    except LookupError as exc:
-        raise HTTPException(404, detail=str(exc)) from None
-    except ValueError as exc:
-        raise HTTPException(409, detail=str(exc)) from None
+    run, previous = publishing.promote_run(session, run_id, state_of(request.app).trusted_keys)  # 404, 409: errors.py
     request.state.audit_detail = (f"promoted run {run.id} of {run.key.model} (current before: "
                                   f"{previous if previous is not None else 'none'}) from the dashboard")
     return run_page(run_id, request, session, caller)

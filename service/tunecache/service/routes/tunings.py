@@ -85,13 +85,9 @@ def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: Sessi
     by one of those keys: pods that trust them install it at their next lookup. With a body
     ``{"signature": ...}`` (the run's manifest signed anew) the run carries that signature
     from now on: pods that installed a newer run take it as the newer one. Audited."""
-    try:
-        run, previous = publishing.promote_run(session, run_id, state_of(request.app).trusted_keys,
-                                               body.signature if body is not None else None)
-    except LookupError as exc:
-        raise HTTPException(404, detail=str(exc)) from None
-    except ValueError as exc:
-        raise HTTPException(409, detail=str(exc)) from None
+    # RunNotFound, PromotionRefused: 404, 409 (tunecache.service.errors), nothing written or audited
+    run, previous = publishing.promote_run(session, run_id, state_of(request.app).trusted_keys,
+                                           body.signature if body is not None else None)
     request.state.audit_detail = (f"promoted run {run.id} of {run.key.model} (current before: "
                                   f"{previous if previous is not None else 'none'})")
     return _json(run)
