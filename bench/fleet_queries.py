@@ -14,7 +14,7 @@ seeded (``--reseed``: dropped and seeded again) with, by default:
   older cuDNN);
 * 10,000 runs (10 per key) over 60 days, ids in time order: about 88 % succeeded, the rest
   failed; triggers upload / cli / http / pod (pod runs unverified); the newest succeeded,
-  verified run of each key and environment current, as ``repository.record_run`` leaves it;
+  verified run of each key and environment current, as ``publishing.record_run`` leaves it;
   every succeeded run with a ``flashinfer_autotune_v1`` artifact: one of 8 variants per
   environment of the real FlashInfer files in ``tests/fixtures`` (a few entries with another
   tactic and time, some with one entry less), stored with :func:`tunecache.service.blobs.store_blob`;
@@ -69,6 +69,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -508,11 +509,12 @@ def move_generation(sessions) -> None:
 
 
 class RouteRequest:
-    """What the route functions read of their Starlette request: ``app.state.sessions`` and
-    ``headers`` (none: JSON answers)."""
+    """What the route functions read of their Starlette request: the service state's
+    ``sessions`` and ``diff_slots`` (``app.state.tunecache``) and ``headers`` (none: JSON answers)."""
 
     def __init__(self, sessions):
-        self.app = SimpleNamespace(state=SimpleNamespace(sessions=sessions))
+        state = SimpleNamespace(sessions=sessions, diff_slots=threading.BoundedSemaphore(1))
+        self.app = SimpleNamespace(state=SimpleNamespace(tunecache=state))
         self.headers: dict[str, str] = {}
 
 

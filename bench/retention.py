@@ -6,7 +6,7 @@
                                         [--exact] [--json PATH]
 
 Every night each of ``--keys`` keys is re-tuned once. The first night's runs are recorded
-with :func:`tunecache.service.repository.record_run` (``force``: the promotion policy's diff
+with :func:`tunecache.service.publishing.record_run` (``force``: the promotion policy's diff
 against the current run is skipped, it decides nothing here) after their artifacts are stored
 with :func:`tunecache.service.blobs.store_blob`, as ``POST /v1/tunings`` and ``PUT
 /v1/artifacts`` do; every later night writes the same rows in bulk, a table at a time
@@ -78,7 +78,7 @@ from sqlalchemy import create_engine, func, insert, select, text, update
 
 from tunecache.contract import ArtifactKind, TuningKey, TuningRunCreate
 from tunecache.formats.autotune_file import parse_autotune_file
-from tunecache.service import blobs, db, hot_path, repository
+from tunecache.service import blobs, db, hot_path, publishing, repository
 from tunecache.service.hot_path import ArtifactFiles
 from tunecache.service.models import (ArtifactBlob, ArtifactChunk, CurrentTuning, RunArtifact, TuningGeneration,
                                       TuningRun)
@@ -141,7 +141,7 @@ def simulate(kind: str, url: str, policy: RetentionPolicy | None, args, workdir:
                         + [{"kind": "flashinfer_jit_module", "name": f"module-{m}.tar.gz", "media_type": "application/gzip",
                             "sha256": sha} for m, sha in enumerate(modules)],
                     })
-                    templates.append(session.get(TuningRun, repository.record_run(session, run, force=True).id))
+                    templates.append(session.get(TuningRun, publishing.record_run(session, run, force=True).id))
                     new += modules
                 templates = templates[-len(keys):]
             else:

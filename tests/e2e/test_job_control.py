@@ -31,7 +31,7 @@ from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG, QWEN3_CONFIG
 from tests.support.serve import as_admin
 from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tunecache.contract import JobConflict, TuningJobCreate, TuningJobRead, TuningRunCreate, TuningRunQuery, WorkerList
-from tunecache.service import db, jobs, repository
+from tunecache.service import db, jobs, publishing, repository
 from tunecache.service.tuner.stages import TuneSpec
 from tunecache.service.worker import GpuIdentity, JobWorker
 
@@ -291,7 +291,7 @@ def test_cancelling_a_running_job_terminates_the_tuner_child_and_records_no_run(
     sessions = db.session_factory(engine)
     with sessions() as session:
         store_file(session, CUDNN_FILE)
-        previous = repository.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
+        previous = publishing.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
         session.commit()
     job = app_client.post("/v1/tuning-jobs", json={"key": h200_key().model_dump(), "hf_config": LLAMA}).json()
     worker = JobWorker(sessions, H200, "gpu-node-1", poll_s=0.1, heartbeat_s=0.5)  # the real run_tuner

@@ -15,7 +15,7 @@ from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG
 from tests.support.serve import as_admin
 from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tests.support.jobs import H200, enqueue
-from tunecache.service import db, jobs, repository
+from tunecache.service import db, jobs, publishing, repository
 from tunecache.contract import TuningRunCreate
 from tunecache.service.worker import JobWorker
 from tests.support.jobs import stand_in_tuner
@@ -73,7 +73,7 @@ def sessions(engine):
 def test_failing_job_keeps_the_previous_tuning_current(sessions):
     with sessions() as session:
         store_file(session, CUDNN_FILE)
-        good = repository.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
+        good = publishing.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
         session.commit()
     job, _ = enqueue(sessions)
     worker = JobWorker(sessions, H200, "w")  # the real tuner child: fails, no CUDA device here

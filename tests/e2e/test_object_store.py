@@ -134,7 +134,7 @@ def test_retention_deletes_collected_blobs_from_the_bucket(engine, store, tmp_pa
         from tests.support.builders import run_payload
 
         assert client.post("/v1/tunings", json=run_payload(CUDNN_FILE)).status_code == 201
-        sessions = client.app.state.sessions
+        sessions = client.app.state.tunecache.sessions
         report = run_pass(sessions, None, RetentionPolicy(grace=dt.timedelta(0)),
                           now=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=5))
     assert report.blobs.blobs == [hashlib.sha256(orphan).hexdigest()]

@@ -381,11 +381,11 @@ def _tuned(engine, key=None) -> int:
     """Record a current run of CUDNN_FILE for ``key`` (h200_key()); returns its id."""
     from tests.support.builders import run_payload, store_file
     from tunecache.contract import TuningRunCreate
-    from tunecache.service import repository
+    from tunecache.service import publishing
 
     with db.session_factory(engine).begin() as session:
         store_file(session, CUDNN_FILE)
-        return repository.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE, key or h200_key()))).id
+        return publishing.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE, key or h200_key()))).id
 
 
 def _fleet(engine, **page):

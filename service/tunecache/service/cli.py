@@ -106,7 +106,8 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from tunecache.service.settings import Settings, server_trusted_keys, variable_name
+    from tunecache.service.assembly import server_trusted_keys
+    from tunecache.service.settings import Settings, variable_name
 
     if workers is not None:
         if processes is not None and processes != workers:
@@ -377,6 +378,7 @@ def prune(
 
     from tunecache.service import db
     from tunecache.service.hot_path import ArtifactFiles
+    from tunecache.service.assembly import retention_policy
     from tunecache.service.retention import run_pass
     from tunecache.service.settings import Settings, variable_name
 
@@ -395,7 +397,7 @@ def prune(
     mirror = settings.artifact_cache_dir
     try:
         report = run_pass(db.session_factory(engine), ArtifactFiles(mirror) if mirror.is_dir() else None,
-                          settings.retention_policy, dry_run=dry_run)
+                          retention_policy(settings), dry_run=dry_run)
     except Exception as exc:
         _store_errors(exc)
     finally:
@@ -529,7 +531,8 @@ def _sql_store(url: str):
     from tunecache.service import db
     from tunecache.service.store import SqlTuningStore
 
-    from tunecache.service.settings import Settings, server_trusted_keys
+    from tunecache.service.assembly import server_trusted_keys
+    from tunecache.service.settings import Settings
 
     return SqlTuningStore(db.session_factory(_ready_engine(url)), owns_engine=True,
                           trusted_keys=server_trusted_keys(Settings()))

@@ -15,16 +15,17 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from tunecache.service.settings import Settings
+from tunecache.service.state import state_of
 
 
 def request_transaction(request: Request) -> Iterator[Session]:
     """A session in a transaction: committed after the route returns, rolled back if it raises."""
-    with request.app.state.sessions.begin() as session:
+    with state_of(request.app).sessions.begin() as session:
         yield session
 
 
 def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    return state_of(request.app).settings
 
 
 SessionDep = Annotated[Session, Depends(request_transaction, scope="function")]

@@ -6,8 +6,10 @@ more than a short excerpt of what was sent."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,6 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tunecache.contract import ErrorBody
 from tunecache.service.artifact_store import ArtifactStoreUnavailable
 from tunecache.service.jobs import JobOptionsConflict
+from tunecache.service.publishing import PromotionRefused, RunNotFound
+from tunecache.service.run_diff import CannotDiff, DiffsBusy, RunsNotFound
 from tunecache.store import ArtifactsMissing
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -72,22 +76,26 @@ COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _http_error(request: Request, exc: StarletteHTTPException):
+#: ``(path regex, methods)`` of every route of an app.
+PathMethods = list[tuple[re.Pattern[str], frozenset[str]]]
+
+
+async def _http_error(path_methods: PathMethods, request: Request, exc: StarletteHTTPException):
     """Starlette's HTTP errors as JSON; a 405 lists in ``Allow`` every method of every route
-    of the path (``app.state.path_methods``: Starlette would name one route's only)."""
+    of the path (``path_methods``: Starlette would name one route's only)."""
     if exc.status_code == 404 and exc.detail == "Not Found":  # no route: say which part of the path is wrong
-        return JSONResponse(status_code=404, content={"detail": _no_route(request)}, headers=exc.headers)
+        return JSONResponse(status_code=404, content={"detail": _no_route(path_methods, request)}, headers=exc.headers)
     if exc.status_code != 405:
         return await http_exception_handler(request, exc)
     allowed: set[str] = set()
-    for regex, methods in request.app.state.path_methods:
+    for regex, methods in path_methods:
         if regex.match(request.url.path):
             allowed |= methods
     return JSONResponse(status_code=405, content={"detail": f"method {request.method} not allowed here"},
                         headers={"Allow": ", ".join(sorted(allowed))})
 
 
-def _no_route(request: Request) -> str:
+def _no_route(path_methods: PathMethods, request: Request) -> str:
     """Why no route has this path: a segment where a route takes an id (``/v1/tunings/abc``:
     ids are positive whole numbers), else only that none has it."""
     path = request.url.path
@@ -95,19 +103,22 @@ def _no_route(request: Request) -> str:
     for i, segment in enumerate(segments):
         if segment and not segment.isdigit():
             probe = "/".join([*segments[:i], "1", *segments[i + 1:]])
-            if any(regex.match(probe) for regex, _ in request.app.state.path_methods):
+            if any(regex.match(probe) for regex, _ in path_methods):
                 return (f"no such route: {_json_safe(path)[:256]} ({_json_safe(segment)[:64]!r} is not an id: ids are "
                         "positive whole numbers)")
     return f"no such route: {_json_safe(path)[:256]}"
 
 
-def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
-    """422 for invalid requests (and for a run naming artifacts never uploaded: its
+def install_error_handlers(app: FastAPI, path_methods: PathMethods, retry_after_s: int = 1) -> None:
+    """The app's error answers; ``path_methods``: its routes' paths and methods (the ``Allow``
+    of a 405, the detail of a 404). 422 for invalid requests (and for a run naming artifacts never uploaded: its
     ``missing`` lists their sha256; raised, so the request's transaction rolls back), 409
     with a :class:`~tunecache.contract.JobConflict` body for a job request whose options
     differ from its key's active job (raised too: nothing written, nothing audited), 503 with ``Retry-After`` when the database is unreachable,
     busy or too slow, 400 for values the database refuses, and a JSON 500 for anything
-    else (never a bare text page)."""
+    else (never a bare text page). A run diff (:mod:`tunecache.service.run_diff`): 404 for
+    a run that does not exist, 422 for one without a readable file, 503 with
+    ``Retry-After`` while the process computes another."""
     retry_after = {"Retry-After": str(retry_after_s)}
 
     async def database_unavailable(request: Request, exc: OperationalError) -> JSONResponse:
@@ -134,11 +145,23 @@ def install_error_handlers(app: FastAPI, retry_after_s: int = 1) -> None:
         return JSONResponse(status_code=503, content={"detail": "artifact store unavailable, try again"},
                             headers=retry_after)
 
+    async def diff_refused(request: Request, exc: RunsNotFound | CannotDiff | DiffsBusy) -> JSONResponse:
+        status = 404 if isinstance(exc, RunsNotFound) else 422 if isinstance(exc, CannotDiff) else 503
+        return JSONResponse(status_code=status, content={"detail": str(exc)},
+                            headers=retry_after if status == 503 else None)
+
+    async def promotion_refused(request: Request, exc: RunNotFound | PromotionRefused) -> JSONResponse:
+        return JSONResponse(status_code=404 if isinstance(exc, RunNotFound) else 409, content={"detail": str(exc)})
+
     app.add_exception_handler(ArtifactStoreUnavailable, store_unavailable)
+    app.add_exception_handler(RunNotFound, promotion_refused)
+    app.add_exception_handler(PromotionRefused, promotion_refused)
+    for refusal in (RunsNotFound, CannotDiff, DiffsBusy):
+        app.add_exception_handler(refusal, diff_refused)
     app.add_exception_handler(ArtifactsMissing, artifacts_missing)
     app.add_exception_handler(JobOptionsConflict, job_options_conflict)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(StarletteHTTPException, functools.partial(_http_error, path_methods))
     app.add_exception_handler(OperationalError, database_unavailable)
     app.add_exception_handler(PoolTimeout, database_busy)
     app.add_exception_handler(DBAPIError, database_refused)

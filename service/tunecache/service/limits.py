@@ -6,30 +6,38 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import TYPE_CHECKING
 
 import anyio
+import limits
 
 from fastapi import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from limits import RateLimitItem
-    from limits.strategies import RateLimiter
 
+class RateLimit:
+    """Requests of each caller at most ``rate`` (``limits``' notation, ``30/minute``), counted
+    in this process's memory in a moving window (``limits``' ``MovingWindowRateLimiter``);
+    ``what``: the requests counted, for the refusal (``tuning-job requests``)."""
 
-def check_rate(limiter: RateLimiter, rate: RateLimitItem, who: str, refusal: str) -> None:
-    """Count one request of ``who`` against ``rate`` (``limits``' ``RateLimiter.hit``); past
-    it, answer 429 with ``refusal`` as the detail and ``Retry-After`` the seconds until the
-    window lets ``who`` in again (``get_window_stats(...).reset_time``, at least 1).
+    def __init__(self, rate: str, what: str):
+        self.rate_text = rate
+        self.rate = limits.parse(rate)
+        self.what = what
+        self.limiter = limits.strategies.MovingWindowRateLimiter(limits.storage.MemoryStorage())
 
-    Raises:
-        HTTPException: 429, ``rate`` is used up for ``who``.
-    """
-    if not limiter.hit(rate, who):
-        reset = limiter.get_window_stats(rate, who).reset_time
-        raise HTTPException(429, detail=refusal, headers={"Retry-After": str(max(1, math.ceil(reset - time.time())))})
+    def check(self, token_name: str) -> None:
+        """Count one request with token ``token_name`` (``RateLimiter.hit``); past the rate,
+        answer 429 naming the token and the rate, with ``Retry-After`` the seconds until the
+        window lets the token in again (``get_window_stats(...).reset_time``, at least 1).
+
+        Raises:
+            HTTPException: 429, the rate is used up for this token.
+        """
+        if not self.limiter.hit(self.rate, token_name):
+            reset = self.limiter.get_window_stats(self.rate, token_name).reset_time
+            raise HTTPException(429, detail=f"too many {self.what} with token {token_name!r}: at most {self.rate_text}",
+                                headers={"Retry-After": str(max(1, math.ceil(reset - time.time())))})
 
 
 class _BodyRefused(Exception):

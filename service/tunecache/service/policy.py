@@ -37,6 +37,7 @@ from tunecache.contract import Scope
 from tunecache.service import audit, tokens
 from tunecache.service.deps import SessionDep
 from tunecache.service.tokens import ANONYMOUS, Caller
+from tunecache.service.state import state_of
 
 bearer = HTTPBearer(auto_error=False, description="a tunecache token: tc_<id>_<secret>")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
@@ -73,7 +74,7 @@ class _Public(CallerPolicy):
     ``request.state.deadline`` (``anyio.current_time()`` by which the route answers)."""
 
     async def __call__(self, request: Request, credentials: Credentials) -> Caller:
-        state = request.app.state
+        state = state_of(request.app)
         request.state.deadline = anyio.current_time() + state.settings.health_timeout
         if credentials is None:
             return ANONYMOUS
@@ -99,7 +100,7 @@ class _Read(CallerPolicy):
     scope = Scope.READ
 
     async def __call__(self, request: Request, credentials: Credentials) -> Caller:
-        state = request.app.state
+        state = state_of(request.app)
         if credentials is None:
             if state.settings.read_token_required:
                 raise _unauthorized("reads on this service need a token with scope read or above: "
@@ -136,7 +137,7 @@ class _Write(CallerPolicy):
         # In a short transaction of its own: the request's session takes its connection in
         # the route's thread, not here (a connection held while the request waits for a
         # thread is one the threads running routes may not find: 503 no connection free).
-        caller = _authenticate_in_own_session(request.app.state.sessions, credentials.credentials)
+        caller = _authenticate_in_own_session(state_of(request.app).sessions, credentials.credentials)
         if caller is None:
             raise _invalid(self.scope)
         _check_scope(caller, self.scope, request)

@@ -355,7 +355,7 @@ def current_tunings(session: Session) -> CurrentTunings:
     """The current tunings, read from the database once per tuning generation (per engine).
 
     Exact, not a time-limited cache: every change of ``current_tunings`` moves the
-    generation in the same transaction (:func:`tunecache.service.repository.record_run`),
+    generation in the same transaction (:func:`tunecache.service.publishing.record_run`),
     runs, keys and environments never change once recorded, and the generation is read
     first: a value read at generation ``g`` is one the tables held at ``g`` or later. Without
     a generation row nothing is kept.

@@ -1,33 +1,34 @@
 """Storage of tunings: the only module (with :mod:`~tunecache.service.blobs` for bytes,
 :mod:`~tunecache.service.jobs` for the queue and :mod:`~tunecache.service.reports` for pod
-reports) that touches ORM rows.
+reports) that touches ORM rows. It reads and writes them and decides nothing: whether a
+recorded run becomes current, and which pointers move, is
+:mod:`tunecache.service.publishing`'s (the promotion policy), which calls these functions.
 
 Every function takes a :class:`~sqlalchemy.orm.Session` whose transaction the caller
 owns: the request's transaction (``tunecache.service.deps.SessionDep``) or one call of
 :class:`tunecache.service.store.SqlTuningStore`. None commits or rolls back on its own.
-Results are the contract's read models (:mod:`tunecache.contract`), never rows.
+Results are the contract's read models (:mod:`tunecache.contract`), ids or a
+:class:`RunPlace`; only :func:`get_or_create_key` and :func:`get_or_create_environment`
+return rows (the job queue and :mod:`~tunecache.service.publishing` take their ids).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any
+from typing import NamedTuple
 
 from sqlalchemy import Connection, Select, func, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from tunecache.contract import (
-    ArtifactKind,
     ENVIRONMENT_FIELDS,
     KEY_FIELDS,
-    MAX_AUTOTUNE_FILE_BYTES,
     ArtifactRead,
     ClosestTuning,
     EnvironmentMetadata,
     LookupMiss,
     RunSignature,
-    RunStatus,
     RunTrigger,
     RunVerification,
     TuningKey,
@@ -38,8 +39,7 @@ from tunecache.contract import (
     differences,
     encode_run_cursor,
 )
-from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable
-from tunecache.service import artifact_store, dialect
+from tunecache.service import dialect
 from tunecache.service.models import (
     ArtifactBlob,
     CurrentTuning,
@@ -51,21 +51,11 @@ from tunecache.service.models import (
     TuningRun,
     utcnow,
 )
-from tunecache.store import ArtifactsMissing
 
 #: How many stored tunings a lookup miss reports.
 CLOSEST_LIMIT = 3
 #: How many current tunings a lookup miss compares against at most.
 _CANDIDATE_LIMIT = 500
-
-
-class IndeterminateEnvironment(ValueError):
-    """A run's environment has fields FlashInfer could not detect; it could never be loaded."""
-
-
-class NotAFlashInferFile(ValueError):
-    """A run's ``flashinfer_autotune_v1`` artifact is not a FlashInfer autotune file (pods
-    would install it where FlashInfer reads it)."""
 
 
 def _key_filter(key: TuningKey):
@@ -81,7 +71,8 @@ def key_of(row: TuningKeyRow) -> TuningKey:
     return TuningKey.model_validate(row)
 
 
-def _get_or_create_environment(session: Session, environment: EnvironmentMetadata) -> Environment:
+def get_or_create_environment(session: Session, environment: EnvironmentMetadata) -> Environment:
+    """The ``environments`` row of ``environment``, inserted when there is none."""
     env_hash = environment.environment_hash()
     dialect.insert_or_ignore(
         session,
@@ -93,6 +84,8 @@ def _get_or_create_environment(session: Session, environment: EnvironmentMetadat
 
 
 def get_or_create_key(session: Session, key: TuningKey) -> TuningKeyRow:
+    """The ``tuning_keys`` row of ``key``, inserted when there is none (on SQLite the insert
+    takes the database's write lock, held to the commit)."""
     dialect.insert_or_ignore(
         session,
         TuningKeyRow.__table__,
@@ -148,90 +141,43 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
     )
 
 
-def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
-               recorded_by: str | None = None, trusted_keys: Mapping[str, Any] | None = None,
-               force: bool = False) -> TuningRunRead:
-    """Record a finished run; a succeeded, verified run becomes current for its key and environment
-    (a run tuned for an engine variant of its own, :func:`is_variant_tuning`, for that variant:
-    the key's current run moves to it only when the key has none).
-
-    Earlier runs are kept (history, up to ``TUNECACHE_RUN_RETENTION``:
-    :mod:`tunecache.service.retention`); only the ``current_tunings`` pointer moves, in the
-    same transaction, and only forward (to a higher run id), so concurrent recordings
-    leave the newest run current. A failed run never moves it, so the previous tuning
-    stays current.
-
-    ``trusted``: whether the recorder may make runs current (a ``tune`` or ``admin``
-    token, or a node on the database itself). An untrusted run is stored with trigger
-    ``pod``, whatever ``run.trigger`` says; runs with trigger ``pod`` are recorded
-    unverified and never become current. ``recorded_by``: the token's name, kept with
-    the run. The run's signature is stored as sent (pods check it).
-
-    The promotion policy (:func:`hold_reason`) decides whether a succeeded, verified run
-    becomes current: with ``trusted_keys`` (the service's ``TUNECACHE_TRUSTED_KEYS``) only a
-    run signed by one of them; never one with fewer entries than the current run of its key
-    and environment, nor one the run diff flags a regression in against it. A run held back
-    is stored with the reason (``held``). ``force`` (an admin's, audited) skips the policy.
-
-    Raises:
-        ArtifactsMissing: an artifact's sha256 has no uploaded bytes.
-        NotAFlashInferFile: a ``flashinfer_autotune_v1`` artifact that
-            :func:`tunecache.formats.autotune_file.check_loadable` refuses (not JSON,
-            no ``_metadata``, ...).
-        IndeterminateEnvironment: a succeeded run whose environment has ``"unknown"``
-            fields (FlashInfer's ``load_configs`` would reject its file everywhere).
-    """
-    unknown = run.environment.indeterminate_fields()
-    if run.status is RunStatus.SUCCEEDED and unknown:
-        raise IndeterminateEnvironment(
-            "environment fields FlashInfer could not detect: "
-            + ", ".join(unknown)
-            + " (a tuning recorded so could never be loaded by AutoTuner.load_configs)"
-        )
-    shas = sorted({a.sha256 for a in run.artifacts})
-    # The blobs are held from here to the commit, against the collector
-    # (tunecache.service.retention.collect_blobs) deleting one that no run referred to: on
-    # SQLite the key's upsert below, moved before this read, takes the database's write
-    # lock; on PostgreSQL the read takes a share lock on each blob's row. A collector that
-    # deleted a blob first makes the run ArtifactsMissing (422 naming it: upload it again).
-    key_row = get_or_create_key(session, run.key)
-    sizes: dict[str, int] = dict(
+def held_blob_sizes(session: Session, shas: list[str]) -> dict[str, int]:
+    """The size of each of the blobs ``shas`` that is stored (a missing one is absent), each
+    held to the commit against the collector (:func:`tunecache.service.retention.collect_blobs`)
+    deleting it: on PostgreSQL the read takes a share lock on each blob's row; on SQLite the
+    caller took the database's write lock before (:func:`get_or_create_key`)."""
+    return dict(
         session.execute(
             select(ArtifactBlob.sha256, ArtifactBlob.size_bytes).where(ArtifactBlob.sha256.in_(shas))
             .order_by(ArtifactBlob.sha256).with_for_update(read=True, key_share=True)
         ).all()
     )
-    if missing := [s for s in shas if s not in sizes]:
-        raise ArtifactsMissing(missing)
-    autotune_file = b""
-    for artifact in run.artifacts:
-        if artifact.kind is ArtifactKind.FLASHINFER_AUTOTUNE:
-            if sizes[artifact.sha256] > MAX_AUTOTUNE_FILE_BYTES:  # read whole and parsed below: bounded
-                raise NotAFlashInferFile(f"artifact {artifact.name!r} is {sizes[artifact.sha256]:,} bytes; a FlashInfer "
-                                         f"autotune file is at most {MAX_AUTOTUNE_FILE_BYTES:,} bytes here")
-            autotune_file = artifact_store.read_blob(session, artifact.sha256) or b""
-            try:
-                check_loadable(autotune_file, f"artifact {artifact.name!r}")
-            except NotAnAutotuneFile as exc:
-                raise NotAFlashInferFile(f"{exc} (a {ArtifactKind.FLASHINFER_AUTOTUNE} artifact must be one)") from None
 
-    env_row = _get_or_create_environment(session, run.environment)
+
+class RunPlace(NamedTuple):
+    """Where a run can be current: its key's and its environment's rows, and its engine
+    variant (``None``: none)."""
+
+    key_id: int
+    environment_id: int
+    variant: str | None
+
+
+def insert_run(session: Session, run: TuningRunCreate, place: RunPlace, sizes: Mapping[str, int], *,
+               trigger: RunTrigger, held: str | None, signature_verified: bool | None,
+               recorded_by: str | None) -> int:
+    """Insert ``run`` (its artifacts sized by ``sizes``) as recorded with ``trigger`` (a run
+    with trigger ``pod`` is unverified), ``held`` (why it is not current, or ``None``),
+    ``signature_verified`` and ``recorded_by``; its signature as sent. Moves no current
+    pointer. Returns its id."""
     duration = (
         (run.finished_at - run.started_at).total_seconds()
         if run.started_at is not None and run.finished_at is not None
         else None
     )
-    trigger = run.trigger if trusted else RunTrigger.POD
-    verified = trigger is not RunTrigger.POD
-    signed_by, unsigned_why = _server_verification(run, trusted_keys)
-    held = None
-    if run.status is RunStatus.SUCCEEDED and verified and not force:
-        held = hold_reason(session, run, autotune_file, key_row, env_row, trusted_keys, unsigned_why)
-    elif run.status is RunStatus.SUCCEEDED and not verified:
-        held = POD_RUN_HELD
     row = TuningRun(
-        key=key_row,
-        environment=env_row,
+        key_id=place.key_id,
+        environment_id=place.environment_id,
         status=run.status.value,
         trigger=trigger.value,
         node=run.node,
@@ -240,7 +186,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
         duration_s=duration,
         error=run.error,
         summary=run.summary,
-        verified=verified,
+        verified=trigger is not RunTrigger.POD,
         created_at=utcnow(),
         signing_key_id=run.signature.key_id if run.signature else None,
         signature=run.signature.signature if run.signature else None,
@@ -249,7 +195,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
         signature_expires_at=run.signature.expires_at if run.signature else None,
         recorded_by=recorded_by,
         held=held,
-        signature_verified=(signed_by is not None) if trusted_keys and run.signature else None,
+        signature_verified=signature_verified,
         variant=run.variant,
         artifacts=[
             RunArtifact(kind=a.kind.value, name=a.name, media_type=a.media_type, sha256=a.sha256, size_bytes=sizes[a.sha256])
@@ -258,173 +204,93 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     )
     session.add(row)
     session.flush()
-    if run.status is RunStatus.SUCCEEDED and verified and held is None:
-        # Lookup caches of every process drop their answers when this commits.
-        session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
-        # A variant's run (tuned with engine arguments of its own) is current for its variant;
-        # the key's current run stays the one tuned with the node's own engine arguments, unless
-        # the key has none yet.
-        if not is_variant_tuning(run) or current_run_of(session, key_row.id, env_row.id) is None:
-            # The newest run (highest id) stays current when several are recorded at once.
-            dialect.upsert_if_newer(
-                session,
-                CurrentTuning.__table__,
-                {"key_id": key_row.id, "environment_id": env_row.id, "run_id": row.id, "updated_at": utcnow()},
-                conflict=["key_id", "environment_id"],
-                newer="run_id",
-                keep_old={"previous_run_id": "run_id"},
-            )
-        _make_current_variant(session, row, newer="run_id")
-    return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
+    return row.id
 
 
-def is_variant_tuning(run: TuningRunCreate | TuningRunRead) -> bool:
-    """Whether ``run`` was tuned for an engine variant of its own (``tune --engine-args``, a
-    variant job: ``summary.engine_args``), not with the node's own engine arguments."""
-    return bool(run.variant and isinstance(run.summary.get("engine_args"), dict) and run.summary["engine_args"])
+def place_of(session: Session, run_id: int) -> RunPlace | None:
+    """Where run ``run_id`` can be current, or ``None``: no such run."""
+    row = session.get(TuningRun, run_id)
+    return RunPlace(row.key_id, row.environment_id, row.variant) if row is not None else None
 
 
-def _make_current_variant(session: Session, row: TuningRun, newer: str | None) -> None:
-    """Point the current run of ``row``'s engine variant at it (a run without a variant has
-    none); ``newer``: as :func:`tunecache.service.dialect.upsert_if_newer`."""
-    if row.variant is None:
+def move_generation(session: Session) -> None:
+    """Move the current-run counter (``tuning_generation``): lookup caches of every process
+    drop their answers when the transaction commits."""
+    session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
+
+
+def make_current(session: Session, run_id: int, place: RunPlace, newer: str | None) -> None:
+    """Point the current run of ``place``'s key and environment at run ``run_id``, keeping the
+    one before as ``previous_run_id``; ``newer``: as
+    :func:`tunecache.service.dialect.upsert_if_newer` (``"run_id"``: only to a higher run id,
+    so that the newest run stays current when several are recorded at once; ``None``: any)."""
+    dialect.upsert_if_newer(
+        session,
+        CurrentTuning.__table__,
+        {"key_id": place.key_id, "environment_id": place.environment_id, "run_id": run_id, "updated_at": utcnow()},
+        conflict=["key_id", "environment_id"],
+        newer=newer,
+        keep_old={"previous_run_id": "run_id"},
+    )
+
+
+def make_current_variant(session: Session, run_id: int, place: RunPlace, newer: str | None) -> None:
+    """Point the current run of ``place``'s engine variant at run ``run_id`` (a place without
+    a variant has none); ``newer``: as :func:`make_current`."""
+    if place.variant is None:
         return
     dialect.upsert_if_newer(
         session, CurrentVariant.__table__,
-        {"key_id": row.key_id, "environment_id": row.environment_id, "variant": row.variant, "run_id": row.id,
+        {"key_id": place.key_id, "environment_id": place.environment_id, "variant": place.variant, "run_id": run_id,
          "updated_at": utcnow()},
         conflict=["key_id", "environment_id", "variant"], newer=newer, keep_old={"previous_run_id": "run_id"})
 
 
-#: Why a run recorded with a ``push`` token (a pod's) is not current: it never becomes current.
-POD_RUN_HELD = ("recorded with a push token, so it is stored as a pod's run: unverified, and never current "
-                "(a run recorded with a tune or admin token can become current)")
-
-
-def _server_verification(run: TuningRunCreate, trusted_keys: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
-    """``(signing key id, None)`` when the run's signature checks against ``trusted_keys``
-    (:func:`tunecache.signing.verify_run`, over the run's own key and environment), else
-    ``(None, why not)``; ``(None, None)`` without trusted keys."""
-    if not trusted_keys:
-        return None, None
-    from tunecache.signing import UntrustedRun, verify_run
-
-    try:
-        return verify_run(run.signature, run.key, run.environment, run.artifacts, trusted_keys, run.summary), None
-    except UntrustedRun as exc:
-        return None, str(exc)
-
-
-def current_run_of(session: Session, key_id: int, environment_id: int) -> TuningRun | None:
+def current_run(session: Session, key_id: int, environment_id: int) -> TuningRunRead | None:
     """The current run of a key in an environment, or ``None``."""
     run_id = session.scalar(select(CurrentTuning.run_id).where(CurrentTuning.key_id == key_id,
                                                               CurrentTuning.environment_id == environment_id))
-    return session.get(TuningRun, run_id) if run_id is not None else None
+    run = session.get(TuningRun, run_id) if run_id is not None else None
+    return _to_read(run, is_current=True) if run is not None else None
 
 
-def hold_reason(session: Session, run: TuningRunCreate, autotune_file: bytes, key_row: TuningKeyRow, env_row: Environment,
-                trusted_keys: Mapping[str, Any] | None, unsigned_why: str | None) -> str | None:
-    """Why the promotion policy keeps a succeeded, verified run from becoming current, in one
-    line; ``None``: it becomes current. In order: with trusted keys, a run not signed by one
-    of them (``unsigned_why``); a run with fewer FlashInfer entries than the current run of
-    its key and environment; a run the run diff (:func:`tunecache.service.run_diff.diff_runs`,
-    current as ``a``) flags a regression in."""
-    if trusted_keys and unsigned_why is not None:
-        return f"not signed by a key this service trusts (TUNECACHE_TRUSTED_KEYS): {unsigned_why}"
-    current = current_run_of(session, key_row.id, env_row.id)
-    if current is None:
-        return None
-    current_read = _to_read(current, is_current=True)
-    artifact = current_read.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
-    current_file = artifact_store.read_blob(session, artifact.sha256) if artifact is not None else None
-    if current_file is None:
-        return None
-    from tunecache.formats.autotune_file import parse_autotune_file
-    from tunecache.service.run_diff import diff_runs
-
-    entries, current_entries = parse_autotune_file(autotune_file).entries, parse_autotune_file(current_file).entries
-    if entries < current_entries:
-        return (f"it has {entries} FlashInfer entries, fewer than the {current_entries} of current run {current.id}: "
-                "an emptier run does not replace the current one unless forced")
-    new_read = current_read.model_copy(update={"id": 0, "environment": run.environment, "key": run.key})
-    try:
-        summary = diff_runs(current_read, current_file, new_read, autotune_file).summary
-    except NotAnAutotuneFile:  # the current run's file cannot be read: nothing to compare with
-        return None
-    if summary.regressions:
-        return (f"the run diff against current run {current.id} flags {summary.regressions} regression"
-                f"{'s' if summary.regressions != 1 else ''} (tunecache diff {current.id} <this run>)")
-    return None
+def current_variant_run_id(session: Session, place: RunPlace) -> int | None:
+    """The id of the current run of ``place``'s engine variant, or ``None``."""
+    return session.scalar(select(CurrentVariant.run_id).where(
+        CurrentVariant.key_id == place.key_id, CurrentVariant.environment_id == place.environment_id,
+        CurrentVariant.variant == place.variant))
 
 
-def record_verification(session: Session, run_id: int, verification: RunVerification) -> TuningRunRead:
-    """Store run ``run_id``'s verification boot (a later one replaces it). The generation
-    moves, so that answers cached with the run carry it.
-
-    Raises:
-        LookupError: no such run.
-        ValueError: the run did not succeed (there is nothing to boot).
-    """
+def _row(session: Session, run_id: int) -> TuningRun:
     row = session.get(TuningRun, run_id)
     if row is None:
         raise LookupError(f"no tuning run {run_id}")
-    if row.status != RunStatus.SUCCEEDED.value:
-        raise ValueError(f"run {run_id} {row.status}: only a succeeded run is booted to verify it")
-    row.verification = verification.model_dump(mode="json")
-    session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
+    return row
+
+
+def set_held(session: Session, run_id: int, held: str | None) -> None:
+    """Set why run ``run_id`` is kept from being current (``None``: it is not)."""
+    _row(session, run_id).held = held
+
+
+def replace_signature(session: Session, run_id: int, signature: RunSignature) -> None:
+    """Store ``signature`` in place of run ``run_id``'s; whether it checks against the
+    service's trusted keys is not known any more (``signature_verified`` ``None``)."""
+    row = _row(session, run_id)
+    row.signing_key_id, row.signature, row.signature_manifest = signature.key_id, signature.signature, signature.manifest
+    row.signature_signed_at, row.signature_expires_at = signature.signed_at, signature.expires_at
+    row.signature_verified = None
+
+
+def set_signature_verified(session: Session, run_id: int, verified: bool | None) -> None:
+    """Store whether run ``run_id``'s signature checks against the service's trusted keys."""
+    _row(session, run_id).signature_verified = verified
+
+
+def set_verification(session: Session, run_id: int, verification: RunVerification) -> None:
+    """Store run ``run_id``'s verification boot (replacing an earlier one)."""
+    _row(session, run_id).verification = verification.model_dump(mode="json")
     session.flush()
-    return _to_read(row, is_current=bool(_current_run_ids(session, [row.id])))
-
-
-def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] | None,
-                signature: RunSignature | None = None) -> tuple[TuningRunRead, int | None]:
-    """Make run ``run_id`` the current run of its key and environment (a run tuned for an
-    engine variant of its own, :func:`is_variant_tuning`: of that variant), whatever its age,
-    and clear its ``held``; with ``signature`` (its manifest signed anew), store that signature
-    in place of the run's. Returns it and the run that was current before (``None``: none).
-
-    Raises:
-        LookupError: no such run.
-        ValueError: it failed, is a pod's (unverified), or, with ``trusted_keys``, is not
-            signed by one of them (the message says which).
-    """
-    row = session.get(TuningRun, run_id)
-    if row is None:
-        raise LookupError(f"no tuning run {run_id}")
-    read = _to_read(row, is_current=False)
-    if read.status is not RunStatus.SUCCEEDED:
-        raise ValueError(f"run {run_id} {read.status}: only a succeeded run can be current")
-    if not read.verified:
-        raise ValueError(f"run {run_id} is a pod's run (unverified): only a run a tuner or an admin recorded can be current")
-    if signature is not None:
-        read = read.model_copy(update={"signature": signature})
-        row.signing_key_id, row.signature, row.signature_manifest = signature.key_id, signature.signature, signature.manifest
-        row.signature_signed_at, row.signature_expires_at = signature.signed_at, signature.expires_at
-        row.signature_verified = None
-    if trusted_keys:
-        from tunecache.signing import UntrustedRun, verify_run
-
-        try:
-            verify_run(read.signature, read.key, read.environment, read.artifacts, trusted_keys, read.summary)
-        except UntrustedRun as exc:
-            raise ValueError(f"run {run_id} is not signed by a key this service trusts: {exc}") from None
-        row.signature_verified = True
-    previous = current_run_of(session, row.key_id, row.environment_id)
-    row.held = None
-    session.execute(update(TuningGeneration).where(TuningGeneration.id == 1).values(value=TuningGeneration.value + 1))
-    variant_only = is_variant_tuning(read) and previous is not None  # a variant's run: current for its variant
-    if variant_only:
-        previous = session.get(TuningRun, session.scalar(select(CurrentVariant.run_id).where(
-            CurrentVariant.key_id == row.key_id, CurrentVariant.environment_id == row.environment_id,
-            CurrentVariant.variant == row.variant)) or -1)
-    else:
-        dialect.upsert_if_newer(  # any run id: the pointer moves to this run, older or not
-            session, CurrentTuning.__table__,
-            {"key_id": row.key_id, "environment_id": row.environment_id, "run_id": row.id, "updated_at": utcnow()},
-            conflict=["key_id", "environment_id"], newer=None, keep_old={"previous_run_id": "run_id"})
-    _make_current_variant(session, row, newer=None)
-    session.flush()
-    return _to_read(row, is_current=not variant_only), previous.id if previous is not None else None
 
 
 def pin_run(session: Session, run_id: int, pinned: bool) -> TuningRunRead:

@@ -12,7 +12,7 @@ Three parts, each safe to run at any time and from several processes at once:
 * :func:`collect_blobs`: blobs no run refers to any more, uploaded before the grace, are
   deleted with their chunks; the bytes of those in an object store are deleted from it
   once the rows' deletion committed (:func:`delete_collected_bytes`). A recording that refers to such a blob again holds it until
-  it commits (:func:`tunecache.service.repository.record_run`); each deletion re-checks,
+  it commits (:func:`tunecache.service.publishing.record_run`); each deletion re-checks,
   in its own statement, that no run refers to the blob, and a deletion that collides with
   a recording anyway (a foreign key violation, a lock timeout) is skipped until the next
   pass. A recording that comes after a committed deletion gets 422 naming the blob, which

@@ -1,25 +1,32 @@
 """Which entries of FlashInfer's autotune file changed tactic between two tuning runs.
 
-The comparison behind ``GET /v1/tunings/{run_a}/diff/{run_b}`` (the route reads the two
-files and calls :func:`diff_runs`; ``tunecache diff`` shows its answer): read each file's
-entries and their keys (:func:`tunecache.formats.autotune_file.read_entries`), compare
-them (:func:`diff_entries`) and decide, entry by entry, whether a changed tactic is a
-regression (:func:`judge_change`).
+The comparison behind ``GET /v1/tunings/{run_a}/diff/{run_b}`` and the dashboard's diff page
+(both call :func:`diff_stored_runs`, which reads the two stored files, bounded, and calls
+:func:`diff_runs`; ``tunecache diff`` shows its answer): read each file's entries and their
+keys (:func:`tunecache.formats.autotune_file.read_entries`), compare them
+(:func:`diff_entries`) and decide, entry by entry, whether a changed tactic is a regression
+(:func:`judge_change`).
 
 An entry's ``policy`` (``AutoTuner._profiling_policy``) and ``selection``
 (``AutoTuner._selection_record``: ``time_ms``, ``runner_up_ms``, ``margin``) are absent
 from files older FlashInfer versions wrote: such entries have no recorded times and are
 never judged a regression.
 
-Pure Python: no evaluation of file contents, no FlashInfer import.
+Pure Python: no evaluation of file contents, no FlashInfer import; only
+:func:`diff_stored_runs` reads the database.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from tunecache.contract import (
+    MAX_AUTOTUNE_FILE_BYTES,
+    ArtifactKind,
     EntryChange,
     TacticChange,
     TuningRunDiff,
@@ -27,7 +34,8 @@ from tunecache.contract import (
     TuningRunRead,
     differences,
 )
-from tunecache.formats.autotune_file import AutotuneEntry, read_entries
+from tunecache.formats.autotune_file import AutotuneEntry, NotAnAutotuneFile, read_entries
+from tunecache.service import artifact_store, repository
 
 
 def _canonical(value: Any) -> str:
@@ -149,3 +157,78 @@ def diff_runs(run_a: TuningRunRead, file_a: bytes, run_b: TuningRunRead, file_b:
         entries=entries,
         summary=summary,
     )
+
+
+# ------------------------------------------------------------------------- stored runs
+
+#: Largest FlashInfer file a diff reads, in bytes: memory and time stay bounded whatever was
+#: stored (runs recorded before the bound existed may hold larger ones).
+MAX_DIFF_FILE_BYTES = MAX_AUTOTUNE_FILE_BYTES
+
+#: Diffs one server process computes at once. Each holds both files and their parsed entries
+#: (about 75 MiB at :data:`MAX_DIFF_FILE_BYTES`, bench/request_memory.py) and a core for
+#: seconds; anyone may ask for one (a read), so more at once would multiply both. Another
+#: diff meanwhile is refused (:class:`DiffsBusy`: 503 with ``Retry-After``; the client retries it).
+DIFFS_AT_ONCE = 1
+
+
+class RunsNotFound(LookupError):
+    """A run to diff does not exist (HTTP 404; the message names every missing one)."""
+
+
+class CannotDiff(ValueError):
+    """A run has no FlashInfer autotune file to diff, one not stored, one over
+    :data:`MAX_DIFF_FILE_BYTES` or one that is not a FlashInfer file (HTTP 422; the message
+    names the run)."""
+
+
+class DiffsBusy(RuntimeError):
+    """This server process is computing :data:`DIFFS_AT_ONCE` diffs already (HTTP 503 with
+    ``Retry-After``)."""
+
+
+def diff_stored_runs(sessions: sessionmaker[Session], slots: threading.BoundedSemaphore, run_a: int,
+                     run_b: int) -> TuningRunDiff:
+    """:func:`diff_runs` of stored runs ``run_a`` and ``run_b``, in one of the process's
+    ``slots`` (:data:`DIFFS_AT_ONCE`): each file read up to :data:`MAX_DIFF_FILE_BYTES`, in one
+    short transaction; the comparison after it, holding no database connection.
+
+    Raises:
+        DiffsBusy: every slot is taken.
+        RunsNotFound, CannotDiff: as they say.
+    """
+    if not slots.acquire(blocking=False):
+        raise DiffsBusy(f"this server process is computing another diff (at most {DIFFS_AT_ONCE} at once)")
+    try:
+        with sessions.begin() as session:
+            runs = {run_id: repository.get_run(session, run_id) for run_id in (run_a, run_b)}
+            missing = [run_id for run_id, run in runs.items() if run is None]
+            if missing:
+                raise RunsNotFound(f"no tuning run{'s' if len(missing) > 1 else ''} "
+                                   f"{' and '.join(str(run_id) for run_id in missing)}")
+            files = {run_id: _autotune_file(session, run) for run_id, run in runs.items()}
+        try:
+            return diff_runs(runs[run_a], files[run_a], runs[run_b], files[run_b])
+        except NotAnAutotuneFile as exc:
+            raise CannotDiff(str(exc)) from None
+    finally:
+        slots.release()
+
+
+def _autotune_file(session: Session, run: TuningRunRead) -> bytes:
+    """The bytes of the run's FlashInfer autotune file.
+
+    Raises:
+        CannotDiff: it has none, they are not stored, or they are over :data:`MAX_DIFF_FILE_BYTES`.
+    """
+    artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
+    if artifact is None:
+        raise CannotDiff(f"run {run.id} ({run.status}) has no FlashInfer autotune file "
+                         f"({ArtifactKind.FLASHINFER_AUTOTUNE} artifact) to diff")
+    size = artifact_store.blob_size(session, artifact.sha256)
+    if size is None:
+        raise CannotDiff(f"run {run.id}'s FlashInfer autotune file (sha256 {artifact.sha256}) is not stored")
+    if size > MAX_DIFF_FILE_BYTES:
+        raise CannotDiff(f"run {run.id}'s FlashInfer autotune file is {size} bytes; "
+                         f"a diff reads at most {MAX_DIFF_FILE_BYTES}")
+    return artifact_store.read_blob(session, artifact.sha256) or b""

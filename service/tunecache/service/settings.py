@@ -342,16 +342,6 @@ class Settings(BaseSettings):
             raise ValueError("0 would keep only the current and pinned runs: say off to keep every run, or at least 1")
         return value
 
-    @property
-    def retention_policy(self):
-        """What the retention pass keeps (:class:`tunecache.service.retention.RetentionPolicy`)."""
-        import datetime as dt
-
-        from tunecache.service.retention import RetentionPolicy
-
-        return RetentionPolicy(keep=self.run_retention, grace=dt.timedelta(seconds=self.retention_grace_seconds),
-                               mirror_max_bytes=self.mirror_max_bytes)
-
     @field_validator("artifact_store")
     @classmethod
     def _artifact_store(cls, value: str | None) -> str | None:
@@ -383,15 +373,3 @@ class Settings(BaseSettings):
             return self.database_url
         return f"sqlite:///{self.data_dir / 'tunecache.db'}"
 
-
-def server_trusted_keys(settings: "Settings") -> dict | None:
-    """The service's trusted keys (``TUNECACHE_TRUSTED_KEYS``), or ``None`` when unset.
-
-    Raises:
-        tunecache.signing.SigningError: the setting names no usable keys (one line).
-    """
-    if not settings.trusted_keys:
-        return None
-    from tunecache.signing import load_trusted_keys
-
-    return load_trusted_keys(settings.trusted_keys)

@@ -1,9 +1,9 @@
 """The SQL implementation of the client's :class:`tunecache.store.TuningStore`.
 
 Used where the tuner writes to the database itself: the service's job worker and
-``tunecache tune --database``. Each call is one transaction (committed
-when the call succeeds, rolled back when it raises) over the repository's functions,
-which never commit on their own.
+``tunecache tune --database``. Each call is one transaction (committed when the call
+succeeds, rolled back when it raises) over the publishing and repository functions, which
+never commit on their own.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tunecache.contract import (
     TuningRunQuery,
     TuningRunRead,
 )
-from tunecache.service import artifact_store, repository
+from tunecache.service import artifact_store, publishing, repository
 from tunecache.store import NoCompatibleTuning, file_sha256
 
 
@@ -35,7 +35,7 @@ class SqlTuningStore:
         sessions: session factory of the database (``tunecache.service.db.session_factory``).
         owns_engine: dispose of the engine on :meth:`close` (a CLI that made it).
         trusted_keys: the keys whose runs may become current (the service's
-            ``TUNECACHE_TRUSTED_KEYS``; :func:`tunecache.service.repository.hold_reason`).
+            ``TUNECACHE_TRUSTED_KEYS``; :data:`tunecache.service.publishing.RECORD_POLICY`).
     """
 
     def __init__(self, sessions: sessionmaker[Session], *, owns_engine: bool = False,
@@ -59,18 +59,18 @@ class SqlTuningStore:
         return sha256
 
     def record_run(self, run: TuningRunCreate) -> TuningRunRead:
-        """:func:`tunecache.service.repository.record_run` in its own transaction.
+        """:func:`tunecache.service.publishing.record_run` in its own transaction.
 
         Raises:
             ArtifactsMissing, IndeterminateEnvironment (nothing is recorded).
         """
         with self.sessions.begin() as session:
-            return repository.record_run(session, run, trusted_keys=self.trusted_keys)
+            return publishing.record_run(session, run, trusted_keys=self.trusted_keys)
 
     def record_verification(self, run_id: int, verification: RunVerification) -> TuningRunRead:
-        """:func:`tunecache.service.repository.record_verification` in its own transaction."""
+        """:func:`tunecache.service.publishing.record_verification` in its own transaction."""
         with self.sessions.begin() as session:
-            return repository.record_verification(session, run_id, verification)
+            return publishing.record_verification(session, run_id, verification)
 
     def lookup(self, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:
         """The current run for this key and environment.

@@ -18,7 +18,7 @@ from sqlalchemy import text
 from tests.support.paths import CUDNN_FILE
 from tests.support.builders import run_payload, store_file
 from tunecache.contract import TuningKey, TuningRunCreate, expert_parallel_size
-from tunecache.service import db, repository
+from tunecache.service import db, publishing
 from tunecache.service.tuner.model_config import moe_shape
 from tests.support.paths import FIXTURES
 
@@ -65,7 +65,7 @@ def test_keys_stored_before_0007_mean_one_and_a_downgrade_keeps_them_apart(datab
     with db.session_factory(engine)() as session:  # a key with EP now lives beside it
         payload = run_payload(CUDNN_FILE)
         payload["key"] |= {"model": "m", "tensor_parallel_size": 2, "expert_parallel_size": 2}
-        repository.record_run(session, TuningRunCreate.model_validate(payload))
+        publishing.record_run(session, TuningRunCreate.model_validate(payload))
         session.commit()
     with pytest.raises(RuntimeError, match="1 tuning keys have data_parallel_size or expert_parallel_size other than 1"):
         db.downgrade(engine, "0006")

@@ -14,7 +14,7 @@ import pytest
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tunecache.contract import EnvironmentMetadata, PodReportCreate, ReportOutcome, ReportSource, TuningRunCreate
-from tunecache.service import db, reports, repository
+from tunecache.service import db, publishing, reports
 
 NOW = dt.datetime.now(dt.timezone.utc)
 
@@ -23,7 +23,7 @@ def _record(engine, key, path=CUDNN_FILE, **overrides) -> int:
     """Record a run of ``path`` for ``key`` (current when it succeeded); returns its id."""
     with db.session_factory(engine).begin() as session:
         store_file(session, path)
-        return repository.record_run(session, TuningRunCreate.model_validate(run_payload(path, key, **overrides))).id
+        return publishing.record_run(session, TuningRunCreate.model_validate(run_payload(path, key, **overrides))).id
 
 
 def _view(engine, hours: float = 24, **page):

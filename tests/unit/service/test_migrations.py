@@ -12,7 +12,7 @@ from sqlalchemy import inspect, text
 
 from tests.support.builders import run_payload, store_file
 from tests.support.paths import CUDNN_FILE
-from tunecache.service import blobs, db, repository
+from tunecache.service import blobs, db, publishing, repository
 from tunecache.contract import TuningRunCreate
 
 TABLES = {
@@ -40,7 +40,7 @@ def test_empty_database_is_refused_until_upgraded(database_url):
 def test_downgrade_to_base_and_back_with_data(engine):
     with db.session_factory(engine)() as session:
         store_file(session, CUDNN_FILE)
-        repository.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
+        publishing.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
         session.commit()
     db.downgrade(engine, "base")
     assert not TABLES & set(inspect(engine).get_table_names())
@@ -131,7 +131,7 @@ def _one_run(engine) -> None:
     """One run recorded at the head revision."""
     with db.session_factory(engine)() as session:
         store_file(session, CUDNN_FILE)
-        repository.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
+        publishing.record_run(session, TuningRunCreate.model_validate(run_payload(CUDNN_FILE)))
         session.commit()
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tests.support.builders import file_environment, h200_key, run_payload, store_file
-from tunecache.service import blobs, db, repository
+from tunecache.service import blobs, db, publishing, repository
 from tunecache.contract import LookupMiss, TuningRunCreate, TuningRunQuery, TuningRunRead
 
 
@@ -23,7 +23,7 @@ def session(engine):
 
 def record(session, path=CUDNN_FILE, **overrides) -> TuningRunRead:
     store_file(session, path)
-    run = repository.record_run(session, TuningRunCreate.model_validate(run_payload(path, **overrides)))
+    run = publishing.record_run(session, TuningRunCreate.model_validate(run_payload(path, **overrides)))
     session.commit()
     return run
 
@@ -57,7 +57,7 @@ def test_history_keeps_every_run_and_current_moves(session):
 
 def test_failed_run_keeps_previous_tuning_current(session):
     good = record(session)
-    failed = repository.record_run(
+    failed = publishing.record_run(
         session,
         TuningRunCreate.model_validate(run_payload(CUDNN_FILE, status="failed", error="CUDA error: illegal address", artifacts=[])),
     )
@@ -107,16 +107,16 @@ def test_indeterminate_environment_is_refused_and_nothing_stored(session):
     store_file(session, CUDNN_FILE)
     payload = run_payload(CUDNN_FILE)
     payload["environment"]["cudnn_version"] = "unknown"
-    with pytest.raises(repository.IndeterminateEnvironment, match="cudnn_version"):
-        repository.record_run(session, TuningRunCreate.model_validate(payload))
+    with pytest.raises(publishing.IndeterminateEnvironment, match="cudnn_version"):
+        publishing.record_run(session, TuningRunCreate.model_validate(payload))
     session.rollback()
     assert repository.list_runs(session).total == 0
 
 
 def test_run_with_unuploaded_artifact_is_refused(session):
     payload = run_payload(CUDNN_FILE)
-    with pytest.raises(repository.ArtifactsMissing) as info:
-        repository.record_run(session, TuningRunCreate.model_validate(payload))
+    with pytest.raises(publishing.ArtifactsMissing) as info:
+        publishing.record_run(session, TuningRunCreate.model_validate(payload))
     assert info.value.missing == [payload["artifacts"][0]["sha256"]]
     session.rollback()
     assert repository.list_runs(session).total == 0
@@ -131,8 +131,8 @@ def test_a_flashinfer_artifact_that_is_not_a_flashinfer_file_is_refused(session,
     session.commit()
     payload = run_payload(CUDNN_FILE)
     payload["artifacts"][0].update(sha256=digest)
-    with pytest.raises(repository.NotAFlashInferFile, match="is not JSON"):
-        repository.record_run(session, TuningRunCreate.model_validate(payload))
+    with pytest.raises(publishing.NotAFlashInferFile, match="is not JSON"):
+        publishing.record_run(session, TuningRunCreate.model_validate(payload))
     session.rollback()
     answer = app_client.post("/v1/tunings", json=payload)
     assert answer.status_code == 422 and "flashinfer_autotune_v1 artifact must be one" in answer.json()["detail"]
@@ -152,9 +152,9 @@ def test_an_autotune_file_past_the_bound_is_refused_before_it_is_read(session, a
     session.commit()
     payload = run_payload(CUDNN_FILE)
     payload["artifacts"][0].update(sha256=digest)
-    with pytest.raises(repository.NotAFlashInferFile, match=f"is {len(data):,} bytes; a FlashInfer autotune file is at "
+    with pytest.raises(publishing.NotAFlashInferFile, match=f"is {len(data):,} bytes; a FlashInfer autotune file is at "
                                                             f"most {MAX_AUTOTUNE_FILE_BYTES:,} bytes here"):
-        repository.record_run(session, TuningRunCreate.model_validate(payload))
+        publishing.record_run(session, TuningRunCreate.model_validate(payload))
     session.rollback()
     answer = app_client.post("/v1/tunings", json=payload)
     assert answer.status_code == 422 and f"most {MAX_AUTOTUNE_FILE_BYTES:,} bytes" in answer.json()["detail"]

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tests.support.paths import CUDNN_FILE
 from tunecache.contract import TuningRunCreate, TuningRunQuery
-from tunecache.service import blobs, db, repository, retention
+from tunecache.service import blobs, db, publishing, repository, retention
 from tunecache.service.hot_path import ArtifactFiles
 from tunecache.service.models import ArtifactBlob, ArtifactChunk, RunArtifact, TuningJob, TuningRun, utcnow
 from tunecache.store import ArtifactsMissing
@@ -56,7 +56,7 @@ def run_create(session, module: bytes, key=None, **overrides) -> TuningRunCreate
 
 
 def record(session, module: bytes, key=None, **overrides):
-    run = repository.record_run(session, run_create(session, module, key, **overrides))
+    run = publishing.record_run(session, run_create(session, module, key, **overrides))
     session.commit()
     return run
 
@@ -69,7 +69,7 @@ def test_runs_past_the_retention_are_deleted_keeping_current_last_n_and_pinned(s
     runs = [record(session, b"module %d" % i) for i in range(6)]
     other = [record(session, b"other %d" % i, key=h200_key(model="other/model")) for i in range(3)]
     repository.pin_run(session, runs[0].id, True)
-    repository.promote_run(session, runs[1].id, None)  # an older run made current again
+    publishing.promote_run(session, runs[1].id, None)  # an older run made current again
     session.commit()
 
     deleted = retention.prune_runs(session, keep=2, now=later(), grace=GRACE)
@@ -149,7 +149,7 @@ def test_a_recording_that_references_a_blob_again_keeps_it_from_the_collector(se
     sha = hashlib.sha256(module).hexdigest()
     result = {}
     with sessions() as recorder:
-        run = repository.record_run(recorder, run_create(recorder, module))  # not committed yet
+        run = publishing.record_run(recorder, run_create(recorder, module))  # not committed yet
 
         def collect():
             with sessions() as collector:
@@ -183,7 +183,7 @@ def test_a_recording_after_the_collector_deleted_its_blob_is_refused_naming_it(s
                 payload["artifacts"].append({"kind": "flashinfer_jit_module", "name": "module.tar.gz",
                                              "media_type": "application/gzip", "sha256": sha})
                 try:
-                    repository.record_run(recorder, TuningRunCreate.model_validate(payload))
+                    publishing.record_run(recorder, TuningRunCreate.model_validate(payload))
                     recorder.commit()
                     outcome["run"] = True
                 except ArtifactsMissing as exc:
@@ -333,7 +333,7 @@ def test_the_service_runs_the_retention_pass_by_itself(engine, tmp_path):
         assert [r["id"] for r in history["items"]] == [runs[2]["id"], runs[1]["id"]]
         assert client.head(f"/v1/artifacts/{old_module}").status_code == 404  # blob collected, its file removed
         assert client.get(f"/v1/artifacts/{runs[2]['artifacts'][1]['sha256']}").status_code == 200
-        maintenance = client.app.state.maintenance
+        maintenance = client.app.state.tunecache.maintenance
         assert maintenance.last is not None
 
 

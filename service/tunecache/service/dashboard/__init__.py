@@ -12,15 +12,13 @@ remains the API's.
 from __future__ import annotations
 
 from fastapi import FastAPI
-from starlette.routing import compile_path
 
 from tunecache.service.dashboard.pages import router
 
 
 def install(app: FastAPI) -> dict[int, str]:
-    """Serve the dashboard on ``app``, at the root. Returns the path template of each of its
-    routes by the ``id`` of its endpoint, for ``tunecache_http_requests_total``'s ``route``
-    label; its paths join ``app.state.path_methods`` (the ``Allow`` of a 405)."""
+    """Serve the dashboard (:data:`router`) on ``app``, at the root. Returns the path template
+    of each of its routes by the ``id`` of its endpoint, for ``tunecache_http_requests_total``'s
+    ``route`` label."""
     app.include_router(router)
-    app.state.path_methods += [(compile_path(route.path)[0], frozenset(route.methods)) for route in router.routes]
     return {id(route.endpoint): route.path_format for route in router.routes}

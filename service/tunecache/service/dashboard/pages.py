@@ -11,9 +11,9 @@ route                      policy                  page
 ``GET /reports``           read (page)             pod install reports, newest first
 ``GET /jobs``              read (page)             tuning jobs, newest first (``jobs.list_jobs``)
 ``GET /runs/{run_id}``     read (page)             one run
-``GET /diff``              read (page)             ``?a=&b=``: the run diff (``GET /v1/tunings/{a}/diff/{b}``)
+``GET /diff``              read (page)             ``?a=&b=``: the run diff (``run_diff.diff_stored_runs``)
 ``GET /retune``            read (page)             a key's re-tune form and its ``tunecache retune`` command
-``POST /retune``           admin (form token)      queue the job (``POST /v1/tuning-jobs``), audited
+``POST /retune``           admin (form token)      queue the job (``jobs.enqueue``), audited
 ``GET /sign-in``           anyone                  the sign-in form (when reads need a token)
 ``POST /sign-in``          anyone (read token)     sign the browser in with a read token
 ``POST /sign-out``         anyone                  sign the browser out
@@ -50,7 +50,7 @@ from tunecache.contract import (
     TuningRunQuery,
     decode_run_cursor,
 )
-from tunecache.service import jobs, reports, repository, tokens
+from tunecache.service import jobs, publishing, reports, repository, run_diff, tokens
 from tunecache.service.dashboard.chart import stage_chart
 from tunecache.service.dashboard.queries import reports_page
 from tunecache.service.dashboard.render import STATIC, DashboardRoute, page
@@ -66,8 +66,7 @@ from tunecache.service.dashboard.security import (
 )
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import PublicCaller
-from tunecache.service.routes import jobs as job_routes
-from tunecache.service.routes import tunings as tuning_routes
+from tunecache.service.state import state_of
 
 router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 
@@ -224,11 +223,13 @@ def run_page(run_id: RunId, request: Request, session: SessionDep, _caller: Page
 
 @router.post("/runs/{run_id:int}/promote")
 def promote(run_id: RunId, request: Request, session: SessionDep, caller: PromoteFormCaller) -> Response:
-    """Make the run current (roll back to it, or take a held run): the API's
-    ``POST /v1/tunings/{id}/promote`` (its function: the same checks, 409 naming why not),
-    audited with the pasted admin token's name. The run's page again, now current."""
-    tuning_routes.promote_tuning(run_id, session, caller, request)
-    request.state.audit_detail = f"{request.state.audit_detail} from the dashboard"
+    """Make the run current (roll back to it, or take a held run): as the API's
+    ``POST /v1/tunings/{id}/promote`` (:func:`tunecache.service.publishing.promote_run`: the
+    same checks, 409 naming why not), audited with the pasted admin token's name. The run's
+    page again, now current."""
+    run, previous = publishing.promote_run(session, run_id, state_of(request.app).trusted_keys)  # 404, 409: errors.py
+    request.state.audit_detail = (f"promoted run {run.id} of {run.key.model} (current before: "
+                                  f"{previous if previous is not None else 'none'}) from the dashboard")
     return run_page(run_id, request, session, caller)
 
 
@@ -237,11 +238,12 @@ def diff_page(request: Request, _caller: PageCaller, a: Annotated[int, Query(ge=
               b: Annotated[int, Query(ge=1, le=MAX_ID)], show: EntryChange | None = None,
               regressions: bool = False, page_number: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1) -> Response:
     """Which entries of FlashInfer's file changed from run ``a`` to run ``b``: the API's
-    diff (``GET /v1/tunings/{a}/diff/{b}``, the same function and errors: 404 naming a
-    missing run, 422 for a run without a readable file), as a table with ``REGRESSION``
-    marks; ``show`` keeps one kind of change, ``regressions`` only regressions;
-    :data:`DIFF_PAGE` entries per page."""
-    diff = tuning_routes.diff_tunings(a, b, request, _caller)
+    diff (``GET /v1/tunings/{a}/diff/{b}``: :func:`tunecache.service.run_diff.diff_stored_runs`,
+    the same errors: 404 naming a missing run, 422 for a run without a readable file, 503
+    while the process computes another), as a table with ``REGRESSION`` marks; ``show``
+    keeps one kind of change, ``regressions`` only regressions; :data:`DIFF_PAGE` entries
+    per page."""
+    diff = run_diff.diff_stored_runs(state_of(request.app).sessions, state_of(request.app).diff_slots, a, b)
     entries = [e for e in diff.entries if (show is None or e.status == show) and (not regressions or e.regression)]
     return page(request, "diff.html", diff=diff, entries=entries[(page_number - 1) * DIFF_PAGE:page_number * DIFF_PAGE],
                 shown=len(entries), show=show.value if show else "", regressions=regressions, page_number=page_number,
@@ -305,9 +307,10 @@ def retune_form(request: Request, session: SessionDep, _caller: PageCaller) -> R
 
 @router.post("/retune")
 def retune(request: Request, session: SessionDep, fields: FormFields, caller: FormAdminCaller) -> Response:
-    """Queue a tuning job for the form's key: the API's ``POST /v1/tuning-jobs`` (its
-    function: the same rate limit per token, single-flight per key, 409 naming a job with
-    other options), audited in the same transaction with the pasted admin token's name.
+    """Queue a tuning job for the form's key: as the API's ``POST /v1/tuning-jobs`` (the same
+    rate limit per token, single-flight per key: :func:`tunecache.service.jobs.enqueue`, 409
+    naming a job with other options), audited in the same transaction with the pasted admin
+    token's name.
     ``hf_config``: the model's config.json pasted (empty: the GPU node's own config). 202
     with the job."""
     key = _key_from(fields)
@@ -321,8 +324,10 @@ def retune(request: Request, session: SessionDep, fields: FormFields, caller: Fo
         body = TuningJobCreate(key=key, hf_config=hf_config)
     except ValidationError as exc:
         raise _validation_error(exc) from None
-    job = job_routes.create_job(body, session, request, caller)
-    request.state.audit_detail = f"{request.state.audit_detail} from the dashboard"
+    state_of(request.app).job_requests.check(caller.name)
+    job, created = jobs.enqueue(session, body, requested_by=caller.name)
+    request.state.audit_detail = (f"job {job.id} for {job.key.model} ({'queued' if created else 'already queued'}) "
+                                  "from the dashboard")
     return page(request, "retune_done.html", http_status=202, job=job, **_retune_context(request, session, key))
 
 

@@ -27,6 +27,7 @@ from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
 from tunecache.service.dashboard.security import SESSION_COOKIE, CsrfIssuer, clear_session
+from tunecache.service.state import state_of
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
@@ -112,7 +113,7 @@ def page(request: Request, template: str, http_status: int = 200, headers: dict[
     """Render ``template`` as the answer: the security headers, and the CSRF cookie when
     this browser had none (see :mod:`~tunecache.service.dashboard.security`)."""
     csrf = CsrfIssuer(request)
-    settings = request.app.state.settings
+    settings = state_of(request.app).settings
     html = environment.get_template(template).render(
         request=request, csrf=csrf, reads_need_token=settings.read_token_required,
         signed_in=bool(request.cookies.get(SESSION_COOKIE)), **context)
@@ -178,11 +179,11 @@ def _as_html(handler):
 
 def _html_handlers(app, handlers: tuple[dict, dict]) -> tuple[dict, dict]:
     """The app's exception handlers wrapped by :func:`_as_html`, made once per app."""
-    cached = getattr(app.state, "dashboard_error_handlers", None)
+    cached = state_of(app).dashboard_error_handlers
     if cached is not None and cached[0] is handlers[0] and cached[1] is handlers[1]:
         return cached[2]
     wrapped = ({cls: _as_html(h) for cls, h in handlers[0].items()}, {code: _as_html(h) for code, h in handlers[1].items()})
-    app.state.dashboard_error_handlers = (handlers[0], handlers[1], wrapped)
+    state_of(app).dashboard_error_handlers = (handlers[0], handlers[1], wrapped)
     return wrapped
 
 

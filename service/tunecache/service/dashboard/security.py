@@ -44,6 +44,7 @@ from tunecache.service import policy
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import CallerPolicy, Credentials
 from tunecache.service.tokens import Caller
+from tunecache.service.state import state_of
 
 #: The sign-in cookie: a read token, pasted on ``/sign-in``.
 SESSION_COOKIE = "tunecache_session"
@@ -149,7 +150,7 @@ class _PageRead(CallerPolicy):
     scope = Scope.READ
 
     async def __call__(self, request: Request, credentials: Credentials) -> Caller:
-        if credentials is None and request.app.state.settings.read_token_required:
+        if credentials is None and state_of(request.app).settings.read_token_required:
             cookie = request.cookies.get(SESSION_COOKIE)
             if cookie:
                 credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=cookie)

@@ -26,6 +26,7 @@ from tunecache.service.deps import SessionDep
 from tunecache.service.hot_path import ArtifactFiles
 from tunecache.service.metrics import ArtifactFileResponse, ArtifactResponse, ArtifactStreamingResponse
 from tunecache.service.policy import PushCaller, ReadCaller
+from tunecache.service.state import state_of
 
 log = logging.getLogger("tunecache")
 
@@ -147,10 +148,10 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
     307 to a presigned URL valid ``TUNECACHE_PRESIGN_SECONDS``: the pod downloads it from
     the store (a request with ``Range`` is still served here, from the mirror).
     """
-    files = request.app.state.artifact_files
-    sessions = request.app.state.sessions
-    settings = request.app.state.settings
-    if (settings.artifact_redirect and request.app.state.artifact_stores.object_store is not None
+    files = state_of(request.app).artifact_files
+    sessions = state_of(request.app).sessions
+    settings = state_of(request.app).settings
+    if (settings.artifact_redirect and state_of(request.app).artifact_stores.object_store is not None
             and "range" not in request.headers):
         signed = await run_in_threadpool(_presigned, sessions, sha256, settings.presign_seconds)
         if signed is None:
@@ -164,12 +165,12 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
     data = files.in_memory(sha256)
     wants_range = "range" in request.headers
     path = None
-    file_threads = request.app.state.file_threads
+    file_threads = state_of(request.app).file_threads
     if data is None or wants_range:  # ranges come from the file (mirrored again if it was removed)
         # a mirrored file is found in a file thread: never behind routes waiting for the database
         found = await anyio.to_thread.run_sync(_mirrored_file, files, sha256, limiter=file_threads)
         if found is None:
-            found = await request.app.state.artifact_mirrors.run(
+            found = await state_of(request.app).artifact_mirrors.run(
                 sha256, lambda: run_in_threadpool(_mirrored, sessions, files, sha256))
         if found is None:
             raise HTTPException(404, detail=f"no artifact with sha256 {sha256}")
@@ -185,7 +186,7 @@ async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCalle
         if found.location == blobs.LOCATION:  # one chunk per transaction
             parts = _chunks_from_database(sessions, sha256)
         else:  # no database connection held
-            parts = request.app.state.artifact_stores.at(found.location).iter_bytes(None, sha256)
+            parts = state_of(request.app).artifact_stores.at(found.location).iter_bytes(None, sha256)
         return ArtifactStreamingResponse(parts, media_type="application/octet-stream", headers=headers)
     if path is not None:
         stat_result = await anyio.to_thread.run_sync(os.stat, path, limiter=file_threads)
@@ -294,7 +295,7 @@ def _chunks_from_database(sessions: sessionmaker[Session], sha256: str) -> Itera
 async def artifact_exists(sha256: Sha256, request: Request, _caller: ReadCaller) -> Response:
     """200 with ``Content-Length`` when the bytes are stored (uploaders skip them), else 404.
     A mirrored artifact is answered from its file (in a file thread, without the database)."""
-    state = request.app.state
+    state = state_of(request.app)
     path = await anyio.to_thread.run_sync(state.artifact_files.get, sha256, limiter=state.file_threads)
     if path is not None:
         size = (await anyio.to_thread.run_sync(os.stat, path, limiter=state.file_threads)).st_size

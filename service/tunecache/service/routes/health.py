@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tunecache.contract import Health
 from tunecache.service import db
 from tunecache.service.policy import PublicCaller
+from tunecache.service.state import state_of
 
 router = APIRouter(tags=["health"])
 
@@ -53,7 +54,7 @@ async def health(request: Request, caller: PublicCaller) -> Health:
     a connection and in a thread of its own, so a node whose threads are all busy is not
     called degraded); a read that does not finish in time goes on without the request.
     """
-    state = request.app.state
+    state = state_of(request.app)
     timeout = state.settings.health_timeout
     problems: list[str] = []
     revision = None

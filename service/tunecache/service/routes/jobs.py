@@ -19,8 +19,8 @@ from tunecache.contract import (
 )
 from tunecache.service import jobs
 from tunecache.service.deps import SessionDep
-from tunecache.service.limits import check_rate
 from tunecache.service.policy import AdminCaller, ReadCaller
+from tunecache.service.state import state_of
 
 router = APIRouter(prefix="/tuning-jobs", tags=["tuning-jobs"])
 
@@ -43,9 +43,7 @@ def create_job(body: TuningJobCreate, session: SessionDep, request: Request, cal
     the previous tuning current. 429 with ``Retry-After`` past ``TUNECACHE_JOB_REQUEST_RATE``
     requests with one token (each may carry a 1 MiB model config).
     """
-    state = request.app.state
-    check_rate(state.job_rate_limiter, state.job_rate, caller.name,
-               f"too many tuning-job requests with token {caller.name!r}: at most {state.settings.job_request_rate}")
+    state_of(request.app).job_requests.check(caller.name)
     # a JobOptionsConflict propagates: 409 with its body (tunecache.service.errors), nothing written or audited
     job, created = jobs.enqueue(session, body, requested_by=caller.name)
     request.state.audit_detail = f"job {job.id} for {job.key.model} ({'queued' if created else 'already queued'})"

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from tunecache.service import metrics
 from tunecache.service.policy import ReadCaller
+from tunecache.service.state import state_of
 
 router = APIRouter(tags=["metrics"])
 
@@ -23,4 +24,4 @@ def get_metrics(request: Request, _caller: ReadCaller) -> Response:
     Open like the other reads: a token of any scope is needed once
     ``TUNECACHE_READ_TOKEN_REQUIRED`` is set (Prometheus: ``authorization.credentials_file``).
     """
-    return Response(content=metrics.exposition(request.app.state.sessions), media_type=metrics.CONTENT_TYPE)
+    return Response(content=metrics.exposition(state_of(request.app).sessions), media_type=metrics.CONTENT_TYPE)

@@ -31,6 +31,7 @@ from tunecache.service.deps import SessionDep
 from tunecache.service.report_bounds import source_of
 from tunecache.service.models import utcnow
 from tunecache.service.policy import ReadCaller
+from tunecache.service.state import state_of
 
 log = logging.getLogger("tunecache")
 
@@ -67,7 +68,7 @@ async def report_install(body: PodReportCreate, request: Request, background: Ba
     not stored in ``tunecache_pod_reports_dropped_total{reason}``. Reports older than ``TUNECACHE_REPORT_RETENTION_DAYS`` are deleted after the
     answer, at most once a minute per process.
     """
-    state = request.app.state
+    state = state_of(request.app)
     source = source_of(request.client.host if request.client else None, caller)
     if not state.report_gate.admit(source):
         metrics.pod_report_dropped("source")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import threading
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -15,7 +14,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (
-    MAX_AUTOTUNE_FILE_BYTES,
     MAX_ID,
     RUN_CSV_COLUMNS,
     ErrorBody,
@@ -29,16 +27,15 @@ from tunecache.contract import (
     TuningRunPage,
     TuningRunQuery,
     TuningRunRead,
-    ArtifactKind,
     TuningRunDiff,
     run_csv_row,
 )
-from tunecache.formats.autotune_file import NotAnAutotuneFile
 from tunecache.service import run_diff
-from tunecache.service import artifact_store, repository
+from tunecache.service import publishing, repository
 from tunecache.service import metrics
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller, TuneCaller
+from tunecache.service.state import ServiceState, state_of
 
 router = APIRouter(prefix="/tunings", tags=["tunings"])
 
@@ -52,7 +49,7 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
 
     Needs a ``push`` token. With a ``tune`` or ``admin`` token, a succeeded run becomes
     the current tuning of its key and environment when the promotion policy lets it
-    (:func:`tunecache.service.repository.hold_reason`: with ``TUNECACHE_TRUSTED_KEYS`` on the
+    (:data:`tunecache.service.publishing.RECORD_POLICY`: with ``TUNECACHE_TRUSTED_KEYS`` on the
     service, signed by one of those keys; not fewer entries than the current run; no
     regression the run diff flags against it); a run held back is stored, not current, with
     the reason in ``held`` (and the audit log); ``force=true`` (admin) skips the policy.
@@ -66,9 +63,9 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
     if force and not caller.scope.includes(Scope.ADMIN):
         raise HTTPException(403, detail="force=true (skipping the promotion policy) needs an admin token")
     try:  # ArtifactsMissing: 422 with "missing" (tunecache.service.errors)
-        run = repository.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name,
-                                    trusted_keys=request.app.state.trusted_keys, force=force)
-    except (repository.IndeterminateEnvironment, repository.NotAFlashInferFile) as exc:
+        run = publishing.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name,
+                                    trusted_keys=state_of(request.app).trusted_keys, force=force)
+    except (publishing.IndeterminateEnvironment, publishing.NotAFlashInferFile) as exc:
         raise HTTPException(422, detail=str(exc)) from None
     request.state.audit_detail = (f"run {run.id} ({run.trigger}, {'verified' if run.verified else 'unverified'}"
                                   f"{', current' if run.is_current else ''}{', forced' if force else ''}) of "
@@ -88,13 +85,9 @@ def promote_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: Sessi
     by one of those keys: pods that trust them install it at their next lookup. With a body
     ``{"signature": ...}`` (the run's manifest signed anew) the run carries that signature
     from now on: pods that installed a newer run take it as the newer one. Audited."""
-    try:
-        run, previous = repository.promote_run(session, run_id, request.app.state.trusted_keys,
-                                               body.signature if body is not None else None)
-    except LookupError as exc:
-        raise HTTPException(404, detail=str(exc)) from None
-    except ValueError as exc:
-        raise HTTPException(409, detail=str(exc)) from None
+    # RunNotFound, PromotionRefused: 404, 409 (tunecache.service.errors), nothing written or audited
+    run, previous = publishing.promote_run(session, run_id, state_of(request.app).trusted_keys,
+                                           body.signature if body is not None else None)
     request.state.audit_detail = (f"promoted run {run.id} of {run.key.model} (current before: "
                                   f"{previous if previous is not None else 'none'})")
     return _json(run)
@@ -148,7 +141,7 @@ def record_verification(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: Run
     verification of the same run replaces the earlier one. 404 for an unknown run, 409 for a
     run that did not succeed, 422 naming an invalid field. Audited."""
     try:
-        run = repository.record_verification(session, run_id, body)
+        run = publishing.record_verification(session, run_id, body)
     except LookupError as exc:
         raise HTTPException(404, detail=str(exc)) from None
     except ValueError as exc:
@@ -189,7 +182,7 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, is served with ``Tunecache-Stale: <seconds
     since that read began>``: a pod boots with what was current then.
     """
-    state = request.app.state
+    state = state_of(request.app)
     settings = state.settings
     reader = state.generation_reader
     try:
@@ -221,7 +214,7 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     return Response(content=answer[1], status_code=answer[0], media_type="application/json")
 
 
-def _stale_answer(state, body: LookupRequest) -> Response | None:
+def _stale_answer(state: ServiceState, body: LookupRequest) -> Response | None:
     """The answer held in memory at the last generation read, when that read began at most
     ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, marked ``Tunecache-Stale``; else ``None``."""
     generation = state.generation_reader.last_read(state.settings.lookup_stale_seconds)
@@ -268,7 +261,7 @@ def list_tunings(filters: Annotated[TuningRunQuery, Query()], request: Request, 
     short). 422 names an unknown or invalid parameter (``cursor`` not one this service gave
     out, ``until`` not after ``since``, ``offset`` with ``cursor``).
     """
-    sessions: sessionmaker[Session] = request.app.state.sessions
+    sessions: sessionmaker[Session] = state_of(request.app).sessions
     if _wants_csv(filters, request.headers.get("accept", "")):
         return StreamingResponse(_csv_rows(sessions, filters), media_type="text/csv; charset=utf-8",
                                  headers={"Content-Disposition": 'attachment; filename="tunecache-history.csv"'})
@@ -317,16 +310,6 @@ def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDe
     return run
 
 
-#: Largest FlashInfer file a diff reads, in bytes: the route's memory and time stay bounded
-#: whatever was stored (runs recorded before the bound existed may hold larger ones).
-MAX_DIFF_FILE_BYTES = MAX_AUTOTUNE_FILE_BYTES
-
-#: Diffs one server process computes at once. Each holds both files and their parsed entries
-#: (about 75 MiB at :data:`MAX_DIFF_FILE_BYTES`, bench/request_memory.py) and a core for
-#: seconds; anyone may ask for one (a read), so more at once would multiply both. Another
-#: diff meanwhile is answered 503 with ``Retry-After`` (the client retries it).
-DIFFS_AT_ONCE = 1
-
 RunId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
@@ -354,51 +337,15 @@ def diff_tunings(run_a: RunId, run_b: RunId, request: Request, _caller: ReadCall
     which the runs differ and the counts. Files without FlashInfer's selection records
     (before 0.7.4) give no times and no regressions.
 
-    Bounded: each file is read only up to :data:`MAX_DIFF_FILE_BYTES`, in one short
-    transaction; the comparison runs after it, holding no database connection; a server
-    process computes :data:`DIFFS_AT_ONCE` diff at a time (503 with ``Retry-After`` for
-    another meanwhile).
+    Bounded (:func:`tunecache.service.run_diff.diff_stored_runs`): each file is read only up
+    to :data:`~tunecache.service.run_diff.MAX_DIFF_FILE_BYTES`, in one short transaction; the
+    comparison runs after it, holding no database connection; a server process computes
+    :data:`~tunecache.service.run_diff.DIFFS_AT_ONCE` diff at a time (503 with
+    ``Retry-After`` for another meanwhile).
 
     Errors: 404 ``{"detail": "no tuning run 7"}`` (every missing id named); 422 when a run
     has no FlashInfer autotune artifact (e.g. a failed run), one over the size limit, or
     one that is not a FlashInfer autotune file; 503 with ``Retry-After`` while this server
     process computes another diff.
     """
-    slots: threading.BoundedSemaphore = request.app.state.diff_slots
-    if not slots.acquire(blocking=False):
-        raise HTTPException(503, detail=f"this server process is computing another diff (at most {DIFFS_AT_ONCE} at once)",
-                            headers={"Retry-After": str(request.app.state.settings.retry_after_seconds)})
-    try:
-        return _diff(run_a, run_b, request.app.state.sessions)
-    finally:
-        slots.release()
-
-
-def _diff(run_a: int, run_b: int, sessions: sessionmaker[Session]) -> TuningRunDiff:
-    with sessions.begin() as session:
-        runs = {run_id: repository.get_run(session, run_id) for run_id in (run_a, run_b)}
-        missing = [run_id for run_id, run in runs.items() if run is None]
-        if missing:
-            raise HTTPException(404, detail=f"no tuning run{'s' if len(missing) > 1 else ''} "
-                                            f"{' and '.join(str(run_id) for run_id in missing)}")
-        files = {run_id: _autotune_file(session, run) for run_id, run in runs.items()}
-    try:
-        return run_diff.diff_runs(runs[run_a], files[run_a], runs[run_b], files[run_b])
-    except NotAnAutotuneFile as exc:
-        raise HTTPException(422, detail=str(exc)) from None
-
-
-def _autotune_file(session: Session, run: TuningRunRead) -> bytes:
-    """The bytes of the run's FlashInfer autotune file; 422 (naming the run) when it has
-    none, they are not stored, or they are over :data:`MAX_DIFF_FILE_BYTES`."""
-    artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
-    if artifact is None:
-        raise HTTPException(422, detail=f"run {run.id} ({run.status}) has no FlashInfer autotune file "
-                                        f"({ArtifactKind.FLASHINFER_AUTOTUNE} artifact) to diff")
-    size = artifact_store.blob_size(session, artifact.sha256)
-    if size is None:
-        raise HTTPException(422, detail=f"run {run.id}'s FlashInfer autotune file (sha256 {artifact.sha256}) is not stored")
-    if size > MAX_DIFF_FILE_BYTES:
-        raise HTTPException(422, detail=f"run {run.id}'s FlashInfer autotune file is {size} bytes; "
-                                        f"a diff reads at most {MAX_DIFF_FILE_BYTES}")
-    return artifact_store.read_blob(session, artifact.sha256) or b""
+    return run_diff.diff_stored_runs(state_of(request.app).sessions, state_of(request.app).diff_slots, run_a, run_b)

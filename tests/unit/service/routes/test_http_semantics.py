@@ -75,7 +75,7 @@ def test_ranges_and_methods_answer_as_http_says(app_client, tmp_path):
     # the mirror is a cache: removed, it is filled again (ranges come from the file)
     import shutil
 
-    shutil.rmtree(app_client.app.state.artifact_files.root)
+    shutil.rmtree(app_client.app.state.tunecache.artifact_files.root)
     again = app_client.get(f"/v1/artifacts/{sha}", headers={"Range": "bytes=0-9"})
     assert again.status_code == 206 and again.content == data[:10]
 
