@@ -99,7 +99,8 @@ class KindFacts:
     it fetches the variant's compile cache."""
 
 
-#: Every artifact kind's facts, in :class:`ArtifactKind`'s order.
+#: Every artifact kind's facts, in the order ``tunecache doctor`` lists them: the tactics'
+#: kinds, then the others in the order a pod's install writes them.
 KINDS: dict[ArtifactKind, KindFacts] = {facts.kind: facts for facts in (
     KindFacts(ArtifactKind.FLASHINFER_AUTOTUNE, JSON_MEDIA_TYPE, required=True),
     KindFacts(ArtifactKind.FLASHINFER_JIT_MODULE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="jit",
@@ -109,12 +110,12 @@ KINDS: dict[ArtifactKind, KindFacts] = {facts.kind: facts for facts in (
     KindFacts(ArtifactKind.VLLM_RANK_FILE, JSON_MEDIA_TYPE, installed=False),
     KindFacts(ArtifactKind.FLASHINFER_V2_STORE, TAR_GZ_MEDIA_TYPE, artifact_name="flashinfer-autotune-v2.tar.gz",
               installed=False),
-    KindFacts(ArtifactKind.VLLM_COMPILE_CACHE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
-              depends_on=("torch", "triton"), artifact_name="vllm-compile-cache.tar.gz"),
-    KindFacts(ArtifactKind.VLLM_MODELINFOS, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
-              artifact_name="vllm-modelinfos.tar.gz"),
     KindFacts(ArtifactKind.TRITON_CACHE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
               depends_on=("triton",), artifact_name="triton-cache.tar.gz", of_variant=True),
+    KindFacts(ArtifactKind.VLLM_MODELINFOS, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
+              artifact_name="vllm-modelinfos.tar.gz"),
+    KindFacts(ArtifactKind.VLLM_COMPILE_CACHE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
+              depends_on=("torch", "triton"), artifact_name="vllm-compile-cache.tar.gz"),
 )}
 
 

@@ -30,7 +30,7 @@ from tunecache.contract import KINDS, ArtifactKind
 #: with the kinds that depend on it: :attr:`tunecache.contract.KindFacts.depends_on` turned around.
 DISTRIBUTIONS: dict[str, tuple[ArtifactKind, ...]] = {
     name: tuple(kind for kind, facts in KINDS.items() if name in facts.depends_on)
-    for name in dict.fromkeys(name for facts in KINDS.values() for name in facts.depends_on)
+    for name in sorted({name for facts in KINDS.values() for name in facts.depends_on})
 }
 #: What a version is recorded as where the distribution is not installed.
 NOT_INSTALLED = "(not installed)"
