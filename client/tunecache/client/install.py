@@ -11,7 +11,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict
 
 from tunecache.client.atomic import all_or_nothing, write_atomically
+from tunecache.client.destinations import Commit, Destination, registers
 from tunecache.formats.dependencies import drift, installed_versions
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import newest_installed, remember_installed
@@ -50,6 +51,7 @@ from tunecache.contract import (
     ReportSource,
     TuningKey,
     TuningRunRead,
+    kinds_where,
 )
 from tunecache.signing import UntrustedRun, verify_run
 from tunecache.store import NoCompatibleTuning, TunecacheError
@@ -109,9 +111,9 @@ class FetchedTuning:
 
 
 #: The kinds besides the JIT modules and the DeepGEMM cache that make a boot compile nothing:
-#: fetched with ``warm_state`` (:func:`fetch_tuning`), installed by
-#: :class:`tunecache.client.warm_state.VllmCacheRoot` and :class:`~tunecache.client.warm_state.TritonCache`.
-WARM_STATE_KINDS = (ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE, ArtifactKind.TRITON_CACHE)
+#: fetched with ``warm_state`` (:func:`fetch_tuning`; their ``fetch_option`` in
+#: :data:`tunecache.contract.KINDS`), installed by their destinations in :mod:`tunecache.client.warm_state`.
+WARM_STATE_KINDS = kinds_where(fetch_option="warm_state")
 
 
 def fetch_tuning(
@@ -212,12 +214,9 @@ def _not_older(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetad
                            "run; to roll back, sign it anew (tunecache promote RUN --signing-key KEY)")
 
 
-#: Writes one artifact kind's staged install; returns the :class:`InstallResult` fields it sets.
-Commit = Callable[[], dict[str, Any]]
-
-
+@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
 @dataclass(frozen=True)
-class FlashInferFile:
+class FlashInferFile(Destination):
     """The tactics as a plain FlashInfer cache file ``directory/name``, for
     ``flashinfer.autotune(False, cache=PATH)`` or ``AutoTuner.get().load_configs(PATH)``.
 
@@ -241,8 +240,9 @@ class FlashInferFile:
         return commit
 
 
+@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
 @dataclass(frozen=True)
-class VllmRankFiles:
+class VllmRankFiles(Destination):
     """The tactics as every rank's v1 file of one vLLM deployment, ``root/config_hash/<name>``
     for each of ``file_names`` (:func:`tunecache.client.layouts.vllm_rank_file_name`, or vLLM
     0.25's single ``autotune_configs.json``), all at once
@@ -259,8 +259,9 @@ class VllmRankFiles:
                                                                list(self.file_names)))}
 
 
+@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
 @dataclass(frozen=True)
-class FlashInferV2Store:
+class FlashInferV2Store(Destination):
     """The tactics published into FlashInfer's v2 store under ``root``
     (:func:`tunecache.client.layouts.install_v2_store`); ``None``: this pod's own
     (:func:`tunecache.client.layouts.flashinfer_v2_root`, resolved before anything is written)."""
@@ -272,8 +273,9 @@ class FlashInferV2Store:
         return lambda: {"paths": (install_v2_store(fetched.autotune, root),)}
 
 
+@registers(ArtifactKind.FLASHINFER_JIT_MODULE)
 @dataclass(frozen=True)
-class JitWorkspace:
+class JitWorkspace(Destination):
     """The run's FlashInfer JIT modules, unpacked into ``path``: a directory this pod names
     (``tunecache pull --jit-workspace DIR``; used as given), or ``None``: this pod's
     FlashInfer workspace as this pod's FlashInfer says
@@ -343,6 +345,29 @@ class JitWorkspace:
                         f"names include directories this pod lacks: {', '.join(shown(m) for m in missing[:3])}")
         return None
 
+    def preflight(self, run: TuningRunRead, kind: ArtifactKind) -> tuple[bool | None, str]:
+        """This pod's FlashInfer workspace subdirectory (version, arch) and CUDA version against
+        the node's (:func:`tunecache.client.jit_install.jit_mismatches`): through the vLLM plugin
+        the modules load through FlashInfer's AOT path, so the workspace, package and CUDA paths
+        may differ; installed by ``tunecache pull --jit`` they must not (ninja's files name them)."""
+        count = len(run.artifacts_of(kind))
+        own = flashinfer_workspace()
+        if own is None:
+            return False, f"{count} modules: FlashInfer is not importable here"
+        recorded = run.summary.get("flashinfer_jit")
+        recorded = recorded if isinstance(recorded, dict) else {}
+        here = jit_environment()
+        subdir = str(recorded.get("workspace_subdir") or "")
+        differ = ([f"workspace_subdir: node {shown(subdir)}, here {own.subdir}"] if subdir and subdir != own.subdir else [])
+        as_aot = differ + jit_mismatches(recorded, here, placement=False)
+        if as_aot:
+            return False, f"{count} modules built for another FlashInfer or CUDA: " + "; ".join(as_aot)
+        placed = jit_mismatches(recorded, here, placement=True)
+        without = ("; installed without the plugin (tunecache pull --jit) ninja would rebuild them: "
+                   + "; ".join(placed)) if placed else ""
+        return True, (f"{count} modules, through the vLLM plugin from this pod's workspace "
+                      f"{own.path} (FlashInfer's AOT path){without}")
+
     def stage(self, fetched: FetchedTuning) -> Commit:
         workspace, skipped = self._workspace(fetched)
         if workspace is not None and skipped:  # a directory the pod named, but a module that would not build there
@@ -360,13 +385,17 @@ class JitWorkspace:
         return commit
 
 
+@registers(ArtifactKind.DEEP_GEMM_JIT_CACHE)
 @dataclass(frozen=True)
-class DeepGemmCache:
+class DeepGemmCache(Destination):
     """The run's DeepGEMM JIT cache (when it has one), its kernels merged into ``path``
     (:func:`tunecache.client.layouts.install_deep_gemm_cache`); ``None``: this pod's own
     DeepGEMM cache directory (:func:`tunecache.client.layouts.deep_gemm_cache_dir`)."""
 
     path: Path | None = None
+
+    def preflight(self, run: TuningRunRead, kind: ArtifactKind) -> tuple[bool | None, str]:
+        return True, f"merged into {Path(self.path) if self.path is not None else deep_gemm_cache_dir()}"
 
     def stage(self, fetched: FetchedTuning) -> Commit:
         if fetched.deep_gemm is None:
@@ -385,7 +414,8 @@ class InstallTarget:
     """Where this pod installs a fetched run: one destination per artifact kind, ``None``
     where that kind is not installed here. Fields are in the order :func:`install` writes
     them; the tactics come last, so that a failure before them leaves the files FlashInfer
-    or vLLM read as they were. A new artifact kind is one more field (its destination has a
+    or vLLM read as they were. A new artifact kind is one more field (its destination, a
+    :class:`tunecache.client.destinations.Destination` registered for the kind, has a
     ``stage(fetched) -> Commit``, which checks and resolves everything and writes nothing)."""
 
     jit_modules: JitWorkspace | None = None

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from tunecache.client.atomic import file_lock, write_atomically
+from tunecache.client.destinations import destinations_of
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import (
     FetchedTuning,
@@ -60,7 +61,8 @@ from tunecache.client.warm_state import (TritonCache, VllmCacheRoot, read_compil
                                          vllm_cache_root)
 from tunecache.formats.vllm_compile import (FACTORS_FILE, CompileFactors, PodCompileFactors, differences,
                                              pod_dir_names, variant_differences)
-from tunecache.contract import ENVIRONMENT_FIELDS, ArtifactKind, EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
+from tunecache.contract import (ENVIRONMENT_FIELDS, ArtifactKind, EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey,
+                                kinds_where)
 from tunecache.formats.autotune_file import check_loadable
 from tunecache.signing import load_trusted_keys
 
@@ -748,8 +750,9 @@ def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: Envi
                                 variant: str) -> tuple[int, bytes] | None:
     """The compile cache of engine variant ``variant``'s current run, as :func:`fetch_tuning`
     fetches a run (the lookup with the variant, the signature over this pod's key and
-    environment, the variant's own rollback memory, the sha256), its Triton cache merged into
-    this pod's (the kernels the key's run lacks): ``(run id, tarball)``;
+    environment, the variant's own rollback memory, the sha256), its kinds that are ``of_variant``
+    (:data:`tunecache.contract.KINDS`: Triton's cache) merged into this pod's (the kernels the
+    key's run lacks): ``(run id, tarball)``;
     ``None`` when the service has no run of the variant (it answered the key's, of another
     variant), or the run has no compile cache.
 
@@ -766,12 +769,13 @@ def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: Envi
     with TunecacheClient.from_settings(settings) as client:
         fetched = fetch_tuning(client, key, environment, trusted_keys=load_trusted_keys(settings.trusted_keys),
                                deadline_s=install_deadline(settings), warm_state=True, variant=variant,
-                               warm_state_kinds=(ArtifactKind.VLLM_COMPILE_CACHE, ArtifactKind.TRITON_CACHE))
+                               warm_state_kinds=(ArtifactKind.VLLM_COMPILE_CACHE, *kinds_where(of_variant=True)))
     data = fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE)
     if fetched.run.variant != variant or data is None or fetched.executable_refused:
         return None
-    if ArtifactKind.TRITON_CACHE in fetched.warm_state:  # the variant's own kernels beside the key's run's
-        TritonCache().stage(fetched)()
+    for kind in kinds_where(of_variant=True):  # the variant's own (Triton's kernels) beside the key's run's
+        if kind in fetched.warm_state:
+            destinations_of(kind)[0]().stage(fetched)()
     remember_installed(key, environment, fetched.run.signature.signed_at if fetched.run.signature else None, variant)
     return fetched.run.id, data
 

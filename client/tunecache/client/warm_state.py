@@ -33,6 +33,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tunecache.client.destinations import Commit, Destination, registers
+from tunecache.contract import ArtifactKind
 from tunecache.formats.tarball import open_bounded
 from tunecache.formats.vllm_compile import (
     FACTORS_FILE,
@@ -226,8 +228,68 @@ def read_compile_factors(data: bytes) -> CompileFactors | None:
             raise BadWarmStateArtifact(f"the compile cache's {FACTORS_FILE} is unreadable: {exc}") from None
 
 
+def _vllm_here() -> tuple[str | None, dict[str, Any] | None]:
+    """This pod's vLLM version and its compile factors (``None`` each: no vLLM here)."""
+    try:
+        import vllm
+
+        found = str(vllm.__version__)
+    except Exception:
+        return None, None
+    try:
+        import vllm.envs as envs
+
+        return found, json.loads(json.dumps(envs.compile_factors(), default=str))
+    except Exception:
+        return found, None
+
+
+def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
+    """Whether a stored run's (:class:`tunecache.contract.TuningRunRead`) compile cache loads
+    here, before a boot: this pod's vLLM version and environment factors
+    (``vllm.envs.compile_factors()``, the placement factors left out) and each traced source
+    file where this pod imports it from, its bytes against the node's
+    (:func:`tunecache.formats.vllm_compile.traced_files_here`: the prefix the packages live
+    under is no difference). The engine's arguments decide the rest, which only vLLM's config
+    tells (``None``): the run's engine variant and the engine arguments it was tuned with are named."""
+    from tunecache.formats.vllm_compile import PLACEMENT_ENV_FACTORS, traced_files_here
+
+    recorded = run.summary.get("vllm_compile")
+    try:
+        node = CompileFactors.model_validate(recorded)
+    except Exception:
+        return False, "the run records no compile factors (a tuner before this version)"
+    version, env = _vllm_here()
+    differ = []
+    if version is None:
+        differ.append("vLLM is not installed here")
+    elif version != node.vllm_version:
+        differ.append(f"vLLM version: node {node.vllm_version}, pod {version}")
+    if env is not None:
+        for name in sorted((set(env) | set(node.env)) - set(PLACEMENT_ENV_FACTORS)):
+            if env.get(name, "(unset)") != node.env.get(name, "(unset)"):
+                differ.append(f"environment {name}: node {node.env.get(name, '(unset)')!r}, pod {env.get(name, '(unset)')!r}")
+    digests, moved, _ = traced_files_here(dict(node.traced_files))
+    for path, digest in sorted(node.traced_files.items()):
+        if digests.get(path) is None:
+            differ.append(f"traced source {path}: not on this pod")
+        elif digests[path] != digest:
+            differ.append(f"traced source {moved.get(path, path)}: its content differs")
+    if differ:
+        return False, "vLLM would compute other directory names: " + "; ".join(differ)
+    variant = run.variant or "unknown"
+    args = run.summary.get("engine_args")
+    tuned = f"tuned with engine arguments {json.dumps(args, sort_keys=True)}" if args else "tuned with the node's engine arguments"
+    where = (f"; {len(moved)} traced sources found under this pod's own package prefix, with the node's bytes"
+             if moved else "")
+    return None, (f"vLLM version, environment and traced sources match{where}; engine variant {variant} "
+                  f"({tuned}): a pod booted with the same engine arguments loads it, one with others gets "
+                  "its own variant's run or compiles (the plugin says which)")
+
+
+@registers(ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE)
 @dataclass(frozen=True)
-class VllmCacheRoot:
+class VllmCacheRoot(Destination):
     """A run's vLLM model-inspection cache and compile cache, into ``root`` (``None``: this
     pod's own, :func:`vllm_cache_root`).
 
@@ -245,9 +307,13 @@ class VllmCacheRoot:
     compile_cache: bool = True
     modelinfos: bool = True
 
-    def stage(self, fetched: Any) -> Callable[[], dict[str, Any]]:
-        from tunecache.contract import ArtifactKind
+    def preflight(self, run: Any, kind: ArtifactKind) -> tuple[bool | None, str]:
+        root = Path(self.root) if self.root is not None else vllm_cache_root()
+        if kind is ArtifactKind.VLLM_MODELINFOS:
+            return True, f"into {root / 'modelinfos'}"
+        return compile_cache_verdict(run)
 
+    def stage(self, fetched: Any) -> Commit:
         root = Path(self.root) if self.root is not None else vllm_cache_root()
         infos = fetched.warm_state.get(ArtifactKind.VLLM_MODELINFOS) if self.modelinfos else None
         compiled = fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if self.compile_cache else None
@@ -287,17 +353,20 @@ class VllmCacheRoot:
         return commit
 
 
+@registers(ArtifactKind.TRITON_CACHE)
 @dataclass(frozen=True)
-class TritonCache:
+class TritonCache(Destination):
     """A run's Triton cache, merged kernel by kernel into ``path`` (``None``: this pod's own,
     :func:`triton_cache_dir`, and, where ``TRITON_CACHE_DIR`` is unset, Inductor's too,
     :func:`inductor_triton_dir`: Inductor looks for its kernels there, not in Triton's)."""
 
     path: Path | None = None
 
-    def stage(self, fetched: Any) -> Callable[[], dict[str, Any]]:
-        from tunecache.contract import ArtifactKind
+    def preflight(self, run: Any, kind: ArtifactKind) -> tuple[bool | None, str]:
+        return True, (f"merged into {Path(self.path) if self.path is not None else triton_cache_dir()}, its group "
+                      "files pointed at this pod's paths")
 
+    def stage(self, fetched: Any) -> Commit:
         data = fetched.warm_state.get(ArtifactKind.TRITON_CACHE)
         if data is None:
             return dict

@@ -8,7 +8,9 @@ one module per role:
   from it) and :class:`EnvironmentMetadata` (FlashInfer's ``_metadata`` fields),
   :func:`differences` between two of them, :func:`expert_parallel_size`, the shared
   validators;
-* :mod:`.runs`: :class:`ArtifactKind` with its media types, :class:`RunStatus`,
+* :mod:`.kinds`: :class:`ArtifactKind` and :data:`KINDS`, each kind's facts
+  (:class:`KindFacts`: media type, signature needed, fetch option, packages it depends on);
+* :mod:`.runs`: :class:`RunStatus`,
   :class:`RunTrigger`; :class:`ArtifactCreate`, :class:`TuningRunCreate`,
   :class:`LookupRequest`, :class:`TuningRunQuery` (with the history's cursors),
   :class:`TuningRunRead`, :class:`TuningRunPage`, :class:`LookupMiss`,
@@ -55,9 +57,16 @@ from tunecache.contract.identity import (
     VARIANT_PATTERN,
     WholeNumber,
 )
+from tunecache.contract.kinds import (
+    ArtifactKind,
+    JSON_MEDIA_TYPE,
+    KINDS,
+    KindFacts,
+    kinds_where,
+    TAR_GZ_MEDIA_TYPE,
+)
 from tunecache.contract.runs import (
     ArtifactCreate,
-    ArtifactKind,
     ArtifactRead,
     ArtifactStored,
     ClosestTuning,
@@ -65,7 +74,6 @@ from tunecache.contract.runs import (
     encode_run_cursor,
     EntryChange,
     IsoDateTime,
-    JSON_MEDIA_TYPE,
     LookupMiss,
     LookupRequest,
     PromoteRequest,
@@ -80,7 +88,6 @@ from tunecache.contract.runs import (
     RunVerification,
     compiled_summary,
     TacticChange,
-    TAR_GZ_MEDIA_TYPE,
     TuningRunCreate,
     TuningRunDiff,
     TuningRunDiffSummary,
@@ -175,6 +182,9 @@ __all__ = [
     "JobOptionDifference",
     "JobStatus",
     "KEY_FIELDS",
+    "KINDS",
+    "KindFacts",
+    "kinds_where",
     "LookupMiss",
     "LookupRequest",
     "PromoteRequest",

@@ -36,56 +36,7 @@ from tunecache.contract.identity import (
     Variant,
     _storable_json,
 )
-
-
-class ArtifactKind(StrEnum):
-    """What an artifact of a run holds.
-
-    * ``flashinfer_autotune_v1``: FlashInfer's autotune cache file
-      (``flashinfer.autotuner.AutoTuner.save_configs``); every succeeded run has one.
-    * ``flashinfer_jit_module``: one FlashInfer JIT module (``cached_ops/<module>`` and
-      ``generated/<module>``) as a gzipped tarball with nanosecond file times.
-    * ``deep_gemm_jit_cache``: DeepGEMM's JIT cache directory as a gzipped tarball.
-    * ``vllm_flashinfer_autotune_v1``: one of vLLM's per-rank autotune files.
-    * ``flashinfer_autotune_v2_store``: FlashInfer's v2 store directory as a gzipped tarball.
-    * ``vllm_compile_cache``: vLLM's torch.compile cache (``$VLLM_CACHE_ROOT/torch_compile_cache/``:
-      the hashed directory and ``torch_aot_compile/<hash>/``) as a gzipped tarball; installed
-      under the directory names the pod's own vLLM computes (:mod:`tunecache.formats.vllm_compile`).
-    * ``vllm_modelinfos``: vLLM's model-inspection cache (``$VLLM_CACHE_ROOT/modelinfos/``) as a
-      gzipped tarball.
-    * ``triton_cache``: Triton's kernel cache (``TRITON_CACHE_DIR``) as a gzipped tarball.
-
-    The last three, with the JIT modules and the DeepGEMM cache, are the run's *warm state*:
-    what a boot compiles; a pod installs them only from a run signed by a trusted key.
-    """
-
-    FLASHINFER_AUTOTUNE = "flashinfer_autotune_v1"
-    FLASHINFER_JIT_MODULE = "flashinfer_jit_module"
-    DEEP_GEMM_JIT_CACHE = "deep_gemm_jit_cache"
-    VLLM_RANK_FILE = "vllm_flashinfer_autotune_v1"
-    FLASHINFER_V2_STORE = "flashinfer_autotune_v2_store"
-    VLLM_COMPILE_CACHE = "vllm_compile_cache"
-    VLLM_MODELINFOS = "vllm_modelinfos"
-    TRITON_CACHE = "triton_cache"
-
-    @property
-    def media_type(self) -> str:
-        """The media type its bytes are stored and served as."""
-        return _MEDIA_TYPES[self]
-
-
-JSON_MEDIA_TYPE = "application/json"
-TAR_GZ_MEDIA_TYPE = "application/gzip"
-_MEDIA_TYPES = {
-    ArtifactKind.FLASHINFER_AUTOTUNE: JSON_MEDIA_TYPE,
-    ArtifactKind.FLASHINFER_JIT_MODULE: TAR_GZ_MEDIA_TYPE,
-    ArtifactKind.DEEP_GEMM_JIT_CACHE: TAR_GZ_MEDIA_TYPE,
-    ArtifactKind.VLLM_RANK_FILE: JSON_MEDIA_TYPE,
-    ArtifactKind.FLASHINFER_V2_STORE: TAR_GZ_MEDIA_TYPE,
-    ArtifactKind.VLLM_COMPILE_CACHE: TAR_GZ_MEDIA_TYPE,
-    ArtifactKind.VLLM_MODELINFOS: TAR_GZ_MEDIA_TYPE,
-    ArtifactKind.TRITON_CACHE: TAR_GZ_MEDIA_TYPE,
-}
+from tunecache.contract.kinds import KINDS, ArtifactKind
 
 
 #: Largest FlashInfer autotune file (``flashinfer_autotune_v1`` artifact) the service reads,
@@ -190,12 +141,10 @@ class TuningRunCreate(BaseModel):
         names = [a.name for a in self.artifacts]
         if len(names) != len(set(names)):
             raise ValueError("artifact names must be unique within a run")
-        if self.status is RunStatus.SUCCEEDED and not any(
-            a.kind is ArtifactKind.FLASHINFER_AUTOTUNE for a in self.artifacts
-        ):
-            raise ValueError(
-                f"a succeeded run needs a {ArtifactKind.FLASHINFER_AUTOTUNE} artifact (FlashInfer's cache file)"
-            )
+        if self.status is RunStatus.SUCCEEDED:
+            for required in (kind for kind, facts in KINDS.items() if facts.required):
+                if not any(a.kind is required for a in self.artifacts):
+                    raise ValueError(f"a succeeded run needs a {required} artifact (FlashInfer's cache file)")
         if problems := self.key.unmatchable():
             raise ValueError("key." + "; key.".join(problems))
         if self.environment.gpu not in INDETERMINATE_VALUES and self.environment.gpu != self.key.gpu_name:

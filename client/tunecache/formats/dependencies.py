@@ -4,7 +4,8 @@ packages cannot use.
 A FlashInfer JIT module is a shared library linked against TVM-FFI (``apache-tvm-ffi``);
 Triton's kernels and Inductor's compiled graphs (vLLM's compile cache) are made by one Triton
 and one torch. A package bump that changes any of these silently drops or breaks what a run
-carries (tokenspeed#1033). The tuner records the versions of :data:`DISTRIBUTIONS` it ran
+carries (tokenspeed#1033). Each kind names its packages (``depends_on`` in
+:data:`tunecache.contract.KINDS`). The tuner records the versions of :data:`DISTRIBUTIONS` it ran
 with (``summary.dependencies``, signed with the run); a pod compares them with its own
 (``importlib.metadata.version``) and leaves out each kind whose packages differ, naming each
 difference (:func:`drift`). FlashInfer's own version is the environment's (a run of another
@@ -23,13 +24,13 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from tunecache.contract import ArtifactKind
+from tunecache.contract import KINDS, ArtifactKind
 
-#: Distributions whose version an artifact kind depends on (their distribution names).
+#: Distributions whose version an artifact kind depends on (their distribution names), each
+#: with the kinds that depend on it: :attr:`tunecache.contract.KindFacts.depends_on` turned around.
 DISTRIBUTIONS: dict[str, tuple[ArtifactKind, ...]] = {
-    "torch": (ArtifactKind.VLLM_COMPILE_CACHE,),
-    "triton": (ArtifactKind.VLLM_COMPILE_CACHE, ArtifactKind.TRITON_CACHE),
-    "apache-tvm-ffi": (ArtifactKind.FLASHINFER_JIT_MODULE,),
+    name: tuple(kind for kind, facts in KINDS.items() if name in facts.depends_on)
+    for name in sorted({name for facts in KINDS.values() for name in facts.depends_on})
 }
 #: What a version is recorded as where the distribution is not installed.
 NOT_INSTALLED = "(not installed)"

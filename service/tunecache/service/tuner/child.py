@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tunecache.contract import (
-    ArtifactKind,
     Stage,
     StageChanged,
     StageProgress,
@@ -41,6 +40,7 @@ from tunecache.contract import (
 )
 from tunecache.formats.dependencies import installed_versions
 from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage
+from tunecache.service.tuner.harvest import DeepGemmCacheHarvester, FlashInferFileHarvester
 from tunecache.service.tuner.guard import die_with_parent, hold_gpu_lock
 from tunecache.service.tuner.stages import STAGES, TunerStage, TuneSpec
 
@@ -59,11 +59,6 @@ def _events_stream() -> TextIO:
     return events
 
 
-def _autotune_artifact() -> dict[str, str]:
-    kind = ArtifactKind.FLASHINFER_AUTOTUNE
-    return {"kind": kind.value, "name": AUTOTUNE_FILE, "media_type": kind.media_type, "path": AUTOTUNE_FILE}
-
-
 def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
     import torch
 
@@ -73,7 +68,7 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
 
     from tunecache.formats.arch import arch_from_capability
     from tunecache.formats.autotune_file import parse_autotune_file
-    from tunecache.service.tuner.jit_artifacts import deep_gemm_artifact, harvest_flashinfer_jit, workspace_layout
+    from tunecache.service.tuner.jit_artifacts import harvest_flashinfer_jit, workspace_layout
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: this node cannot tune (it can still serve lookups)")
@@ -103,7 +98,7 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
     parsed = parse_autotune_file(cache.read_bytes(), source=str(cache))
     harvest_started = time.perf_counter()
     jit = harvest_flashinfer_jit(out_dir)
-    deep_gemm = deep_gemm_artifact(deep_gemm_cache, out_dir)
+    deep_gemm = DeepGemmCacheHarvester().harvest_directory(deep_gemm_cache, out_dir)
     emit(StageChanged(stage=Stage.HARVEST, status="done", seconds=round(time.perf_counter() - harvest_started, 3),
                       modules=[a["module"] for a in jit]))
     return {
@@ -117,7 +112,7 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
         "flashinfer_jit": workspace_layout(),
         "dependencies": installed_versions(),
         "artifacts": [
-            _autotune_artifact(),
+            FlashInferFileHarvester().artifact(AUTOTUNE_FILE),
             *({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in jit),
             *deep_gemm,
         ],
@@ -172,7 +167,7 @@ def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str
         "dependencies": installed_versions(),
         "vllm_compile": harvested["vllm_compile"],
         "artifacts": [
-            _autotune_artifact(),
+            FlashInferFileHarvester().artifact(AUTOTUNE_FILE),
             *harvested["artifacts"],
         ],
     }

@@ -9,13 +9,11 @@ so a node's cache of other models' modules is not shipped with this key.
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 from typing import Any
 
-from tunecache.contract import ArtifactKind
 from tunecache.formats.jit_module import jit_environment, module_tarball
+from tunecache.service.tuner.harvest import FlashInferJitHarvester
 
 
 def used_jit_modules(workspace: Path) -> list[str]:
@@ -56,41 +54,11 @@ def harvest_flashinfer_jit(out_dir: Path, modules: list[str] | None = None) -> l
     target = out_dir / "jit"
     target.mkdir(parents=True, exist_ok=True)
     artifacts = []
+    harvester = FlashInferJitHarvester()
     for module in (used_jit_modules(workspace) if modules is None else modules):
         (target / f"{module}.tar.gz").write_bytes(module_tarball(workspace, module))
-        artifacts.append({
-            "kind": ArtifactKind.FLASHINFER_JIT_MODULE.value,
-            "name": f"flashinfer-jit/{module}.tar.gz",
-            "media_type": ArtifactKind.FLASHINFER_JIT_MODULE.media_type,
-            "path": f"jit/{module}.tar.gz",
-            "module": module,
-        })
+        artifacts.append(harvester.module_artifact(module))
     return artifacts
-
-
-def tar_directory(directory: Path) -> bytes:
-    """Every file under ``directory`` (paths relative to it, sorted) as a gzipped tarball."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        for path in sorted(directory.rglob("*")):
-            if path.is_file():
-                tar.add(str(path), arcname=str(path.relative_to(directory)))
-    return raw.getvalue()
-
-
-#: The name of a run's DeepGEMM JIT cache among its artifacts.
-DEEP_GEMM_CACHE_NAME = "deep-gemm-jit-cache.tar.gz"
-
-
-def deep_gemm_artifact(cache_dir: Path, out_dir: Path) -> list[dict[str, Any]]:
-    """DeepGEMM's JIT cache directory (``DG_JIT_CACHE_DIR`` of the tuner) as one
-    ``deep_gemm_jit_cache`` artifact written to ``out_dir``; ``[]`` when DeepGEMM compiled
-    nothing there. Returns artifact descriptions (``path`` relative to ``out_dir``)."""
-    if not cache_dir.is_dir() or not any(p.is_file() for p in cache_dir.rglob("*")):
-        return []
-    (out_dir / DEEP_GEMM_CACHE_NAME).write_bytes(tar_directory(cache_dir))
-    kind = ArtifactKind.DEEP_GEMM_JIT_CACHE
-    return [{"kind": kind.value, "name": DEEP_GEMM_CACHE_NAME, "media_type": kind.media_type, "path": DEEP_GEMM_CACHE_NAME}]
 
 
 def workspace_layout() -> dict[str, str]:

@@ -47,18 +47,23 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from tunecache.contract import ArtifactKind
 from tunecache.contract.identity import KEY_ENGINE_ARGS
-from tunecache.formats.vllm_compile import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
-from tunecache.service.tuner.jit_artifacts import built_since, deep_gemm_artifact, harvest_flashinfer_jit, tar_directory
+from tunecache.service.tuner.harvest import (
+    COMPILE_FACTS_FILE,
+    HARVESTERS,
+    Artifact,
+    DeepGemmCacheHarvester,
+    FlashInferV2StoreHarvester,
+    VllmRankFilesHarvester,
+)
+from tunecache.service.tuner.jit_artifacts import built_since, harvest_flashinfer_jit
 from tunecache.service.tuner.stages import TuneSpec
 
 _RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
@@ -94,8 +99,6 @@ Path(sys.argv[2]).write_text(json.dumps(used))
 
 #: Where the script writes the names of the JIT modules its engine used (in ``scratch``).
 _USED_MODULES = "flashinfer-jit-used.json"
-#: Where the script writes :func:`compile_facts` of its engine (in ``scratch``).
-_COMPILE_FACTS = "compile-facts.json"
 
 
 def watch_traced_files() -> set[str]:
@@ -207,10 +210,11 @@ def variant_engine_args(args: dict[str, Any]) -> dict[str, Any]:
 def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """The command line and environment additions that run vLLM's warmup for ``spec``.
 
-    ``scratch`` receives ``model/config.json`` (the spec's HF config, so no hub access),
-    ``vllm-cache/`` (``VLLM_CACHE_ROOT``), ``flashinfer-autotune/``
-    (``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``), ``deep_gemm/`` (``DG_JIT_CACHE_DIR``) and
-    ``triton/`` (``TRITON_CACHE_DIR``).
+    ``scratch`` receives ``model/config.json`` (the spec's HF config, so no hub access) and
+    the directories every kind's harvester points its tool at (:meth:`tunecache.service.tuner.harvest.Harvester.environment`:
+    ``vllm-cache/`` for ``VLLM_CACHE_ROOT``, ``flashinfer-autotune/`` for
+    ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``, ``deep_gemm/`` for ``DG_JIT_CACHE_DIR``, ``triton/``
+    for ``TRITON_CACHE_DIR``).
     The model is loaded with ``load_format="dummy"`` and ``skip_tokenizer_init=True``,
     with the node's :func:`node_engine_args` added and the spec's variant arguments
     (``spec.engine_args``) over them.
@@ -236,14 +240,9 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
     if spec.deployment.quantization != "auto":
         llm_args["quantization"] = spec.deployment.quantization
     llm_args.update(extra)
-    env = {
-        "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
-        "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(scratch / "flashinfer-autotune"),
-        "DG_JIT_CACHE_DIR": str(scratch / "deep_gemm"),
-        "TRITON_CACHE_DIR": str(scratch / "triton"),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }
-    return [python, "-c", _SCRIPT, json.dumps(llm_args), str(scratch / _USED_MODULES), str(scratch / _COMPILE_FACTS)], env
+    env = {name: value for harvester in HARVESTERS.values() for name, value in harvester().environment(scratch).items()}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return [python, "-c", _SCRIPT, json.dumps(llm_args), str(scratch / _USED_MODULES), str(scratch / COMPILE_FACTS_FILE)], env
 
 
 def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
@@ -255,9 +254,10 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
     0.25's single ``autotune_configs.json`` is rank ``(0, 0)``'s), the v2 store and the
     DeepGEMM cache as tarballs. Artifact ``path`` values are relative to ``out_dir``.
     """
-    artifacts: list[dict[str, Any]] = []
+    artifacts: list[Artifact] = []
     rank_files: list[tuple[int, int, Path]] = []
-    root = scratch / "flashinfer-autotune"
+    harvester = VllmRankFilesHarvester()
+    root = scratch / harvester.scratch_dir
     for path in sorted(root.glob("*/autotune_configs_dp*_rank*.json")):
         match = _RANK_FILE.match(path.name)
         if not match:
@@ -267,9 +267,7 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())
         rank_files.append((dp, rank, target))
-        kind = ArtifactKind.VLLM_RANK_FILE
-        artifacts.append({"kind": kind.value, "name": f"vllm/{path.parent.name}/{path.name}",
-                          "media_type": kind.media_type, "path": str(target.relative_to(out_dir))})
+        artifacts.append(harvester.artifact(f"vllm/{path.parent.name}/{path.name}", str(target.relative_to(out_dir))))
     if not rank_files:  # vLLM 0.25: one file of a single-process engine
         single = sorted(root.glob("*/autotune_configs.json"))
         if single:
@@ -277,12 +275,8 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(single[0].read_bytes())
             rank_files.append((0, 0, target))
-    v2 = root / "v2"
-    if v2.is_dir() and any(p.is_file() for p in v2.rglob("*")):
-        kind, name = ArtifactKind.FLASHINFER_V2_STORE, "flashinfer-autotune-v2.tar.gz"
-        (out_dir / name).write_bytes(tar_directory(v2))
-        artifacts.append({"kind": kind.value, "name": name, "media_type": kind.media_type, "path": name})
-    artifacts.extend(deep_gemm_artifact(scratch / "deep_gemm", out_dir))
+    for tarball in (FlashInferV2StoreHarvester(), DeepGemmCacheHarvester()):
+        artifacts.extend(tarball.harvest(scratch, out_dir)[0])
     rank_files.sort()
     return {
         "autotune_file": rank_files[0][2] if rank_files else None,
@@ -291,79 +285,24 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
     }
 
 
-#: Artifact names of the warm state's tarballs.
-COMPILE_CACHE_NAME = "vllm-compile-cache.tar.gz"
-MODELINFOS_NAME = "vllm-modelinfos.tar.gz"
-TRITON_CACHE_NAME = "triton-cache.tar.gz"
+def harvest_warm_state(scratch: Path, out_dir: Path) -> tuple[list[Artifact], dict[str, Any]]:
+    """The warm-state kinds (``fetch_option`` ``warm_state`` in :data:`tunecache.contract.KINDS`:
+    vLLM's compile cache, its model-inspection cache, Triton's cache) under ``scratch``
+    (:func:`vllm_command`) as artifacts in ``out_dir``, each by its harvester, in
+    :data:`tunecache.service.tuner.harvest.HARVESTERS`' order.
 
-
-def harvest_warm_state(scratch: Path, out_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """vLLM's compile cache, its model-inspection cache and Triton's cache under ``scratch``
-    (:func:`vllm_command`) as artifacts in ``out_dir``, with the compile cache's factors.
-
-    The compile cache's tarball holds ``torch_compile_cache/``'s directories and, at its root,
-    :data:`tunecache.formats.vllm_compile.FACTORS_FILE`: the node's
-    :class:`~tunecache.formats.vllm_compile.CompileFactors` (from the backbone's
-    ``cache_key_factors.json``, as vLLM wrote it when it compiled, and the engine's
-    :func:`compile_facts`), so that what decides where a pod puts it is signed with it.
-
-    Returns the artifacts and the run summary's ``vllm_compile`` (the factors, with
-    ``names_checked``: whether they give the directory names vLLM made; ``{}`` when vLLM
-    compiled nothing).
+    Returns the artifacts and the run summary's ``vllm_compile`` (the compile cache's factors,
+    :class:`tunecache.service.tuner.harvest.CompileCacheHarvester`; ``{}`` when vLLM compiled nothing).
     """
-    artifacts: list[dict[str, Any]] = []
+    artifacts: list[Artifact] = []
     summary: dict[str, Any] = {}
-    cache = scratch / "vllm-cache"
-    compiled = cache / "torch_compile_cache"
-    if compiled.is_dir() and any(p.is_file() for p in compiled.rglob("*")):
-        factors = _compile_factors(scratch, compiled)
-        with tempfile.TemporaryDirectory() as staged:
-            tree = Path(staged) / "tree"
-            shutil.copytree(compiled, tree, symlinks=True)
-            if factors is not None:
-                (tree / FACTORS_FILE).write_text(factors.model_dump_json(indent=1))
-            (out_dir / COMPILE_CACHE_NAME).write_bytes(tar_directory(tree))
-        artifacts.append(_artifact(ArtifactKind.VLLM_COMPILE_CACHE, COMPILE_CACHE_NAME))
-        if factors is not None:
-            checked = node_dir_names(factors)
-            summary = {**factors.model_dump(mode="json"), "names_checked": {
-                "backbone": checked.get("backbone") == factors.backbone_dir,
-                "aot": checked.get("aot") == factors.aot_dir}}
-    for kind, directory, name in ((ArtifactKind.VLLM_MODELINFOS, cache / "modelinfos", MODELINFOS_NAME),
-                                  (ArtifactKind.TRITON_CACHE, scratch / "triton", TRITON_CACHE_NAME)):
-        if directory.is_dir() and any(p.is_file() for p in directory.rglob("*")):
-            (out_dir / name).write_bytes(tar_directory(directory))
-            artifacts.append(_artifact(kind, name))
-    return artifacts, summary
-
-
-def _artifact(kind: ArtifactKind, name: str) -> dict[str, Any]:
-    return {"kind": kind.value, "name": name, "media_type": kind.media_type, "path": name}
-
-
-def _compile_factors(scratch: Path, compiled: Path) -> CompileFactors | None:
-    """The node's :class:`CompileFactors`: the backbone directory's ``cache_key_factors.json``
-    (rank 0's) and the engine's :func:`compile_facts`; ``None`` when either is missing."""
-    metas = sorted(p for p in compiled.glob("*/rank_*/*/cache_key_factors.json") if p.parts[-4] != AOT_DIR)
-    aot = sorted(p.name for p in (compiled / AOT_DIR).iterdir() if p.is_dir()) if (compiled / AOT_DIR).is_dir() else []
-    try:
-        facts = json.loads((scratch / _COMPILE_FACTS).read_text())
-        meta = json.loads(metas[0].read_text()) if metas else None
-    except (OSError, ValueError):
-        return None
-    if meta is None or "error" in facts:
-        print(f"tunecache: compile factors not recorded: {facts.get('error', 'no cache_key_factors.json')}",
-              file=sys.stderr)
-        return None
-    return CompileFactors(
-        vllm_version=facts["vllm_version"], env=meta["env"], config_hash=meta["config_hash"],
-        config_hashes=facts.get("config_hashes", {}), model=facts["model"], code_hash=meta.get("code_hash"),
-        compiler_hash=meta.get("compiler_hash"),
-        traced_files={p: d for p, d in file_digests(facts.get("traced_files", [])).items() if d is not None},
-        aot_extra=facts.get("aot_extra", []), model_hash_key=facts.get("model_hash_key"),
-        backbone_dir=metas[0].parts[-4], aot_dir=aot[0] if len(aot) == 1 else None,
-        variant_factors=facts.get("variant_factors"),
-    )
+    for kind, harvester in HARVESTERS.items():
+        if kind.facts.fetch_option != "warm_state":
+            continue
+        found, fields = harvester().harvest(scratch, out_dir)
+        artifacts.extend(found)
+        summary.update(fields)
+    return artifacts, summary.get("vllm_compile", {})
 
 
 def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = sys.executable) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from tunecache.formats.vllm_compile import (
     env_hash,
     node_dir_names,
 )
-from tunecache.service.tuner.vllm_warmup import COMPILE_CACHE_NAME, MODELINFOS_NAME, TRITON_CACHE_NAME, harvest_warm_state
+from tunecache.service.tuner.vllm_warmup import harvest_warm_state
 
 ENV = {"VLLM_USE_AOT_COMPILE": True}
 CONFIG_HASH, CODE_HASH, COMPILER_HASH, MODEL_KEY = "c" * 64, "d" * 64, "e" * 64, "k" * 64
@@ -82,7 +82,8 @@ def pod(config_hash: str = "p" * 64, **changes) -> PodCompileFactors:
 def test_the_harvest_stores_each_kind_with_the_factors_signed_inside(tmp_path):
     artifacts, summary, fetched, backbone, aot = harvested(tmp_path)
     assert [(a["kind"], a["name"]) for a in artifacts] == [
-        ("vllm_compile_cache", COMPILE_CACHE_NAME), ("vllm_modelinfos", MODELINFOS_NAME), ("triton_cache", TRITON_CACHE_NAME)]
+        ("vllm_compile_cache", "vllm-compile-cache.tar.gz"), ("vllm_modelinfos", "vllm-modelinfos.tar.gz"),
+        ("triton_cache", "triton-cache.tar.gz")]
     factors = read_compile_factors(fetched.warm_state[ArtifactKind.VLLM_COMPILE_CACHE])
     assert (factors.backbone_dir, factors.aot_dir, factors.model, factors.model_hash_key) == (backbone, aot, NODE_MODEL,
                                                                                               MODEL_KEY)

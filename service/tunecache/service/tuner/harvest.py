@@ -1,0 +1,239 @@
+"""The tuner's harvesters: what a warmup wrote, as artifacts, one class per artifact kind,
+registered against the contract's kinds (:data:`tunecache.contract.KINDS`).
+
+A harvester is one kind's tuner-side half: where the vLLM warmup points the tool that writes
+the kind (:meth:`Harvester.environment`: the variable and the directory under the warmup's
+scratch, :func:`tunecache.service.tuner.vllm_warmup.vllm_command`), and how what it wrote
+becomes artifact descriptions in the run's output directory
+(``{"kind", "name", "media_type", "path"}``, ``path`` relative to it; :meth:`Harvester.artifact`).
+A kind that is one directory stored as one tarball is a :class:`DirectoryTarball` with its
+directory and variable; the warm-state kinds harvest alike (:meth:`Harvester.harvest`), so
+the vLLM warmup iterates them (:func:`tunecache.service.tuner.vllm_warmup.harvest_warm_state`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from tunecache.contract import ArtifactKind
+from tunecache.formats.vllm_compile import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
+
+#: An artifact description: ``kind``, ``name``, ``media_type``, ``path`` (relative to the output directory).
+Artifact = dict[str, Any]
+
+
+class Harvester:
+    """Base of every harvester: its kind, and where the vLLM warmup points what writes it."""
+
+    kind: ClassVar[ArtifactKind]
+
+    def environment(self, scratch: Path) -> dict[str, str]:
+        """The variables that point the writing tool into ``scratch`` (``{}``: another
+        kind's variable does, or the tool writes where tunecache asks it in-process)."""
+        return {}
+
+    def artifact(self, name: str | None = None, path: str | None = None) -> Artifact:
+        """The description of an artifact of this kind named ``name`` (default: the kind's
+        ``artifact_name``), its bytes at ``path`` in the output directory (default: ``name``)."""
+        name = name or self.kind.facts.artifact_name
+        return {"kind": self.kind.value, "name": name, "media_type": self.kind.media_type, "path": path or name}
+
+    def harvest(self, scratch: Path, out_dir: Path) -> tuple[list[Artifact], dict[str, Any]]:
+        """What the vLLM warmup's tool wrote under ``scratch``, as artifacts written to
+        ``out_dir``, and the run summary's fields this kind adds (``{}``: none)."""
+        raise NotImplementedError(f"{self.kind} is harvested by its warmup's own steps")
+
+
+#: The harvester class of each artifact kind.
+HARVESTERS: dict[ArtifactKind, type[Harvester]] = {}
+
+H = TypeVar("H", bound=type[Harvester])
+
+
+def harvests(kind: ArtifactKind) -> Callable[[H], H]:
+    """Class decorator: the class harvests ``kind``.
+
+    Raises:
+        ValueError: ``kind`` has a harvester already.
+    """
+
+    def register(cls: H) -> H:
+        if kind in HARVESTERS:
+            raise ValueError(f"{kind} has a harvester already: {HARVESTERS[kind].__name__}")
+        cls.kind = kind
+        HARVESTERS[kind] = cls
+        return cls
+
+    return register
+
+
+def tar_directory(directory: Path) -> bytes:
+    """Every file under ``directory`` (paths relative to it, sorted) as a gzipped tarball."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file():
+                tar.add(str(path), arcname=str(path.relative_to(directory)))
+    return raw.getvalue()
+
+
+def has_files(directory: Path) -> bool:
+    """``directory`` exists and holds a file somewhere under it."""
+    return directory.is_dir() and any(p.is_file() for p in directory.rglob("*"))
+
+
+class DirectoryTarball(Harvester):
+    """A kind that is one directory its tool wrote, stored as one tarball (the kind's
+    ``artifact_name``), none when the tool wrote nothing there."""
+
+    #: Where the vLLM warmup has the tool write, under its scratch directory.
+    scratch_dir: ClassVar[str]
+    #: The variable that points the tool there (``None``: it lies under another kind's directory).
+    variable: ClassVar[str | None] = None
+
+    def environment(self, scratch: Path) -> dict[str, str]:
+        return {self.variable: str(scratch / self.scratch_dir)} if self.variable else {}
+
+    def harvest_directory(self, directory: Path, out_dir: Path) -> list[Artifact]:
+        """``directory`` as this kind's one artifact in ``out_dir``; ``[]`` when it holds no file."""
+        if not has_files(directory):
+            return []
+        (out_dir / self.kind.facts.artifact_name).write_bytes(tar_directory(directory))
+        return [self.artifact()]
+
+    def harvest(self, scratch: Path, out_dir: Path) -> tuple[list[Artifact], dict[str, Any]]:
+        return self.harvest_directory(scratch / self.scratch_dir, out_dir), {}
+
+
+@harvests(ArtifactKind.FLASHINFER_AUTOTUNE)
+class FlashInferFileHarvester(Harvester):
+    """FlashInfer's autotune file: written into the output directory by FlashInfer itself
+    (the stages warmup's ``flashinfer.autotune(True, cache=...)``) or copied there from the
+    lowest rank's file (the vLLM warmup); described by :meth:`artifact` with its name."""
+
+
+@harvests(ArtifactKind.VLLM_RANK_FILE)
+class VllmRankFilesHarvester(Harvester):
+    """vLLM's per-rank v1 files ``<VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR>/<hash>/autotune_configs_dp{dp}_rank{rank}.json``,
+    each an artifact named ``vllm/<hash>/<file>`` (:func:`tunecache.service.tuner.vllm_warmup.harvest_vllm_cache`
+    picks the run's FlashInfer file among them)."""
+
+    scratch_dir = "flashinfer-autotune"
+
+    def environment(self, scratch: Path) -> dict[str, str]:
+        return {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(scratch / self.scratch_dir)}
+
+
+@harvests(ArtifactKind.FLASHINFER_JIT_MODULE)
+class FlashInferJitHarvester(Harvester):
+    """FlashInfer's JIT modules, one tarball each
+    (:func:`tunecache.service.tuner.jit_artifacts.harvest_flashinfer_jit`: which modules is the
+    warmup's to say); each named ``flashinfer-jit/<module>.tar.gz``."""
+
+    def module_artifact(self, module: str) -> Artifact:
+        """The description of module ``module``'s tarball (at ``jit/<module>.tar.gz``), with its ``module``."""
+        return {**self.artifact(f"flashinfer-jit/{module}.tar.gz", f"jit/{module}.tar.gz"), "module": module}
+
+
+@harvests(ArtifactKind.DEEP_GEMM_JIT_CACHE)
+class DeepGemmCacheHarvester(DirectoryTarball):
+    """DeepGEMM's JIT cache directory (``DG_JIT_CACHE_DIR``; the stages warmup points it into
+    its output directory, :meth:`harvest_directory` of that)."""
+
+    scratch_dir = "deep_gemm"
+    variable = "DG_JIT_CACHE_DIR"
+
+
+@harvests(ArtifactKind.FLASHINFER_V2_STORE)
+class FlashInferV2StoreHarvester(DirectoryTarball):
+    """FlashInfer's v2 store, ``<VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR>/v2/``."""
+
+    scratch_dir = "flashinfer-autotune/v2"
+
+
+#: Where the vLLM warmup's script writes its engine's compile facts (in its scratch directory).
+COMPILE_FACTS_FILE = "compile-facts.json"
+
+
+@harvests(ArtifactKind.VLLM_COMPILE_CACHE)
+class CompileCacheHarvester(Harvester):
+    """vLLM's torch.compile cache (``$VLLM_CACHE_ROOT/torch_compile_cache/``) with, at the
+    tarball's root, :data:`tunecache.formats.vllm_compile.FACTORS_FILE`: the node's
+    :class:`~tunecache.formats.vllm_compile.CompileFactors` (from the backbone's
+    ``cache_key_factors.json``, as vLLM wrote it when it compiled, and the engine's
+    :func:`tunecache.service.tuner.vllm_warmup.compile_facts`), so that what decides where a
+    pod puts it is signed with it. Adds the run summary's ``vllm_compile``: the factors, with
+    ``names_checked`` (whether they give the directory names vLLM made)."""
+
+    cache_root = "vllm-cache"
+
+    def environment(self, scratch: Path) -> dict[str, str]:
+        return {"VLLM_CACHE_ROOT": str(scratch / self.cache_root)}
+
+    def harvest(self, scratch: Path, out_dir: Path) -> tuple[list[Artifact], dict[str, Any]]:
+        compiled = scratch / self.cache_root / "torch_compile_cache"
+        if not has_files(compiled):
+            return [], {}
+        factors = self._factors(scratch, compiled)
+        with tempfile.TemporaryDirectory() as staged:
+            tree = Path(staged) / "tree"
+            shutil.copytree(compiled, tree, symlinks=True)
+            if factors is not None:
+                (tree / FACTORS_FILE).write_text(factors.model_dump_json(indent=1))
+            (out_dir / self.kind.facts.artifact_name).write_bytes(tar_directory(tree))
+        if factors is None:
+            return [self.artifact()], {}
+        checked = node_dir_names(factors)
+        return [self.artifact()], {"vllm_compile": {**factors.model_dump(mode="json"), "names_checked": {
+            "backbone": checked.get("backbone") == factors.backbone_dir,
+            "aot": checked.get("aot") == factors.aot_dir}}}
+
+    @staticmethod
+    def _factors(scratch: Path, compiled: Path) -> CompileFactors | None:
+        """The node's :class:`CompileFactors`: the backbone directory's ``cache_key_factors.json``
+        (rank 0's) and the engine's compile facts (:data:`COMPILE_FACTS_FILE`); ``None`` when
+        either is missing."""
+        metas = sorted(p for p in compiled.glob("*/rank_*/*/cache_key_factors.json") if p.parts[-4] != AOT_DIR)
+        aot = sorted(p.name for p in (compiled / AOT_DIR).iterdir() if p.is_dir()) if (compiled / AOT_DIR).is_dir() else []
+        try:
+            facts = json.loads((scratch / COMPILE_FACTS_FILE).read_text())
+            meta = json.loads(metas[0].read_text()) if metas else None
+        except (OSError, ValueError):
+            return None
+        if meta is None or "error" in facts:
+            print(f"tunecache: compile factors not recorded: {facts.get('error', 'no cache_key_factors.json')}",
+                  file=sys.stderr)
+            return None
+        return CompileFactors(
+            vllm_version=facts["vllm_version"], env=meta["env"], config_hash=meta["config_hash"],
+            config_hashes=facts.get("config_hashes", {}), model=facts["model"], code_hash=meta.get("code_hash"),
+            compiler_hash=meta.get("compiler_hash"),
+            traced_files={p: d for p, d in file_digests(facts.get("traced_files", [])).items() if d is not None},
+            aot_extra=facts.get("aot_extra", []), model_hash_key=facts.get("model_hash_key"),
+            backbone_dir=metas[0].parts[-4], aot_dir=aot[0] if len(aot) == 1 else None,
+            variant_factors=facts.get("variant_factors"),
+        )
+
+
+@harvests(ArtifactKind.VLLM_MODELINFOS)
+class ModelInfosHarvester(DirectoryTarball):
+    """vLLM's model-inspection cache, ``$VLLM_CACHE_ROOT/modelinfos/`` (the compile cache's
+    harvester points ``VLLM_CACHE_ROOT``)."""
+
+    scratch_dir = f"{CompileCacheHarvester.cache_root}/modelinfos"
+
+
+@harvests(ArtifactKind.TRITON_CACHE)
+class TritonCacheHarvester(DirectoryTarball):
+    """Triton's kernel cache (``TRITON_CACHE_DIR``)."""
+
+    scratch_dir = "triton"
+    variable = "TRITON_CACHE_DIR"
