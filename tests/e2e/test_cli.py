@@ -639,3 +639,4 @@ def test_doctor_says_an_unsigned_run_will_not_load_where_pods_trust_keys(server,
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert bad.stderr.startswith("tunecache: error: TUNECACHE_TRUSTED_KEYS") and "TUNECACHE_TRUSTED_KEYS: TUNECACHE" \
         not in bad.stderr
+
