@@ -894,6 +894,44 @@ def promote(
                + (f", signed anew by {run.signature.key_id}" if signature is not None and run.signature else ""))
 
 
+@app.command()
+def pin(
+    server: ServerOpt,
+    run_id: Annotated[int, typer.Argument(min=1, help="the run to keep (history lists them)")],
+) -> None:
+    """Pin a run, so that retention (TUNECACHE_RUN_RETENTION) never deletes it, however many
+    runs of its key come after it: a known-good run to roll back to (needs an admin token).
+
+    Pinning a pinned run changes nothing. Exit 5 when there is no such run (or retention
+    already deleted it).
+    """
+    _set_pin(server, run_id, pinned=True)
+
+
+@app.command()
+def unpin(
+    server: ServerOpt,
+    run_id: Annotated[int, typer.Argument(min=1, help="the pinned run (history lists them)")],
+) -> None:
+    """Unpin a run: retention keeps or deletes it as any other run from its next pass (needs
+    an admin token).
+
+    Unpinning a run that is not pinned changes nothing. Exit 5 when there is no such run.
+    """
+    _set_pin(server, run_id, pinned=False)
+
+
+def _set_pin(server: str, run_id: int, pinned: bool) -> None:
+    """Pin or unpin a run and say what retention now does with it."""
+    with client_for(server) as client:
+        try:
+            run = client.pin_run(run_id) if pinned else client.unpin_run(run_id)
+        except TunecacheError as exc:
+            client_errors(exc)
+    said = "pinned: retention never deletes it" if pinned else "unpinned: retention keeps or deletes it as any other run"
+    typer.echo(f"run {run.id} of {run.key.model} on {run.key.gpu_name} is {said}")
+
+
 token_app = typer.Typer(help="Bearer tokens of a tunecache service (needs an admin token).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
