@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pack what tunecache needs on a GPU machine that has torch (2.11, CUDA 13) but no network
 # and none of the project's other dependencies: FlashInfer 0.7.4 with its stack and the
-# client's and server's dependencies, as cp312 manylinux wheels unpacked into one tarball.
+# client's and server's dependencies, as cp312 manylinux wheels unpacked into one tarball, with
+# the metadata of tunecache's two distributions.
 #
 # Usage, from the repository root:  scripts/gpu_bundle.sh [EXTRA_REQUIREMENT ...]
 # Output:                           .gpu/site.tar.xz (keep /.gpu/ out of git)
@@ -29,6 +30,11 @@ project=(httpx tenacity pydantic pydantic-settings typer rich fastapi uvicorn sq
 python3 -m pip download -q "${plat[@]}" -d "$work/whl" "${project[@]}"
 mkdir -p "$work/site" "$out"
 for w in "$work"/whl/*.whl; do (cd "$work/site" && python3 -m zipfile -e "$w" .); done
+# tunecache's own two distributions, their metadata only (dist-info: entry points, versions),
+# so that `python -m tunecache.cli` finds the server's commands by their entry point; the code
+# comes from the checkout's source roots on PYTHONPATH, never from the bundle.
+python3 -m pip wheel -q --no-deps -w "$work/tc" ./client .
+for w in "$work"/tc/*.whl; do (cd "$work/site" && python3 -m zipfile -e "$w" . && rm -rf tunecache); done
 tar -C "$work/site" -cf - . | xz -T0 -6 > "$out/site.tar.xz"
 size=$(stat -c %s "$out/site.tar.xz")
 echo "$out/site.tar.xz: $((size / 1048576)) MiB ($(ls "$work/whl" | wc -l) wheels)"

@@ -37,7 +37,7 @@ VERIFY_TOKENS = (1, 3, 16, 100, 256, 700, 1024, 2000, 3000, 4096, 6000, 8192)
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tunecache.service", *args]
+    return [sys.executable, "-m", "tunecache.cli", *args]
 
 
 def timed(command: list[str], log: Path) -> tuple[float, subprocess.CompletedProcess]:

@@ -39,7 +39,7 @@ VERIFY_TOKENS = (1, 16, 128, 1000, 4096, 8192)
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tunecache.service", *args]
+    return [sys.executable, "-m", "tunecache.cli", *args]
 
 
 def run_logged(command: list[str], log: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:

@@ -1,79 +1,38 @@
-"""``tunecache`` command line (typer).
+"""``tunecache`` command line (typer): the pod commands, and the whole command.
 
-``tunecache-client`` brings the pod commands (``pull``, ``push``, ``doctor``, ``retune``).
-Other distributions add commands through the ``tunecache.cli`` entry-point group: each
-entry is a function that takes the typer app and registers its commands on it
-(``tunecache-server`` adds ``serve``, ``db`` and ``tune``). This module never imports
-them by name: with only the client installed, ``tunecache --help`` lists the pod commands.
+``tunecache-client`` brings the pod commands (``pull``, ``push``, ``doctor``, ``retune``,
+...), built with the command kit (:mod:`tunecache.cli_kit`: the root app, exit codes,
+shared options). Other distributions add commands through the ``tunecache.cli``
+entry-point group: each entry is a function that takes the typer app and registers its
+commands on it (``tunecache-server`` adds ``serve``, ``db``, ``prune`` and ``tune``). This
+module never imports them by name: with only the client installed, ``tunecache --help``
+lists the pod commands. ``python -m tunecache.cli`` runs the whole command as the
+``tunecache`` console script does (:func:`main`).
 
-Exit codes (also in docs/pods.md):
-
-====  =====================================================================
-0     success (``pull``: tuning installed)
-1     unexpected error
-2     usage error (bad or missing option)
-3     no compatible tuning on the server (``pull``); the closest ones are printed
-4     server unreachable (connection refused, DNS, timeout), or ``pull``: the install
-      deadline (``TUNECACHE_INSTALL_DEADLINE``) passed; nothing was installed
-5     the server answered with an error (4xx/5xx other than a lookup miss)
-6     downloaded artifact corrupt (sha256 mismatch); nothing was installed
-7     bad input file (not a FlashInfer autotune file, unreadable environment file,
-      bad model config)
-8     tuning failed (``tune``): the tuner process reported an error, died, or timed out
-9     database not usable (schema out of date: run ``tunecache db upgrade``; unreachable;
-      bad URL)
-10    ``retune --wait``: the job did not finish within ``--wait-timeout`` (it goes on)
-11    ``serve`` could not start listening (address in use, bad host)
-12    ``pull``: the install could not be written (disk full, permissions); nothing was
-      left half-written
-13    not authorised: no token, or one that is unknown, revoked, or of too small a scope
-      (HTTP 401/403); or a token would travel in clear text to another machine
-14    ``pull``: the run is not signed by a trusted key (``TUNECACHE_TRUSTED_KEYS``) or its
-      bytes do not match its signed manifest; nothing was installed
-15    ``retune``: a job for the key is already queued or running with other options (its
-      id and each difference are printed); ``job cancel``: the job already succeeded or
-      failed; ``promote``: the run cannot be current (failed, a pod's, or not signed by a
-      key the service trusts)
-16    ``retune --wait``: the job was cancelled (``tunecache job cancel``) before it finished
-17    ``retune --require-worker``: no live GPU worker for the key's GPU; nothing was queued
-18    ``diff --fail-on-regression``: a changed entry is slower beyond its recorded margin
-====  =====================================================================
+Exit codes: :class:`tunecache.cli_kit.ExitCode` (also in docs/pods.md).
 """
 
-from __future__ import annotations
-
-import dataclasses
 import datetime as dt
 import enum
 import hashlib
-import functools
-import importlib.metadata
 import inspect
 import json
 import re
 import socket
 import sys
 import time
-from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from pydantic import ValidationError
 
+from tunecache import cli_kit
 from tunecache.client.autotune_file import pushed_run
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
-from tunecache.client.http import (
-    ArtifactCorrupt,
-    InsecureTransport,
-    InstallDeadlineExceeded,
-    JobConflictError,
-    ServerError,
-    ServerUnreachable,
-    TunecacheClient,
-)
+from tunecache.client.http import InsecureTransport, JobConflictError, ServerError, TunecacheClient
 from tunecache.client.install import (
     FlashInferFile,
     FlashInferV2Store,
@@ -97,249 +56,61 @@ from tunecache.contract import (
     JobStatus,
     ReportSource,
     RunTrigger,
-    DeploymentKey,
     Scope,
     TokenCreate,
     TuningJobCreate,
     TuningKey,
     TuningRunDiff,
     TuningRunQuery,
-    expert_parallel_size,
+)
+from tunecache.cli_kit import (
+    EngineArgsOpt,
+    ExitCode,
+    GemmBackendsOpt,
+    KeyOptions,
+    ServerOpt,
+    StagesOpt,
+    client_errors,
+    csv_option,
+    engine_args_option,
+    fail,
+    first_error,
+    given_token,
+    key_options,
+    new_app,
+    with_options,
 )
 from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_signing_key, load_trusted_keys, sign_run
 from tunecache.store import NoCompatibleTuning, TunecacheError
 
 #: Entry-point group through which other distributions add commands to ``tunecache``.
+
 COMMAND_PLUGINS_GROUP = "tunecache.cli"
 
 
-class ExitCode(enum.IntEnum):
-    OK = 0
-    UNEXPECTED = 1
-    USAGE = 2
-    NO_COMPATIBLE_TUNING = 3
-    SERVER_UNREACHABLE = 4
-    SERVER_ERROR = 5
-    ARTIFACT_CORRUPT = 6
-    BAD_INPUT = 7
-    TUNING_FAILED = 8
-    DATABASE = 9
-    WAIT_TIMEOUT = 10
-    SERVE_FAILED = 11
-    INSTALL_FAILED = 12
-    NOT_AUTHORISED = 13
-    UNTRUSTED_RUN = 14
-    JOB_CONFLICT = 15
-    JOB_CANCELLED = 16
-    NO_WORKER = 17
-    REGRESSION = 18
 
+app = new_app()
 
-app = typer.Typer(
-    name="tunecache",
-    help="Persistent autotune cache for LLM inference fleets: tune once per GPU node, install on every pod.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    # -h as well as --help, on every command (sub-apps and commands inherit the context settings)
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-
-def fail(code: ExitCode, message: str) -> NoReturn:
-    """Print ``tunecache: error: <message>`` to stderr and exit with ``code``."""
-    typer.echo(f"tunecache: error: {message}", err=True)
-    raise typer.Exit(int(code))
-
-
-ServerOpt = Annotated[str, typer.Option("--server", envvar="TUNECACHE_URL", help="tunecache server URL")]
-ModelOpt = Annotated[str, typer.Option("--model", help="model name as given to vLLM (--model)")]
-MnbtOpt = Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="vLLM's max_num_batched_tokens")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="vLLM's --dtype ('auto': as the checkpoint says)")]
-QuantOpt = Annotated[str, typer.Option("--quantization", help="vLLM's --quantization ('auto': as the checkpoint says)")]
-TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1, help="tensor-parallel size")]
-DpOpt = Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1, help="vLLM's data-parallel size (it shards MoE layers)")]
-EpOpt = Annotated[bool, typer.Option("--enable-expert-parallel", help="vLLM's --enable-expert-parallel (experts split over tp x dp ranks)")]
-GpuNameOpt = Annotated[Optional[str], typer.Option("--gpu-name", help="GPU name (default: the environment's 'gpu')")]
-RequiredGpuNameOpt = Annotated[str, typer.Option("--gpu-name", help="GPU to tune for, e.g. 'NVIDIA H200'")]
-ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="GPU arch such as sm90 (default: detected)")]
 EnvironmentOpt = Annotated[
     Optional[Path],
     typer.Option(help="FlashInfer cache file or JSON of its _metadata fields (default: detect with FlashInfer)"),
 ]
-GemmBackendsOpt = Annotated[
-    Optional[str], typer.Option("--gemm-backends", help="comma-separated FlashInfer GEMM backends (default: per arch)")
-]
-StagesOpt = Annotated[
-    Optional[str], typer.Option("--stages", help="comma-separated tuner stages: gemm,moe,attention (default: all that apply)")
-]
 
 
-EngineArgsOpt = Annotated[
-    Optional[str], typer.Option("--engine-args", help="the engine variant to tune: vllm.LLM arguments as a JSON object, "
-                                                      "e.g. '{\"max_model_len\": 8192}' (with --warmup vllm)")
-]
-
-
-def engine_args_option(value: str | None) -> dict[str, Any] | None:
-    """``--engine-args``'s JSON object (``None`` when not given); a usage error (exit 2, one
-    line) when it is not one of identifiers, as :data:`tunecache.contract.EngineArgs` takes it."""
-    if value is None:
-        return None
+def options_key(options: KeyOptions, gpu_name: str | None = None) -> TuningKey:
+    """The key of a command's key options (:func:`tunecache.client.environment.pod_key`): the
+    GPU ``--gpu-name``, else ``gpu_name`` (the environment's ``gpu``); the arch ``--arch``,
+    else detected; or exit 2 naming the bad field."""
     try:
-        args = json.loads(value)
-    except ValueError as exc:
-        fail(ExitCode.USAGE, f"--engine-args is not JSON: {exc}")
-    if not isinstance(args, dict):
-        fail(ExitCode.USAGE, "--engine-args must be a JSON object of vllm.LLM arguments, e.g. '{\"max_model_len\": 8192}'")
-    from pydantic import TypeAdapter
-
-    from tunecache.contract import EngineArgs
-
-    try:
-        return TypeAdapter(EngineArgs).validate_python(args)
-    except ValidationError as exc:
-        fail(ExitCode.USAGE, f"invalid --engine-args: {first_error(exc)}")
-
-
-def csv_option(value: str | None) -> list[str] | None:
-    """``"a, b"`` -> ``["a", "b"]``; ``None`` for an empty or missing option."""
-    return [part.strip() for part in value.split(",") if part.strip()] if value else None
-
-
-def first_error(exc: ValidationError) -> str:
-    """``"field.part: message"`` of a validation error's first problem, for a one-line exit."""
-    error = exc.errors()[0]  # pydantic prefixes a validator's own words with "Value error, "
-    where = ".".join(str(part) for part in error["loc"])
-    return f"{where + ': ' if where else ''}{str(error['msg']).removeprefix('Value error, ')}"
-
-
-def key_option(model: str, mnbt: int, gpu_name: str, arch: str | None, dtype: str, quantization: str, tp: int,
-               dp: int = 1, enable_expert_parallel: bool = False) -> TuningKey:
-    """The key of the command's options (:func:`tunecache.client.environment.pod_key`), or exit 2 naming the bad field."""
-    try:
-        return pod_key(gpu_name, model, mnbt, arch=arch, dtype=dtype, quantization=quantization, tensor_parallel_size=tp,
-                       data_parallel_size=dp, expert_parallel_size=expert_parallel_size(tp, dp, enable_expert_parallel))
+        return pod_key(options.gpu_name or gpu_name, options.model, options.max_num_batched_tokens, arch=options.arch,
+                       dtype=options.dtype, quantization=options.quantization,
+                       tensor_parallel_size=options.tensor_parallel_size,
+                       data_parallel_size=options.data_parallel_size,
+                       expert_parallel_size=options.expert_parallel_size)
     except EnvironmentUnavailable as exc:
         fail(ExitCode.USAGE, str(exc))
     except ValidationError as exc:
         fail(ExitCode.USAGE, f"invalid key: {first_error(exc)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class KeyOptions:
-    """The key options of a command as given (:func:`key_options` adds them): vLLM's
-    deployment options, and the GPU where the command takes it from the user."""
-
-    model: str
-    max_num_batched_tokens: int
-    dtype: str = "auto"
-    quantization: str = "auto"
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    enable_expert_parallel: bool = False
-    gpu_name: str | None = None
-    arch: str | None = None
-
-    @property
-    def expert_parallel_size(self) -> int:
-        """The key's ``expert_parallel_size`` (:func:`tunecache.contract.expert_parallel_size`)."""
-        return expert_parallel_size(self.tensor_parallel_size, self.data_parallel_size, self.enable_expert_parallel)
-
-    def key(self, gpu_name: str | None = None) -> TuningKey:
-        """The key: ``--gpu-name``, else ``gpu_name`` (the environment's ``gpu``); the arch
-        ``--arch``, else detected; or exit 2 naming the bad field (:func:`key_option`)."""
-        return key_option(self.model, self.max_num_batched_tokens, self.gpu_name or gpu_name, self.arch, self.dtype,
-                          self.quantization, self.tensor_parallel_size, self.data_parallel_size,
-                          self.enable_expert_parallel)
-
-    def deployment(self) -> DeploymentKey:
-        """The key's fields but the GPU (what ``tune`` tunes before it knows its GPU).
-
-        Raises:
-            pydantic.ValidationError: a field is out of range (the error names it).
-        """
-        fields = dataclasses.asdict(self) | {"expert_parallel_size": self.expert_parallel_size}
-        return DeploymentKey(**{name: fields[name] for name in DeploymentKey.model_fields})
-
-
-#: Where a command's key takes its GPU from (:func:`key_options`).
-GpuSource = Literal["environment", "required", "detected"]
-
-
-def _key_parameters(gpu: GpuSource) -> list[inspect.Parameter]:
-    """The key's options, one typer parameter per :class:`KeyOptions` field, in the key's order."""
-    def option(name: str, annotation, default=inspect.Parameter.empty) -> inspect.Parameter:
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
-
-    gpu_options = {
-        "environment": [option("gpu_name", GpuNameOpt, None), option("arch", ArchOpt, None)],
-        "required": [option("gpu_name", RequiredGpuNameOpt), option("arch", ArchOpt, None)],
-        "detected": [],
-    }[gpu]
-    return [
-        option("model", ModelOpt),
-        option("max_num_batched_tokens", MnbtOpt),
-        *gpu_options,
-        option("dtype", DtypeOpt, "auto"),
-        option("quantization", QuantOpt, "auto"),
-        option("tensor_parallel_size", TpOpt, 1),
-        option("data_parallel_size", DpOpt, 1),
-        option("enable_expert_parallel", EpOpt, False),
-    ]
-
-
-def with_options(name: str, parameters: list[inspect.Parameter], build: Callable[..., Any]):
-    """A decorator for a typer command: the command's parameter ``name`` becomes the options
-    ``parameters`` (in its place, in ``--help`` too), and the command is handed
-    ``build(**their values)`` as ``name``. How options shared by several commands are
-    declared once (typer reads a command's options from its ``__signature__``)."""
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(command, eval_str=True)
-        own = list(signature.parameters.values())
-        at = [p.name for p in own].index(name)
-        added = {p.name for p in parameters}
-
-        @functools.wraps(command)
-        def with_built(*args: Any, **kwargs: Any) -> Any:
-            kwargs[name] = build(**{option: kwargs.pop(option) for option in added if option in kwargs})
-            return command(*args, **kwargs)
-
-        # keyword-only from the first added option on, so that a required option may follow one with a default
-        rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at + 1:]]
-        with_built.__signature__ = signature.replace(parameters=[*own[:at], *parameters, *rest])
-        with_built.__annotations__ = {p.name: p.annotation for p in with_built.__signature__.parameters.values()}
-        del with_built.__wrapped__  # typer must read the new signature, not the command's
-        return with_built
-
-    return decorate
-
-
-def key_options(gpu: GpuSource = "environment"):
-    """A typer command's key options, declared once for every command that takes a key: the
-    command's ``key_options: KeyOptions`` parameter becomes ``--model``,
-    ``--max-num-batched-tokens``, ``--gpu-name`` and ``--arch`` (``gpu``: ``environment``,
-    both optional, the GPU by default the environment's; ``required``: ``--gpu-name``
-    required; ``detected``: neither, the command detects its GPU), ``--dtype``,
-    ``--quantization``, ``--tensor-parallel-size``/``-tp``, ``--data-parallel-size``/``-dp``
-    and ``--enable-expert-parallel``; the command gets them as one :class:`KeyOptions`."""
-    return with_options("key_options", _key_parameters(gpu), KeyOptions)
-
-
-def client_errors(exc: Exception) -> NoReturn:
-    """Exit with the code of a client error (4 unreachable or the install deadline passed,
-    6 corrupt, 5 other server trouble); re-raise anything else."""
-    if isinstance(exc, InstallDeadlineExceeded):  # raised before anything is written
-        fail(ExitCode.SERVER_UNREACHABLE, f"{exc}; nothing was installed")
-    if isinstance(exc, ServerUnreachable):
-        fail(ExitCode.SERVER_UNREACHABLE, str(exc))
-    if isinstance(exc, ArtifactCorrupt):
-        fail(ExitCode.ARTIFACT_CORRUPT, f"{exc}; nothing was installed")
-    if isinstance(exc, ServerError) and exc.status_code in (401, 403):
-        fail(ExitCode.NOT_AUTHORISED, str(exc))
-    if isinstance(exc, TunecacheError):  # ServerError, or an answer that makes no sense
-        fail(ExitCode.SERVER_ERROR, str(exc))
-    raise exc
 
 
 def environment_option(path: Path | None):
@@ -351,56 +122,14 @@ def environment_option(path: Path | None):
         fail(ExitCode.BAD_INPUT if path else ExitCode.USAGE, str(exc))
 
 
-#: ``tunecache --token T``: overrides TUNECACHE_TOKEN and the token file for every command.
-_token_option: str | None = None
-
-
-#: The distributions whose versions ``tunecache --version`` prints, those installed.
-VERSIONED_DISTRIBUTIONS = ("tunecache-client", "tunecache-server")
-
-
-def installed_versions() -> list[tuple[str, str]]:
-    """``(distribution, version)`` of each of :data:`VERSIONED_DISTRIBUTIONS` installed here
-    (``importlib.metadata``); the server's is left out on a pod that has only the client."""
-    found = []
-    for name in VERSIONED_DISTRIBUTIONS:
-        try:
-            found.append((name, importlib.metadata.version(name)))
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return found
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        versions = installed_versions()
-        for name, version in versions or [("tunecache-client", "unknown (not installed; run from the source roots)")]:
-            typer.echo(f"{name} {version}")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _global_options(
-    token: Annotated[Optional[str], typer.Option(
-        "--token", help="bearer token (default: TUNECACHE_TOKEN, else TUNECACHE_TOKEN_FILE, else the admin.token "
-                        "of a tunecache serve on this machine)")] = None,
-    _version: Annotated[bool, typer.Option(
-        "--version", is_eager=True, callback=_print_version,
-        help="print the versions of tunecache-client and, where installed, tunecache-server, and exit")] = False,
-) -> None:
-    """Persistent autotune cache for LLM inference fleets: tune once per GPU node, install on every pod."""
-    global _token_option
-    _token_option = token
-
-
 def client_settings():
     """The environment's :class:`~tunecache.client.settings.ClientSettings` with ``--token``,
     or exit 2 naming a bad setting."""
     try:
-        return load_client_settings(token=_token_option)
+        return load_client_settings(token=given_token())
     except ValueError as exc:
         if EMPTY_TOKEN in str(exc):
-            fail(ExitCode.NOT_AUTHORISED, f"{'--token' if _token_option == '' else 'TUNECACHE_TOKEN'} {EMPTY_TOKEN}")
+            fail(ExitCode.NOT_AUTHORISED, f"{'--token' if given_token() == '' else 'TUNECACHE_TOKEN'} {EMPTY_TOKEN}")
         fail(ExitCode.USAGE, str(exc))
 
 
@@ -441,7 +170,7 @@ def push(
              "where it was tuned, so no FlashInfer would load it; nothing was uploaded")
     if trigger not in (RunTrigger.UPLOAD, RunTrigger.POD):
         fail(ExitCode.USAGE, "--trigger must be 'upload' or 'pod'")
-    key = key_options.key(parsed.environment.gpu)
+    key = options_key(key_options, parsed.environment.gpu)
     try:  # the record's own rules (a key no pod could ask for, another GPU's file) before any upload
         record = pushed_run(key, parsed, hashlib.sha256(data).hexdigest(), trigger, socket.gethostname())
     except ValidationError as exc:
@@ -523,7 +252,7 @@ def pull(
             f"FlashInfer could not detect {', '.join(env.indeterminate_fields())} here (no GPU?); "
             "pass --environment FILE",
         )
-    key = key_options.key(env.gpu)
+    key = options_key(key_options, env.gpu)
     tensor_parallel_size, data_parallel_size = key.tensor_parallel_size, key.data_parallel_size
     settings = client_settings()
     try:
@@ -606,7 +335,7 @@ def doctor(
         if environment is None:
             fail(ExitCode.USAGE, f"FlashInfer could not detect {', '.join(env.indeterminate_fields())} here (no GPU?); "
                                  "pass --environment FILE (a FlashInfer cache file written on the pod's GPU)")
-    key = key_options.key(env.gpu)
+    key = options_key(key_options, env.gpu)
     typer.echo("key")
     for field, value in key.model_dump().items():
         typer.echo(f"  {field}: {value}")
@@ -988,7 +717,7 @@ def retune(
 
     --wait exits 0 when the job succeeded, 8 when it failed, 16 when it was cancelled, 10 when --wait-timeout passed (the job goes on).
     """
-    key = key_options.key()
+    key = options_key(key_options)
     hf_config = None
     if config is not None:
         path = config / "config.json" if config.is_dir() else config
@@ -1165,6 +894,44 @@ def promote(
                + (f", signed anew by {run.signature.key_id}" if signature is not None and run.signature else ""))
 
 
+@app.command()
+def pin(
+    server: ServerOpt,
+    run_id: Annotated[int, typer.Argument(min=1, help="the run to keep (history lists them)")],
+) -> None:
+    """Pin a run, so that retention (TUNECACHE_RUN_RETENTION) never deletes it, however many
+    runs of its key come after it: a known-good run to roll back to (needs an admin token).
+
+    Pinning a pinned run changes nothing. Exit 5 when there is no such run (or retention
+    already deleted it).
+    """
+    _set_pin(server, run_id, pinned=True)
+
+
+@app.command()
+def unpin(
+    server: ServerOpt,
+    run_id: Annotated[int, typer.Argument(min=1, help="the pinned run (history lists them)")],
+) -> None:
+    """Unpin a run: retention keeps or deletes it as any other run from its next pass (needs
+    an admin token).
+
+    Unpinning a run that is not pinned changes nothing. Exit 5 when there is no such run.
+    """
+    _set_pin(server, run_id, pinned=False)
+
+
+def _set_pin(server: str, run_id: int, pinned: bool) -> None:
+    """Pin or unpin a run and say what retention now does with it."""
+    with client_for(server) as client:
+        try:
+            run = client.pin_run(run_id) if pinned else client.unpin_run(run_id)
+        except TunecacheError as exc:
+            client_errors(exc)
+    said = "pinned: retention never deletes it" if pinned else "unpinned: retention keeps or deletes it as any other run"
+    typer.echo(f"run {run.id} of {run.key.model} on {run.key.gpu_name} is {said}")
+
+
 token_app = typer.Typer(help="Bearer tokens of a tunecache service (needs an admin token).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
@@ -1259,51 +1026,14 @@ def main() -> None:
     run()
 
 
-#: The exceptions of the click that typer runs on: click itself, or (typer 0.29 on) the copy
-#: typer carries as ``typer._click``; found through ``typer.BadParameter``, one of them.
-_click_errors = sys.modules[typer.BadParameter.__module__]
-#: click 8.2 on: ``no_args_is_help`` prints the help and raises this (exit 2); older: exit 0.
-_NoArgsIsHelp = getattr(_click_errors, "NoArgsIsHelpError", ())
-#: click's Abort (Ctrl-C at a prompt, an EOF); typer 0.29's copy has none, and an ``except``
-#: naming a missing attribute raised AttributeError over whatever was being handled.
-_Abort = getattr(_click_errors, "Abort", ())
-
-
-def usage_error_line(exc: Exception) -> str:
-    """One line for a usage error that click or typer found (a missing or unknown option, an
-    unknown command, a value of the wrong type): ``tunecache: error: <message> (see
-    tunecache <cmd> --help)``, in place of their boxed panel."""
-    message = " ".join(exc.format_message().split()).rstrip(".")
-    if message[:1].isupper() and message[1:2].islower():  # "Missing option" -> "missing option", as fail() writes
-        message = message[0].lower() + message[1:]
-    ctx = getattr(exc, "ctx", None)
-    command = ctx.command_path if ctx is not None else app.info.name or "tunecache"
-    return f"tunecache: error: {message} (see {command} --help)"
-
-
 def run(args: list[str] | None = None) -> None:
-    """Run ``app`` with the commands registered so far: usage errors as one line on stderr and
-    exit 2 (:data:`ExitCode.USAGE`), exit 130 on Ctrl-C."""
-    command = typer.main.get_command(app)
-    try:
-        # standalone_mode=False: click's errors reach here instead of typer's rich panel
-        code = command.main(args, prog_name=app.info.name or "tunecache", standalone_mode=False)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except _NoArgsIsHelp:
-        sys.exit(int(ExitCode.USAGE))  # the help was printed already (no_args_is_help), as before
-    except _click_errors.UsageError as exc:
-        typer.echo(usage_error_line(exc), err=True)
-        sys.exit(int(ExitCode.USAGE))
-    except _click_errors.ClickException as exc:  # e.g. a file option that cannot be opened
-        typer.echo(usage_error_line(exc), err=True)
-        sys.exit(exc.exit_code)
-    except _Abort:
-        typer.echo("tunecache: error: aborted", err=True)
-        sys.exit(int(ExitCode.UNEXPECTED))
-    # an Exit (typer.Exit, fail()) comes back as its code; a command that returns, as None
-    sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
+    """Run the commands registered on :data:`app` so far (:func:`tunecache.cli_kit.run`)."""
+    cli_kit.run(app, args)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m tunecache.cli
+    # Run this module under its own name, which entry points and plugins import, rather than
+    # as __main__ (a second copy of it, with an app of its own).
+    from tunecache.cli import main as installed_main
+
+    installed_main()

@@ -1,4 +1,4 @@
-"""The one store interface of tunings, and the errors every store raises.
+"""The one store interface of tunings, and the errors stores raise.
 
 :class:`TuningStore` is what a tuner records into and a pod looks up in. Two stores
 implement it: the HTTP client (:class:`tunecache.client.http.TunecacheClient`, for pods
@@ -7,6 +7,10 @@ and for GPU nodes that talk to a server) and the SQL store
 own worker and ``tunecache tune --database``). Code that records or looks up tunings
 takes a ``TuningStore`` and never asks which one it has (MLflow's ``AbstractStore`` is the
 model).
+
+The errors are here, not beside the HTTP client, so that code which maps them to what a
+user sees (the command kit's exit codes, :mod:`tunecache.cli_kit`) needs none of the pod
+code.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import hashlib
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from typing import Any
+
 from tunecache.contract import (
     EnvironmentMetadata,
+    JobConflict,
     LookupMiss,
     RunVerification,
     TuningKey,
@@ -56,6 +63,51 @@ class ArtifactsMissing(TunecacheError):
     def __init__(self, missing: list[str]):
         super().__init__(f"artifact bytes not uploaded: {', '.join(missing)}")
         self.missing = missing
+
+
+class ServerUnreachable(TunecacheError):
+    """No connection, or the server did not answer in time."""
+
+
+class InstallDeadlineExceeded(ServerUnreachable):
+    """The install deadline (``TUNECACHE_INSTALL_DEADLINE``) passed before the lookup and
+    every download were done: the server did not answer, or answered too slowly. Raised
+    before anything is written, never retried. A :class:`ServerUnreachable`, so whoever
+    handles that handles this too (the CLI: exit 4)."""
+
+
+class ServerError(TunecacheError):
+    """The server answered with an error status (other than a lookup's 404)."""
+
+    def __init__(self, status_code: int, detail: Any):
+        shown = " ".join(str(detail).split())  # one line, however the server formats it
+        super().__init__(f"server answered {status_code}: {shown[:300]}{'...' if len(shown) > 300 else ''}")
+        self.status_code = status_code
+        self.detail = detail
+        #: A record's 422 for artifacts whose bytes are not stored: their sha256 (else empty).
+        self.missing: list[str] = []
+
+
+class JobConflictError(ServerError):
+    """409 of ``POST /v1/tuning-jobs``: a job for the key is already queued or running with
+    other options; ``conflict`` names the job and each difference."""
+
+    def __init__(self, conflict: JobConflict):
+        super().__init__(409, conflict.detail)
+        self.conflict = conflict
+
+
+class ArtifactCorrupt(TunecacheError):
+    """Downloaded bytes do not hash to the sha256 the server announced."""
+
+
+class DownloadTruncated(ArtifactCorrupt):
+    """The connection closed before the whole body arrived."""
+
+
+class AnswerTooLarge(ArtifactCorrupt):
+    """An answer went past its byte bound (:func:`tunecache.client.http.transport.max_answer_bytes`
+    for JSON answers, ``TUNECACHE_MAX_UNPACK_BYTES`` for an artifact); nothing of it is used."""
 
 
 @runtime_checkable

@@ -639,3 +639,34 @@ def test_doctor_says_an_unsigned_run_will_not_load_where_pods_trust_keys(server,
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert bad.stderr.startswith("tunecache: error: TUNECACHE_TRUSTED_KEYS") and "TUNECACHE_TRUSTED_KEYS: TUNECACHE" \
         not in bad.stderr
+
+
+def test_pin_and_unpin_keep_a_run_from_retention_and_let_it_go(server):
+    """``tunecache pin RUN`` and ``unpin RUN`` (admin, the token file of this machine's serve):
+    the run shows ``pinned`` and the audit log says who did it; both are idempotent; an
+    unknown run exits 5, a token of too small a scope 13."""
+    assert push(server).returncode == 0
+    [run] = httpx.get(f"{server}/v1/tunings").json()["items"]
+    assert run["pinned"] is False
+    said = f"run {run['id']} of {MODEL} on NVIDIA H200 is pinned: retention never deletes it"
+    for _ in range(2):  # a pinned run pinned again: the same
+        pinned = tunecache("pin", str(run["id"]), "--server", server)
+        assert pinned.returncode == 0 and pinned.stdout.splitlines() == [said], pinned.stderr
+        assert httpx.get(f"{server}/v1/tunings/{run['id']}").json()["pinned"] is True
+    for _ in range(2):
+        unpinned = tunecache("unpin", str(run["id"]), "--server", server)
+        assert unpinned.returncode == 0 and unpinned.stdout.splitlines() == [
+            f"run {run['id']} of {MODEL} on NVIDIA H200 is unpinned: retention keeps or deletes it as any other run"]
+        assert httpx.get(f"{server}/v1/tunings/{run['id']}").json()["pinned"] is False
+    details = [event["detail"] or "" for event in as_admin.get(f"{server}/v1/audit").json()["events"]]
+    assert any(d.startswith(f"pinned run {run['id']} ") for d in details), details
+    assert any(d.startswith(f"unpinned run {run['id']} ") for d in details), details
+
+    for command in ("pin", "unpin"):
+        missing = tunecache(command, "999999", "--server", server)
+        assert missing.returncode == ExitCode.SERVER_ERROR == 5 and "404" in missing.stderr, missing.stderr
+    reader = as_admin.post(f"{server}/v1/tokens", json={"name": "reader", "scope": "read"}).json()["token"]
+    refused = subprocess.run([tunecache_executable(), "--token", reader, "pin", str(run["id"]), "--server", server],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == ExitCode.NOT_AUTHORISED == 13, refused.stderr
+    assert tunecache("pin", "0", "--server", server).returncode == ExitCode.USAGE

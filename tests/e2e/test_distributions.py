@@ -23,7 +23,7 @@ from tests.support.paths import ROOT
 
 #: What a pod must never get from installing the client.
 SERVER_PACKAGES = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "psycopg-binary"}
-POD_COMMANDS = ("pull", "push", "doctor", "diff", "history", "fleet", "retune", "job", "token", "keys", "promote")
+POD_COMMANDS = ("pull", "push", "doctor", "diff", "history", "fleet", "retune", "job", "token", "keys", "promote", "pin", "unpin")
 SERVER_COMMANDS = ("serve", "tune", "db", "prune")
 
 
@@ -68,7 +68,8 @@ def _requirement_names(requires: list[str]) -> set[str]:
 def test_client_wheel_holds_the_pod_side_only(wheels):
     names, metadata, entry_points = _wheel(wheels["tunecache_client"])
     assert metadata["Name"] == "tunecache-client"
-    assert {"tunecache/contract/__init__.py", "tunecache/contract/identity.py", "tunecache/store.py", "tunecache/cli.py", "tunecache/client/vllm_plugin.py"} <= names
+    assert {"tunecache/contract/__init__.py", "tunecache/contract/identity.py", "tunecache/store.py", "tunecache/cli.py", "tunecache/cli_kit.py", "tunecache/client/vllm_plugin.py"} <= names
+    assert {"tunecache/client/http/__init__.py", "tunecache/client/http/transport.py", "tunecache/client/http/runs.py"} <= names
     # the formats both sides read ship with the pod side; the server uses them from here
     assert {"tunecache/formats/__init__.py", "tunecache/formats/autotune_file.py", "tunecache/formats/jit_module.py"} <= names
     assert not [n for n in names if n.startswith("tunecache/service")]
@@ -76,6 +77,7 @@ def test_client_wheel_holds_the_pod_side_only(wheels):
     assert not _requirement_names(metadata["Requires-Dist"]) & SERVER_PACKAGES
     assert "tunecache = tunecache.cli:main" in entry_points
     assert "[vllm.general_plugins]" in entry_points
+    assert "[tunecache.server_store]" in entry_points and "http = tunecache.cli:client_for" in entry_points
 
 
 def test_server_wheel_builds_on_the_client(wheels):
@@ -120,9 +122,18 @@ def test_a_client_only_install_pulls_with_none_of_the_servers_packages(wheels, s
     assert path.parent == dest and path.read_bytes() == CUDNN_FILE.read_bytes()
 
 
-def test_the_server_module_runs_the_whole_command_without_the_plugin_hook():
-    """``python -m tunecache.service`` (GPU machines that run from the source roots) registers
-    the server commands itself: every command once."""
-    shown = _run(sys.executable, "-m", "tunecache.service", "--help").stdout
+def test_the_client_module_runs_the_whole_command_and_the_server_module_its_own():
+    """``python -m tunecache.cli`` (GPU machines that run from the source roots, with the
+    distributions' metadata) is the whole command: the server's commands through their entry
+    point, every command once. ``python -m tunecache.service`` runs the server's commands
+    alone, through the command kit, without loading the pod code."""
+    shown = _run(sys.executable, "-m", "tunecache.cli", "--help").stdout
     assert _commands(shown) == set(POD_COMMANDS + SERVER_COMMANDS)
     assert shown.count("│ serve ") == 1
+    assert _commands(_run(sys.executable, "-m", "tunecache.service", "--help").stdout) == set(SERVER_COMMANDS)
+    loaded = _run(sys.executable, "-c", "import sys, runpy; sys.argv = ['tunecache', '--help']\n"
+                  "try: runpy.run_module('tunecache.service', run_name='__main__')\n"
+                  "except SystemExit: print(' '.join(m for m in sys.modules if m.startswith('tunecache.')))").stdout
+    loaded = set(loaded.split())
+    assert "tunecache.service.cli" in loaded and "tunecache.cli_kit" in loaded
+    assert not {m for m in loaded if m == "tunecache.cli" or m.startswith("tunecache.client")}, loaded

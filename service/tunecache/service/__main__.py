@@ -1,10 +1,14 @@
-"""``python -m tunecache.service``: the whole ``tunecache`` command (pod and server
-commands) from the source roots alone, without the distributions' entry points installed
-(GPU machines that run the project from ``PYTHONPATH``)."""
+"""``python -m tunecache.service``: the server's commands (``serve``, ``db``, ``prune``,
+``tune``) on their own, built with the command kit (:mod:`tunecache.cli_kit`), from the
+source roots alone (``tune --server`` alone needs the client's metadata: it finds the HTTP
+client through the ``tunecache.server_store`` entry point). The whole ``tunecache``
+command, pod commands included, is ``python -m tunecache.cli``, which finds these through
+their entry point."""
 
-from tunecache import cli
+from tunecache import cli_kit
 from tunecache.service.cli import register
 
 if __name__ == "__main__":
-    register(cli.app)
-    cli.run()
+    app = cli_kit.new_app()
+    register(app)
+    cli_kit.run(app)

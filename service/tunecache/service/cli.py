@@ -1,12 +1,15 @@
 """The server's commands of ``tunecache``: ``serve``, ``db upgrade``, ``db move-artifacts``,
 ``prune`` and ``tune``.
 
-Registered on the client's typer app through the ``tunecache.cli`` entry-point group
-(``tunecache.cli.load_command_plugins`` calls :func:`register`), so installing
-``tunecache-server`` adds them to the same ``tunecache`` command. This module imports
-only typer and the client's CLI helpers at load time; the service's own dependencies
-(uvicorn, SQLAlchemy, the tuner) are imported by the command that needs them, so the pod
-commands start as fast with the server installed as without it.
+Built with the client's command kit (:mod:`tunecache.cli_kit`: exit codes, the key
+options, the root app), which holds none of the pod code. Registered on the client's typer
+app through the ``tunecache.cli`` entry-point group (``tunecache.cli.load_command_plugins``
+calls :func:`register`), so installing ``tunecache-server`` adds them to the same
+``tunecache`` command; ``python -m tunecache.service`` runs them alone. This module imports
+only typer and the kit at load time; the service's own dependencies (uvicorn, SQLAlchemy,
+the tuner) are imported by the command that needs them, so the pod commands start as fast
+with the server installed as without it. ``tune --server`` records through the store the
+kit opens for a server (:func:`tunecache.cli_kit.server_store`: the client's HTTP client).
 """
 
 from __future__ import annotations
@@ -19,19 +22,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from tunecache.cli import (
+from tunecache.cli_kit import (
     EngineArgsOpt,
     ExitCode,
     GemmBackendsOpt,
     KeyOptions,
     StagesOpt,
     client_errors,
-    client_for,
     csv_option,
     engine_args_option,
     fail,
     first_error,
     key_options,
+    server_store,
 )
 from tunecache.contract import RunTrigger
 
@@ -480,7 +483,7 @@ def tune(
     except ValidationError as exc:
         fail(ExitCode.USAGE, f"invalid option {first_error(exc)}")
     # --server wins over TUNECACHE_DATABASE_URL; nothing below asks which store it is.
-    store = client_for(server) if server is not None else _sql_store(database)
+    store = server_store(server) if server is not None else _sql_store(database)
     node = socket.gethostname()
     try:
         with tempfile.TemporaryDirectory(prefix="tunecache-tune-") as tmp:

@@ -8,7 +8,7 @@ import importlib.metadata
 
 import pytest
 
-from tunecache import cli
+from tunecache import cli, cli_kit
 from tunecache.cli import ExitCode
 
 
@@ -42,7 +42,7 @@ def test_no_command_still_shows_the_help(capsys):
 
 
 def test_version_without_the_server_names_the_client_only(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "VERSIONED_DISTRIBUTIONS", ("tunecache-client", "tunecache-server-not-installed"))
+    monkeypatch.setattr(cli_kit, "VERSIONED_DISTRIBUTIONS", ("tunecache-client", "tunecache-server-not-installed"))
     code, out, err = _run(capsys, "--version")
     assert code == 0 and out.splitlines() == [f"tunecache-client {importlib.metadata.version('tunecache-client')}"]
 

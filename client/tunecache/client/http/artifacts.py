@@ -1,0 +1,137 @@
+"""Artifacts (``/v1/artifacts/{sha256}``): content-addressed bytes, downloaded verified
+(through the object store's presigned URL where the service redirects) and uploaded once."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import httpx
+
+from tunecache.client.http.transport import (
+    RETRY_STATUSES,
+    Transient,
+    Transport,
+    answer_detail,
+    body_detail,
+    transient_status,
+)
+from tunecache.contract import ArtifactStored
+from tunecache.formats.tarball import max_unpack_bytes
+from tunecache.store import ArtifactCorrupt, DownloadTruncated, ServerError, file_sha256
+
+#: Answers that send an artifact download elsewhere (the object store's presigned URL).
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+
+class ArtifactsClient(Transport):
+    """The artifact bytes of a tunecache server (:mod:`tunecache.service.routes.artifacts`)."""
+
+    def download_artifact(self, sha256: str) -> bytes:
+        """``GET /v1/artifacts/{sha256}``, streamed and verified against ``sha256``.
+
+        A service whose artifacts are in an object store may answer with a redirect to a
+        presigned URL of the store (``TUNECACHE_ARTIFACT_REDIRECT``): it is followed (one
+        hop, to an http(s) URL only, without the ``Authorization`` header), within the same
+        attempt, timeouts and install deadline, and the bytes are checked the same way. A
+        store that refuses the URL (expired) or fails is retried from the service, which
+        signs a new one.
+
+        Raises:
+            DownloadTruncated: the body stopped short (after retries).
+            ArtifactCorrupt: the bytes hash to something else (nothing is returned).
+            InstallDeadlineExceeded: inside :meth:`deadline_scope`, the deadline passed first.
+            ServerUnreachable, ServerError.
+        """
+        where = f"/v1/artifacts/{sha256}"
+
+        def once() -> bytes:
+            digest = hashlib.sha256()
+
+            def read(response: httpx.Response, deadline: float) -> tuple[str | None, bytes]:
+                if response.status_code in RETRY_STATUSES:
+                    raise transient_status(response, body_detail(self._read_body(response, deadline)))
+                if response.is_error:
+                    raise ServerError(response.status_code, body_detail(self._read_body(response, deadline)))
+                return response.headers.get("content-length"), self._read_body(response, deadline, sink=digest.update,
+                                                                               max_bytes=max_unpack_bytes())
+
+            def read_or_redirect(response: httpx.Response, deadline: float) -> tuple[str | None, bytes] | httpx.URL:
+                if response.status_code in _REDIRECT_STATUSES:
+                    return self._redirect_target(response, sha256)
+                return read(response, deadline)
+
+            def read_from_store(response: httpx.Response, deadline: float) -> tuple[str | None, bytes]:
+                if response.status_code in _REDIRECT_STATUSES:
+                    raise ServerError(response.status_code, f"the artifact store redirected {sha256} again: not followed")
+                if response.is_error:  # an expired URL (403), a store failing: the service signs a new one
+                    body = self._read_body(response, deadline, max_bytes=64 * 1024)
+                    raise Transient(ServerError(response.status_code,
+                                                 f"artifact store answered {response.status_code} for {sha256}: "
+                                                 f"{body[:200].decode(errors='replace')}"))
+                return read(response, deadline)
+
+            answer = self._exchange("GET", where, read_or_redirect)
+            if isinstance(answer, httpx.URL):
+                answer = self._exchange("GET", where, read_from_store, elsewhere=answer)
+            expected, data = answer
+            if expected is not None and len(data) != int(expected):
+                raise Transient(DownloadTruncated(f"artifact {sha256}: received {len(data)} of {expected} bytes"))
+            if digest.hexdigest() != sha256:
+                raise ArtifactCorrupt(f"artifact {sha256} arrived as {len(data)} bytes hashing to {digest.hexdigest()}")
+            return data
+
+        return self._retrying(once)
+
+    def _redirect_target(self, response: httpx.Response, sha256: str) -> httpx.URL:
+        """Where a redirect of an artifact download points (resolved against the service's
+        URL).
+
+        Raises:
+            ServerError: no ``Location``, or one that is not an http(s) URL (never followed).
+        """
+        location = response.headers.get("location")
+        try:
+            target = response.request.url.join(location) if location else None
+        except httpx.InvalidURL:
+            target = None
+        if target is None or target.scheme not in ("http", "https") or not target.host:
+            raise ServerError(response.status_code, f"artifact {sha256}: redirect to {location!r} not followed "
+                                                    "(only to an http or https URL)")
+        return target
+
+    def upload_file(self, path: Path, again: bool = False) -> str:
+        """Upload a file's bytes streamed from disk (never whole in memory), unless the
+        server already has them (``HEAD``; ``again``: uploaded without asking, for bytes a
+        record found missing); returns the sha256.
+
+        Raises:
+            ServerUnreachable, ServerError.
+        """
+        sha256 = file_sha256(path)
+        if not again and self._request("HEAD", f"/v1/artifacts/{sha256}").status_code == 200:
+            return sha256
+
+        def once() -> httpx.Response:
+            where = f"/v1/artifacts/{sha256}"
+            end, timeout = self._attempt_window("PUT", where)
+            try:
+                with path.open("rb") as f:
+                    response = self._http.put(where, content=f, timeout=timeout)
+            except httpx.HTTPError as exc:
+                raise self._failed(exc, "PUT", where, end, answered=False) from None
+            if response.status_code in RETRY_STATUSES:
+                raise transient_status(response, answer_detail(response))
+            return response
+
+        self._answer(self._retrying(once), ArtifactStored)
+        return sha256
+
+    def upload_artifact(self, data: bytes) -> ArtifactStored:
+        """``PUT /v1/artifacts/{sha256}`` of bytes in memory. Idempotent.
+
+        Raises:
+            ServerUnreachable, ServerError.
+        """
+        digest = hashlib.sha256(data).hexdigest()
+        return self._answer(self._request("PUT", f"/v1/artifacts/{digest}", content=data), ArtifactStored)

@@ -1,0 +1,15 @@
+"""The audit log (``/v1/audit``, admin): every write, newest first."""
+
+from __future__ import annotations
+
+from tunecache.client.http.transport import Transport
+from tunecache.contract import AuditPage
+
+
+class AuditClient(Transport):
+    """The audit log of a tunecache server (:mod:`tunecache.service.routes.audit`)."""
+
+    def list_audit_events(self, limit: int = 100, before: int | None = None) -> AuditPage:
+        """``GET /v1/audit`` (admin): writes, newest first."""
+        params = {"limit": limit} | ({"before": before} if before else {})
+        return self._answer(self._request("GET", "/v1/audit", params=params), AuditPage)

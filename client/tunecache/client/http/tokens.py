@@ -1,0 +1,38 @@
+"""Bearer tokens (``/v1/tokens``, admin): create, list and revoke them."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from tunecache.client.http.transport import Transport, answer_detail
+from tunecache.contract import Scope, TokenCreate, TokenCreated, TokenRead
+from tunecache.store import ServerError, TunecacheError
+
+
+class TokensClient(Transport):
+    """The tokens of a tunecache server (:mod:`tunecache.service.routes.tokens`)."""
+
+    def create_token(self, name: str, scope: Scope) -> TokenCreated:
+        """``POST /v1/tokens`` (admin): a new token; its secret is in the answer only.
+
+        Raises:
+            ServerError: 409 when the name is taken, 401/403 without an admin token.
+            ServerUnreachable.
+        """
+        body = TokenCreate(name=name, scope=scope).model_dump_json()
+        response = self._request("POST", "/v1/tokens", content=body, headers={"Content-Type": "application/json"})
+        return self._answer(response, TokenCreated)
+
+    def list_tokens(self) -> list[TokenRead]:
+        """``GET /v1/tokens`` (admin): every token, without secrets."""
+        response = self._request("GET", "/v1/tokens")
+        if response.status_code != 200:
+            raise ServerError(response.status_code, answer_detail(response))
+        try:
+            return [TokenRead.model_validate(item) for item in response.json()]
+        except (ValueError, ValidationError) as exc:
+            raise TunecacheError(f"unexpected answer from {self.base_url}: {str(exc).splitlines()[0]}") from None
+
+    def revoke_token(self, name: str) -> TokenRead:
+        """``DELETE /v1/tokens/{name}`` (admin). Raises ServerError (404: no such token)."""
+        return self._answer(self._request("DELETE", f"/v1/tokens/{name}"), TokenRead)
