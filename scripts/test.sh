@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite from a fresh checkout: make .venv, install, run pytest.
 #   scripts/test.sh            the whole suite (what CI runs), in parallel where safe
-#   scripts/test.sh --fast     the unit tests only (tests/unit), in parallel
+#   scripts/test.sh --fast     the unit tests only (tests/unit), on SQLite, in parallel
 # Further arguments go to pytest. TUNECACHE_TEST_WORKERS: the number of xdist workers (default auto).
 # PostgreSQL tests use TUNECACHE_TEST_POSTGRES_URL (default postgresql+psycopg://postgres@127.0.0.1:5432/test)
 # and skip with the reason where it is unreachable (TUNECACHE_REQUIRE_POSTGRES=1 makes that a failure).
@@ -9,12 +9,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
-# CPU build of torch (from the local wheel store where there is one), then FlashInfer: the
-# tests exercise FlashInfer's real cache loader and the tuner's child process on the CPU.
-python -m pip install -q torch==2.13.0
-# Both distributions from the checkout: tunecache-client (client/) and tunecache-server (.).
-python -m pip install -q -e ./client -e '.[test,tuner]'
+# Installed once per version of what declares the dependencies (the editable installs follow
+# the checkout's code by themselves): a stamp in .venv holds their hash.
+stamp=.venv/.tunecache-installed
+declared=$(cat pyproject.toml client/pyproject.toml scripts/test.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$declared" ]; then
+  python -m pip install -q --upgrade pip
+  # CPU build of torch (from the local wheel store where there is one), then FlashInfer: the
+  # tests exercise FlashInfer's real cache loader and the tuner's child process on the CPU.
+  python -m pip install -q torch==2.13.0
+  # Both distributions from the checkout: tunecache-client (client/) and tunecache-server (.).
+  python -m pip install -q -e ./client -e '.[test,tuner]'
+  echo "$declared" > "$stamp"
+fi
 
 # Let Python cache bytecode (the checkout's and pytest's rewritten test modules): the suite
 # starts a few hundred `tunecache` processes, and an image that sets PYTHONDONTWRITEBYTECODE
@@ -26,9 +33,10 @@ pytest_part() { python -m pytest "$@" || { status=$?; [ "$status" -eq 5 ] && ret
 workers="${TUNECACHE_TEST_WORKERS:-auto}"
 
 if [ "${1:-}" = "--fast" ]; then
-  # The unit tests only (tests/unit: in process, no servers, CLI subprocesses or browser), in parallel.
+  # The unit tests only (tests/unit: in process, no servers, CLI subprocesses or browser), in
+  # parallel, on SQLite only: their PostgreSQL half (the `postgres` marker) runs in the whole suite.
   shift
-  status=0; pytest_part -n "$workers" tests/unit "$@" || status=$?
+  status=0; pytest_part -n "$workers" -m "not postgres" tests/unit "$@" || status=$?
   [ "$status" -eq 5 ] && status=0
   exit "$status"
 fi
