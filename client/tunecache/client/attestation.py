@@ -2,7 +2,7 @@
 
 Counted in each vLLM worker once it warmed up (the plugin wraps the worker's
 ``compile_or_warm_up_model``), from what vLLM and FlashInfer count themselves and from the
-files the boot wrote since it started (:data:`BOOT_STARTED_VARIABLE`, set by the engine's
+files the boot wrote since it started (:attr:`Handoff.boot_started_ns`, set by the engine's
 main process when it loads the plugin, inherited by its workers):
 
 * vLLM's ``vllm.compilation.counter.compilation_counter``: ``num_compiled_artifacts_saved``
@@ -28,15 +28,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tunecache.client.boot.handoff import Handoff
 from tunecache.contract import CompiledKind
 
-#: Nanoseconds since the epoch when the boot started (the engine's main process loaded the plugin).
-BOOT_STARTED_VARIABLE = "TUNECACHE_BOOT_STARTED_NS"
-
-
 def mark_boot_started() -> int:
-    """This boot's start (:data:`BOOT_STARTED_VARIABLE`), set now if no process above set it."""
-    return int(os.environ.setdefault(BOOT_STARTED_VARIABLE, str(time.time_ns())))
+    """This boot's start (nanoseconds since the epoch: :attr:`Handoff.boot_started_ns`), handed
+    over now if no process above did."""
+    started = Handoff.from_environment().boot_started_ns
+    if started is None:
+        started = time.time_ns()
+        Handoff(boot_started_ns=started).hand_over()
+    return started
 
 
 def written_since(roots: Iterable[Path | None], pattern: str, since_ns: int, directories: bool = False,
@@ -106,7 +108,7 @@ def in_process_counts() -> dict[CompiledKind, int]:
 
 
 def boot_files(until_ns: int | None = None) -> dict[CompiledKind, int]:
-    """What the files this boot wrote (since :data:`BOOT_STARTED_VARIABLE`, before ``until_ns``)
+    """What the files this boot wrote (since :attr:`Handoff.boot_started_ns`, before ``until_ns``)
     tell: a walk of the pod's FlashInfer workspace, Triton, Inductor, DeepGEMM and vLLM caches
     (about a second on the H200 with a warm state installed: the plugin runs it after the
     worker warmed up, in the background)."""
@@ -114,7 +116,7 @@ def boot_files(until_ns: int | None = None) -> dict[CompiledKind, int]:
     from tunecache.client.layouts import deep_gemm_cache_dir
     from tunecache.client.warm_state import inductor_triton_dir, triton_cache_dir, vllm_cache_root
 
-    since = int(os.environ.get(BOOT_STARTED_VARIABLE) or 0)
+    since = Handoff.from_environment().boot_started_ns or 0
     root = vllm_cache_root()
     workspace = flashinfer_workspace()
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

@@ -21,7 +21,7 @@ inspected, the FlashInfer JIT modules, the DeepGEMM cache, Triton's cache and vL
 model-inspection cache, and stages the compile cache, which each worker puts under the
 directory names its own vLLM config gives right before it compiles
 (:func:`install_staged_compile_cache`). The workers then install the tactics only
-(:data:`WARM_STATE_VARIABLE`).
+(:attr:`tunecache.client.boot.handoff.Handoff.warm_state_run`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from tunecache.client.atomic import file_lock, write_atomically
+from tunecache.client.boot.handoff import Handoff
 from tunecache.client.destinations import destinations_of
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import (
@@ -320,7 +321,7 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
         v2 = worker.uses_v2()
         # TUNECACHE_JIT: FlashInfer JIT modules and the DeepGEMM cache, unless the engine's main
         # process installed them with the rest of the warm state (WarmBoot)
-        executable = settings.jit and not os.environ.get(WARM_STATE_VARIABLE)
+        executable = settings.jit and not Handoff.from_environment().warm_state_run
         target = InstallTarget(
             jit_modules=JitWorkspace() if executable else None,  # this pod's own FlashInfer workspace
             deep_gemm=DeepGemmCache() if executable else None,  # this pod's own DeepGEMM cache directory
@@ -344,7 +345,7 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
         commit.enter_context(_commit_window(pod))
         result = install(fetched, target)
         if result.deep_gemm_dir is not None:  # the directory vLLM would set, set before DeepGEMM reads it
-            os.environ["DG_JIT_CACHE_DIR"] = str(result.deep_gemm_dir)
+            Handoff(deep_gemm_dir=result.deep_gemm_dir).hand_over()
         level = logging.INFO
         where = result.paths[0] if v2 else pod.root / pod.config_hash
         line = (f"tunecache: installed run {result.run_id} ({result.entries} entries, {len(result.jit_modules)} JIT "
@@ -397,7 +398,7 @@ def _follow(pod: Pod, record: PodRecord, settings: Any, started: float | None = 
         if recorded.deep_gemm_dir is not None:
             directory = deep_gemm_cache_dir()
             if (directory / "cache").is_dir():
-                os.environ["DG_JIT_CACHE_DIR"] = str(directory)
+                Handoff(deep_gemm_dir=directory).hand_over()
             else:
                 note = f"; its DeepGEMM cache {directory} is missing"
         log.info("tunecache: run %s installed for this pod by rank %s (%s entries, %s JIT modules) for %s: %s%s",
@@ -499,17 +500,6 @@ def _write_record(pod: Pod, record: PodRecord) -> None:
     write_atomically(pod.marker, stamped.model_dump_json(indent=1).encode())
 
 
-#: Set by the engine's main process once it installed a run's warm state (the run's id), for
-#: the workers it starts: they install the tactics only.
-WARM_STATE_VARIABLE = "TUNECACHE_WARM_STATE_RUN"
-#: Set by the engine's main process to the run's compile cache, staged for the workers it
-#: starts: each installs it (:func:`install_staged_compile_cache`) right before vLLM compiles.
-COMPILE_CACHE_VARIABLE = "TUNECACHE_COMPILE_CACHE"
-#: Set by the engine's main process to the FlashInfer AOT directory it made for the run's JIT
-#: modules (:func:`tunecache.client.jit_install.build_aot_dir`, inside this pod's own
-#: workspace): each worker points its FlashInfer there before its model loads
-#: (:func:`use_staged_aot_dir`), so the modules load without ninja whatever this pod's paths.
-FLASHINFER_AOT_VARIABLE = "TUNECACHE_FLASHINFER_AOT_DIR"
 
 
 @dataclass
@@ -562,10 +552,7 @@ class WarmBoot:
                 self.failure, self.fetched = self.fetched.executable_refused, None
             else:
                 self.result = install(self.fetched, target)
-                if self.result.deep_gemm_dir is not None:
-                    os.environ["DG_JIT_CACHE_DIR"] = str(self.result.deep_gemm_dir)
-                if self.result.jit_aot_dir is not None:
-                    os.environ[FLASHINFER_AOT_VARIABLE] = str(self.result.jit_aot_dir)
+                Handoff(deep_gemm_dir=self.result.deep_gemm_dir, flashinfer_aot_dir=self.result.jit_aot_dir).hand_over()
                 if self.result.triton_cache_dir is not None and not os.environ.get("TRITON_CACHE_DIR", "").strip():
                     # Inductor reads Triton kernels from TRITON_CACHE_DIR when it is set, else from
                     # <TORCHINDUCTOR_CACHE_DIR>/triton/<device> (torch._inductor.runtime.
@@ -574,10 +561,8 @@ class WarmBoot:
                     # without this the engine writes again the kernels installed in Triton's default
                     # (19 on the H200, 2026-12-03). Triton's own default is this directory already.
                     os.environ["TRITON_CACHE_DIR"] = str(self.result.triton_cache_dir)
-                os.environ[WARM_STATE_VARIABLE] = str(self.fetched.run.id)
-                staged = self._stage_compile_cache(vllm_cache_root())
-                if staged is not None:
-                    os.environ[COMPILE_CACHE_VARIABLE] = str(staged)
+                Handoff(warm_state_run=str(self.fetched.run.id)).hand_over()
+                Handoff(compile_cache=self._stage_compile_cache(vllm_cache_root())).hand_over()
         except Exception as exc:  # whatever happens, vLLM boots as it would without tunecache
             self.fetched, self.result = None, None
             self.failure = InstallResult.of_failure(exc).reason
@@ -604,7 +589,7 @@ class WarmBoot:
         parts = [f"{len(self.result.jit_modules)} JIT modules", *self.result.warm_state]
         if self.result.deep_gemm_dir is not None:
             parts.append(f"DeepGEMM cache into {self.result.deep_gemm_dir}")
-        if os.environ.get(COMPILE_CACHE_VARIABLE):
+        if Handoff.from_environment().compile_cache:
             parts.append("compile cache staged for the workers")
         elif self.no_compile_cache and self.fetched is not None and self.fetched.warm_state.get(
                 ArtifactKind.VLLM_COMPILE_CACHE):
@@ -619,14 +604,14 @@ class WarmBoot:
 
 def use_staged_aot_dir() -> Path | None:
     """In a worker, before its model loads: point its FlashInfer at the AOT directory its
-    engine's main process made (:data:`FLASHINFER_AOT_VARIABLE`; each hook calls it, the
+    engine's main process made (:attr:`Handoff.flashinfer_aot_dir`; each hook calls it, the
     same each time); the directory, or
     ``None`` when there is none (or FlashInfer is not importable). Never raises."""
-    staged = os.environ.get(FLASHINFER_AOT_VARIABLE)
-    if not staged:
+    staged = Handoff.from_environment().flashinfer_aot_dir
+    if staged is None:
         return None
     try:
-        return Path(staged) if use_aot_dir(Path(staged)) else None
+        return staged if use_aot_dir(staged) else None
     except Exception as exc:
         log.warning("tunecache: FlashInfer JIT modules not pointed at: %s: %s", type(exc).__name__, exc)
         return None
@@ -637,10 +622,6 @@ class _Staged:
     warm_state: dict[ArtifactKind, bytes]
 
 
-#: Set by the engine's main process to the pod's vLLM engine arguments that differ from vLLM's
-#: defaults (a JSON object, :func:`engine_args_of`), for its workers' reports: with them a
-#: missing engine variant can be tuned (``tunecache retune --warmup vllm --engine-args``).
-ENGINE_ARGS_VARIABLE = "TUNECACHE_ENGINE_ARGS"
 
 #: ``EngineArgs`` fields never reported: the key's own, where the model and its files live, and
 #: what changes no compiled kernel of the engine (ports, logging, seeds).
@@ -725,18 +706,13 @@ _variant_seen = _VariantSeen()
 
 def variant_report_fields() -> dict[str, Any]:
     """The report fields of this worker's engine variant: ``variant`` (when its compile-cache
-    install computed it), ``variant_missing``, ``engine_args`` (:data:`ENGINE_ARGS_VARIABLE`)."""
-    import json
-
+    install computed it), ``variant_missing``, ``engine_args`` (:attr:`Handoff.engine_args`)."""
     fields: dict[str, Any] = {}
     if _variant_seen.variant:
         fields["variant"] = _variant_seen.variant
         fields["variant_missing"] = _variant_seen.missing
-    try:
-        args = json.loads(os.environ.get(ENGINE_ARGS_VARIABLE) or "{}")
-    except ValueError:
-        args = {}
-    if isinstance(args, dict) and args:
+    args = Handoff.from_environment().engine_args
+    if args:
         fields["engine_args"] = args
     return fields
 
@@ -907,7 +883,7 @@ def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tu
 def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodCompileFactors], rank: int,
                                  fetch_variant: VariantFetch | None = None) -> InstallResult | None:
     """In a worker, right before its vLLM compiles: install the compile cache its engine's
-    main process staged (:data:`COMPILE_CACHE_VARIABLE`) under the directory names
+    main process staged (:attr:`Handoff.compile_cache`) under the directory names
     ``pod_factors`` (this worker's factors, from its own ``VllmConfig``) give, or name each
     factor that differs; the workers of one engine take turns under a lock (the first
     installs, the others find the directories in place).
@@ -917,12 +893,12 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
     once per engine) and installed instead; when the service has none, the line names how the
     variants differ and the reports say the variant is missing (vLLM compiles; the rest of the
     warm state is installed all the same). Logs one line; never raises."""
-    staged = os.environ.get(COMPILE_CACHE_VARIABLE)
-    if not staged:
+    handoff = Handoff.from_environment()
+    if handoff.compile_cache is None:
         return None
     started = time.monotonic()
     try:
-        path = Path(staged)
+        path = handoff.compile_cache
         unpacked = _wait_unpacked(path)
         if unpacked is not None and (unpacked / FACTORS_FILE).is_file():
             data = None
@@ -933,7 +909,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
         if node is None:
             raise ValueError("the run's compile cache records no factors")
         factors = pod_factors(node)
-        run = os.environ.get(WARM_STATE_VARIABLE, "?")
+        run = handoff.warm_state_run or "?"
         mine = factors.variant_factors.variant if factors.variant_factors else None
         theirs = node.variant_factors.variant if node.variant_factors else None
         _variant_seen.variant, _variant_seen.missing = mine, False

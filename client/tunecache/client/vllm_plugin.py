@@ -271,10 +271,11 @@ def _warm_boot_before(engine_args: Any):
     cache) installed when ``engine_args`` give the whole key (``max_num_batched_tokens``
     set); ``None`` when it cannot run here. Never raises."""
     try:
+        from tunecache.client.boot.handoff import Handoff
         from tunecache.client.pod import WarmBoot
 
         settings = _settings_safely()
-        if settings is None or os.environ.get("TUNECACHE_WARM_STATE_RUN"):
+        if settings is None or Handoff.from_environment().warm_state_run:
             return None
         _note_engine_args(engine_args)
         key = environment = None
@@ -292,12 +293,11 @@ def _note_engine_args(engine_args: Any) -> None:
     """Hand the pod's variant engine arguments (:func:`tunecache.client.pod.engine_args_of`) to
     the workers vLLM starts (:data:`tunecache.client.pod.ENGINE_ARGS_VARIABLE`), for their
     reports. Never raises."""
-    import json
-
-    from tunecache.client.pod import ENGINE_ARGS_VARIABLE, engine_args_of
+    from tunecache.client.boot.handoff import Handoff
+    from tunecache.client.pod import engine_args_of
 
     try:
-        os.environ[ENGINE_ARGS_VARIABLE] = json.dumps(engine_args_of(engine_args))
+        Handoff(engine_args=engine_args_of(engine_args)).hand_over()
     except Exception as exc:
         log.debug("tunecache: engine arguments not noted: %s: %s", type(exc).__name__, exc)
 
