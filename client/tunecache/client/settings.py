@@ -72,6 +72,23 @@ POD_HANDOFF_VARIABLES: dict[str, FieldInfo] = {
 }
 
 
+def _is_local(url: str) -> bool:
+    """Whether ``url`` names a server on this machine (``localhost`` or a loopback address)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def default_token_file() -> Path:
     """``admin.token`` in the data dir of a ``tunecache serve`` on this machine
     (``$TUNECACHE_DATA_DIR``, else ``$XDG_DATA_HOME/tunecache`` or ``~/.local/share/tunecache``)."""
@@ -115,7 +132,8 @@ class ClientSettings(BaseSettings):
         "shown_default": "`<data dir>/admin.token`"}, description=(
         "a file holding the token, read when `TUNECACHE_TOKEN` is unset and the file exists; by default the "
         "`admin.token` that `tunecache serve` writes in its data dir on this machine (the data dir as the service's: "
-        "`TUNECACHE_DATA_DIR`, else `$XDG_DATA_HOME/tunecache` or `~/.local/share/tunecache`)"))
+        "`TUNECACHE_DATA_DIR`, else `$XDG_DATA_HOME/tunecache` or `~/.local/share/tunecache`), read only for a server "
+        "on this machine (`localhost` or a loopback address); a file set here is read for any server"))
     ca_bundle: Path | None = Field(default=None, description=(
         "CA certificates (PEM) to verify the server's TLS certificate with (default: the system's); TLS is always "
         "verified"))
@@ -131,14 +149,20 @@ class ClientSettings(BaseSettings):
     report_timeout: float = Field(default=2.0, gt=0, le=60, description=(
         "seconds one report may take in all (one attempt; connect, send and answer together)"))
 
-    def resolved_token(self) -> str | None:
+    def resolved_token(self, server_url: str | None = None) -> str | None:
         """``token``, else the first line of ``token_file`` when that file exists, else ``None``.
+        The default ``token_file`` (the admin token of a ``tunecache serve`` on this machine) is
+        read only for a server on this machine (a loopback host in ``server_url``): a node that
+        runs the service never sends its own admin token to another server. A
+        ``TUNECACHE_TOKEN_FILE`` that is set is read for any server.
 
         Raises:
             ValueError: ``token_file`` exists but cannot be read, is empty or is not text.
         """
         if self.token is not None:
             return self.token.get_secret_value()
+        if server_url is not None and "token_file" not in self.model_fields_set and not _is_local(server_url):
+            return None
         where = f"TUNECACHE_TOKEN_FILE={str(self.token_file)!r}"
         try:
             text = self.token_file.read_text(encoding="ascii").strip()

@@ -91,7 +91,7 @@ class TunecacheClient(RunsClient, ArtifactsClient, ReportsClient, JobsClient, Wo
             attempts=settings.attempts,
             max_retry_after_s=settings.max_retry_after,
             install_deadline_s=settings.install_deadline,
-            token=settings.resolved_token(),
+            token=settings.resolved_token(base_url),
             ca_bundle=settings.ca_bundle,
             allow_insecure=settings.allow_insecure,
             reports=settings.report,

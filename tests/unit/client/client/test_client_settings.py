@@ -93,6 +93,16 @@ def test_the_token_comes_from_the_option_the_variable_or_the_file(tmp_path, monk
     assert ClientSettings(token_file=token_file, token="tc_given").resolved_token() == "tc_given"
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path))
     assert ClientSettings().resolved_token() == "tc_from_file"  # the admin.token of a local tunecache serve
+    assert ClientSettings().resolved_token("http://127.0.0.1:8321") == "tc_from_file"
+    assert ClientSettings().resolved_token("http://localhost:8321") == "tc_from_file"
+    # the local service's admin token never goes to another server (a node running the service
+    # sent it to any --server, and plain-http reads there were refused, exit 13)
+    assert ClientSettings().resolved_token("https://tunecache.example:8321") is None
+    assert ClientSettings().resolved_token("http://tunecache:8321") is None
+    monkeypatch.setenv("TUNECACHE_TOKEN_FILE", str(token_file))  # a file the pod names is read for any server
+    assert ClientSettings().resolved_token("https://tunecache.example:8321") == "tc_from_file"
+    assert ClientSettings(token_file=token_file).resolved_token("https://tunecache.example:8321") == "tc_from_file"
+    monkeypatch.delenv("TUNECACHE_TOKEN_FILE")
     monkeypatch.setenv("TUNECACHE_TOKEN", "")  # set but empty: refused, never a fall-back to the admin's file
     with pytest.raises(ValueError, match="set but empty: an empty token is refused"):
         ClientSettings()
