@@ -53,6 +53,7 @@ from tunecache.contract import (
     ENVIRONMENT_FIELDS,
     FLEET_PAGE_DEFAULT,
     FLEET_PAGE_MAX,
+    MAX_ID,
     JobStatus,
     ReportSource,
     RunTrigger,
@@ -392,8 +393,8 @@ def _diff_table(diff: TuningRunDiff) -> list[str]:
 
 @app.command()
 def diff(
-    run_a: Annotated[int, typer.Argument(min=1, help="run id a (e.g. the current tuning)")],
-    run_b: Annotated[int, typer.Argument(min=1, help="run id b, compared with a (e.g. a re-tune)")],
+    run_a: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="run id a (e.g. the current tuning)")],
+    run_b: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="run id b, compared with a (e.g. a re-tune)")],
     server: ServerOpt,
     as_json: Annotated[bool, typer.Option("--json", help="print the diff as JSON (the API's TuningRunDiff)")] = False,
     fail_on_regression: Annotated[bool, typer.Option(
@@ -832,7 +833,7 @@ app.add_typer(job_app, name="job")
 @job_app.command("cancel")
 def job_cancel(
     server: ServerOpt,
-    job_id: Annotated[int, typer.Argument(min=1, help="the job's id (retune prints it)")],
+    job_id: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="the job's id (retune prints it)")],
 ) -> None:
     """Cancel a tuning job (needs an admin token).
 
@@ -856,7 +857,7 @@ def job_cancel(
 @app.command()
 def promote(
     server: ServerOpt,
-    run_id: Annotated[int, typer.Argument(min=1, help="the run to make current (history lists them)")],
+    run_id: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="the run to make current (history lists them)")],
     signing_key: Annotated[Optional[Path], typer.Option(
         help="sign the run anew with this Ed25519 key (a key the pods trust): pods that installed a newer run "
              "take it, which they otherwise refuse as a replayed older one")] = None,
@@ -897,7 +898,7 @@ def promote(
 @app.command()
 def pin(
     server: ServerOpt,
-    run_id: Annotated[int, typer.Argument(min=1, help="the run to keep (history lists them)")],
+    run_id: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="the run to keep (history lists them)")],
 ) -> None:
     """Pin a run, so that retention (TUNECACHE_RUN_RETENTION) never deletes it, however many
     runs of its key come after it: a known-good run to roll back to (needs an admin token).
@@ -911,7 +912,7 @@ def pin(
 @app.command()
 def unpin(
     server: ServerOpt,
-    run_id: Annotated[int, typer.Argument(min=1, help="the pinned run (history lists them)")],
+    run_id: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="the pinned run (history lists them)")],
 ) -> None:
     """Unpin a run: retention keeps or deletes it as any other run from its next pass (needs
     an admin token).

@@ -29,7 +29,11 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
     (["push", "x.json", "--server", "http://127.0.0.1:9", "--model", "m", "--max-num-batched-tokens", "many"],
      "tunecache: error: invalid value for '--max-num-batched-tokens': Input should be a valid integer, unable to "
      "parse string as an integer (see tunecache push --help)"),
-], ids=["missing-option", "unknown-option", "unknown-command", "unknown-subcommand", "bad-value"])
+    # a run id past the database's integer reached the server, whose 422 came back as a raw list, exit 5
+    (["pin", "99999999999999999999", "--server", "http://127.0.0.1:9"],
+     "tunecache: error: invalid value for 'run_id': Input should be less than or equal to 2147483647 "
+     "(see tunecache pin --help)"),
+], ids=["missing-option", "unknown-option", "unknown-command", "unknown-subcommand", "bad-value", "run-id-too-large"])
 def test_a_usage_error_is_one_line_and_exit_2(capsys, args, line):
     code, out, err = _run(capsys, *args)
     assert code == ExitCode.USAGE == 2
