@@ -59,7 +59,7 @@ vllm.v1.attention.backends.flashinfer vllm.v1.attention.backends.triton_attn
 vllm.v1.attention.backends.flex_attention vllm.v1.attention.backends.flash_attn
 flashinfer flashinfer.prefill flashinfer.decode flashinfer.jit flashinfer.page flashinfer.sampling
 flashinfer.norm flashinfer.activation flashinfer.rope flashinfer.autotuner
-tunecache.cli tunecache.cli_kit tunecache.client.vllm_plugin tunecache.service.app tunecache.service.cli
+tunecache.cli tunecache.cli_kit tunecache.client.boot.hooks tunecache.service.app tunecache.service.cli
 """.split()
 
 for name in MODULES:

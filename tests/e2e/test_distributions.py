@@ -68,7 +68,7 @@ def _requirement_names(requires: list[str]) -> set[str]:
 def test_client_wheel_holds_the_pod_side_only(wheels):
     names, metadata, entry_points = _wheel(wheels["tunecache_client"])
     assert metadata["Name"] == "tunecache-client"
-    assert {"tunecache/contract/__init__.py", "tunecache/contract/identity.py", "tunecache/store.py", "tunecache/cli.py", "tunecache/cli_kit.py", "tunecache/client/vllm_plugin.py"} <= names
+    assert {"tunecache/contract/__init__.py", "tunecache/contract/identity.py", "tunecache/store.py", "tunecache/cli.py", "tunecache/cli_kit.py", "tunecache/client/boot/hooks.py"} <= names
     assert {"tunecache/client/http/__init__.py", "tunecache/client/http/transport.py", "tunecache/client/http/runs.py"} <= names
     # the formats both sides read ship with the pod side; the server uses them from here
     assert {"tunecache/formats/__init__.py", "tunecache/formats/autotune_file.py", "tunecache/formats/jit_module.py"} <= names
@@ -108,7 +108,7 @@ def test_a_client_only_install_pulls_with_none_of_the_servers_packages(wheels, s
     assert "tunecache-client" in installed and "tunecache-server" not in installed
     assert not installed & SERVER_PACKAGES, installed & SERVER_PACKAGES
 
-    loaded = _run(python, "-c", "import sys, tunecache.client.vllm_plugin, tunecache.cli; "
+    loaded = _run(python, "-c", "import sys, tunecache.client.boot.hooks, tunecache.cli; "
                   "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))", env=env).stdout.split()
     assert not set(loaded) & SERVER_PACKAGES
 

@@ -164,7 +164,7 @@ def test_an_unexpected_vllm_layout_is_logged_not_raised(tmp_path):
     (stand_in / "vllm/__init__.py").write_text('__version__ = "0.33.0"\n')
     (stand_in / "vllm/model_executor/warmup/kernel_warmup.py").write_text("x = 1  # no flashinfer_autotune here\n")
     code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='%(message)s'); "
-            "from tunecache.client.vllm_plugin import register; register(); print('booted')")
+            "from tunecache.client.boot.hooks import register; register(); print('booted')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": str(stand_in), "TUNECACHE_URL": "http://127.0.0.1:1"})
     assert result.returncode == 0 and result.stdout.strip() == "booted"

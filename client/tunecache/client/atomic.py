@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -247,3 +247,25 @@ def write_atomically(path: Path, data: bytes) -> None:
         if old is not None:
             old.unlink(missing_ok=True)
         raise
+
+
+#: What an earlier boot left beside what it installed (unpacked directories, a variant's
+#: tarball, a marker) is removed once it is this old: another engine on the same cache root may
+#: still be booting from a newer one.
+STALE_AFTER_S = 3600.0
+
+
+def remove_stale(paths: Iterable[Path], older_than_s: float = STALE_AFTER_S) -> None:
+    """Remove each of ``paths`` (files or directories) last changed over ``older_than_s`` ago;
+    what cannot be removed is left."""
+    now = time.time()
+    for path in paths:
+        try:
+            if now - path.lstat().st_mtime < older_than_s:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError:
+            continue

@@ -1,6 +1,6 @@
 """What this pod installed before: the newest signing time per key and environment, so that a
 replayed older run (a proxy or a second recorder serving run 1 after run 2) is refused. An
-engine variant's compile cache, fetched on its own (:func:`tunecache.client.pod.fetch_variant_compile_cache`),
+engine variant's compile cache, fetched on its own (:func:`tunecache.client.boot.staged.fetch_variant_compile_cache`),
 has a slot of its own beside its key's: ``"<key hash>/<environment hash>/<variant>"``.
 
 Kept in ``$TUNECACHE_STATE_DIR/installed-signatures.json`` (default ``~/.cache/tunecache``;

@@ -244,7 +244,9 @@ def test_the_main_process_unpacks_the_staged_compile_cache_for_its_workers_and_s
     import os
     import time
 
-    from tunecache.client import pod, report
+    from tunecache.client import report
+    from tunecache.client.atomic import STALE_AFTER_S
+    from tunecache.client.boot import staged as pod
 
     _, _, fetched, backbone, _ = harvested(tmp_path)
     data = fetched.warm_state[ArtifactKind.VLLM_COMPILE_CACHE]
@@ -254,7 +256,7 @@ def test_the_main_process_unpacks_the_staged_compile_cache_for_its_workers_and_s
     monkeypatch.setattr(report, "_boot_id", None)  # this process's boot, made from the variable
     stale = staged.parent / "compile-cache-run-7-boot-old"
     stale.mkdir()
-    os.utime(stale, (time.time() - 2 * pod.STALE_AFTER_S,) * 2)
+    os.utime(stale, (time.time() - 2 * STALE_AFTER_S,) * 2)
     beside = staged.parent / "compile-cache-run-7-boot-other"  # another engine's, booting now
     beside.mkdir()
     pod.unpack_staged(staged, data)

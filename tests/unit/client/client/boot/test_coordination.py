@@ -1,5 +1,5 @@
 """The workers of one boot agree on what is installed, also when one gives up waiting for the
-first (tunecache.client.pod: the commit window and the giving up, vllm#57423): the first
+first (tunecache.client.boot.coordination: the commit window and the giving up, vllm#57423): the first
 worker puts the run in place and records it only while no worker of its boot gave up, and a
 worker that gives up follows a record that made it in first."""
 
@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from tests.support.paths import CUDNN_FILE
-from tunecache.client import pod as pods
+from tunecache.client.boot import coordination
 from tunecache.client.install import InstallResult
 from tunecache.contract import ReportOutcome
 
 
-def a_pod(root: Path, rank: int) -> pods.Pod:
-    return pods.Pod(root=root, config_hash="cd" * 32, rank=rank, instance="boot-1", file_names=("r0.json", "r1.json"),
+def a_pod(root: Path, rank: int) -> coordination.Pod:
+    return coordination.Pod(root=root, config_hash="cd" * 32, rank=rank, instance="boot-1", file_names=("r0.json", "r1.json"),
                     rank_file=root / ("cd" * 32) / f"r{rank}.json")
 
 
@@ -28,28 +28,28 @@ SETTINGS = SimpleNamespace(report=False, install_deadline=1.0)
 
 def test_a_worker_that_gave_up_first_keeps_the_first_from_installing(tmp_path):
     follower = a_pod(tmp_path, 1)
-    given_up = pods._give_up(follower, SETTINGS, time.monotonic() - 12, 1.0)
+    given_up = coordination._give_up(follower, SETTINGS, time.monotonic() - 12, 1.0)
     assert given_up.outcome is ReportOutcome.ERROR and follower.abandoned.exists()
-    with pytest.raises(pods.Abandoned, match="nothing was installed, so that every rank boots without the run alike"):
-        with pods._commit_window(a_pod(tmp_path, 0)):
+    with pytest.raises(coordination.Abandoned, match="nothing was installed, so that every rank boots without the run alike"):
+        with coordination._commit_window(a_pod(tmp_path, 0)):
             pytest.fail("the first worker must not put anything in place")
-    other_boot = pods.Pod(**{**vars(a_pod(tmp_path, 0)), "instance": "boot-2"})
-    with pods._commit_window(other_boot):  # another boot's marker is its own
+    other_boot = coordination.Pod(**{**vars(a_pod(tmp_path, 0)), "instance": "boot-2"})
+    with coordination._commit_window(other_boot):  # another boot's marker is its own
         pass
 
 
 def test_a_worker_that_gives_up_after_the_first_recorded_follows_the_record(tmp_path):
     first, follower = a_pod(tmp_path, 0), a_pod(tmp_path, 1)
     data = CUDNN_FILE.read_bytes()
-    with pods._commit_window(first):
+    with coordination._commit_window(first):
         for name in first.file_names:
             (first.root / first.config_hash).mkdir(parents=True, exist_ok=True)
             (first.root / first.config_hash / name).write_bytes(data)
-        pods._write_record(first, pods.PodRecord(
+        coordination._write_record(first, coordination.PodRecord(
             instance=first.instance, rank=0, host="h", pid=1,
             result=InstallResult(outcome=ReportOutcome.INSTALLED, run_id=7, entries=1, sha256=hashlib.sha256(data).hexdigest(),
                                  paths=(first.root / first.config_hash,))))
-    followed = pods._give_up(follower, SETTINGS, time.monotonic() - 12, 1.0)
+    followed = coordination._give_up(follower, SETTINGS, time.monotonic() - 12, 1.0)
     assert followed.outcome is ReportOutcome.INSTALLED and not follower.abandoned.exists()
 
 

@@ -1,12 +1,7 @@
-"""The vLLM plugin's entry point (the plugin in worker processes is tests/e2e/test_vllm_plugin.py)."""
+"""What the boot reads of vLLM (tunecache.client.boot.engine): the main process's questions to
+NVML instead of CUDA, and the engine arguments that name an engine variant."""
 
 from __future__ import annotations
-
-from importlib.metadata import entry_points
-
-
-def test_entry_point_is_registered():
-    assert "tunecache" in {e.name for e in entry_points(group="vllm.general_plugins")}
 
 
 def _platform_module(names: dict[int, str], capability: tuple[int, int]):
@@ -42,7 +37,7 @@ def test_the_main_process_asks_nvml_not_cuda(monkeypatch):
 
     import torch
 
-    from tunecache.client.vllm_plugin import cuda_answered_by_nvml
+    from tunecache.client.boot.engine import cuda_answered_by_nvml
 
     platforms, asked = _platform_module({0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}, (9, 0))
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
@@ -64,7 +59,7 @@ def test_without_vllms_platform_torch_answers(monkeypatch):
 
     import torch
 
-    from tunecache.client.vllm_plugin import cuda_answered_by_nvml
+    from tunecache.client.boot.engine import cuda_answered_by_nvml
 
     monkeypatch.setitem(sys.modules, "vllm.platforms", None)  # import fails
     original = torch.cuda.get_device_capability
@@ -75,7 +70,7 @@ def test_without_vllms_platform_torch_answers(monkeypatch):
 def test_the_engine_args_that_name_a_variant_are_the_non_default_plain_ones():
     import dataclasses
 
-    from tunecache.client.pod import engine_args_of
+    from tunecache.client.boot.engine import engine_args_of
 
     @dataclasses.dataclass
     class CompilationConfig:  # vLLM's config objects are dataclasses too

@@ -10,7 +10,7 @@ which runs, in order, DeepGEMM warmup, ``flashinfer_autotune(runner)`` and Flash
 attention warmup; ``flashinfer_autotune`` is wrapped too, as a fallback. The install runs
 once per worker process, in whichever hook comes first, so before DeepGEMM warmup:
 
-* **One lookup per pod boot** (:mod:`tunecache.client.pod`). The workers of one engine
+* **One lookup per pod boot** (:mod:`tunecache.client.boot.coordination`). The workers of one engine
   (vLLM's world group: ``pp * tp`` processes) share ``vllm_config.instance_id`` (the parent
   process when it is absent). Under an exclusive lock on ``<root>/.tunecache/<hash>.lock``
   (``<root>`` and ``<hash>`` from vLLM's ``flashinfer_autotune_root()`` and
@@ -20,7 +20,7 @@ once per worker process, in whichever hook comes first, so before DeepGEMM warmu
   (``TUNECACHE_INSTALL_DEADLINE``, counted from its hook), installs it for every rank and
   records the outcome (installed, miss or error; the run; the file's sha256) for its
   instance in ``<root>/.tunecache/<hash>.json``. The other workers wait for the lock (never
-  longer than the install deadline plus ``tunecache.client.pod.INSTALL_WAIT_MARGIN_S``),
+  longer than the install deadline plus ``tunecache.client.boot.coordination.INSTALL_WAIT_MARGIN_S``),
   read that record and look nothing up: every worker of the pod gets the same run, or the
   same miss or error. A record of another instance (an earlier boot on a persistent volume)
   means a fresh lookup.
@@ -70,22 +70,21 @@ the install deadline), read once per worker when its install runs.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import socket
 import sys
 import threading
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from tunecache.client.boot.engine import (VllmWorker, config_key, cuda_answered_by_nvml, engine_args_key, engine_args_of,
+                                         main_process_environment, pod_compile_factors)
 
 #: Under vLLM's own ``vllm`` logger, whose handler vLLM configures (``vllm/logger.py``:
 #: ``DEFAULT_LOGGING_CONFIG``, ``propagate: False``; the root logger has none), so the
 #: plugin's lines appear in vLLM's log, in its format, at ``VLLM_LOGGING_LEVEL``.
 log = logging.getLogger("vllm.plugins.tunecache")
 
-#: This process's install (:class:`tunecache.client.pod.PodInstall`, ``False``: none), once it ran.
+#: This process's install (:class:`tunecache.client.boot.coordination.PodInstall`, ``False``: none), once it ran.
 _installed: Any = None
 #: The vLLM release of this process (:class:`tunecache.client.vllm_releases.VllmRelease`), set by :func:`register`.
 _release: Any = None
@@ -133,9 +132,9 @@ def _wrap_worker_compile() -> None:
     """Wrap ``vllm.v1.worker.gpu_worker.Worker.determine_available_memory``, whose profiling
     run is the worker's first forward pass, where vLLM's torch.compile loads or compiles:
     the compile cache the main process staged is installed just before it
-    (:func:`tunecache.client.pod.install_staged_compile_cache`); and ``load_model``, before
+    (:func:`tunecache.client.boot.staged.install_staged_compile_cache`); and ``load_model``, before
     which the worker's FlashInfer is pointed at the AOT directory of the run's JIT modules
-    (:func:`tunecache.client.pod.use_staged_aot_dir`). A vLLM without them: nothing."""
+    (:func:`tunecache.client.boot.staged.use_staged_aot_dir`). A vLLM without them: nothing."""
     import functools
 
     from vllm.v1.worker import gpu_worker
@@ -146,7 +145,7 @@ def _wrap_worker_compile() -> None:
 
     @functools.wraps(original)
     def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from tunecache.client.pod import use_staged_aot_dir
+        from tunecache.client.boot.staged import use_staged_aot_dir
 
         use_staged_aot_dir()  # a vLLM whose worker has no load_model to wrap
         _install_compile_cache(self)
@@ -156,7 +155,7 @@ def _wrap_worker_compile() -> None:
     gpu_worker.Worker.determine_available_memory = determine_available_memory
     load_model = getattr(gpu_worker.Worker, "load_model", None)
     if load_model is not None and not getattr(load_model, "_tunecache_wrapped", False):
-        from tunecache.client.pod import use_staged_aot_dir
+        from tunecache.client.boot.staged import use_staged_aot_dir
 
         @functools.wraps(load_model)
         def load_model_after_aot_dir(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -167,7 +166,7 @@ def _wrap_worker_compile() -> None:
         gpu_worker.Worker.load_model = load_model_after_aot_dir
     warm_up = getattr(gpu_worker.Worker, "compile_or_warm_up_model", None)
     if warm_up is not None:
-        from tunecache.client.pod import defer_reports
+        from tunecache.client.boot.reporting import hold_reports
 
         @functools.wraps(warm_up)
         def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -178,7 +177,7 @@ def _wrap_worker_compile() -> None:
 
         compile_or_warm_up_model._tunecache_wrapped = True  # type: ignore[attr-defined]
         gpu_worker.Worker.compile_or_warm_up_model = compile_or_warm_up_model
-        defer_reports()
+        hold_reports()
 
 
 def _attest(worker: Any) -> threading.Thread | None:
@@ -206,13 +205,13 @@ def _finish_attestation(counted: dict, until_ns: int, rank: Any) -> None:
     """The attestation's file count and what follows it (see :func:`_attest`). Never raises."""
     try:
         from tunecache.client.attestation import boot_files
-        from tunecache.client.pod import send_deferred_reports
+        from tunecache.client.boot.reporting import send_held_reports
         from tunecache.contract import compiled_summary
 
         counts = {**boot_files(until_ns), **counted}
         log.info("tunecache: this boot compiled %s (rank %s)%s", compiled_summary(counts), rank,
                  "" if any(counts.values()) else ": at the floor")
-        send_deferred_reports({kind.value: n for kind, n in counts.items()})
+        send_held_reports({kind.value: n for kind, n in counts.items()})
     except Exception as exc:
         log.warning("tunecache: boot not attested: %s: %s", type(exc).__name__, exc)
 
@@ -222,7 +221,8 @@ def _install_compile_cache(worker: Any) -> None:
     if _release is not None and not _release.compile_cache:
         return  # the main process staged none, and said why
     try:
-        from tunecache.client.pod import _environment, fetch_variant_compile_cache, install_staged_compile_cache
+        from tunecache.client.boot.coordination import pod_environment
+        from tunecache.client.boot.staged import fetch_variant_compile_cache, install_staged_compile_cache
 
         config = worker.vllm_config
 
@@ -230,8 +230,8 @@ def _install_compile_cache(worker: Any) -> None:
             settings = _settings_safely()
             if settings is None:
                 return None
-            environment = _environment(settings)
-            return fetch_variant_compile_cache(settings, _config_key(config, environment, settings), environment, variant)
+            environment = pod_environment(settings)
+            return fetch_variant_compile_cache(settings, config_key(config, environment, settings), environment, variant)
 
         install_staged_compile_cache(lambda node: pod_compile_factors(config, node),
                                      int(getattr(config.parallel_config, "rank", 0)), fetch_variant)
@@ -243,7 +243,7 @@ def _wrap_engine_config() -> None:
     """Wrap ``vllm.engine.arg_utils.EngineArgs.create_engine_config``, which the engine's main
     process calls once (``LLM(...)``, ``vllm serve``) before it inspects the model and long
     before the engine core compiles: the boot's warm state is installed around it
-    (:class:`tunecache.client.pod.WarmBoot`). Workers never call it."""
+    (:class:`tunecache.client.boot.main_process.WarmBoot`). Workers never call it."""
     import functools
 
     from vllm.engine.arg_utils import EngineArgs
@@ -267,12 +267,12 @@ def _wrap_engine_config() -> None:
 
 
 def _warm_boot_before(engine_args: Any):
-    """The boot's :class:`~tunecache.client.pod.WarmBoot`, its warm state (but the compile
+    """The boot's :class:`~tunecache.client.boot.main_process.WarmBoot`, its warm state (but the compile
     cache) installed when ``engine_args`` give the whole key (``max_num_batched_tokens``
     set); ``None`` when it cannot run here. Never raises."""
     try:
         from tunecache.client.boot.handoff import Handoff
-        from tunecache.client.pod import WarmBoot
+        from tunecache.client.boot.main_process import WarmBoot
 
         settings = _settings_safely()
         if settings is None or Handoff.from_environment().warm_state_run:
@@ -280,8 +280,8 @@ def _warm_boot_before(engine_args: Any):
         _note_engine_args(engine_args)
         key = environment = None
         if getattr(engine_args, "max_num_batched_tokens", None):
-            environment = _main_process_environment(settings)
-            key = _engine_args_key(engine_args, environment, settings)
+            environment = main_process_environment(settings)
+            key = engine_args_key(engine_args, environment, settings)
         return WarmBoot.before(settings, key, environment,
                                no_compile_cache=_release.not_supported if _release and not _release.compile_cache else None)
     except Exception as exc:
@@ -290,11 +290,10 @@ def _warm_boot_before(engine_args: Any):
 
 
 def _note_engine_args(engine_args: Any) -> None:
-    """Hand the pod's variant engine arguments (:func:`tunecache.client.pod.engine_args_of`) to
-    the workers vLLM starts (:data:`tunecache.client.pod.ENGINE_ARGS_VARIABLE`), for their
+    """Hand the pod's variant engine arguments (:func:`tunecache.client.boot.engine.engine_args_of`) to
+    the workers vLLM starts (:attr:`tunecache.client.boot.handoff.Handoff.engine_args`), for their
     reports. Never raises."""
     from tunecache.client.boot.handoff import Handoff
-    from tunecache.client.pod import engine_args_of
 
     try:
         Handoff(engine_args=engine_args_of(engine_args)).hand_over()
@@ -305,128 +304,10 @@ def _note_engine_args(engine_args: Any) -> None:
 def _warm_boot_after(boot: Any, config: Any) -> None:
     """``boot`` with the key from vLLM's config, when ``EngineArgs`` did not give it. Never raises."""
     try:
-        environment = _main_process_environment(boot.settings)
-        boot.after(_config_key(config, environment, boot.settings), environment)
+        environment = main_process_environment(boot.settings)
+        boot.after(config_key(config, environment, boot.settings), environment)
     except Exception as exc:
         log.warning("tunecache: no warm state installed: %s: %s", type(exc).__name__, exc)
-
-
-def pod_compile_factors(config: Any, node: Any):
-    """This worker's :class:`tunecache.formats.vllm_compile.PodCompileFactors` for the node's
-    ``node`` (:class:`~tunecache.formats.vllm_compile.CompileFactors`), from vLLM's own
-    functions: ``vllm.envs.compile_factors()``, ``VllmConfig.compute_hash()`` (also with
-    ``ModelConfig.model`` set to the node's, so that where the model lives is no difference)
-    and the sha256 of the node's traced source files as this pod has them, each looked up
-    where this pod imports its module from (another package prefix: the pod's own paths and
-    code hash, :func:`tunecache.formats.vllm_compile.traced_files_here`)."""
-    import json
-
-    import vllm
-    import vllm.envs as envs
-
-    from tunecache.formats.vllm_compile import (PodCompileFactors, config_hashes, model_named, traced_files_here,
-                                                 variant_factors)
-
-    with model_named(config, node.model):
-        as_node, hashes_as_node = config.compute_hash(), config_hashes(config)
-    digests, moved, own_code_hash = traced_files_here(dict(node.traced_files))
-    env = json.loads(json.dumps(envs.compile_factors(), default=str))
-    return PodCompileFactors(
-        vllm_version=vllm.__version__, env=env,
-        config_hash=config.compute_hash(), config_hash_as_node=as_node, config_hashes_as_node=hashes_as_node,
-        traced_files=digests, traced_here=moved, code_hash=own_code_hash,
-        variant_factors=variant_factors(config, env, vllm.__version__, _model_name(config.model_config)),
-    )
-
-
-@contextlib.contextmanager
-def cuda_answered_by_nvml() -> Iterator[None]:
-    """Within: ``torch.cuda.get_device_name``, ``get_device_capability`` and
-    ``current_device`` answered by vLLM's ``current_platform`` (NVML), which initializes no
-    CUDA context. For the engine's main process: FlashInfer asks torch for the GPU's
-    capability when ``flashinfer.jit.env`` is first imported (``CompilationContext``, for
-    its workspace's arch folder) and for its name in ``_collect_metadata()``; either would
-    initialize CUDA there, and vLLM then starts its engine core with ``spawn`` instead of
-    ``fork``: every import again, 15 s of a 32 s boot measured on the H200. Where vLLM's
-    platform cannot answer (no NVML, a stand-in vLLM), nothing is replaced."""
-    try:
-        import torch
-        from vllm.platforms import current_platform
-
-        platform_name, platform_capability = current_platform.get_device_name, current_platform.get_device_capability
-    except Exception:
-        yield
-        return
-
-    def index(device: Any = None) -> int:
-        if device is None:
-            return 0
-        if isinstance(device, int):
-            return device
-        if isinstance(device, str):
-            return int(device.rsplit(":", 1)[1]) if ":" in device else 0
-        return getattr(device, "index", None) or 0  # torch.device
-
-    def get_device_capability(device: Any = None) -> tuple[int, int]:
-        capability = platform_capability(index(device))
-        if capability is None:
-            raise RuntimeError("NVML gave no capability")
-        return (int(capability.major), int(capability.minor))
-
-    replaced = {"get_device_name": lambda device=None: platform_name(index(device)),
-                "get_device_capability": get_device_capability, "current_device": lambda: 0}
-    saved = {name: getattr(torch.cuda, name) for name in replaced}
-    for name, function in replaced.items():
-        setattr(torch.cuda, name, function)
-    try:
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(torch.cuda, name, function)
-
-
-def _main_process_environment(settings: Any):
-    """This pod's FlashInfer environment in the engine's main process:
-    ``TUNECACHE_ENVIRONMENT_FILE`` when set, else FlashInfer's own
-    ``flashinfer.autotuner._collect_metadata()``, called under :func:`cuda_answered_by_nvml`
-    (it asks ``torch.cuda.get_device_name``)."""
-    from tunecache.client.environment import environment_from_file
-    from tunecache.contract import EnvironmentMetadata
-
-    if settings.environment_file:
-        return environment_from_file(settings.environment_file)
-    from flashinfer.autotuner import _collect_metadata
-
-    return EnvironmentMetadata.from_flashinfer_metadata(_collect_metadata())  # under cuda_answered_by_nvml()
-
-
-def _engine_args_key(engine_args: Any, environment: Any, settings: Any):
-    """The pod's key from vLLM's ``EngineArgs`` as given (before vLLM fills its defaults)."""
-    served = getattr(engine_args, "served_model_name", None)
-    if isinstance(served, (list, tuple)):
-        served = served[0] if served else None
-    return _key(environment, settings, served if isinstance(served, str) and served else str(engine_args.model),
-                engine_args.max_num_batched_tokens, engine_args.tensor_parallel_size,
-                getattr(engine_args, "data_parallel_size", 1), bool(getattr(engine_args, "enable_expert_parallel", False)),
-                getattr(engine_args, "prefill_context_parallel_size", 1))
-
-
-def _config_key(config: Any, environment: Any, settings: Any):
-    """The pod's key from vLLM's ``VllmConfig`` (as :meth:`VllmWorker.key`)."""
-    parallel = config.parallel_config
-    return _key(environment, settings, _model_name(config.model_config), config.scheduler_config.max_num_batched_tokens,
-                parallel.tensor_parallel_size, getattr(parallel, "data_parallel_size", 1),
-                bool(getattr(parallel, "enable_expert_parallel", False)),
-                getattr(parallel, "prefill_context_parallel_size", 1))
-
-
-def _key(environment: Any, settings: Any, model: str, max_num_batched_tokens: int, tp: int, dp: int, ep: bool, pcp: int):
-    from tunecache.client.environment import pod_key
-    from tunecache.contract import expert_parallel_size
-
-    return pod_key(environment.gpu, model, int(max_num_batched_tokens), dtype=settings.dtype,
-                   quantization=settings.quantization, tensor_parallel_size=int(tp), data_parallel_size=int(dp),
-                   expert_parallel_size=expert_parallel_size(int(tp), int(dp), ep, int(pcp or 1)))
 
 
 def _wrap_warmup() -> None:
@@ -477,8 +358,8 @@ def _rebind(original: Any, replacement: Any) -> None:
 
 
 def _install_once(runner: Any):
-    """This process's install (:func:`tunecache.client.pod.install_for_pod`, a
-    :class:`~tunecache.client.pod.PodInstall`), run on the first call (from whichever hook
+    """This process's install (:func:`tunecache.client.boot.coordination.install_for_pod`, a
+    :class:`~tunecache.client.boot.coordination.PodInstall`), run on the first call (from whichever hook
     comes first); ``False`` when none ran (invalid settings or tunecache's own modules
     cannot load here: logged). Never raises."""
     global _installed
@@ -487,11 +368,11 @@ def _install_once(runner: Any):
         _installed = False
         if settings is not None:
             try:
-                from tunecache.client.pod import install_for_pod
+                from tunecache.client.boot.coordination import install_for_pod
             except Exception as exc:  # whatever happens, vLLM boots as it would without tunecache
                 log.warning("tunecache: no tuning installed, vLLM will tune: %s: %s", type(exc).__name__, exc)
             else:
-                _installed = install_for_pod(VllmWorker(runner, settings), settings)
+                _installed = install_for_pod(VllmWorker(runner, settings, _release), settings)
     return _installed
 
 
@@ -502,103 +383,6 @@ def _push_back_once(runner: Any, installed: Any) -> None:
         return
     _pushed_back = True
     _push_back_safely(runner, installed.settings)
-
-
-class SingleProcessLayout(Exception):
-    """vLLM 0.25's layout in an engine of several processes: vLLM tunes every rank itself
-    and reads no autotune file, so there is nothing to install tactics into."""
-
-
-@dataclass(frozen=True)
-class VllmWorker:
-    """This worker as vLLM tells it (a :class:`tunecache.client.pod.Worker`): its place in
-    the pod, its key and its FlashInfer layout, all from vLLM's own functions and config."""
-
-    runner: Any
-    """vLLM's model runner (``runner.vllm_config``)."""
-    settings: Any
-    """This worker's :class:`tunecache.client.settings.ClientSettings` (the key's dtype and quantization)."""
-
-    def pod(self):
-        """Where this worker's vLLM reads its FlashInfer autotune file
-        (:class:`tunecache.client.pod.Pod`), in either layout of
-        ``vllm/model_executor/warmup/flashinfer_autotune_cache.py``:
-
-        * vLLM 0.33: ``flashinfer_autotune_root()/flashinfer_autotune_cache_hash(runner)/
-          flashinfer_autotune_filename(dp_rank, rank)`` (named here by
-          :func:`tunecache.client.layouts.vllm_rank_file_name`), one file per rank of the
-          world group;
-        * vLLM 0.25: ``resolve_flashinfer_autotune_file(runner)`` (the same root and hash,
-          ``autotune_configs.json``), read by a single-process engine only
-          (``kernel_warmup.flashinfer_autotune``: with a world size above 1 every rank tunes).
-
-        Raises:
-            SingleProcessLayout: vLLM 0.25's layout with a world size above 1.
-            AttributeError: neither layout (another vLLM).
-        """
-        from vllm.distributed.parallel_state import get_world_group
-        from vllm.model_executor.warmup import flashinfer_autotune_cache as cache
-
-        from tunecache.client.layouts import vllm_rank_file_name
-        from tunecache.client.pod import Pod
-
-        group = get_world_group()
-        config = self.runner.vllm_config
-        dp_rank, rank = int(config.parallel_config.data_parallel_rank), int(group.rank_in_group)
-        world_size = int(getattr(group, "world_size", 1))
-        # vLLM's own functions where the release has them (the root layout's), else its row
-        if hasattr(cache, "flashinfer_autotune_root"):
-            layout = "root"
-        else:
-            layout = _release.autotune_layout if _release is not None and _release.autotune_layout != "root" \
-                else "single-process"
-        if layout == "root":
-            root, config_hash = Path(cache.flashinfer_autotune_root()), str(cache.flashinfer_autotune_cache_hash(self.runner))
-            names = tuple(vllm_rank_file_name(dp_rank, r) for r in range(world_size))
-            own = names[rank]
-        else:
-            if layout == "single-process" and world_size > 1:
-                raise SingleProcessLayout(f"this vLLM tunes every rank of a {world_size}-process engine itself and reads "
-                                          "no autotune file (vLLM 0.25's and 0.26's kernel_warmup.flashinfer_autotune)")
-            path = Path(cache.resolve_flashinfer_autotune_file(self.runner))
-            root, config_hash = path.parent.parent, path.parent.name
-            if layout == "per-rank":  # vLLM 0.32: <stem>_dp{dp}_rank{rank}<suffix> beside it, one per rank
-                names = tuple(f"{path.stem}_dp{dp_rank}_rank{r}{path.suffix}" for r in range(world_size))
-                own = names[rank]
-            else:  # single-process, or broadcast (0.27-0.31): rank 0 reads the one file and sends it to the others
-                names, own = (path.name,), path.name
-        return Pod(root=root, config_hash=config_hash, rank=rank, instance=_instance_id(config), file_names=names,
-                   rank_file=root / config_hash / own)
-
-    def key(self, environment: Any):
-        """The pod's :class:`tunecache.contract.TuningKey`: ``environment``'s GPU, the served
-        model, vLLM's ``max_num_batched_tokens`` and parallelism (``ParallelConfig``)."""
-        return _config_key(self.runner.vllm_config, environment, self.settings)
-
-    def uses_v2(self) -> bool:
-        """vLLM's ``use_flashinfer_autotune_v2()`` (FlashInfer's v2 store, single rank)."""
-        from vllm.model_executor.warmup import flashinfer_autotune_cache, kernel_warmup
-
-        check = getattr(kernel_warmup, "use_flashinfer_autotune_v2", None) or getattr(
-            flashinfer_autotune_cache, "use_flashinfer_autotune_v2", None
-        )
-        return bool(check and check())
-
-
-def _instance_id(config: Any) -> str:
-    """The boot's identity shared by its workers: vLLM's ``VllmConfig.instance_id`` (set in
-    ``__post_init__`` when empty), else the parent process, told apart from an earlier
-    process with the same pid (a container's pids repeat across boots) by its start time."""
-    instance = getattr(config, "instance_id", None)
-    if isinstance(instance, str) and instance:
-        return instance
-    parent = os.getppid()
-    try:
-        started = Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[19]
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except (OSError, IndexError):
-        started, boot = "?", "?"
-    return f"ppid:{socket.gethostname()}:{boot}:{parent}:{started}"
 
 
 def _settings_safely():
@@ -612,18 +396,6 @@ def _settings_safely():
         return None
 
 
-def _model_name(model_config: Any) -> str:
-    """The model of the pod's key: vLLM's ``served_model_name`` (its first name when a list),
-    which vLLM sets to ``model`` when none is given (``vllm/config/model.py::
-    get_served_model_name``). A pod that loads its weights from a local directory
-    (``model=/models/llama``) names the model it serves with ``--served-model-name
-    meta-llama/Llama-3.1-8B``, and asks for that model's tuning."""
-    served = getattr(model_config, "served_model_name", None)
-    if isinstance(served, (list, tuple)):
-        served = served[0] if served else None
-    return served if isinstance(served, str) and served else model_config.model
-
-
 def _push_back_safely(runner: Any, settings: Any) -> None:
     """Upload this worker's locally tuned rank file (vLLM wrote it after tuning on a miss) as an
     unverified ``pod`` run. Never raises."""
@@ -632,7 +404,7 @@ def _push_back_safely(runner: Any, settings: Any) -> None:
     from tunecache.client.http import TunecacheClient
 
     try:
-        worker = VllmWorker(runner, settings)
+        worker = VllmWorker(runner, settings, _release)
         path = worker.pod().rank_file
         data = path.read_bytes()
         parsed = parse_autotune_file(data, source=str(path))
