@@ -1,4 +1,10 @@
-"""vLLM plugin: install the fleet's tuning for a whole pod, once per boot, before vLLM's warmup.
+"""The vLLM plugin's hooks: each wraps one vLLM function and calls one phase of the boot
+(:mod:`tunecache.client.boot` lists them in order): ``EngineArgs.create_engine_config`` (the
+main process's warm state, :mod:`~tunecache.client.boot.main_process`), the worker's
+``load_model`` and ``determine_available_memory`` (what the main process staged,
+:mod:`~tunecache.client.boot.staged`), ``kernel_warmup`` and ``flashinfer_autotune`` (the tactics
+once per pod, :mod:`~tunecache.client.boot.coordination`) and ``compile_or_warm_up_model`` (the
+attestation, then the held reports, :mod:`~tunecache.client.boot.reporting`).
 
 Registered in the ``vllm.general_plugins`` entry-point group, which vLLM loads in every
 worker process (``vllm/plugins/__init__.py::load_general_plugins``, called from
