@@ -168,11 +168,8 @@ def fix_triton_groups(staged: Path, final: Path) -> int:
 
 
 def merge_entries(data: bytes, what: str, destination: Path, renames: Callable[[Path], dict[str, str]]) -> list[str]:
-    from tunecache.client.atomic import note_added
-
     """Unpack ``data`` beside ``destination`` and rename in each entry ``renames(staged)``
-    gives (path in the tarball -> path under ``destination``) that ``destination`` lacks,
-    its Triton group files pointed at their final place. Returns the entries installed.
+    gives (:func:`rename_entries`). Returns the entries installed.
 
     Raises:
         BadWarmStateArtifact; OSError when writing fails (entries already renamed in stay: each is whole).
@@ -182,24 +179,38 @@ def merge_entries(data: bytes, what: str, destination: Path, renames: Callable[[
         staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=destination))
         try:
             tar.extractall(staging, filter="data")
-            installed = []
-            for source, target in sorted(renames(staging).items()):
-                found, final = staging / source, destination / target
-                if not found.exists() or final.exists():
-                    continue
-                if found.is_dir():
-                    fix_triton_groups(found, final)
-                final.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    found.rename(final)
-                except OSError:
-                    if not final.exists():  # not another process's identical entry
-                        raise
-                    continue
-                note_added(final)
-                installed.append(target)
+            return rename_entries(staging, destination, renames(staging))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def rename_entries(unpacked: Path, destination: Path, renames: dict[str, str]) -> list[str]:
+    """Rename each of ``renames``' entries (path in ``unpacked`` -> path under ``destination``)
+    that ``destination`` lacks into place, its Triton group files pointed at their final place
+    (:func:`fix_triton_groups`); an entry another process put there first stays. Returns the
+    entries installed, each journaled for a roll back (:func:`tunecache.client.atomic.note_added`).
+
+    Raises:
+        OSError: a rename failed (entries already renamed in stay: each is whole).
+    """
+    from tunecache.client.atomic import note_added
+
+    installed = []
+    for source, target in sorted(renames.items()):
+        found, final = unpacked / source, destination / target
+        if not found.exists() or final.exists():
+            continue
+        if found.is_dir():
+            fix_triton_groups(found, final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            found.rename(final)
+        except OSError:
+            if not final.exists():  # not another process's identical entry
+                raise
+            continue
+        note_added(final)
+        installed.append(target)
     return installed
 
 

@@ -34,7 +34,7 @@ from tunecache.client.destinations import destinations_of
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import InstallResult, fetch_tuning
 from tunecache.client.jit_install import use_aot_dir
-from tunecache.client.warm_state import VllmCacheRoot, read_compile_factors, relocate_compile_dirs
+from tunecache.client.warm_state import VllmCacheRoot, read_compile_factors, relocate_compile_dirs, rename_entries
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportOutcome, TuningKey, kinds_where
 from tunecache.formats.vllm_compile import (FACTORS_FILE, CompileFactors, PodCompileFactors, differences,
                                              pod_dir_names, variant_differences)
@@ -153,30 +153,6 @@ def _wait_unpacked(staged: Path) -> Path | None:
     return None
 
 
-def _rename_unpacked(unpacked: Path, destination: Path, renames: dict[str, str]) -> list[str]:
-    """Rename each of ``renames``' directories (path in ``unpacked`` -> path under
-    ``destination``) that ``destination`` lacks into place, its Triton group files pointed at
-    their final place (as :func:`tunecache.client.warm_state.merge_entries` does from a tarball)."""
-    from tunecache.client.warm_state import fix_triton_groups
-
-    installed = []
-    for source, target in sorted(renames.items()):
-        found, final = unpacked / source, destination / target
-        if not found.exists() or final.exists():
-            continue
-        if found.is_dir():
-            fix_triton_groups(found, final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            found.rename(final)
-        except OSError:
-            if not final.exists():
-                raise
-            continue
-        installed.append(target)
-    return installed
-
-
 def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tuple[int, bytes] | None:
     """The compile cache of ``variant`` for this engine: fetched once per boot (by the first
     worker, under the staged cache's lock) and kept beside the staged one for the boot's other
@@ -255,7 +231,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
             if unpacked is not None:  # unpacked by the main process: renamed into place
                 lines = differences(node, factors)
                 renames = {} if lines else pod_dir_names(node, factors)
-                dirs = _rename_unpacked(unpacked, path.parent.parent / "torch_compile_cache", renames)
+                dirs = rename_entries(unpacked, path.parent.parent / "torch_compile_cache", renames)
                 removed = relocate_compile_dirs(path.parent.parent / "torch_compile_cache", dirs)
                 written = {"warm_state": (f"compile cache ({len(dirs)} of {len(renames)} directories)",) if renames else (),
                            "compile_cache_skipped": ("compile cache not installed, vLLM would not use it: "
