@@ -52,6 +52,7 @@ from tunecache.contract import (
     TUNABLE_STAGES,
     ENVIRONMENT_FIELDS,
     FLEET_PAGE_DEFAULT,
+    FLEET_MAX_HOURS,
     FLEET_PAGE_MAX,
     MAX_ID,
     JobStatus,
@@ -327,16 +328,19 @@ def doctor(
         trusted = load_trusted_keys(configured) if configured else None
     except SigningError as exc:
         fail(ExitCode.USAGE, str(exc))
+    undetectable = bool(env.indeterminate_fields()) and environment is None
+    # the key's values too, before anything is said (where the GPU is known)
+    key = None if undetectable else options_key(key_options, env.gpu)
     typer.echo("environment (FlashInfer _metadata" + (f", from {environment})" if environment else ", detected)"))
     for field, value in env.model_dump().items():
         typer.echo(f"  {field}: {value}")
     typer.echo(f"  environment hash: {env.environment_hash()}")
     if env.indeterminate_fields():
         typer.echo(f"  undetected: {', '.join(env.indeterminate_fields())} (no tuning can match these)")
-        if environment is None:
+        if undetectable:
             fail(ExitCode.USAGE, f"FlashInfer could not detect {', '.join(env.indeterminate_fields())} here (no GPU?); "
                                  "pass --environment FILE (a FlashInfer cache file written on the pod's GPU)")
-    key = options_key(key_options, env.gpu)
+    assert key is not None
     typer.echo("key")
     for field, value in key.model_dump().items():
         typer.echo(f"  {field}: {value}")
@@ -607,10 +611,10 @@ def history(
 @app.command()
 def fleet(
     server: ServerOpt,
-    hours: Annotated[float, typer.Option("--hours", min=0.001, help="the window of hit rates and wanted tunings")] = 24.0,
+    hours: Annotated[float, typer.Option("--hours", min=0.001, max=FLEET_MAX_HOURS, help="the window of hit rates and wanted tunings")] = 24.0,
     limit: Annotated[int, typer.Option("--limit", min=1, max=FLEET_PAGE_MAX,
                                        help="keys, and wanted tunings, per page")] = FLEET_PAGE_DEFAULT,
-    offset: Annotated[int, typer.Option("--offset", min=0, help="rows of each list before the page")] = 0,
+    offset: Annotated[int, typer.Option("--offset", min=0, max=MAX_ID, help="rows of each list before the page")] = 0,
     all_pages: Annotated[bool, typer.Option("--all", help="every key and wanted tuning, page after page")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the API's FleetView as JSON")] = False,
 ) -> None:

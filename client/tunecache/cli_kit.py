@@ -52,6 +52,7 @@ import functools
 import importlib.metadata
 import inspect
 import json
+import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -368,10 +369,46 @@ def usage_error_line(exc: Exception, app: typer.Typer) -> str:
     return f"tunecache: error: {message} (see {command} --help)"
 
 
+class _ReaderMayLeave:
+    """``sys.stdout`` for a command whose reader may close the pipe early (``tunecache doctor |
+    head -1``): what is written after that goes to ``/dev/null``, so the command still ends with
+    its own exit code and says its errors on stderr (click ended such a command with exit 1 and
+    nothing said)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_left()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_left()
+
+    def _reader_left(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def run(app: typer.Typer, args: list[str] | None = None) -> NoReturn:
     """Run ``app`` (:func:`new_app`) with the commands registered on it: usage errors as one line on stderr and
-    exit 2 (:data:`ExitCode.USAGE`), exit 130 on Ctrl-C."""
+    exit 2 (:data:`ExitCode.USAGE`), exit 130 on Ctrl-C; a reader that closes stdout early does not
+    change the exit code (:class:`_ReaderMayLeave`)."""
     command = typer.main.get_command(app)
+    if not isinstance(sys.stdout, _ReaderMayLeave) and sys.stdout is not None:
+        sys.stdout = _ReaderMayLeave(sys.stdout)
     try:
         # standalone_mode=False: click's errors reach here instead of typer's rich panel
         code = command.main(args, prog_name=app.info.name or "tunecache", standalone_mode=False)

@@ -548,6 +548,40 @@ def test_a_bad_key_field_is_one_line_in_the_validators_own_words():
                                                      "with whitespace")
 
 
+def test_doctor_checks_the_key_before_it_says_anything():
+    """A key value out of range is one line and exit 2 with nothing on stdout (the environment
+    block was printed first)."""
+    result = tunecache("doctor", "--server", "http://127.0.0.1:1", "--model", MODEL, "--max-num-batched-tokens",
+                       "99999999", "--environment", str(CUDNN_FILE))
+    assert result.returncode == int(ExitCode.USAGE) and result.stdout == "", result.stdout
+    assert result.stderr.splitlines() == [
+        "tunecache: error: invalid key: max_num_batched_tokens: Input should be less than or equal to 16777216"]
+
+
+def test_a_reader_that_leaves_early_does_not_change_the_exit_code(server):
+    """``tunecache doctor ... | head -1`` on a miss: exit 3 as without the pipe, the rest of
+    the output dropped (click ended the command with exit 1 and nothing said)."""
+    process = subprocess.Popen([tunecache_executable(), "doctor", "--server", server, "--model", "no/such-model",
+                                "--max-num-batched-tokens", "8192", "--environment", str(CUDNN_FILE)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline().startswith(b"environment")
+    process.stdout.close()  # as head does once it has its line
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == int(ExitCode.NO_COMPATIBLE_TUNING), stderr
+    assert "Traceback" not in stderr and "Broken pipe" not in stderr, stderr
+
+
+def test_fleet_values_past_the_servers_bounds_are_usage_errors():
+    """--hours and --offset beyond what GET /v1/fleet accepts: one line naming the command's
+    help, exit 2, before any request (the server's 422 was printed as a raw list, exit 5)."""
+    for option, value, bound in (("--hours", "99999999999", "87600"), ("--offset", "99999999999", "2147483647")):
+        result = tunecache("fleet", "--server", "http://127.0.0.1:1", option, value)
+        assert result.returncode == int(ExitCode.USAGE), result.stderr
+        assert result.stderr.splitlines() == [
+            f"tunecache: error: invalid value for '{option}': Input should be less than or equal to {bound} "
+            "(see tunecache fleet --help)"]
+
+
 def test_two_db_upgrades_at_once_on_one_sqlite_file_migrate_one_after_the_other(tmp_path):
     """SQLite alters a table by copying it into _alembic_tmp_<table>: two upgrades at once left
     that copy behind in 2 of 6 rounds of a probe, and every later migration failed on it."""

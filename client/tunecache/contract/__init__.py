@@ -111,6 +111,7 @@ from tunecache.contract.jobs import (
 )
 from tunecache.contract.reports import (
     FLEET_PAGE_DEFAULT,
+    FLEET_MAX_HOURS,
     FLEET_PAGE_MAX,
     FleetKey,
     FleetVariant,
@@ -166,6 +167,7 @@ __all__ = [
     "EnvironmentMetadata",
     "ErrorBody",
     "FLEET_PAGE_DEFAULT",
+    "FLEET_MAX_HOURS",
     "FLEET_PAGE_MAX",
     "FieldDifference",
     "FieldError",

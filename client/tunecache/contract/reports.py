@@ -213,6 +213,8 @@ class WantedTuning(BaseModel):
 FLEET_PAGE_DEFAULT = 100
 #: The most keys, and the most wanted tunings, one ``GET /v1/fleet`` page lists.
 FLEET_PAGE_MAX = 1000
+#: The longest window (``hours``) of a ``GET /v1/fleet`` page: ten years.
+FLEET_MAX_HOURS = 24 * 3650
 
 
 class FleetView(BaseModel):

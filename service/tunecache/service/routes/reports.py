@@ -24,7 +24,7 @@ from typing import Annotated
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Query, Request, Response
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunecache.contract import (FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_REPORT_BYTES, ErrorBody, FleetView,
+from tunecache.contract import (FLEET_MAX_HOURS, FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_REPORT_BYTES, ErrorBody, FleetView,
                                 PodReportCreate)
 from tunecache.service import metrics, reports
 from tunecache.service.deps import SessionDep
@@ -102,7 +102,7 @@ fleet_router = APIRouter(prefix="/fleet", tags=["fleet"])
 def fleet(
     session: SessionDep,
     _caller: ReadCaller,
-    hours: Annotated[float, Query(gt=0, le=24 * 3650, description="the window of the hit rates and the wanted list, "
+    hours: Annotated[float, Query(gt=0, le=FLEET_MAX_HOURS, description="the window of the hit rates and the wanted list, "
                                                                    "hours back from now")] = 24,
     limit: Annotated[int, Query(ge=1, le=FLEET_PAGE_MAX, description="keys on the page")] = FLEET_PAGE_DEFAULT,
     offset: Annotated[int, Query(ge=0, le=MAX_ID, description="keys before the page, in the matrix's order")] = 0,
