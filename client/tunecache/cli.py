@@ -156,9 +156,7 @@ def push(
 ) -> None:
     """Upload a FlashInfer autotune cache file; its environment is read from its _metadata.
 
-    The run becomes current unless the service's promotion policy holds it (not signed by a
-    key the service trusts, fewer entries than the current run, a regression against it):
-    then it is stored, not current, and the reason is printed (--force, or promote, passes it).
+    The run becomes current unless the service's promotion policy holds it (not signed by a key the service trusts, fewer entries than the current run, a regression against it): then it is stored, not current, and the reason is printed (--force, or promote, passes it).
     """
     try:
         data = file.read_bytes()
@@ -229,11 +227,7 @@ def pull(
 ) -> None:
     """Fetch the tuning matching this GPU and environment and install it where FlashInfer or vLLM read it.
 
-    Prints the installed path(s). Layout 'file': use with flashinfer.autotune(False, cache=PATH).
-    With --warm-state (an init container before vLLM starts) the compile cache goes under the
-    tuning node's directory names, which the pod's vLLM finds only if its compile factors are
-    the node's (same model path, engine settings, VLLM_* environment and image); the vLLM
-    plugin instead puts it under the names the pod's own config gives.
+    Prints the installed path(s). Layout 'file': use with flashinfer.autotune(False, cache=PATH). With --warm-state (an init container before vLLM starts) the compile cache goes under the tuning node's directory names, which the pod's vLLM finds only if its compile factors are the node's (same model path, engine settings, VLLM_* environment and image); the vLLM plugin instead puts it under the names the pod's own config gives.
     """
     if file_name is not None:
         try:
@@ -406,12 +400,7 @@ def diff(
 ) -> None:
     """Which ops and buckets changed tactic between two stored runs' FlashInfer files.
 
-    One row per entry added, removed, or with another tactic in run B: op, runner, bucketed
-    shapes, tactic A -> B, FlashInfer's recorded times (ms) where the files have them, the
-    change, both margins, and REGRESSION when B's time is slower than A's beyond the larger
-    recorded margin (near-tied tactics flipping between tunings are not). Then one summary line.
-    Exit 0, or 18 with --fail-on-regression when there is a regression; 5 for an unknown run
-    or a run without a FlashInfer file (the server's reason in one line).
+    One row per entry added, removed, or with another tactic in run B: op, runner, bucketed shapes, tactic A -> B, FlashInfer's recorded times (ms) where the files have them, the change, both margins, and REGRESSION when B's time is slower than A's beyond the larger recorded margin (near-tied tactics flipping between tunings are not). Then one summary line. Exit 0, or 18 with --fail-on-regression when there is a regression; 5 for an unknown run or a run without a FlashInfer file (the server's reason in one line).
     """
     with client_for(server) as client:
         try:
@@ -868,12 +857,7 @@ def promote(
 ) -> None:
     """Make a run the current tuning of its key and environment (needs an admin token).
 
-    Rolls a key back to an earlier run, or takes a run the promotion policy held. The run
-    must have succeeded, be a tuner's or an admin's, and, when the service has trusted keys,
-    be signed by one of them; pods install it at their next lookup. Pods never move back to
-    a run signed before one they installed: for a roll back, sign it anew with
-    --signing-key. Exit 15 when it cannot be current (the reason is printed), 5 when there
-    is no such run.
+    Rolls a key back to an earlier run, or takes a run the promotion policy held. The run must have succeeded, be a tuner's or an admin's, and, when the service has trusted keys, be signed by one of them; pods install it at their next lookup. Pods never move back to a run signed before one they installed: for a roll back, sign it anew with --signing-key. Exit 15 when it cannot be current (the reason is printed), 5 when there is no such run.
     """
     private = None
     if signing_key is not None:
@@ -904,11 +888,11 @@ def pin(
     server: ServerOpt,
     run_id: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="the run to keep (history lists them)")],
 ) -> None:
-    """Pin a run, so that retention (TUNECACHE_RUN_RETENTION) never deletes it, however many
-    runs of its key come after it: a known-good run to roll back to (needs an admin token).
+    """Pin a run: retention never deletes it (needs an admin token).
 
-    Pinning a pinned run changes nothing. Exit 5 when there is no such run (or retention
-    already deleted it).
+    Retention (TUNECACHE_RUN_RETENTION) keeps a pinned run however many runs of its key come after it: a known-good run to roll back to.
+
+    Pinning a pinned run changes nothing. Exit 5 when there is no such run (or retention already deleted it).
     """
     _set_pin(server, run_id, pinned=True)
 
@@ -918,8 +902,7 @@ def unpin(
     server: ServerOpt,
     run_id: Annotated[int, typer.Argument(min=1, max=MAX_ID, help="the pinned run (history lists them)")],
 ) -> None:
-    """Unpin a run: retention keeps or deletes it as any other run from its next pass (needs
-    an admin token).
+    """Unpin a run: retention keeps or deletes it as any other run from its next pass (needs an admin token).
 
     Unpinning a run that is not pinned changes nothing. Exit 5 when there is no such run.
     """
@@ -996,8 +979,10 @@ app.add_typer(keys_app, name="keys")
 def keys_generate(
     out: Annotated[Path, typer.Option("--out", help="directory for signing.key (0600) and signing.pub")],
 ) -> None:
-    """Make a tuner node's signing key. Give the node TUNECACHE_SIGNING_KEY=<out>/signing.key
-    and the pods the line of signing.pub in TUNECACHE_TRUSTED_KEYS. Never overwrites a key (exit 7)."""
+    """Make a tuner node's signing key.
+
+    Give the node TUNECACHE_SIGNING_KEY=<out>/signing.key and the pods the line of signing.pub in TUNECACHE_TRUSTED_KEYS. Never overwrites a key (exit 7).
+    """
     try:
         generated = generate_signing_key(out)
     except (SigningError, OSError) as exc:

@@ -100,10 +100,8 @@ def serve(
 ) -> None:
     """Run the HTTP service.
 
-    On SQLite (the default) the schema is migrated first; on
-    PostgreSQL it must already be current (tunecache db upgrade). On a database with no
-    tokens at all, the first start creates an ``admin`` token and writes it to
-    ``<data dir>/admin.token`` (mode 0600); client commands on this machine read it."""
+    On SQLite (the default) the schema is migrated first; on PostgreSQL it must already be current (tunecache db upgrade). On a database with no tokens at all, the first start creates an ``admin`` token and writes it to ``<data dir>/admin.token`` (mode 0600); client commands on this machine read it.
+    """
     import os
 
     import uvicorn
@@ -299,13 +297,8 @@ def db_move_artifacts(
 ) -> None:
     """Move the stored artifacts' bytes into the object store, or back into the database.
 
-    Each blob is copied, verified against its sha256, its new location recorded, and only
-    then deleted from where it was: a move stopped anywhere (even killed) loses nothing, and
-    running it again finishes it. The service may keep running meanwhile: it reads each blob
-    where its row says it is. Moving into the object store needs --to to be the service's
-    TUNECACHE_ARTIFACT_STORE (set it once the move is done, or before: new uploads then go
-    there); moving back needs TUNECACHE_ARTIFACT_STORE to name the store to empty. The
-    object store is reached with the AWS_* variables, as the service reaches it."""
+    Each blob is copied, verified against its sha256, its new location recorded, and only then deleted from where it was: a move stopped anywhere (even killed) loses nothing, and running it again finishes it. The service may keep running meanwhile: it reads each blob where its row says it is. Moving into the object store needs --to to be the service's TUNECACHE_ARTIFACT_STORE (set it once the move is done, or before: new uploads then go there); moving back needs TUNECACHE_ARTIFACT_STORE to name the store to empty. The object store is reached with the AWS_* variables, as the service reaches it.
+    """
     import os
 
     from sqlalchemy import select
@@ -371,12 +364,10 @@ def prune(
         Optional[str], typer.Option(help="runs kept per key and environment, or 'off' (default: TUNECACHE_RUN_RETENTION, 10)")
     ] = None,
 ) -> None:
-    """Run one retention pass now: delete runs past the retention (never the current, a
-    pinned or a job's run, nor one recorded within TUNECACHE_RETENTION_GRACE_SECONDS), the
-    blobs no run refers to any more, and this node's mirrored files of deleted blobs and
-    past TUNECACHE_MIRROR_MAX_BYTES. The service does the same by itself every
-    TUNECACHE_RETENTION_INTERVAL_SECONDS; this is for an operator who wants it now, or to
-    see first what it would delete (--dry-run)."""
+    """Run one retention pass now.
+
+    It deletes runs past the retention (never the current, a pinned or a job's run, nor one recorded within TUNECACHE_RETENTION_GRACE_SECONDS), the blobs no run refers to any more, and this node's mirrored files of deleted blobs and past TUNECACHE_MIRROR_MAX_BYTES. The service does the same by itself every TUNECACHE_RETENTION_INTERVAL_SECONDS; this is for an operator who wants it now, or to see first what it would delete (--dry-run).
+    """
     from pydantic import ValidationError
 
     from tunecache.service import db
@@ -438,11 +429,8 @@ def tune(
 ) -> None:
     """On a GPU node: run the warmup and autotune stages for a model and store the run.
 
-    The stages run in a child process; the run is stored (on a server with --server, in a database with --database). A failure after the tuner found
-    its GPU is stored as a failed run with the reason; before that (no CUDA device, no torch)
-    nothing is stored, since without the GPU there is no key to file it under. Either way it
-    exits 8 and says which. With --signing-key the run is signed: pods install its JIT modules only then.
-    With --warmup vllm, --engine-args '{"max_model_len": 8192}' tunes that engine variant of the key."""
+    The stages run in a child process; the run is stored (on a server with --server, in a database with --database). A failure after the tuner found its GPU is stored as a failed run with the reason; before that (no CUDA device, no torch) nothing is stored, since without the GPU there is no key to file it under. Either way it exits 8 and says which. With --signing-key the run is signed: pods install its JIT modules only then. With --warmup vllm, --engine-args '{"max_model_len": 8192}' tunes that engine variant of the key.
+    """
     from pydantic import ValidationError
 
     from tunecache.progress import ProgressDisplay

@@ -66,3 +66,30 @@ def test_engine_args_are_refused_in_one_line(given, said, capsys):
         engine_args_option(given)
     assert exited.value.exit_code == 2
     assert capsys.readouterr().err.startswith(said)
+
+
+def test_each_commands_help_is_paragraphs_of_one_line():
+    """typer rewraps a docstring's paragraphs to the terminal but keeps the line breaks of all
+    but the first, so a paragraph wrapped in the source broke mid-sentence in ``--help`` at any
+    width (pin, prune, push, ...): each paragraph of a command's docstring is one line, lists
+    and indented blocks aside."""
+    import inspect
+
+    import typer
+
+    server_commands = typer.Typer()  # not the pod's app, which the other tests use as installed
+    cli.load_command_plugins(server_commands)
+    wrapped = []
+
+    def walk(command, path: str) -> None:
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            walk(sub, f"{path} {name}")
+        doc = inspect.getdoc(command.callback) if getattr(command, "callback", None) else None
+        for paragraph in (doc or "").split("\n\n"):
+            lines = paragraph.split("\n")
+            if len(lines) > 1 and not any(line.startswith((" ", "-", "*", "|")) for line in lines):
+                wrapped.append(f"{path}: {lines[0][:60]}")
+
+    walk(typer.main.get_command(cli.app), "tunecache")
+    walk(typer.main.get_command(server_commands), "tunecache")
+    assert not wrapped, wrapped
