@@ -24,7 +24,7 @@ the request path, no database work.
 
 from __future__ import annotations
 
-import json
+import math
 from typing import Any
 
 from tunecache.contract import (FleetView, FleetVariant, Scope, TuningJobPage, TuningJobRead, TuningRunPage, TuningRunRead,
@@ -53,19 +53,25 @@ def _hidden(value: str | None) -> str | None:
 
 
 def _shown_scalar(value: Any) -> bool:
-    if value is not None and not isinstance(value, (str, int, float)):  # bool is an int
-        return False
-    try:
-        return len(json.dumps(value, allow_nan=False)) <= MAX_SHOWN_ENGINE_ARG_CHARS
-    except ValueError:  # NaN, Infinity
-        return False
+    """A JSON scalar of at most :data:`MAX_SHOWN_ENGINE_ARG_CHARS` characters (a string's
+    own characters; a number's as ``repr`` writes it, which JSON's are), by type and length
+    alone: no encoding per value on the request path."""
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, str):
+        return len(value) <= MAX_SHOWN_ENGINE_ARG_CHARS
+    if isinstance(value, int):
+        return len(repr(value)) <= MAX_SHOWN_ENGINE_ARG_CHARS
+    if isinstance(value, float):
+        return math.isfinite(value)  # NaN and Infinity are no JSON; repr of a float is at most 24 characters
+    return False
 
 
 def engine_args_for_readers(args: Any) -> dict[str, Any] | None:
     """The engine arguments (``vllm.LLM`` keywords) a read shows of ``args``: those whose name
     is an identifier of at most :data:`MAX_SHOWN_ENGINE_ARG_CHARS` characters and whose value
-    is a JSON scalar (a string, number, boolean or null) of at most as many characters as
-    JSON, the first :data:`MAX_SHOWN_ENGINE_ARGS` of them; ``None`` when none is left (or
+    is a JSON scalar: a string or a number of at most as many characters (a finite number),
+    a boolean or null; the first :data:`MAX_SHOWN_ENGINE_ARGS` of them; ``None`` when none is left (or
     ``args`` is not an object). An object or a list, which could name code to load on a node,
     and a long value, such as a path, are left out.
 
