@@ -38,7 +38,7 @@ from sqlalchemy import event, text
 
 from tests.support.builders import make_token
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
-from tests.support.serve import admin_token, as_admin
+from tests.support.serve import admin_headers, admin_token, as_admin
 from tests.support.builders import file_environment, h200_key, plan_of, run_payload, stored_reports
 from tunecache.contract import (
     EnvironmentMetadata,
@@ -247,6 +247,9 @@ def test_fleet_matrix_wanted_list_chart_and_diff_in_a_browser(server, database_u
     # pod reports, newest first
     page.goto(f"{server}/reports")
     assert page.locator("#reports tbody tr").count() == 5
+    assert set(page.locator("#reports td.pod").all_inner_texts()) == {"(hidden)"}  # pods' names: an admin's to see
+    page.set_extra_http_headers(admin_headers())
+    page.goto(f"{server}/reports")
     assert page.locator("#reports tbody tr").first.locator("td.pod").inner_text() == "pod-e"
     page.goto(f"{server}/reports?outcome=miss")
     assert page.locator("#reports tbody tr").count() == 2
@@ -333,6 +336,7 @@ def test_markup_from_pods_is_shown_as_text(server, database_url, page, tmp_path)
         {"field": "max_num_batched_tokens", "stored": "8192", "yours": "<script>alert(4)</script>"}]))
     stored_reports(database_url, 2)
     key_query = httpx.QueryParams(evil.model_dump())
+    page.set_extra_http_headers(admin_headers())  # an admin is shown the pods' names (as text)
     for path in ("/", f"/history?{key_query}", "/reports", f"/runs/{run}", f"/retune?{key_query}", f"/diff?a={run}&b={run}"):
         assert page.goto(f"{server}{path}").status == 200, path
         assert page.locator("script").count() == 0 and page.locator("main img").count() == 0, path
@@ -452,7 +456,7 @@ def test_a_thousand_keys_and_every_report_page_by_page(engine, tmp_path):
     sessions = db.session_factory(engine)
     _seed_keys(sessions, 1000, reports_per_key=1)
     _seed_keys(sessions, 60, reports_per_key=2, start=1000)  # 1,120 reports; some received at the same instant
-    with _client(engine, tmp_path) as client:
+    with _client(engine, tmp_path, reads_show_identities=True) as client:  # the pods' names, to follow the pages
         first = client.get("/")
         assert first.status_code == 200 and "page 1 of 11" in first.text
         assert first.text.count('<tr data-model="') == 100

@@ -474,7 +474,7 @@ def test_csv_cells_a_spreadsheet_would_run_as_formulas_are_neutralised(server):
     failed = _record(server, h200_key(model=model, max_num_batched_tokens=4096), status="failed",
                      error="-2+3 (see the log)", node="\tnode")
     assert httpx.get(f"{server}/v1/tunings/{run['id']}", timeout=30).json()["key"]["model"] == model
-    for printed in (httpx.get(f"{server}/v1/tunings", params={"format": "csv"}, timeout=30).text,
+    for printed in (as_admin.get(f"{server}/v1/tunings", params={"format": "csv"}, timeout=30).text,
                     tunecache("history", "--server", server, "--csv", check=True).stdout):
         header, *rows = list(csv.reader(io.StringIO(printed)))
         cells = {int(row[0]): dict(zip(header, row)) for row in rows}

@@ -148,7 +148,10 @@ class TuningJobRead(BaseModel):
     step: int | None
     total: int | None
     log_tail: str | None
+    """The tuner's last output (``None`` to readers below ``admin``: it names the node's hosts
+    and paths)."""
     worker: str | None
+    """The job worker running it (``host:pid``); ``"(hidden)"`` to readers below ``admin``."""
     attempts: int
     error: str | None
     run_id: int | None
@@ -161,7 +164,8 @@ class TuningJobRead(BaseModel):
     """When ``DELETE /v1/tuning-jobs/{id}`` asked to stop this running job (its worker
     stops the tuner within seconds and records it ``cancelled``)."""
     cancelled_by: str | None = None
-    """The name of the token that cancelled the job (or asked to)."""
+    """The name of the token that cancelled the job (or asked to); ``"(hidden)"`` to readers
+    below ``admin``."""
     warmup: Literal["stages", "vllm"] = "stages"
     """The warmup it runs (:attr:`TuningJobCreate.warmup`)."""
     engine_args: dict[str, Any] | None = None
@@ -213,6 +217,7 @@ class WorkerRead(BaseModel):
     """
 
     name: str
+    """``host:pid``; ``"(hidden)"`` to readers below ``admin``."""
     gpu_name: str
     arch: str
     model_config_dir: bool

@@ -384,6 +384,8 @@ class TuningRunRead(BaseModel):
     status: RunStatus
     trigger: RunTrigger
     node: str | None
+    """The host it was tuned on (a pod's, for a pod's run); ``"(hidden)"`` to readers below
+    ``admin`` (docs/trust.md, "What reads show")."""
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
     duration_s: float | None
@@ -399,7 +401,8 @@ class TuningRunRead(BaseModel):
     artifacts: list[ArtifactRead]
     signature: RunSignature | None = None
     recorded_by: str | None = None
-    """The name of the token that recorded the run (``None``: recorded on the database)."""
+    """The name of the token that recorded the run (``None``: recorded on the database);
+    ``"(hidden)"`` to readers below ``admin``."""
     held: str | None = None
     """Why this succeeded run is not current though it could be (the service's promotion
     policy held it back: not signed by a key the service trusts, emptier than the current run,

@@ -186,6 +186,10 @@ class Settings(BaseSettings):
     read_token_required: bool = Field(default=False, description=(
         "reads (lookups, artifacts, history, jobs) need a token of any scope; off by default (trusted in-cluster "
         "networks keep pod boots simple). Writes always need one"))
+    reads_show_identities: bool = Field(default=False, description=(
+        "every reader sees the token names and the host names of nodes, pods and job workers that runs, jobs and "
+        "reports carry (`recorded_by`, `node`, `worker`, `cancelled_by`, a job's log tail, a report's pod); off by "
+        "default: only an `admin` token sees them, others see `(hidden)` (`tunecache.service.redaction`)"))
     signing_key: Path | None = Field(default=None, description=(
         "this tuner node's Ed25519 private key (`tunecache keys generate`); the job worker signs every run it "
         "records with it (`tune --signing-key` reads it too)"))

@@ -23,10 +23,15 @@ route                      policy                  page
 "read (page)" is :data:`~tunecache.service.dashboard.security.PAGE_READ`, "admin (form
 token)" :data:`~tunecache.service.dashboard.security.FORM_ADMIN`, "anyone" the API's
 :data:`~tunecache.service.policy.PUBLIC`.
+
+Every page shows its rows as the API's reads do (:mod:`tunecache.service.redaction`): token
+names and the host names of nodes, pods and workers only to an admin token (a bearer header:
+the sign-in cookie holds a read token), unless ``TUNECACHE_READS_SHOW_IDENTITIES``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from typing import Annotated, Any
@@ -50,7 +55,7 @@ from tunecache.contract import (
     TuningRunQuery,
     decode_run_cursor,
 )
-from tunecache.service import jobs, publishing, reports, repository, run_diff, tokens
+from tunecache.service import jobs, publishing, redaction, reports, repository, run_diff, tokens
 from tunecache.service.dashboard.chart import stage_chart
 from tunecache.service.dashboard.queries import reports_page
 from tunecache.service.dashboard.render import STATIC, DashboardRoute, page
@@ -67,6 +72,7 @@ from tunecache.service.dashboard.security import (
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import PublicCaller
 from tunecache.service.state import state_of
+from tunecache.service.tokens import Caller
 
 router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 
@@ -101,6 +107,11 @@ def _single_params(request: Request, allowed: tuple[str, ...]) -> dict[str, str]
     return found
 
 
+def _identities(request: Request, caller: Caller) -> bool:
+    """Whether the page shows token and host names to ``caller`` (:mod:`tunecache.service.redaction`)."""
+    return redaction.shows_identities(caller, state_of(request.app).settings)
+
+
 def _key_params(key: TuningKey) -> dict[str, Any]:
     """A key as query parameters (links to its history, reports and re-tune form)."""
     return key.model_dump()
@@ -125,8 +136,9 @@ def fleet_page(
     run's differences), from ``GET /v1/fleet``'s function; ``q`` keeps rows whose model or
     GPU holds it. Page ``page`` of the matrix and ``wanted_page`` of the wanted list,
     :data:`FLEET_PAGE` rows each: only those rows are read into the page."""
-    view = reports.fleet_view(session, hours, limit=FLEET_PAGE, offset=(page_number - 1) * FLEET_PAGE,
-                              wanted_limit=FLEET_PAGE, wanted_offset=(wanted_page - 1) * FLEET_PAGE, contains=q)
+    view = redaction.fleet_for_readers(reports.fleet_view(
+        session, hours, limit=FLEET_PAGE, offset=(page_number - 1) * FLEET_PAGE, wanted_limit=FLEET_PAGE,
+        wanted_offset=(wanted_page - 1) * FLEET_PAGE, contains=q))
     return page(request, "fleet.html", view=view, q=q, hours=hours,
                 keys=view.keys, keys_total=view.total_keys,
                 keys_page=page_number, keys_pages=max(1, -(-view.total_keys // FLEET_PAGE)),
@@ -141,7 +153,7 @@ HISTORY_FILTERS = (*KEY_FIELDS, "flashinfer_version", "cuda_version", "status", 
 
 
 @router.get("/history")
-def history_page(request: Request, session: SessionDep, _caller: PageCaller) -> Response:
+def history_page(request: Request, session: SessionDep, caller: PageCaller) -> Response:
     """The tuning history, newest first, filtered like ``GET /v1/tunings`` (every filter
     of :class:`~tunecache.contract.TuningRunQuery`; empty form fields are no filter) and
     paged by its cursor; above it, the chart of tuning time per stage over time for the key
@@ -152,7 +164,7 @@ def history_page(request: Request, session: SessionDep, _caller: PageCaller) -> 
         filters = TuningRunQuery.model_validate(params)
     except ValidationError as exc:
         raise _validation_error(exc) from None
-    history = repository.list_runs(session, filters)
+    history = redaction.runs_page_for_readers(repository.list_runs(session, filters), _identities(request, caller))
     chart_filters = filters.model_copy(update={"cursor": None, "offset": 0})
     chart_runs, _ = repository.runs_page(session, chart_filters, None, CHART_RUNS)
     chart_key = chart_runs[0].key if chart_runs else None
@@ -173,7 +185,7 @@ def history_page(request: Request, session: SessionDep, _caller: PageCaller) -> 
 def reports_list_page(
     request: Request,
     session: SessionDep,
-    _caller: PageCaller,
+    caller: PageCaller,
     outcome: ReportOutcome | None = None,
     key: Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$", description="a key's key_hash")] = None,
     cursor: Annotated[str | None, Query(max_length=200, pattern=r"^[A-Za-z0-9_-]+$")] = None,
@@ -186,6 +198,8 @@ def reports_list_page(
     except ValueError as exc:
         raise HTTPException(422, detail=f"cursor: {exc}") from None
     found = reports_page(session, after=after, limit=LIST_PAGE, outcome=outcome.value if outcome else None, key_hash=key)
+    identities = _identities(request, caller)
+    found.items = [dataclasses.replace(r, pod=redaction.pod_for_readers(r.pod, identities)) for r in found.items]
     return page(request, "reports.html", reports=found, outcome=outcome.value if outcome else "", key=key,
                 outcomes=[o.value for o in ReportOutcome], first_page=cursor is None, key_params=_key_params)
 
@@ -194,10 +208,12 @@ def reports_list_page(
 
 
 @router.get("/jobs")
-def jobs_page(request: Request, session: SessionDep, _caller: PageCaller, status: JobStatus | None = None,
+def jobs_page(request: Request, session: SessionDep, caller: PageCaller, status: JobStatus | None = None,
               page_number: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1) -> Response:
     """Tuning jobs, newest first (``GET /v1/tuning-jobs``'s function), :data:`LIST_PAGE` per page."""
-    found = jobs.list_jobs(session, status=status, limit=LIST_PAGE, offset=(page_number - 1) * LIST_PAGE)
+    found = redaction.jobs_page_for_readers(
+        jobs.list_jobs(session, status=status, limit=LIST_PAGE, offset=(page_number - 1) * LIST_PAGE),
+        _identities(request, caller))
     return page(request, "jobs.html", jobs=found, status=status.value if status else "", statuses=[s.value for s in JobStatus],
                 page_number=page_number, pages=max(1, -(-found.total // LIST_PAGE)), key_params=_key_params)
 
@@ -208,12 +224,13 @@ RunId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
 @router.get("/runs/{run_id:int}")
-def run_page(run_id: RunId, request: Request, session: SessionDep, _caller: PageCaller) -> Response:
+def run_page(run_id: RunId, request: Request, session: SessionDep, caller: PageCaller) -> Response:
     """One run: key, environment, status, what the tuner measured per stage, artifacts,
     signature, and a diff against the key's previous succeeded run. 404 if there is none."""
     run = repository.get_run(session, run_id)
     if run is None:
         raise HTTPException(404, detail=f"no tuning run {run_id}")
+    run = redaction.run_for_readers(run, _identities(request, caller))
     before = TuningRunQuery(**run.key.model_dump(), status=RunStatus.SUCCEEDED)
     previous, _ = repository.runs_page(session, before, (run.created_at, run.id), 1)
     stages = run.summary.get("stages") if isinstance(run.summary.get("stages"), dict) else {}
@@ -287,8 +304,9 @@ def retune_command(base_url: str, key: TuningKey) -> str:
     return " ".join(shlex.quote(a) for a in [*args, "--node-config"])
 
 
-def _retune_context(request: Request, session: Session, key: TuningKey) -> dict[str, Any]:
-    workers = jobs.list_workers(session, gpu_name=key.gpu_name, arch=key.arch)
+def _retune_context(request: Request, session: Session, key: TuningKey, caller: Caller) -> dict[str, Any]:
+    workers = redaction.workers_for_readers(jobs.list_workers(session, gpu_name=key.gpu_name, arch=key.arch),
+                                            _identities(request, caller))
     ranks = key.tensor_parallel_size * key.data_parallel_size
     return {"key": key, "live_workers": workers.live_for(key.gpu_name, key.arch), "live_window_s": workers.live_window_s,
             "command": retune_command(str(request.base_url).rstrip("/"), key),
@@ -296,13 +314,13 @@ def _retune_context(request: Request, session: Session, key: TuningKey) -> dict[
 
 
 @router.get("/retune")
-def retune_form(request: Request, session: SessionDep, _caller: PageCaller) -> Response:
+def retune_form(request: Request, session: SessionDep, caller: PageCaller) -> Response:
     """The re-tune form of a key (its fields as query parameters, as the fleet matrix links
     it): the ``tunecache retune`` command that does the same, whether a live GPU worker
     for the key's GPU has been seen, and the button, which needs an admin token pasted into
     the form (never stored)."""
     key = _key_from(_single_params(request, KEY_FIELDS))
-    return page(request, "retune.html", **_retune_context(request, session, key), hf_config="")
+    return page(request, "retune.html", **_retune_context(request, session, key, caller), hf_config="")
 
 
 @router.post("/retune")
@@ -328,7 +346,7 @@ def retune(request: Request, session: SessionDep, fields: FormFields, caller: Fo
     job, created = jobs.enqueue(session, body, requested_by=caller.name)
     request.state.audit_detail = (f"job {job.id} for {job.key.model} ({'queued' if created else 'already queued'}) "
                                   "from the dashboard")
-    return page(request, "retune_done.html", http_status=202, job=job, **_retune_context(request, session, key))
+    return page(request, "retune_done.html", http_status=202, job=job, **_retune_context(request, session, key, caller))
 
 
 # ---------------------------------------------------------------------------- sign-in

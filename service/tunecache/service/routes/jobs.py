@@ -17,8 +17,8 @@ from tunecache.contract import (
     TuningJobRead,
     WorkerList,
 )
-from tunecache.service import jobs
-from tunecache.service.deps import SessionDep
+from tunecache.service import jobs, redaction
+from tunecache.service.deps import SessionDep, SettingsDep
 from tunecache.service.policy import AdminCaller, ReadCaller
 from tunecache.service.state import state_of
 
@@ -51,12 +51,16 @@ def create_job(body: TuningJobCreate, session: SessionDep, request: Request, cal
 
 
 @router.get("/{job_id:int}", response_model=TuningJobRead, responses={404: {"model": ErrorBody, "description": "no such job"}})
-def get_job(job_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, _caller: ReadCaller) -> TuningJobRead:
-    """Status, stage, step/total, log tail and timings of a job. 404 if there is none."""
+def get_job(job_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, caller: ReadCaller,
+            settings: SettingsDep) -> TuningJobRead:
+    """Status, stage, step/total, log tail and timings of a job, as
+    :func:`~tunecache.service.redaction.job_for_readers` shows it (its worker, who cancelled
+    it and its log tail to an admin token only, unless ``TUNECACHE_READS_SHOW_IDENTITIES``).
+    404 if there is none."""
     job = jobs.get_job(session, job_id)
     if job is None:
         raise HTTPException(404, detail=f"no tuning job {job_id}")
-    return job
+    return redaction.job_for_readers(job, redaction.shows_identities(caller, settings))
 
 
 @router.delete("/{job_id:int}", response_model=TuningJobRead,
@@ -95,13 +99,15 @@ def cancel_job(job_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDe
 @router.get("", response_model=TuningJobPage)
 def list_jobs(
     session: SessionDep,
-    _caller: ReadCaller,
+    caller: ReadCaller,
+    settings: SettingsDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> TuningJobPage:
-    """Jobs, newest first."""
-    return jobs.list_jobs(session, status=status, limit=limit, offset=offset)
+    """Jobs, newest first, each as :func:`~tunecache.service.redaction.job_for_readers` shows it."""
+    page = jobs.list_jobs(session, status=status, limit=limit, offset=offset)
+    return redaction.jobs_page_for_readers(page, redaction.shows_identities(caller, settings))
 
 
 workers_router = APIRouter(prefix="/workers", tags=["tuning-jobs"])
@@ -110,7 +116,8 @@ workers_router = APIRouter(prefix="/workers", tags=["tuning-jobs"])
 @workers_router.get("", response_model=WorkerList)
 def list_workers(
     session: SessionDep,
-    _caller: ReadCaller,
+    caller: ReadCaller,
+    settings: SettingsDep,
     gpu_name: Annotated[str | None, Query(min_length=1, max_length=128, description="only workers of this GPU")] = None,
     arch: Annotated[str | None, Query(min_length=1, max_length=16, description="only workers of this arch, e.g. sm90")] = None,
 ) -> WorkerList:
@@ -118,6 +125,9 @@ def list_workers(
     whether the node has a model config directory, ``last_seen`` and ``seen_s_ago``
     (seconds), and ``live``: it beat within ``live_window_s`` seconds (60, or three of its
     heartbeats if it beats more slowly) and has not stopped. A job is taken only by a live
-    worker of its key's ``gpu_name`` and ``arch``; with none it stays queued.
+    worker of its key's ``gpu_name`` and ``arch``; with none it stays queued. Names
+    (``host:pid``) are shown to an admin token only (``(hidden)`` for others), unless
+    ``TUNECACHE_READS_SHOW_IDENTITIES``.
     """
-    return jobs.list_workers(session, gpu_name=gpu_name, arch=arch)
+    found = jobs.list_workers(session, gpu_name=gpu_name, arch=arch)
+    return redaction.workers_for_readers(found, redaction.shows_identities(caller, settings))

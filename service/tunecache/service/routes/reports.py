@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (FLEET_MAX_HOURS, FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_REPORT_BYTES, ErrorBody, FleetView,
                                 PodReportCreate)
-from tunecache.service import metrics, reports
+from tunecache.service import metrics, redaction, reports
 from tunecache.service.deps import SessionDep
 from tunecache.service.report_bounds import source_of
 from tunecache.service.models import utcnow
@@ -135,8 +135,10 @@ def fleet(
     requests may move to another page.
 
     Three indexed reads in one transaction; every key is counted and ordered, only the
-    page's rows are built. 422 names the parameter out of range (``hours``, ``limit``,
+    page's rows are built. Engine variants' ``engine_args`` as
+    :func:`~tunecache.service.redaction.engine_args_for_readers` shows them; no token or pod
+    names (counts only). 422 names the parameter out of range (``hours``, ``limit``,
     ``offset``, ``wanted_limit``, ``wanted_offset``).
     """
-    return reports.fleet_view(session, hours, limit=limit, offset=offset,
-                              wanted_limit=wanted_limit, wanted_offset=wanted_offset)
+    return redaction.fleet_for_readers(reports.fleet_view(session, hours, limit=limit, offset=offset,
+                                                          wanted_limit=wanted_limit, wanted_offset=wanted_offset))

@@ -30,10 +30,10 @@ from tunecache.contract import (
     TuningRunDiff,
     run_csv_row,
 )
-from tunecache.service import run_diff
+from tunecache.service import redaction, run_diff
 from tunecache.service import publishing, repository
 from tunecache.service import metrics
-from tunecache.service.deps import SessionDep
+from tunecache.service.deps import SessionDep, SettingsDep
 from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller, TuneCaller
 from tunecache.service.state import ServiceState, state_of
 
@@ -201,7 +201,8 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
             if cached is None:
                 answer = await state.lookup_cache.answer(
                     generation, body.key, body.environment,
-                    lambda: anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, abandon_on_cancel=True),
+                    lambda: anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, settings.reads_show_identities,
+                                                     abandon_on_cancel=True),
                     body.variant)
     except TimeoutError:  # a frozen database: the pod comes back later, the service stays up
         metrics.count_lookup_error()
@@ -231,11 +232,15 @@ def _stale_answer(state: ServiceState, body: LookupRequest) -> Response | None:
 STALE_HEADER = "Tunecache-Stale"
 
 
-def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest) -> tuple[int, bytes]:
-    """``(status, JSON body)`` of a lookup, computed in one transaction."""
+def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest, identities: bool) -> tuple[int, bytes]:
+    """``(status, JSON body)`` of a lookup, computed in one transaction. The same bytes answer
+    every caller (a pod's answer): a run as :func:`~tunecache.service.redaction.run_for_readers`
+    shows it, with identities only where ``TUNECACHE_READS_SHOW_IDENTITIES`` shows them to all."""
     with sessions.begin() as session:
         result = repository.lookup(session, body.key, body.environment, body.variant)
-    return 404 if isinstance(result, LookupMiss) else 200, result.model_dump_json().encode()
+    if isinstance(result, LookupMiss):
+        return 404, result.model_dump_json().encode()
+    return 200, redaction.run_for_readers(result, identities).model_dump_json().encode()
 
 
 #: Runs read per transaction of a CSV export.
@@ -246,7 +251,7 @@ CSV_CHUNK = 500
             responses={200: {"description": "A page of the history (JSON), or with format=csv / Accept: text/csv every "
                                             "matching run as CSV, a header row first",
                              "content": {"text/csv": {"schema": {"type": "string"}}}}})
-def list_tunings(filters: Annotated[TuningRunQuery, Query()], request: Request, _caller: ReadCaller) -> Response:
+def list_tunings(filters: Annotated[TuningRunQuery, Query()], request: Request, caller: ReadCaller) -> Response:
     """Tuning history, newest first (``created_at``, then ``id``), filtered by any key or
     environment field, ``status``, ``trigger``, ``since``/``until`` and ``current_only``
     (:class:`~tunecache.contract.TuningRunQuery`).
@@ -260,14 +265,20 @@ def list_tunings(filters: Annotated[TuningRunQuery, Query()], request: Request, 
     sent); a database failure after the header ends the body early (the client sees it cut
     short). 422 names an unknown or invalid parameter (``cursor`` not one this service gave
     out, ``until`` not after ``since``, ``offset`` with ``cursor``).
+
+    Runs as :func:`~tunecache.service.redaction.run_for_readers` shows them: token and host
+    names (``recorded_by``, ``node``) only to an admin token (or everyone with
+    ``TUNECACHE_READS_SHOW_IDENTITIES``), ``(hidden)`` for others.
     """
-    sessions: sessionmaker[Session] = state_of(request.app).sessions
+    state = state_of(request.app)
+    sessions: sessionmaker[Session] = state.sessions
+    identities = redaction.shows_identities(caller, state.settings)
     if _wants_csv(filters, request.headers.get("accept", "")):
-        return StreamingResponse(_csv_rows(sessions, filters), media_type="text/csv; charset=utf-8",
+        return StreamingResponse(_csv_rows(sessions, filters, identities), media_type="text/csv; charset=utf-8",
                                  headers={"Content-Disposition": 'attachment; filename="tunecache-history.csv"'})
     with sessions.begin() as session:
         page = repository.list_runs(session, filters)
-    return Response(page.model_dump_json(), media_type="application/json")
+    return Response(redaction.runs_page_for_readers(page, identities).model_dump_json(), media_type="application/json")
 
 
 def _wants_csv(filters: TuningRunQuery, accept: str) -> bool:
@@ -283,9 +294,10 @@ def _wants_csv(filters: TuningRunQuery, accept: str) -> bool:
     return False
 
 
-def _csv_rows(sessions: sessionmaker[Session], filters: TuningRunQuery) -> Iterator[str]:
+def _csv_rows(sessions: sessionmaker[Session], filters: TuningRunQuery, identities: bool) -> Iterator[str]:
     """The CSV export: header, then every run matching ``filters`` from its cursor on,
-    :data:`CSV_CHUNK` per transaction (each chunk read in a thread by Starlette)."""
+    :data:`CSV_CHUNK` per transaction (each chunk read in a thread by Starlette), each as
+    :func:`~tunecache.service.redaction.run_for_readers` shows it."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(RUN_CSV_COLUMNS)
@@ -293,7 +305,7 @@ def _csv_rows(sessions: sessionmaker[Session], filters: TuningRunQuery) -> Itera
     while True:
         with sessions.begin() as session:
             runs, position = repository.runs_page(session, filters, position, CSV_CHUNK)
-        writer.writerows(run_csv_row(run) for run in runs)
+        writer.writerows(run_csv_row(redaction.run_for_readers(run, identities)) for run in runs)
         yield out.getvalue()
         out.seek(0)
         out.truncate()
@@ -302,12 +314,15 @@ def _csv_rows(sessions: sessionmaker[Session], filters: TuningRunQuery) -> Itera
 
 
 @router.get("/{run_id:int}", response_model=TuningRunRead, responses={404: {"model": ErrorBody, "description": "no such run"}})
-def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, _caller: ReadCaller) -> TuningRunRead:
-    """One run by id. 404 if there is none."""
+def get_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, caller: ReadCaller,
+               settings: SettingsDep) -> TuningRunRead:
+    """One run by id, as :func:`~tunecache.service.redaction.run_for_readers` shows it (token
+    and host names to an admin token only, unless ``TUNECACHE_READS_SHOW_IDENTITIES``). 404
+    if there is none."""
     run = repository.get_run(session, run_id)
     if run is None:
         raise HTTPException(404, detail=f"no tuning run {run_id}")
-    return run
+    return redaction.run_for_readers(run, redaction.shows_identities(caller, settings))
 
 
 RunId = Annotated[int, Path(ge=1, le=MAX_ID)]

@@ -1,0 +1,43 @@
+"""What reads show (:mod:`tunecache.service.redaction`): engine arguments as readers see them,
+and who sees identities. The routes and pages that apply it: tests/e2e/test_read_scope.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecache.contract import Scope
+from tunecache.service.redaction import HIDDEN, MAX_SHOWN_ENGINE_ARGS, engine_args_for_readers, shows_identities
+from tunecache.service.settings import Settings
+from tunecache.service.tokens import ANONYMOUS, Caller
+
+
+def test_engine_args_for_readers_keeps_bounded_scalars_under_identifiers_only():
+    shown = engine_args_for_readers({
+        "max_model_len": 8192, "enforce_eager": True, "gpu_memory_utilization": 0.85, "kv_cache_dtype": "fp8_e4m3",
+        "block_size": None,
+        "hf_overrides": {"auto_map": {"AutoConfig": "x.y"}}, "logits_processors": ["a.b"],
+        "download_dir": "/" + "d" * 200, "not an identifier": 1, "a" * 65: 1,
+    })
+    assert shown == {"max_model_len": 8192, "enforce_eager": True, "gpu_memory_utilization": 0.85,
+                     "kv_cache_dtype": "fp8_e4m3", "block_size": None}
+    assert engine_args_for_readers(None) is None
+    assert engine_args_for_readers({"hf_overrides": {}}) is None  # nothing left: as no arguments
+    assert engine_args_for_readers(["max_model_len", 1]) is None  # not an object at all
+    many = engine_args_for_readers({f"a{i}": i for i in range(100)})
+    assert many == {f"a{i}": i for i in range(MAX_SHOWN_ENGINE_ARGS)}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 10 ** 70])
+def test_engine_args_for_readers_drops_numbers_json_cannot_hold_or_over_the_bound(value):
+    assert engine_args_for_readers({"max_model_len": value, "max_num_seqs": 8}) == {"max_num_seqs": 8}
+
+
+@pytest.mark.parametrize(("scope", "setting", "shown"), [
+    (None, False, False), (Scope.READ, False, False), (Scope.PUSH, False, False), (Scope.TUNE, False, False),
+    (Scope.ADMIN, False, True), (None, True, True), (Scope.READ, True, True),
+])
+def test_identities_are_for_admins_unless_the_setting_opens_them(scope, setting, shown, tmp_path):
+    caller = ANONYMOUS if scope is None else Caller(name="someone", scope=scope)
+    settings = Settings(database_url="sqlite://", data_dir=tmp_path, reads_show_identities=setting)
+    assert shows_identities(caller, settings) is shown
+    assert HIDDEN == "(hidden)"
