@@ -58,7 +58,7 @@ from tunecache.contract import (
     ReportOutcome,
     TuningKey,
 )
-from tunecache.service import repository
+from tunecache.service import auto_tune_refusals, repository
 from tunecache.service.models import (CurrentTuning, CurrentVariant, Environment, PodReport, TuningKeyRow, TuningRun,
                                       utcnow)
 
@@ -66,10 +66,12 @@ from tunecache.service.models import (CurrentTuning, CurrentVariant, Environment
 _KEY_COLUMNS = tuple(getattr(PodReport, f) for f in KEY_FIELDS)
 
 
-def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | None = None) -> dict:
+def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | None = None,
+               token_name: str | None = None) -> dict:
     """The ``pod_reports`` columns of one report received at ``received_at`` (UTC) from
-    ``sender`` (:func:`tunecache.service.report_bounds.source_of`), as a dict for an insert
-    (one row of :func:`record_report` or of a batch, :mod:`tunecache.service.report_intake`)."""
+    ``sender`` (:func:`tunecache.service.report_bounds.source_of`) with the token named
+    ``token_name`` (``None``: none), as a dict for an insert (one row of
+    :func:`record_report` or of a batch, :mod:`tunecache.service.report_intake`)."""
     return dict(
         received_at=received_at,
         key_hash=report.key.key_hash(),
@@ -94,6 +96,7 @@ def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | 
         variant_missing=report.variant_missing,
         engine_args=report.engine_args or None,
         sender=sender,
+        token_name=token_name,
     )
 
 
@@ -222,10 +225,12 @@ CURRENT_VARIANTS = (
 )
 
 
-def _fleet_variants(connection: Connection, since: dt.datetime) -> dict[str, list[dict[str, Any]]]:
+def _fleet_variants(connection: Connection, since: dt.datetime,
+                    refused: dict[tuple[str, str], dict[str, int]]) -> dict[str, list[dict[str, Any]]]:
     """Each key's engine variants reported since ``since`` (:func:`variant_groups`), as
     :class:`~tunecache.contract.FleetVariant` fields, most boots first; with the engine
-    arguments of each group's latest report and the variant's current run now."""
+    arguments of each group's latest report, the variant's current run now and its
+    automatic tunings refused (``refused``: :func:`~tunecache.service.auto_tune_refusals.refusals_since`)."""
     groups = connection.execute(variant_groups(since)).all()
     if not groups:
         return {}
@@ -241,7 +246,8 @@ def _fleet_variants(connection: Connection, since: dt.datetime) -> dict[str, lis
     for key_hash, env_hash, variant, count, missing, pods, last, latest_id in groups:
         variants[key_hash].append({"variant": variant, "environment_hash": env_hash, "boots": count, "missing": missing,
                                    "pods": pods, "current_run_id": current.get((key_hash, env_hash, variant)),
-                                   "engine_args": args.get(latest_id) or None, "last_report_at": last})
+                                   "engine_args": args.get(latest_id) or None, "last_report_at": last,
+                                   "auto_tune_refused": refused.get((key_hash, variant), {})})
     for found in variants.values():
         found.sort(key=lambda v: (-v["boots"], -v["last_report_at"].timestamp(), v["variant"], v["environment_hash"]))
     return variants
@@ -467,7 +473,8 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
         for key_hash, counted in connection.execute(still_compiling(since, page[start:start + _IN_CHUNK])):
             for kind, count in (json.loads(counted) if isinstance(counted, str) else counted or {}).items():
                 compiled[key_hash][kind] += int(count)
-    variants = _fleet_variants(connection, since)
+    refused = auto_tune_refusals.refusals_since(connection, since)
+    variants = _fleet_variants(connection, since, refused)
     matrix = []
     for minus_total, _model, _gpu_name, _tokens, key_hash in order[offset:offset + limit]:
         by_outcome = counts.get(key_hash, {})
@@ -505,4 +512,5 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
         "hours": hours, "since": since, "generated_at": now,
         "total_keys": len(order), "limit": limit, "offset": offset, "keys": matrix,
         "total_wanted": len(groups), "wanted_limit": wanted_limit, "wanted_offset": wanted_offset, "wanted": wanted,
-        "wanted_variants": wanted_variants})
+        "wanted_variants": wanted_variants,
+        "auto_tune_refused": auto_tune_refusals.totals(refused)})

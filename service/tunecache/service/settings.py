@@ -227,13 +227,25 @@ class Settings(BaseSettings):
         "where this node's job worker fetches a recorded vLLM warmup from for its verification boot (with the "
         "service's own token settings, trusting the node's `TUNECACHE_SIGNING_KEY`); `off`: no verification boot"))
     auto_tune_variants: int = Field(default=0, ge=0, le=1_000_000, description=(
-        "opt-in: queue a vLLM warmup of an [engine variant](pods.md#the-whole-warm-state) once this many pod boots "
-        "reported it missing within `TUNECACHE_AUTO_TUNE_VARIANT_HOURS`, with the engine arguments they reported "
-        "([tuning jobs](operator-guide.md#tuning-jobs-and-job-workers), `tunecache.service.variant_autotune`); "
-        "0: never"))
+        "opt-in: queue a vLLM warmup of an [engine variant](pods.md#the-whole-warm-state) once pods reported it "
+        "missing with this many distinct tokens (of `TUNECACHE_AUTO_TUNE_TOKEN_SCOPE` or above, not revoked) within "
+        "`TUNECACHE_AUTO_TUNE_VARIANT_HOURS`, with the engine arguments the most of those tokens reported; reports "
+        "without a token never count ([auto-tune](operator-guide.md#automatic-tuning-of-engine-variants), "
+        "`tunecache.service.variant_autotune`); 0: never"))
     auto_tune_variant_hours: float = Field(default=1.0, gt=0, le=720, description=(
         "the window of `TUNECACHE_AUTO_TUNE_VARIANTS`; a variant queued within it is not queued again (a tuning that "
         "fails is not repeated every batch of reports)"))
+    auto_tune_token_scope: Literal["read", "push", "tune", "admin"] = Field(default="read", description=(
+        "the least scope of a token whose pod reports count towards an automatic tuning (`read`, `push`, `tune`, "
+        "`admin`); `push` where pods hold push tokens and people hold read ones"))
+    auto_tune_jobs_per_key: int = Field(default=1, ge=1, le=1_000_000, description=(
+        "automatic tuning jobs (`TUNECACHE_AUTO_TUNE_VARIANTS`) one key may get per hour; past it the variant is "
+        "refused (`tunecache_auto_tune_refused_total{reason=\"budget_key\"}`)"))
+    auto_tune_jobs_per_hour: int = Field(default=10, ge=1, le=1_000_000, description=(
+        "automatic tuning jobs the whole service may queue per hour (every key, every process and replica); past "
+        "it: `reason=\"budget_hour\"`"))
+    auto_tune_jobs_queued: int = Field(default=2, ge=1, le=1_000_000, description=(
+        "automatic tuning jobs queued or running at once, at most; past it: `reason=\"budget_queued\"`"))
     report_flush_seconds: float = Field(default=0.5, gt=0, le=60, description=(
         "pod reports are taken in memory and stored in batches (one insert each) at least this often "
         "(`tunecache.service.report_intake`)"))

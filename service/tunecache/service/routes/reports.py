@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (FLEET_MAX_HOURS, FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_REPORT_BYTES, ErrorBody, FleetView,
                                 PodReportCreate)
-from tunecache.service import metrics, reports
+from tunecache.service import auto_tune_refusals, metrics, reports
 from tunecache.service.deps import SessionDep
 from tunecache.service.report_bounds import source_of
 from tunecache.service.models import utcnow
@@ -73,7 +73,7 @@ async def report_install(body: PodReportCreate, request: Request, background: Ba
     if not state.report_gate.admit(source):
         metrics.pod_report_dropped("source")
         return Response(status_code=202)
-    if not state.report_intake.offer(body, utcnow(), source):
+    if not state.report_intake.offer(body, utcnow(), source, None if caller.anonymous else caller.name):
         raise HTTPException(503, detail=f"{state.report_intake.max_rows} pod reports are waiting to be stored; "
                                         "try again later",
                             headers={"Retry-After": str(state.settings.retry_after_seconds)})
@@ -87,7 +87,9 @@ def _prune(sessions: sessionmaker[Session], retention_days: float) -> None:
     """Delete reports older than the retention, in a transaction of its own (after the answer)."""
     try:
         with sessions.begin() as session:
-            deleted = reports.prune_reports(session, utcnow() - dt.timedelta(days=retention_days))
+            older_than = utcnow() - dt.timedelta(days=retention_days)
+            deleted = reports.prune_reports(session, older_than)
+            auto_tune_refusals.prune(session, older_than)
     except Exception as exc:  # the next report's process tries again within a minute
         log.warning("old pod reports not deleted: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return
