@@ -60,8 +60,9 @@ _INSTALLED = ReportOutcome.INSTALLED.value
 
 def source_of(host: str | None, caller: Caller) -> str:
     """Who sent a report: ``token:<name>`` with a token, else the client address (IPv6 as its
-    /64 network; the reverse proxy's address behind one that is not believed, see
-    ``TUNECACHE_FORWARDED_ALLOW_IPS``). At most 128 characters (``pod_reports.sender``)."""
+    /64 network; :func:`tunecache.service.client_address.client_address`: a proxy's own
+    address unless it is named in ``TUNECACHE_TRUSTED_PROXIES``). At most 128 characters
+    (``pod_reports.sender``)."""
     if not caller.anonymous:
         return f"token:{caller.name}"[:128]
     host = host or "-"

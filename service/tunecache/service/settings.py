@@ -11,11 +11,14 @@ from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from tunecache.service.client_address import parse_trusted_proxies
+
 #: Renamed variables: field -> the variable's old name, still read (after the new name
 #: ``TUNECACHE_<FIELD>``, which wins when both are set; docs/glossary.md lists the renames).
-RENAMED_VARIABLES = {"job_worker": "TUNECACHE_WORKER", "server_processes": "TUNECACHE_WORKERS"}
+RENAMED_VARIABLES = {"job_worker": "TUNECACHE_WORKER", "server_processes": "TUNECACHE_WORKERS",
+                     "trusted_proxies": "TUNECACHE_FORWARDED_ALLOW_IPS"}
 #: The same fields' old keyword names in ``Settings(...)``, still accepted.
-RENAMED_FIELDS = {"worker": "job_worker", "workers": "server_processes"}
+RENAMED_FIELDS = {"worker": "job_worker", "workers": "server_processes", "forwarded_allow_ips": "trusted_proxies"}
 #: Variables no longer read -> the field that replaced them (whose description says so).
 RETIRED_VARIABLES = {"TUNECACHE_REPORT_RATE": "report_source_max"}
 
@@ -173,10 +176,12 @@ class Settings(BaseSettings):
         "the `Host` headers the service answers, comma-separated (`tunecache.internal,*.svc.cluster.local`; "
         "starlette's `TrustedHostMiddleware`; a wildcard only begins a domain, as `*.example.com`); another gets "
         "400. `*`: any. Name every name pods, probes and proxies use (a kubelet probe sends the pod's IP)"))
-    forwarded_allow_ips: str = Field(default="127.0.0.1,::1", description=(
-        "proxies whose `X-Forwarded-Proto` and `X-Forwarded-For` are believed (uvicorn's `forwarded_allow_ips`, "
-        "comma-separated: addresses, networks, `*` for any): behind a TLS proxy at one of them, the dashboard's "
-        "cookies are `Secure` and the client address is the pod's"))
+    trusted_proxies: str = Field(default="", json_schema_extra={"shown_default": "none", "accepted": (
+        "addresses and networks, comma-separated")}, description=(
+        "the proxies whose `X-Forwarded-For` and `X-Forwarded-Proto` are believed (`10.0.0.5,10.1.0.0/16`; `*` is "
+        "refused: name each). From any other peer, loopback included, both are ignored and the client is the "
+        "connection's peer. Behind a TLS proxy named here, the dashboard's cookies are `Secure` and a pod report's "
+        "source is the pod's address (`tunecache.service.client_address`)"))
     access_log: bool = Field(default=False, description=(
         "log every request (uvicorn's access log, one line per request; off by default: under a boot storm it costs "
         "a fifth of the CPU)"))
@@ -333,6 +338,17 @@ class Settings(BaseSettings):
     def allowed_host_list(self) -> list[str]:
         """``allowed_hosts`` as a list, for starlette's ``TrustedHostMiddleware``."""
         return [host.strip() for host in self.allowed_hosts.split(",") if host.strip()]
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        """``trusted_proxies`` as a list (:func:`tunecache.service.client_address.parse_trusted_proxies`)."""
+        return parse_trusted_proxies(self.trusted_proxies)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        parse_trusted_proxies(value)  # raises naming the entry
+        return value
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tunecache.contract import (FLEET_MAX_HOURS, FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_REPORT_BYTES, ErrorBody, FleetView,
                                 PodReportCreate)
 from tunecache.service import auto_tune_refusals, metrics, reports
+from tunecache.service.client_address import client_address
 from tunecache.service.deps import SessionDep
 from tunecache.service.report_bounds import source_of
 from tunecache.service.models import utcnow
@@ -69,7 +70,7 @@ async def report_install(body: PodReportCreate, request: Request, background: Ba
     answer, at most once a minute per process.
     """
     state = state_of(request.app)
-    source = source_of(request.client.host if request.client else None, caller)
+    source = source_of(client_address(request), caller)
     if not state.report_gate.admit(source):
         metrics.pod_report_dropped("source")
         return Response(status_code=202)
