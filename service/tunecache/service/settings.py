@@ -241,8 +241,8 @@ class Settings(BaseSettings):
         "the window of `TUNECACHE_AUTO_TUNE_VARIANTS`; a variant queued within it is not queued again (a tuning that "
         "fails is not repeated every batch of reports)"))
     auto_tune_token_scope: Literal["read", "push", "tune", "admin"] = Field(default="read", description=(
-        "the least scope of a token whose pod reports count towards an automatic tuning (`read`, `push`, `tune`, "
-        "`admin`); `push` where pods hold push tokens and people hold read ones"))
+        "the least scope of a token whose pod reports count towards an automatic tuning; `push` where pods hold "
+        "push tokens and people hold read ones"))
     auto_tune_jobs_per_key: int = Field(default=1, ge=1, le=1_000_000, description=(
         "automatic tuning jobs (`TUNECACHE_AUTO_TUNE_VARIANTS`) one key may get per hour; past it the variant is "
         "refused (`tunecache_auto_tune_refused_total{reason=\"budget_key\"}`)"))

@@ -3,7 +3,9 @@
 Who may report: the ``read`` policy (anyone, unless ``TUNECACHE_READ_TOKEN_REQUIRED``, then
 a token of any scope). Pods hold a read token or none, and a report is a small write that
 decides nothing: it never chooses a path, a key row, a tuning or a token, is never read
-back by a pod, and only feeds counts (the fleet view, ``tunecache_pod_*`` metrics). What
+back by a pod, and only feeds counts (the fleet view, ``tunecache_pod_*`` metrics; with
+``TUNECACHE_AUTO_TUNE_VARIANTS``, the distinct tokens :mod:`tunecache.service.variant_autotune`
+counts: a report is stored with its token's name, and one without a token never counts). What
 keeps it cheap and bounded instead of a token scope: a body of at most
 :data:`~tunecache.contract.MAX_REPORT_BYTES`, the bounds of
 :mod:`tunecache.service.report_bounds` (per source, per key and source, once per pod boot,
