@@ -35,7 +35,7 @@ from tunecache.contract import (
     ReportOutcome,
     ReportSource,
 )
-from tunecache.service import db, reports
+from tunecache.service import db, report_retention, reports
 from tunecache.service.app import create_app
 from tunecache.service.models import PodReport
 from tunecache.service.report_intake import BATCH_ROWS, ReportIntake
@@ -224,12 +224,12 @@ def test_retention_deletes_old_reports_only(engine):
         ids = {name: reports.record_report(session, _report(pod=name.replace(" ", "-")), received_at=now - age)
                for name, age in ages.items()}
     with sessions.begin() as session:
-        deleted = reports.prune_reports(session, now - dt.timedelta(days=14))
+        deleted = report_retention.prune_reports(session, now - dt.timedelta(days=14))
     with sessions.begin() as session:
         left = set(session.scalars(select(PodReport.id)))
     assert deleted == 2 and left == {ids["13 days"], ids["an hour"], ids["now"]}
 
-    pruner = reports.Pruner(interval_s=60)
+    pruner = report_retention.Pruner(interval_s=60)
     assert pruner.due() and not pruner.due()  # at once, then not again within the minute
 
 

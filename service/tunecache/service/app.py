@@ -27,7 +27,7 @@ from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, Gene
 from tunecache.service.limits import AllowedHosts, LoadShedding, RateLimit, RequestBodyGuard
 from tunecache.service.report_bounds import ReportFilter, SourceGate
 from tunecache.service.report_intake import ReportIntake
-from tunecache.service.reports import Pruner
+from tunecache.service.report_retention import Pruner
 from tunecache.service.retention import Maintenance
 from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
 from tunecache.service.routes import metrics as metrics_route

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Container, Mapping
 
 from tunecache.contract import ReportOutcome
-from tunecache.service.reports import Interval
+from tunecache.service.report_retention import Interval
 from tunecache.service.tokens import Caller
 
 #: Seconds of one window of the bounds (fixed windows: every count starts again at 0).

@@ -28,9 +28,8 @@ keys was a 1.2 MB answer whose validation and encoding cost more than its reads.
 ``bench/fleet_queries.py`` times the first and a deep page on PostgreSQL with 1,000 keys,
 10,000 runs and 100,000 reports (docs/benchmarks.md, "Fleet queries").
 
-Reports are kept ``TUNECACHE_REPORT_RETENTION_DAYS``; :func:`prune_reports` deletes older
-ones (the ``received_at`` index again), run by :class:`Pruner` at most once a minute per
-process. Functions take the caller's session and never commit.
+Reports are kept ``TUNECACHE_REPORT_RETENTION_DAYS`` (:mod:`tunecache.service.report_retention`
+deletes older ones). Functions take the caller's session and never commit.
 """
 
 from __future__ import annotations
@@ -39,14 +38,12 @@ import datetime as dt
 import json
 import re
 import threading
-import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, Text, and_, bindparam, case, cast, delete, func, select
+from sqlalchemy import Connection, Engine, Select, Text, and_, bindparam, case, cast, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -107,38 +104,6 @@ def record_report(session: Session, report: PodReportCreate, received_at: dt.dat
     session.add(row)
     session.flush()
     return row.id
-
-
-def prune_reports(session: Session, older_than: dt.datetime) -> int:
-    """Delete the reports received before ``older_than``; returns how many."""
-    result = session.execute(delete(PodReport).where(PodReport.received_at < older_than))
-    return result.rowcount or 0
-
-
-class Interval:
-    """Says when something is due: at most once per ``interval_s`` by ``clock``, the first
-    time at once (``due_at_once``) or ``interval_s`` after it was made. No lock: one
-    thread (or the event loop) asks."""
-
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic, due_at_once: bool = True):
-        self.interval_s, self._clock = interval_s, clock
-        self._next = clock() + (0.0 if due_at_once else interval_s)
-
-    def due(self) -> bool:
-        """Whether it is due now; if so, the next time is ``interval_s`` later."""
-        now = self._clock()
-        if now < self._next:
-            return False
-        self._next = now + self.interval_s
-        return True
-
-
-class Pruner(Interval):
-    """Says when this process should delete old reports: at most once per ``interval_s``
-    (the first call: at once). Called on the event loop only."""
-
-    def __init__(self, interval_s: float = 60.0):
-        super().__init__(interval_s)
 
 
 def boots():

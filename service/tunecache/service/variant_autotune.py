@@ -45,7 +45,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, cast, func, select, Text
+from sqlalchemy import Text, and_, cast, func, select
 from sqlalchemy.orm import Session
 
 from tunecache.contract import ACTIVE_JOB_STATUSES, KEY_FIELDS, Scope, TuningJobCreate, TuningKey

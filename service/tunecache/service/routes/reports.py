@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (FLEET_MAX_HOURS, FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_REPORT_BYTES, ErrorBody, FleetView,
                                 PodReportCreate)
-from tunecache.service import auto_tune_refusals, metrics, reports
+from tunecache.service import auto_tune_refusals, metrics, report_retention, reports
 from tunecache.service.client_address import client_address
 from tunecache.service.deps import SessionDep
 from tunecache.service.report_bounds import source_of
@@ -91,7 +91,7 @@ def _prune(sessions: sessionmaker[Session], retention_days: float) -> None:
     try:
         with sessions.begin() as session:
             older_than = utcnow() - dt.timedelta(days=retention_days)
-            deleted = reports.prune_reports(session, older_than)
+            deleted = report_retention.prune_reports(session, older_than)
             auto_tune_refusals.prune(session, older_than)
     except Exception as exc:  # the next report's process tries again within a minute
         log.warning("old pod reports not deleted: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
