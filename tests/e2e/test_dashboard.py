@@ -637,3 +637,24 @@ def test_templates_and_static_files_are_in_the_server_wheel(tmp_path):
     shipped = {f"tunecache/service/dashboard/{p.relative_to(DASHBOARD_DIR).as_posix()}"
                for folder in ("templates", "static") for p in (DASHBOARD_DIR / folder).rglob("*") if p.is_file()}
     assert len(shipped) >= 10 and shipped <= names, sorted(shipped - names)
+
+
+def test_the_fleet_page_shows_the_automatic_tunings_refused(engine, tmp_path):
+    """Refusals of auto-tune (tunecache.service.auto_tune_refusals) in the window: their
+    totals by reason, and each wanted variant's, on the fleet page."""
+    from tunecache.service import auto_tune_refusals
+
+    sessions = db.session_factory(engine)
+    key, variant = h200_key(model="org/refused"), "ef" * 8
+    with sessions.begin() as session:
+        report = _report(key, ReportOutcome.MISS, "pod-1", file_environment(CUDNN_FILE))
+        reports.record_report(session, report.model_copy(update={"variant": variant, "variant_missing": True,
+                                                                 "engine_args": {"max_model_len": 8192}}))
+        for reason in ("tokens", "tokens", "budget_hour"):
+            auto_tune_refusals.record(session, key.key_hash(), variant, reason)
+    with _client(engine, tmp_path) as client:
+        page_text = client.get("/").text
+    assert 'Automatic tunings refused <span class="count">3</span>' in page_text
+    [row] = re.findall(r'<table class="matrix" id="auto-tune-refused">.*?</table>', page_text, re.S)
+    assert "org/refused" in row and variant in row
+    assert "<code>budget_hour</code> 1" in row and "<code>tokens</code> 2" in row

@@ -103,8 +103,9 @@ def test_each_reason_a_variant_differs_is_named(server, tmp_path, node_signing_k
 
 def test_with_auto_tune_on_a_missing_variant_is_queued_as_a_vllm_warmup_of_its_engine_args(database_url, tmp_path,
                                                                                             node_signing_key):
-    """``TUNECACHE_AUTO_TUNE_VARIANTS=1``: the first pod boot that reports its variant missing
-    queues a tuning job of the key with the engine arguments the pod was booted with."""
+    """``TUNECACHE_AUTO_TUNE_VARIANTS=1``: the first pod boot that reports its variant missing,
+    with a token of its own (``TUNECACHE_TOKEN``: reports without one never count), queues a
+    tuning job of the key with the engine arguments the pod was booted with."""
     import time
 
     from tests.support.serve import start_server, stop_server
@@ -112,7 +113,8 @@ def test_with_auto_tune_on_a_missing_variant_is_queued_as_a_vllm_warmup_of_its_e
     process, server = start_server(database_url, tmp_path, "auto", TUNECACHE_AUTO_TUNE_VARIANTS="1")
     try:
         push_warm_run(server, tmp_path, node_signing_key, block_size=32)
-        run_engine(tmp_path, **pod_env(tmp_path, server, STAND_IN_MAX_MODEL_LEN="8192"))
+        token = as_admin.post(f"{server}/v1/tokens", json={"name": "pods", "scope": "read"}).json()["token"]
+        run_engine(tmp_path, **pod_env(tmp_path, server, STAND_IN_MAX_MODEL_LEN="8192", TUNECACHE_TOKEN=token))
         for _ in range(100):
             items = as_admin.get(f"{server}/v1/tuning-jobs").json()["items"]
             if items:

@@ -35,7 +35,7 @@ from tunecache.contract import (
     ReportOutcome,
     ReportSource,
 )
-from tunecache.service import db, reports
+from tunecache.service import db, report_retention, reports
 from tunecache.service.app import create_app
 from tunecache.service.models import PodReport
 from tunecache.service.report_intake import BATCH_ROWS, ReportIntake
@@ -224,12 +224,12 @@ def test_retention_deletes_old_reports_only(engine):
         ids = {name: reports.record_report(session, _report(pod=name.replace(" ", "-")), received_at=now - age)
                for name, age in ages.items()}
     with sessions.begin() as session:
-        deleted = reports.prune_reports(session, now - dt.timedelta(days=14))
+        deleted = report_retention.prune_reports(session, now - dt.timedelta(days=14))
     with sessions.begin() as session:
         left = set(session.scalars(select(PodReport.id)))
     assert deleted == 2 and left == {ids["13 days"], ids["an hour"], ids["now"]}
 
-    pruner = reports.Pruner(interval_s=60)
+    pruner = report_retention.Pruner(interval_s=60)
     assert pruner.due() and not pruner.due()  # at once, then not again within the minute
 
 
@@ -516,3 +516,89 @@ def test_past_its_bound_a_source_is_answered_202_and_not_stored_and_other_source
         pods = set(session.scalars(select(PodReport.pod)))
     assert len(pods) == 7 and {"real-pod", "elsewhere"} <= pods
     assert _dropped("source") - before == 15
+
+
+def _post_reports(server: str, reports: list[PodReportCreate], source: str = "127.0.0.1", token: str | None = None,
+                  forwarded_for: str | None = None) -> None:
+    """Send ``reports`` from local address ``source``, each with ``X-Forwarded-For:
+    <forwarded_for>.<n>`` when given (n = its position)."""
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=5) as client:
+        for n, report in enumerate(reports):
+            headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {}),
+                       **({"X-Forwarded-For": f"{forwarded_for}.{n}"} if forwarded_for else {})}
+            answer = client.post(f"{server}/v1/reports", content=report.model_dump_json(exclude_none=True),
+                                 headers=headers)
+            assert answer.status_code == 202, answer.text
+
+
+def _misses(prefix: str, count: int, **fields) -> list[PodReportCreate]:
+    return [_miss(h200_key(model="org/forwarded"), f"{prefix}-{n}", boot_id=f"boot-{prefix}-{n:04d}", **fields)
+            for n in range(count)]
+
+
+def test_x_forwarded_for_is_believed_only_from_a_named_proxy(engine, database_url, tmp_path):
+    """A process on the service's machine writes a new ``X-Forwarded-For`` into each report:
+    without ``TUNECACHE_TRUSTED_PROXIES`` (the default) every report's source is 127.0.0.1;
+    with the proxy 127.0.0.2 named, what it forwards is believed, and the same header sent
+    around it from 127.0.0.1 still is not."""
+    from tests.support.serve import start_server, stop_server
+
+    process, server = start_server(database_url, tmp_path, "direct", TUNECACHE_REPORT_FLUSH_SECONDS="0.1")
+    try:
+        _post_reports(server, _misses("direct", 3), forwarded_for="10.9.0")
+        assert [row.sender for row in stored_reports(database_url, 3)] == ["127.0.0.1"] * 3
+    finally:
+        stop_server(process)
+    process, server = start_server(database_url, tmp_path, "proxied", TUNECACHE_REPORT_FLUSH_SECONDS="0.1",
+                                   TUNECACHE_TRUSTED_PROXIES="127.0.0.2")
+    try:
+        _post_reports(server, _misses("proxied", 3), source="127.0.0.2", forwarded_for="10.9.1")
+        _post_reports(server, _misses("around", 2), forwarded_for="10.9.2")
+        senders = [row.sender for row in stored_reports(database_url, 8)[3:]]
+    finally:
+        stop_server(process)
+    assert senders == ["10.9.1.0", "10.9.1.1", "10.9.1.2", "127.0.0.1", "127.0.0.1"]
+
+
+def _wait_for(condition, timeout: float = 15.0):
+    give_up = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < give_up, "timed out"
+        time.sleep(0.1)
+    return found
+
+
+def test_auto_tune_is_driven_by_distinct_tokens_only(engine, database_url, tmp_path):
+    """A live service with ``TUNECACHE_AUTO_TUNE_VARIANTS=3``: 20 anonymous reports of a
+    variant missing, each with another forged ``X-Forwarded-For``, queue nothing (each
+    counted as refused, ``anonymous``); two tokens' reports queue nothing (refused,
+    ``tokens``, on the fleet view); a third token's, with other engine arguments sent last,
+    queues one vLLM warmup with the arguments the first two agree on."""
+    from tests.support.builders import make_token
+    from tests.support.serve import start_server, stop_server
+    from tunecache.service import jobs
+
+    variant, honest, forged = "cd" * 8, {"max_model_len": 8192}, {"max_model_len": 4096, "enforce_eager": True}
+    missing = {"variant": variant, "variant_missing": True}
+    a, b, c = (make_token(engine, name, "read") for name in ("pods-a", "pods-b", "pods-c"))
+
+    def queued():
+        with db.session_factory(engine)() as session:
+            return jobs.list_jobs(session).items
+
+    process, server = start_server(database_url, tmp_path, "auto", TUNECACHE_REPORT_FLUSH_SECONDS="0.1",
+                                   TUNECACHE_AUTO_TUNE_VARIANTS="3")
+    try:
+        _post_reports(server, _misses("anon", 20, engine_args=forged, **missing), forwarded_for="10.8.0")
+        _wait_for(lambda: scrape(server).value("tunecache_auto_tune_refused_total", reason="anonymous") == 20)
+        _post_reports(server, _misses("a", 2, engine_args=honest, **missing), token=a)
+        _post_reports(server, _misses("b", 1, engine_args=honest, **missing), token=b)
+        view = _wait_for(lambda: (v := httpx.get(f"{server}/v1/fleet").json())["auto_tune_refused"].get("tokens") and v)
+        [entry] = view["wanted_variants"]
+        assert entry["variant"] == variant and entry["auto_tune_refused"]["tokens"] >= 1
+        assert queued() == []
+        _post_reports(server, _misses("c", 3, engine_args=forged, **missing), token=c)
+        [job] = _wait_for(queued)
+    finally:
+        stop_server(process)
+    assert job.warmup == "vllm" and job.engine_args == honest and job.status == "queued"

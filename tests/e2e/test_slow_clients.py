@@ -5,7 +5,7 @@ take the in-flight limit from pods that boot, they are timed out
 sends nothing), one client address cannot take the process's file limit
 (``TUNECACHE_MAX_CONNECTIONS_PER_ADDRESS``), and the ``Host`` and ``X-Forwarded-Proto`` a
 request carries are believed only as configured (``TUNECACHE_ALLOWED_HOSTS``,
-``TUNECACHE_FORWARDED_ALLOW_IPS``).
+``TUNECACHE_TRUSTED_PROXIES``).
 
 Raw sockets, from 127.0.0.1 and, as "another client address", 127.0.0.2 (Linux answers the
 whole of 127.0.0.0/8). The connection layer asks nothing of the database: the servers run on
@@ -272,11 +272,11 @@ def _cookies_secure(server: str, source: str, proto: str) -> list[bool]:
 
 
 def test_the_dashboard_cookie_is_secure_behind_a_trusted_tls_proxy(tmp_path):
-    """A TLS proxy at 127.0.0.2 (``TUNECACHE_FORWARDED_ALLOW_IPS``) forwards plain HTTP with
+    """A TLS proxy at 127.0.0.2 (``TUNECACHE_TRUSTED_PROXIES``) forwards plain HTTP with
     ``X-Forwarded-Proto: https``: the cookies are ``Secure``; the same header from an
-    address not named there is not believed."""
+    address not named there (loopback too) is not believed."""
     process, server = start_server(_sqlite(tmp_path, "proxy"), tmp_path, "proxy",
-                                   TUNECACHE_FORWARDED_ALLOW_IPS=OTHER_ADDRESS)
+                                   TUNECACHE_TRUSTED_PROXIES=OTHER_ADDRESS)
     try:
         assert all(_cookies_secure(server, OTHER_ADDRESS, "https"))
         assert not any(_cookies_secure(server, OTHER_ADDRESS, "http"))
@@ -289,6 +289,7 @@ def test_the_dashboard_cookie_is_secure_behind_a_trusted_tls_proxy(tmp_path):
     ("TUNECACHE_ALLOWED_HOSTS", "tune*cache.internal"), ("TUNECACHE_ALLOWED_HOSTS", " , "),
     ("TUNECACHE_MAX_CONNECTIONS_PER_ADDRESS", "0"), ("TUNECACHE_HEADER_TIMEOUT_SECONDS", "0"),
     ("TUNECACHE_BODY_TIMEOUT_SECONDS", "-1"), ("TUNECACHE_SEND_TIMEOUT_SECONDS", "never"),
+    ("TUNECACHE_TRUSTED_PROXIES", "*"), ("TUNECACHE_TRUSTED_PROXIES", "10.0.0.1,proxy.internal"),
 ])
 def test_serve_refuses_a_bad_connection_setting_in_one_line(tmp_path, variable, value):
     with socket.socket() as busy:  # were the setting taken, serve would exit 11 on this port, not hang

@@ -110,6 +110,7 @@ from tunecache.contract.jobs import (
     WorkerStatus,
 )
 from tunecache.contract.reports import (
+    AUTO_TUNE_REFUSALS,
     FLEET_PAGE_DEFAULT,
     FLEET_MAX_HOURS,
     FLEET_PAGE_MAX,
@@ -158,6 +159,7 @@ __all__ = [
     "ArtifactKind",
     "ArtifactRead",
     "ArtifactStored",
+    "AUTO_TUNE_REFUSALS",
     "AuditEventRead",
     "AuditPage",
     "ClosestTuning",

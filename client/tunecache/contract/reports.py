@@ -144,6 +144,18 @@ class FleetRun(BaseModel):
     torch_version: str | None = None
 
 
+#: Why an automatic tuning of an engine variant was not queued (``TUNECACHE_AUTO_TUNE_VARIANTS``;
+#: ``tunecache_auto_tune_refused_total{reason}`` and the fleet view count them):
+#:
+#: * ``anonymous``: a report of the variant missing sent without a token: stored, never counted;
+#: * ``tokens``: fewer distinct tokens than the setting reported the variant missing;
+#: * ``repeat``: a job with the same engine arguments was queued for the key within the window;
+#: * ``key_busy``: another job of the key is queued or running;
+#: * ``budget_key``, ``budget_hour``, ``budget_queued``: the key's automatic jobs of the last
+#:   hour, the fleet's, or those queued or running now, are at their bound.
+AUTO_TUNE_REFUSALS = ("anonymous", "tokens", "repeat", "key_busy", "budget_key", "budget_hour", "budget_queued")
+
+
 class FleetVariant(BaseModel):
     """One engine variant of a key in one environment, as pods reported it over the window:
     ``boots`` that reported it, ``missing`` those that found no warm state for it,
@@ -160,6 +172,9 @@ class FleetVariant(BaseModel):
     current_run_id: int | None
     engine_args: dict[str, Any] | None
     last_report_at: dt.datetime
+    auto_tune_refused: dict[str, int] = {}
+    """Automatic tunings of the variant refused in the window, by reason
+    (:data:`AUTO_TUNE_REFUSALS`), counted by the hour they were refused in."""
 
 
 class FleetKey(BaseModel):
@@ -248,3 +263,6 @@ class FleetView(BaseModel):
     """Engine variants pods found no warm state for in the window and that still have no
     current run: what ``tunecache retune --warmup vllm --engine-args`` would tune (most boots
     first, at most ``wanted_limit``)."""
+    auto_tune_refused: dict[str, int] = {}
+    """Automatic tunings refused in the window, by reason (:data:`AUTO_TUNE_REFUSALS`), every
+    variant's: the sum of each :attr:`FleetVariant.auto_tune_refused`."""

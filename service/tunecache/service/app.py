@@ -21,12 +21,13 @@ from sqlalchemy import Engine
 
 from tunecache.service import artifact_store, assembly, db, metrics, policy, run_diff
 from tunecache.service import api_docs, dashboard
+from tunecache.service.client_address import TrustedProxyHeaders
 from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
 from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
 from tunecache.service.limits import AllowedHosts, LoadShedding, RateLimit, RequestBodyGuard
 from tunecache.service.report_bounds import ReportFilter, SourceGate
 from tunecache.service.report_intake import ReportIntake
-from tunecache.service.reports import Pruner
+from tunecache.service.report_retention import Pruner
 from tunecache.service.retention import Maintenance
 from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
 from tunecache.service.routes import metrics as metrics_route
@@ -156,6 +157,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     # Before any work: a Host the service does not answer to (DNS rebinding) gets 400.
     if settings.allowed_host_list != ["*"]:
         app.add_middleware(AllowedHosts, allowed_hosts=settings.allowed_host_list)
+    # Before anything reads a request's client or scheme: believe X-Forwarded-* from the named proxies only.
+    app.add_middleware(TrustedProxyHeaders, proxies=settings.trusted_proxy_list)
     # Outermost: counts every answer, the 503s of load shedding too (one increment each).
     app.add_middleware(metrics.RequestCounter, templates=_route_templates(app) | dashboard_templates | docs_templates)
     _document_optional_tokens(app, settings)

@@ -49,13 +49,18 @@ def retention_policy(settings: Settings) -> RetentionPolicy:
 
 def auto_tune_variants(settings: Settings) -> Callable[[Session, list[dict[str, Any]]], list[int]] | None:
     """What the report intake does after each batch when ``TUNECACHE_AUTO_TUNE_VARIANTS`` is on
-    (:func:`tunecache.service.variant_autotune.queue_wanted_variants`); ``None`` when it is off."""
+    (:func:`tunecache.service.variant_autotune.queue_wanted_variants` with the
+    ``TUNECACHE_AUTO_TUNE_*`` settings); ``None`` when it is off."""
     if not settings.auto_tune_variants:
         return None
-    from tunecache.service.variant_autotune import queue_wanted_variants
+    from tunecache.contract import Scope
+    from tunecache.service.variant_autotune import AutoTunePolicy, queue_wanted_variants
 
-    return lambda session, rows: queue_wanted_variants(session, rows, settings.auto_tune_variants,
-                                                       settings.auto_tune_variant_hours)
+    policy = AutoTunePolicy(min_tokens=settings.auto_tune_variants, hours=settings.auto_tune_variant_hours,
+                            token_scope=Scope(settings.auto_tune_token_scope),
+                            jobs_per_key_hour=settings.auto_tune_jobs_per_key,
+                            jobs_per_hour=settings.auto_tune_jobs_per_hour, jobs_queued=settings.auto_tune_jobs_queued)
+    return lambda session, rows: queue_wanted_variants(session, rows, policy)
 
 
 def worker_lock(settings: Settings) -> IO | None:

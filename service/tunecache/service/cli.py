@@ -168,7 +168,7 @@ def serve(
                     # uvicorn's protocol with bounds on slow, idle and unreading clients and on
                     # connections per address (tunecache.service.connections)
                     http="tunecache.service.connections:GuardedHttpProtocol",
-                    proxy_headers=True, forwarded_allow_ips=settings.forwarded_allow_ips,
+                    proxy_headers=False,  # X-Forwarded-*: TUNECACHE_TRUSTED_PROXIES only (service.client_address)
                     timeout_graceful_shutdown=10,
                     ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
                     ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Select, Table
+from sqlalchemy import Select, Table, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -54,6 +54,24 @@ def upsert_if_newer(session: Session, table: Table, values: dict[str, Any], conf
     update.update({column: table.c[old] for column, old in (keep_old or {}).items()})
     where = table.c[newer] < stmt.excluded[newer] if newer is not None else None
     session.execute(stmt.on_conflict_do_update(index_elements=conflict, set_=update, where=where))
+
+
+def upsert_add(session: Session, table: Table, values: dict[str, Any], conflict: list[str], add: str) -> None:
+    """``INSERT ... ON CONFLICT (conflict) DO UPDATE SET add = table.add + excluded.add`` (and
+    every other column to the new value): a count that writers racing on one row add to."""
+    stmt = _insert(session, table).values(**values)
+    update = {k: stmt.excluded[k] for k in values if k not in conflict}
+    update[add] = table.c[add] + stmt.excluded[add]
+    session.execute(stmt.on_conflict_do_update(index_elements=conflict, set_=update))
+
+
+def serialize(session: Session, lock_id: int) -> None:
+    """Hold a lock named ``lock_id`` until the transaction ends, so that transactions that
+    read and then write the same thing take turns. PostgreSQL: ``pg_advisory_xact_lock``.
+    SQLite: nothing (one writer at a time; a server of several processes on SQLite may let
+    two read before either writes)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": lock_id})
 
 
 def lock_for_claim(session: Session, query: Select) -> Select:

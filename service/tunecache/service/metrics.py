@@ -77,7 +77,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tunecache.contract import JobStatus, ReportOutcome, Stage
+from tunecache.contract import AUTO_TUNE_REFUSALS, JobStatus, ReportOutcome, Stage
 from tunecache.service.models import TuningJob, utcnow
 
 log = logging.getLogger("tunecache.metrics")
@@ -115,6 +115,9 @@ POD_REPORTS_DROPPED = Counter("tunecache_pod_reports_dropped", "Pod reports answ
 #: Why a report taken may not be stored (:mod:`tunecache.service.report_bounds`).
 DROP_REASONS = ("source", "key", "new_key", "unknown_run", "repeat")
 _DROPPED_CHILDREN = {reason: POD_REPORTS_DROPPED.labels(reason) for reason in DROP_REASONS}
+AUTO_TUNE_REFUSED = Counter("tunecache_auto_tune_refused", "Automatic tunings of an engine variant not queued, by "
+                            "reason (tunecache.service.variant_autotune)", ["reason"])
+_REFUSED_CHILDREN = {reason: AUTO_TUNE_REFUSED.labels(reason) for reason in AUTO_TUNE_REFUSALS}
 
 #: Outcomes of :data:`JOB_DURATION`.
 JOB_OUTCOMES = ("succeeded", "failed", "cancelled", "lost")
@@ -175,6 +178,12 @@ def observe_pod_report(outcome: str, install_seconds: float) -> None:
 def pod_report_dropped(reason: str) -> None:
     """Count a pod report answered 202 and not stored (``reason``: one of :data:`DROP_REASONS`)."""
     _DROPPED_CHILDREN[reason].inc()
+
+
+def auto_tune_refused(reason: str) -> None:
+    """Count an automatic tuning not queued (``reason``: one of
+    :data:`~tunecache.contract.AUTO_TUNE_REFUSALS`)."""
+    _REFUSED_CHILDREN[reason].inc()
 
 
 def set_job_worker(enabled: bool) -> None:

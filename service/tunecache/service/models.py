@@ -385,6 +385,9 @@ class PodReport(Base):
         CheckConstraint(one_of("source", ReportSource), name="source"),
         Index("ix_pod_reports_received_key", "received_at", "key_hash", "outcome", "boot_id"),
         Index("ix_pod_reports_outcome_received", "outcome", "received_at", "key_hash", "environment_hash"),
+        # the reports an automatic tuning counts (tunecache.service.variant_autotune): only those sent with a token
+        Index("ix_pod_reports_token_variant", "key_hash", "variant", "received_at",
+              postgresql_where=text("token_name IS NOT NULL"), sqlite_where=text("token_name IS NOT NULL")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -430,3 +433,21 @@ class PodReport(Base):
     sender: Mapped[str | None] = mapped_column(String(128))
     """The source that sent it: the client address (an IPv6 one as its /64), or ``token:``
     and the token's name (:func:`tunecache.service.report_bounds.source_of`)."""
+    token_name: Mapped[str | None] = mapped_column(String(64))
+    """The token the report was sent with (its name: names are never reused); ``None``: no
+    token. Only reports sent with a token count towards an automatic tuning
+    (:mod:`tunecache.service.variant_autotune`), once per distinct token."""
+
+
+class AutoTuneRefusal(Base):
+    """Automatic tunings of an engine variant refused (:mod:`tunecache.service.auto_tune_refusals`):
+    how many times per hour (``hour``: its start, UTC), key, variant and reason, and the last."""
+
+    __tablename__ = "auto_tune_refusals"
+
+    hour: Mapped[dt.datetime] = mapped_column(primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    variant: Mapped[str] = mapped_column(String(16), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(16), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    last_at: Mapped[dt.datetime] = mapped_column()

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Container, Mapping
 
 from tunecache.contract import ReportOutcome
-from tunecache.service.reports import Interval
+from tunecache.service.report_retention import Interval
 from tunecache.service.tokens import Caller
 
 #: Seconds of one window of the bounds (fixed windows: every count starts again at 0).
@@ -60,8 +60,9 @@ _INSTALLED = ReportOutcome.INSTALLED.value
 
 def source_of(host: str | None, caller: Caller) -> str:
     """Who sent a report: ``token:<name>`` with a token, else the client address (IPv6 as its
-    /64 network; the reverse proxy's address behind one that is not believed, see
-    ``TUNECACHE_FORWARDED_ALLOW_IPS``). At most 128 characters (``pod_reports.sender``)."""
+    /64 network; :func:`tunecache.service.client_address.client_address`: a proxy's own
+    address unless it is named in ``TUNECACHE_TRUSTED_PROXIES``). At most 128 characters
+    (``pod_reports.sender``)."""
     if not caller.anonymous:
         return f"token:{caller.name}"[:128]
     host = host or "-"

@@ -70,14 +70,15 @@ class ReportIntake:
         self._stopping = False
         self._thread: threading.Thread | None = None
 
-    def offer(self, report: PodReportCreate, received_at: dt.datetime, sender: str | None = None) -> bool:
+    def offer(self, report: PodReportCreate, received_at: dt.datetime, sender: str | None = None,
+              token_name: str | None = None) -> bool:
         """Take one validated report, received at ``received_at`` (UTC) from ``sender``
-        (:func:`~tunecache.service.report_bounds.source_of`; ``None``: no per-source bound).
-        ``False`` when the intake already holds ``max_rows`` (nothing is taken; the route
-        answers 503)."""
+        (:func:`~tunecache.service.report_bounds.source_of`; ``None``: no per-source bound)
+        with the token named ``token_name`` (``None``: none). ``False`` when the intake
+        already holds ``max_rows`` (nothing is taken; the route answers 503)."""
         if len(self._rows) >= self.max_rows:
             return False
-        self._rows.append((reports.report_row(report, received_at, sender), False))
+        self._rows.append((reports.report_row(report, received_at, sender, token_name), False))
         if len(self._rows) >= BATCH_ROWS:
             self._wake.set()
         return True

@@ -28,9 +28,8 @@ keys was a 1.2 MB answer whose validation and encoding cost more than its reads.
 ``bench/fleet_queries.py`` times the first and a deep page on PostgreSQL with 1,000 keys,
 10,000 runs and 100,000 reports (docs/benchmarks.md, "Fleet queries").
 
-Reports are kept ``TUNECACHE_REPORT_RETENTION_DAYS``; :func:`prune_reports` deletes older
-ones (the ``received_at`` index again), run by :class:`Pruner` at most once a minute per
-process. Functions take the caller's session and never commit.
+Reports are kept ``TUNECACHE_REPORT_RETENTION_DAYS`` (:mod:`tunecache.service.report_retention`
+deletes older ones). Functions take the caller's session and never commit.
 """
 
 from __future__ import annotations
@@ -39,14 +38,12 @@ import datetime as dt
 import json
 import re
 import threading
-import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, Text, and_, bindparam, case, cast, delete, func, select
+from sqlalchemy import Connection, Engine, Select, Text, and_, bindparam, case, cast, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -58,7 +55,7 @@ from tunecache.contract import (
     ReportOutcome,
     TuningKey,
 )
-from tunecache.service import repository
+from tunecache.service import auto_tune_refusals, repository
 from tunecache.service.models import (CurrentTuning, CurrentVariant, Environment, PodReport, TuningKeyRow, TuningRun,
                                       utcnow)
 
@@ -66,10 +63,12 @@ from tunecache.service.models import (CurrentTuning, CurrentVariant, Environment
 _KEY_COLUMNS = tuple(getattr(PodReport, f) for f in KEY_FIELDS)
 
 
-def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | None = None) -> dict:
+def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | None = None,
+               token_name: str | None = None) -> dict:
     """The ``pod_reports`` columns of one report received at ``received_at`` (UTC) from
-    ``sender`` (:func:`tunecache.service.report_bounds.source_of`), as a dict for an insert
-    (one row of :func:`record_report` or of a batch, :mod:`tunecache.service.report_intake`)."""
+    ``sender`` (:func:`tunecache.service.report_bounds.source_of`) with the token named
+    ``token_name`` (``None``: none), as a dict for an insert (one row of
+    :func:`record_report` or of a batch, :mod:`tunecache.service.report_intake`)."""
     return dict(
         received_at=received_at,
         key_hash=report.key.key_hash(),
@@ -94,6 +93,7 @@ def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | 
         variant_missing=report.variant_missing,
         engine_args=report.engine_args or None,
         sender=sender,
+        token_name=token_name,
     )
 
 
@@ -104,38 +104,6 @@ def record_report(session: Session, report: PodReportCreate, received_at: dt.dat
     session.add(row)
     session.flush()
     return row.id
-
-
-def prune_reports(session: Session, older_than: dt.datetime) -> int:
-    """Delete the reports received before ``older_than``; returns how many."""
-    result = session.execute(delete(PodReport).where(PodReport.received_at < older_than))
-    return result.rowcount or 0
-
-
-class Interval:
-    """Says when something is due: at most once per ``interval_s`` by ``clock``, the first
-    time at once (``due_at_once``) or ``interval_s`` after it was made. No lock: one
-    thread (or the event loop) asks."""
-
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic, due_at_once: bool = True):
-        self.interval_s, self._clock = interval_s, clock
-        self._next = clock() + (0.0 if due_at_once else interval_s)
-
-    def due(self) -> bool:
-        """Whether it is due now; if so, the next time is ``interval_s`` later."""
-        now = self._clock()
-        if now < self._next:
-            return False
-        self._next = now + self.interval_s
-        return True
-
-
-class Pruner(Interval):
-    """Says when this process should delete old reports: at most once per ``interval_s``
-    (the first call: at once). Called on the event loop only."""
-
-    def __init__(self, interval_s: float = 60.0):
-        super().__init__(interval_s)
 
 
 def boots():
@@ -222,10 +190,12 @@ CURRENT_VARIANTS = (
 )
 
 
-def _fleet_variants(connection: Connection, since: dt.datetime) -> dict[str, list[dict[str, Any]]]:
+def _fleet_variants(connection: Connection, since: dt.datetime,
+                    refused: dict[tuple[str, str], dict[str, int]]) -> dict[str, list[dict[str, Any]]]:
     """Each key's engine variants reported since ``since`` (:func:`variant_groups`), as
     :class:`~tunecache.contract.FleetVariant` fields, most boots first; with the engine
-    arguments of each group's latest report and the variant's current run now."""
+    arguments of each group's latest report, the variant's current run now and its
+    automatic tunings refused (``refused``: :func:`~tunecache.service.auto_tune_refusals.refusals_since`)."""
     groups = connection.execute(variant_groups(since)).all()
     if not groups:
         return {}
@@ -241,7 +211,8 @@ def _fleet_variants(connection: Connection, since: dt.datetime) -> dict[str, lis
     for key_hash, env_hash, variant, count, missing, pods, last, latest_id in groups:
         variants[key_hash].append({"variant": variant, "environment_hash": env_hash, "boots": count, "missing": missing,
                                    "pods": pods, "current_run_id": current.get((key_hash, env_hash, variant)),
-                                   "engine_args": args.get(latest_id) or None, "last_report_at": last})
+                                   "engine_args": args.get(latest_id) or None, "last_report_at": last,
+                                   "auto_tune_refused": refused.get((key_hash, variant), {})})
     for found in variants.values():
         found.sort(key=lambda v: (-v["boots"], -v["last_report_at"].timestamp(), v["variant"], v["environment_hash"]))
     return variants
@@ -467,7 +438,8 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
         for key_hash, counted in connection.execute(still_compiling(since, page[start:start + _IN_CHUNK])):
             for kind, count in (json.loads(counted) if isinstance(counted, str) else counted or {}).items():
                 compiled[key_hash][kind] += int(count)
-    variants = _fleet_variants(connection, since)
+    refused = auto_tune_refusals.refusals_since(connection, since)
+    variants = _fleet_variants(connection, since, refused)
     matrix = []
     for minus_total, _model, _gpu_name, _tokens, key_hash in order[offset:offset + limit]:
         by_outcome = counts.get(key_hash, {})
@@ -505,4 +477,5 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
         "hours": hours, "since": since, "generated_at": now,
         "total_keys": len(order), "limit": limit, "offset": offset, "keys": matrix,
         "total_wanted": len(groups), "wanted_limit": wanted_limit, "wanted_offset": wanted_offset, "wanted": wanted,
-        "wanted_variants": wanted_variants})
+        "wanted_variants": wanted_variants,
+        "auto_tune_refused": auto_tune_refusals.totals(refused)})

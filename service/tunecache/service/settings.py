@@ -11,11 +11,14 @@ from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from tunecache.service.client_address import parse_trusted_proxies
+
 #: Renamed variables: field -> the variable's old name, still read (after the new name
 #: ``TUNECACHE_<FIELD>``, which wins when both are set; docs/glossary.md lists the renames).
-RENAMED_VARIABLES = {"job_worker": "TUNECACHE_WORKER", "server_processes": "TUNECACHE_WORKERS"}
+RENAMED_VARIABLES = {"job_worker": "TUNECACHE_WORKER", "server_processes": "TUNECACHE_WORKERS",
+                     "trusted_proxies": "TUNECACHE_FORWARDED_ALLOW_IPS"}
 #: The same fields' old keyword names in ``Settings(...)``, still accepted.
-RENAMED_FIELDS = {"worker": "job_worker", "workers": "server_processes"}
+RENAMED_FIELDS = {"worker": "job_worker", "workers": "server_processes", "forwarded_allow_ips": "trusted_proxies"}
 #: Variables no longer read -> the field that replaced them (whose description says so).
 RETIRED_VARIABLES = {"TUNECACHE_REPORT_RATE": "report_source_max"}
 
@@ -173,10 +176,12 @@ class Settings(BaseSettings):
         "the `Host` headers the service answers, comma-separated (`tunecache.internal,*.svc.cluster.local`; "
         "starlette's `TrustedHostMiddleware`; a wildcard only begins a domain, as `*.example.com`); another gets "
         "400. `*`: any. Name every name pods, probes and proxies use (a kubelet probe sends the pod's IP)"))
-    forwarded_allow_ips: str = Field(default="127.0.0.1,::1", description=(
-        "proxies whose `X-Forwarded-Proto` and `X-Forwarded-For` are believed (uvicorn's `forwarded_allow_ips`, "
-        "comma-separated: addresses, networks, `*` for any): behind a TLS proxy at one of them, the dashboard's "
-        "cookies are `Secure` and the client address is the pod's"))
+    trusted_proxies: str = Field(default="", json_schema_extra={"shown_default": "none", "accepted": (
+        "addresses and networks, comma-separated")}, description=(
+        "the proxies whose `X-Forwarded-For` and `X-Forwarded-Proto` are believed (`10.0.0.5,10.1.0.0/16`; `*` is "
+        "refused: name each). From any other peer, loopback included, both are ignored and the client is the "
+        "connection's peer. Behind a TLS proxy named here, the dashboard's cookies are `Secure` and a pod report's "
+        "source is the pod's address (`tunecache.service.client_address`)"))
     access_log: bool = Field(default=False, description=(
         "log every request (uvicorn's access log, one line per request; off by default: under a boot storm it costs "
         "a fifth of the CPU)"))
@@ -231,13 +236,25 @@ class Settings(BaseSettings):
         "where this node's job worker fetches a recorded vLLM warmup from for its verification boot (with the "
         "service's own token settings, trusting the node's `TUNECACHE_SIGNING_KEY`); `off`: no verification boot"))
     auto_tune_variants: int = Field(default=0, ge=0, le=1_000_000, description=(
-        "opt-in: queue a vLLM warmup of an [engine variant](pods.md#the-whole-warm-state) once this many pod boots "
-        "reported it missing within `TUNECACHE_AUTO_TUNE_VARIANT_HOURS`, with the engine arguments they reported "
-        "([tuning jobs](operator-guide.md#tuning-jobs-and-job-workers), `tunecache.service.variant_autotune`); "
-        "0: never"))
+        "opt-in: queue a vLLM warmup of an [engine variant](pods.md#the-whole-warm-state) once pods reported it "
+        "missing with this many distinct tokens (of `TUNECACHE_AUTO_TUNE_TOKEN_SCOPE` or above, not revoked) within "
+        "`TUNECACHE_AUTO_TUNE_VARIANT_HOURS`, with the engine arguments the most of those tokens reported; reports "
+        "without a token never count ([auto-tune](operator-guide.md#automatic-tuning-of-engine-variants), "
+        "`tunecache.service.variant_autotune`); 0: never"))
     auto_tune_variant_hours: float = Field(default=1.0, gt=0, le=720, description=(
         "the window of `TUNECACHE_AUTO_TUNE_VARIANTS`; a variant queued within it is not queued again (a tuning that "
         "fails is not repeated every batch of reports)"))
+    auto_tune_token_scope: Literal["read", "push", "tune", "admin"] = Field(default="read", description=(
+        "the least scope of a token whose pod reports count towards an automatic tuning; `push` where pods hold "
+        "push tokens and people hold read ones"))
+    auto_tune_jobs_per_key: int = Field(default=1, ge=1, le=1_000_000, description=(
+        "automatic tuning jobs (`TUNECACHE_AUTO_TUNE_VARIANTS`) one key may get per hour; past it the variant is "
+        "refused (`tunecache_auto_tune_refused_total{reason=\"budget_key\"}`)"))
+    auto_tune_jobs_per_hour: int = Field(default=10, ge=1, le=1_000_000, description=(
+        "automatic tuning jobs the whole service may queue per hour (every key, every process and replica); past "
+        "it: `reason=\"budget_hour\"`"))
+    auto_tune_jobs_queued: int = Field(default=2, ge=1, le=1_000_000, description=(
+        "automatic tuning jobs queued or running at once, at most; past it: `reason=\"budget_queued\"`"))
     report_flush_seconds: float = Field(default=0.5, gt=0, le=60, description=(
         "pod reports are taken in memory and stored in batches (one insert each) at least this often "
         "(`tunecache.service.report_intake`)"))
@@ -325,6 +342,17 @@ class Settings(BaseSettings):
     def allowed_host_list(self) -> list[str]:
         """``allowed_hosts`` as a list, for starlette's ``TrustedHostMiddleware``."""
         return [host.strip() for host in self.allowed_hosts.split(",") if host.strip()]
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        """``trusted_proxies`` as a list (:func:`tunecache.service.client_address.parse_trusted_proxies`)."""
+        return parse_trusted_proxies(self.trusted_proxies)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        parse_trusted_proxies(value)  # raises naming the entry
+        return value
 
     @field_validator("allowed_hosts")
     @classmethod

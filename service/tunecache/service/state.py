@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tunecache.service.limits import RateLimit
     from tunecache.service.report_bounds import SourceGate
     from tunecache.service.report_intake import ReportIntake
-    from tunecache.service.reports import Pruner
+    from tunecache.service.report_retention import Pruner
     from tunecache.service.retention import Maintenance
     from tunecache.service.settings import Settings
     from tunecache.service.tokens import Caller

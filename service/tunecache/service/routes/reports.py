@@ -3,7 +3,9 @@
 Who may report: the ``read`` policy (anyone, unless ``TUNECACHE_READ_TOKEN_REQUIRED``, then
 a token of any scope). Pods hold a read token or none, and a report is a small write that
 decides nothing: it never chooses a path, a key row, a tuning or a token, is never read
-back by a pod, and only feeds counts (the fleet view, ``tunecache_pod_*`` metrics). What
+back by a pod, and only feeds counts (the fleet view, ``tunecache_pod_*`` metrics; with
+``TUNECACHE_AUTO_TUNE_VARIANTS``, the distinct tokens :mod:`tunecache.service.variant_autotune`
+counts: a report is stored with its token's name, and one without a token never counts). What
 keeps it cheap and bounded instead of a token scope: a body of at most
 :data:`~tunecache.contract.MAX_REPORT_BYTES`, the bounds of
 :mod:`tunecache.service.report_bounds` (per source, per key and source, once per pod boot,
@@ -26,7 +28,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (FLEET_MAX_HOURS, FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, MAX_ID, MAX_REPORT_BYTES, ErrorBody, FleetView,
                                 PodReportCreate)
-from tunecache.service import metrics, redaction, reports
+from tunecache.service import auto_tune_refusals, metrics, redaction, report_retention, reports
+from tunecache.service.client_address import client_address
 from tunecache.service.deps import SessionDep
 from tunecache.service.report_bounds import source_of
 from tunecache.service.models import utcnow
@@ -69,11 +72,11 @@ async def report_install(body: PodReportCreate, request: Request, background: Ba
     answer, at most once a minute per process.
     """
     state = state_of(request.app)
-    source = source_of(request.client.host if request.client else None, caller)
+    source = source_of(client_address(request), caller)
     if not state.report_gate.admit(source):
         metrics.pod_report_dropped("source")
         return Response(status_code=202)
-    if not state.report_intake.offer(body, utcnow(), source):
+    if not state.report_intake.offer(body, utcnow(), source, None if caller.anonymous else caller.name):
         raise HTTPException(503, detail=f"{state.report_intake.max_rows} pod reports are waiting to be stored; "
                                         "try again later",
                             headers={"Retry-After": str(state.settings.retry_after_seconds)})
@@ -87,7 +90,9 @@ def _prune(sessions: sessionmaker[Session], retention_days: float) -> None:
     """Delete reports older than the retention, in a transaction of its own (after the answer)."""
     try:
         with sessions.begin() as session:
-            deleted = reports.prune_reports(session, utcnow() - dt.timedelta(days=retention_days))
+            older_than = utcnow() - dt.timedelta(days=retention_days)
+            deleted = report_retention.prune_reports(session, older_than)
+            auto_tune_refusals.prune(session, older_than)
     except Exception as exc:  # the next report's process tries again within a minute
         log.warning("old pod reports not deleted: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return
