@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tunecache.contract.events import TunableStage
-from tunecache.contract.identity import EngineArgs, StrEnum, TuningKey, _storable_json
+from tunecache.contract.engine_args import EngineArgs
+from tunecache.contract.identity import StrEnum, TuningKey, _storable_json
 
 
 class JobStatus(StrEnum):

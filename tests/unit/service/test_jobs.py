@@ -256,9 +256,12 @@ def test_a_variant_job_keeps_its_warmup_and_engine_args_and_another_variant_wait
 
 @pytest.mark.parametrize("fields, message", [
     ({"engine_args": {"max_model_len": 8192}}, "engine_args name an engine variant, which only warmup 'vllm' tunes"),
-    ({"warmup": "vllm", "engine_args": {"max_num_batched_tokens": 1}}, "is the tuning key's or the vLLM warmup's"),
-    ({"warmup": "vllm", "engine_args": {"not an identifier": 1}}, "is not a vLLM engine argument name"),
-    ({"warmup": "vllm", "engine_args": {"x": "y" * 300}}, "x's value is over 256 characters as JSON"),
+    ({"warmup": "vllm", "engine_args": {"max_num_batched_tokens": 1}},
+     "engine_args.max_num_batched_tokens is not an allowed engine argument: the tuning key's or the vLLM warmup's"),
+    ({"warmup": "vllm", "engine_args": {"not an identifier": 1}},
+     "engine_args.not an identifier is not an allowed engine argument: not one tunecache knows"),
+    ({"warmup": "vllm", "engine_args": {"cudagraph_capture_sizes": list(range(1, 129))}},
+     "engine_args.cudagraph_capture_sizes's value is over 256 characters as JSON"),
 ])
 def test_a_variant_job_is_refused_with_the_reason(fields, message):
     from pydantic import ValidationError
