@@ -270,6 +270,27 @@ def test_a_variant_job_is_refused_with_the_reason(fields, message):
         TuningJobCreate(key=h200_key(), **fields)
 
 
+def test_a_job_stored_with_an_engine_argument_that_is_not_allowed_fails_naming_it_and_runs_nothing(sessions):
+    """A job row from before the allow-list (or written past the API) holding an argument the
+    contract refuses: the worker fails the job with the reason, its tuner never starts."""
+    from sqlalchemy import update
+
+    from tunecache.service.models import TuningJob
+
+    with sessions.begin() as session:
+        job, _ = jobs.enqueue(session, TuningJobCreate(key=h200_key(), hf_config={"model_type": "llama"}, warmup="vllm",
+                                                       engine_args={"max_model_len": 8192}))
+        options = session.get(TuningJob, job.id).options
+        options = {**options, "engine_args": {"max_model_len": 8192, "worker_extension_cls": "evil.Extension"}}
+        session.execute(update(TuningJob).where(TuningJob.id == job.id).values(options=options))
+    started = []
+    assert JobWorker(sessions, H200, "w", tuner=lambda *args, **kw: started.append(args)).run_once()
+    with sessions() as session:
+        failed = jobs.get_job(session, job.id)
+    assert started == [] and failed.status == "failed", failed
+    assert failed.error.startswith("engine_args.worker_extension_cls is not an allowed engine argument: "), failed.error
+
+
 def test_a_vllm_warmup_job_is_verified_after_it_finished_and_the_verification_kept_with_its_run(sessions):
     from tunecache.contract import RunVerification
 
