@@ -48,8 +48,9 @@ class Allowed:
     refused_values: tuple[str, ...] = ()
     nullable: bool = False
     fields: Mapping[str, "Allowed"] = field(default_factory=dict)
-    #: vLLM minor releases (``"0.25"``) that lack the argument (vLLM refuses it there).
-    absent_from: tuple[str, ...] = ()
+    #: The first vLLM minor release that has the argument (``(0, 34)``; ``None``: every supported
+    #: one); an older vLLM refuses it (``vllm.LLM``'s ``TypeError`` fails the job).
+    since: tuple[int, int] | None = None
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not one this argument takes (``None``: it is). Nested objects are
@@ -103,12 +104,12 @@ class Allowed:
             return "one of " + ", ".join(map(_json_text, self.choices)) + null
         if kind == "name":
             but = f", not {', '.join(self.refused_values)}" if self.refused_values else ""
-            return f"a name matching {self.pattern}{but}" + null
+            return f"a name matching `{self.pattern}`{but}" + null
         if kind == "ints":
             also = f" or {', '.join(map(_json_text, self.choices))}" if self.choices else ""
             return f"a list of at most {MAX_LIST_ITEMS} whole numbers {_bounds(self)}{also}" + null
         if kind == "names":
-            return f"a list of at most {MAX_LIST_ITEMS} names matching {self.pattern}" + null
+            return f"a list of at most {MAX_LIST_ITEMS} names matching `{self.pattern}`" + null
         return "an object of the fields below" + null
 
 
@@ -154,7 +155,7 @@ ALLOWED_COMPILATION: dict[str, Allowed] = {
     "compile_cache_save_format": Allowed("choice", "how the compile cache is written (it is the warm state)",
                                          choices=("binary", "unpacked")),
     "ir_enable_torch_wrap": Allowed("bool", "vLLM IR ops wrapped for torch.compile", nullable=True),
-    "use_breakable_cudagraph": Allowed("bool", "breakable CUDA graphs", nullable=True, absent_from=("0.25",)),
+    "use_breakable_cudagraph": Allowed("bool", "breakable CUDA graphs", nullable=True, since=(0, 34)),
 }
 
 #: vLLM's KV-cache dtypes present in every supported release (``vllm/config/cache.py::CacheDType``).
