@@ -63,6 +63,35 @@ def test_node_engine_args_are_added_and_key_arguments_cannot_be_overridden(tmp_p
             vllm_command(spec(), tmp_path / "x")
 
 
+@pytest.mark.parametrize("args, named", [
+    ({"trust_remote_code": True}, "engine_args.trust_remote_code is not an allowed engine argument"),
+    ({"worker_extension_cls": "evil.Extension"}, "engine_args.worker_extension_cls is not an allowed engine argument"),
+    ({"download_dir": "/etc"}, "engine_args.download_dir is not an allowed engine argument"),
+    ({"pipeline_parallel_size": 2}, "engine_args.pipeline_parallel_size is not an allowed engine argument"),
+    ({"max_num_batched_tokens": 1}, "engine_args.max_num_batched_tokens is not an allowed engine argument"),
+    ({"compilation_config": {"mode": 3, "inductor_passes": {"p": "evil.fn"}}},
+     "engine_args.compilation_config.inductor_passes is not an allowed engine argument"),
+    ({"max_model_len": -1}, "engine_args.max_model_len is -1"),
+    ({"gpu_memory_utilization": 5}, "engine_args.gpu_memory_utilization is 5"),
+])
+def test_the_tuner_refuses_engine_args_that_are_not_allowed_before_anything_runs(tmp_path, monkeypatch, args, named):
+    """Checked again right before vllm.LLM, whatever built the spec (model_copy does not validate)."""
+    monkeypatch.setenv("TUNECACHE_VLLM_ENGINE_ARGS", '{"attention_backend": "FLASHINFER"}')
+    unchecked = spec().model_copy(update={"engine_args": args})
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        vllm_command(unchecked, tmp_path / "scratch")
+    assert not (tmp_path / "scratch").exists()  # nothing written, nothing started
+
+
+def test_a_variants_allowed_engine_args_go_over_the_nodes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNECACHE_VLLM_ENGINE_ARGS", '{"attention_backend": "FLASHINFER", "max_model_len": 4096}')
+    variant = {"max_model_len": 8192, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+    command, _ = vllm_command(spec(engine_args=variant), tmp_path)
+    args = json.loads(command[3])
+    assert args["attention_backend"] == "FLASHINFER" and args["max_model_len"] == 8192
+    assert args["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
+
+
 STAND_IN_VLLM = """
 import json, os, shutil
 class LLM:

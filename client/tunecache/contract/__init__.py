@@ -36,7 +36,6 @@ routes from these; the client returns these models, never dicts. Pure Python: py
 from tunecache.contract.identity import (
     DeploymentKey,
     differences,
-    EngineArgs,
     ENVIRONMENT_FIELDS,
     EnvironmentMetadata,
     expert_parallel_size,
@@ -57,6 +56,7 @@ from tunecache.contract.identity import (
     VARIANT_PATTERN,
     WholeNumber,
 )
+from tunecache.contract.engine_args import allowed_engine_args, check_engine_args, EngineArgRefused, EngineArgs
 from tunecache.contract.kinds import (
     ArtifactKind,
     JSON_MEDIA_TYPE,
@@ -165,6 +165,10 @@ __all__ = [
     "ClosestTuning",
     "DeploymentKey",
     "ENVIRONMENT_FIELDS",
+    "EngineArgRefused",
+    "EngineArgs",
+    "allowed_engine_args",
+    "check_engine_args",
     "EntryChange",
     "EnvironmentMetadata",
     "ErrorBody",

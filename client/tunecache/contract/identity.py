@@ -142,32 +142,11 @@ MAX_ENGINE_ARGS = 32
 MAX_ENGINE_ARG_CHARS = 256
 
 
-#: ``vllm.LLM`` arguments a variant cannot name: the key's own and those the vLLM warmup sets.
+#: ``vllm.LLM`` arguments a variant cannot name: the key's own and those the vLLM warmup sets
+#: (the allowed ones: :data:`tunecache.contract.engine_args.ALLOWED`).
 KEY_ENGINE_ARGS = frozenset({"model", "load_format", "skip_tokenizer_init", "max_num_batched_tokens",
                              "tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "dtype",
                              "quantization", "served_model_name"})
-
-
-def _engine_args(args: dict[str, Any]) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments that make an engine variant: identifiers but
-    :data:`KEY_ENGINE_ARGS`, at most :data:`MAX_ENGINE_ARGS`, each value JSON of at most
-    :data:`MAX_ENGINE_ARG_CHARS` characters."""
-    if len(args) > MAX_ENGINE_ARGS:
-        raise ValueError(f"has {len(args)} arguments; at most {MAX_ENGINE_ARGS}")
-    for name, value in args.items():
-        if not name.isidentifier() or len(name) > 64:
-            raise ValueError(f"{name[:64]!r} is not a vLLM engine argument name (an identifier)")
-        if name in KEY_ENGINE_ARGS:
-            raise ValueError(f"{name} is the tuning key's or the vLLM warmup's, not an engine variant's")
-        if len(_storable_json(value)) > MAX_ENGINE_ARG_CHARS:
-            raise ValueError(f"{name}'s value is over {MAX_ENGINE_ARG_CHARS} characters as JSON")
-    return args
-
-
-#: vLLM engine arguments (``vllm.LLM`` keywords, e.g. ``{"max_model_len": 8192}``) that name
-#: an engine variant of a key: what a tuning gives its engine beyond the key, and what a pod
-#: of that variant was booted with.
-EngineArgs = Annotated[dict[str, Any], AfterValidator(_engine_args)]
 
 
 #: Deepest nesting of lists and objects accepted in free-form JSON (``summary``, ``hf_config``).

@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tunecache.contract.events import TunableStage
-from tunecache.contract.identity import EngineArgs, StrEnum, TuningKey, _storable_json
+from tunecache.contract.engine_args import EngineArgs
+from tunecache.contract.identity import StrEnum, TuningKey, _storable_json
 
 
 class JobStatus(StrEnum):
@@ -79,7 +80,8 @@ class TuningJobCreate(BaseModel):
     whose run is the whole warm state (the node needs vLLM: the tuner image)."""
     engine_args: EngineArgs | None = None
     """The engine variant to tune (``vllm.LLM`` arguments over the node's
-    ``TUNECACHE_VLLM_ENGINE_ARGS``, e.g. ``{"max_model_len": 8192}``); needs ``warmup="vllm"``."""
+    ``TUNECACHE_VLLM_ENGINE_ARGS``, e.g. ``{"max_model_len": 8192}``; only those the allow-list
+    takes: :mod:`tunecache.contract.engine_args`); needs ``warmup="vllm"``."""
     vllm_version: Annotated[str, Field(pattern=r"^[0-9][0-9A-Za-z.+_-]{0,63}$")] | None = None
     """Only a job worker whose image has this vLLM takes it (``"0.26.0"``): a fleet's upgrade
     tuned before the first pod of the new image boots (``None``: any worker of the GPU)."""

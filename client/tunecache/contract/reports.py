@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tunecache.contract.identity import (ENVIRONMENT_FIELDS, KEY_FIELDS, MAX_ID, SHA256_PATTERN, EngineArgs,
-                                         EnvironmentMetadata, FieldDifference, StrEnum, Text, TuningKey, Variant,
-                                         WholeNumber)
+from tunecache.contract.engine_args import EngineArgs
+from tunecache.contract.identity import (ENVIRONMENT_FIELDS, KEY_FIELDS, MAX_ID, SHA256_PATTERN, EnvironmentMetadata,
+                                         FieldDifference, StrEnum, Text, TuningKey, Variant, WholeNumber)
 from tunecache.contract.runs import CompiledKind, RunTrigger
 
 

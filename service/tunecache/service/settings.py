@@ -34,7 +34,8 @@ NODE_VARIABLES: dict[str, FieldInfo] = {
         "on a tuning node, extra `vllm.LLM` arguments of the vLLM warmup (`tune --warmup vllm`) as a JSON object of "
         "identifiers (e.g. `{\"attention_backend\": \"FLASHINFER\"}`): the fleet's engine settings that decide which "
         "kernels warm up; an argument the key sets (model, max_num_batched_tokens, parallel sizes, dtype, ...) is "
-        "refused; a variant's `--engine-args` go over them (`tunecache.service.tuner.vllm_warmup`)")),
+        "refused; the node operator's own, so not held to the engine-argument allow-list that a variant's "
+        "`--engine-args` and a job's `engine_args` are, which go over them (`tunecache.service.tuner.vllm_warmup`)")),
 }
 #: Set by a tuner's parent (the job worker, ``tunecache tune``) for the child processes it starts
 #: (the tuner, a verification boot), through their environment: not a setting to give.

@@ -52,8 +52,17 @@ def test_version_without_the_server_names_the_client_only(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("given, said", [
-    ('{"model": 1}', "tunecache: error: invalid --engine-args: model is the tuning key's or the vLLM warmup's, not an "
-                     "engine variant's"),
+    ('{"model": 1}', "tunecache: error: invalid --engine-args: engine_args.model is not an allowed engine argument: "
+                     "the tuning key's or the vLLM warmup's own"),
+    ('{"trust_remote_code": true}', "tunecache: error: invalid --engine-args: engine_args.trust_remote_code is not an "
+                                    "allowed engine argument: imports or runs code"),
+    ('{"worker_cls": "evil.Worker"}', "tunecache: error: invalid --engine-args: engine_args.worker_cls is not an allowed"),
+    ('{"compilation_config": {"mode": 3, "inductor_passes": {"p": "evil.fn"}}}',
+     "tunecache: error: invalid --engine-args: engine_args.compilation_config.inductor_passes is not an allowed engine "
+     "argument: imports a module by name"),
+    ('{"max_model_len": -1}', "tunecache: error: invalid --engine-args: engine_args.max_model_len is -1: must be from 1 to "),
+    ('{"gpu_memory_utilization": 5}', "tunecache: error: invalid --engine-args: engine_args.gpu_memory_utilization is 5: "
+                                      "must be over 0 and at most 1"),
     ('[8192]', "tunecache: error: --engine-args must be a JSON object of vllm.LLM arguments"),
     ('{oops', "tunecache: error: --engine-args is not JSON: "),
 ])
@@ -65,7 +74,10 @@ def test_engine_args_are_refused_in_one_line(given, said, capsys):
     with pytest.raises(typer.Exit) as exited:
         engine_args_option(given)
     assert exited.value.exit_code == 2
-    assert capsys.readouterr().err.startswith(said)
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1, err
+    assert engine_args_option('{"max_model_len": 8192, "compilation_config": {"cudagraph_mode": "FULL"}}') == {
+        "max_model_len": 8192, "compilation_config": {"cudagraph_mode": "FULL"}}
 
 
 def test_each_commands_help_is_paragraphs_of_one_line():

@@ -256,15 +256,39 @@ def test_a_variant_job_keeps_its_warmup_and_engine_args_and_another_variant_wait
 
 @pytest.mark.parametrize("fields, message", [
     ({"engine_args": {"max_model_len": 8192}}, "engine_args name an engine variant, which only warmup 'vllm' tunes"),
-    ({"warmup": "vllm", "engine_args": {"max_num_batched_tokens": 1}}, "is the tuning key's or the vLLM warmup's"),
-    ({"warmup": "vllm", "engine_args": {"not an identifier": 1}}, "is not a vLLM engine argument name"),
-    ({"warmup": "vllm", "engine_args": {"x": "y" * 300}}, "x's value is over 256 characters as JSON"),
+    ({"warmup": "vllm", "engine_args": {"max_num_batched_tokens": 1}},
+     "engine_args.max_num_batched_tokens is not an allowed engine argument: the tuning key's or the vLLM warmup's"),
+    ({"warmup": "vllm", "engine_args": {"not an identifier": 1}},
+     "engine_args.not an identifier is not an allowed engine argument: not one tunecache knows"),
+    ({"warmup": "vllm", "engine_args": {"cudagraph_capture_sizes": list(range(1, 129))}},
+     "engine_args.cudagraph_capture_sizes's value is over 256 characters as JSON"),
 ])
 def test_a_variant_job_is_refused_with_the_reason(fields, message):
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match=message):
         TuningJobCreate(key=h200_key(), **fields)
+
+
+def test_a_job_stored_with_an_engine_argument_that_is_not_allowed_fails_naming_it_and_runs_nothing(sessions):
+    """A job row from before the allow-list (or written past the API) holding an argument the
+    contract refuses: the worker fails the job with the reason, its tuner never starts."""
+    from sqlalchemy import update
+
+    from tunecache.service.models import TuningJob
+
+    with sessions.begin() as session:
+        job, _ = jobs.enqueue(session, TuningJobCreate(key=h200_key(), hf_config={"model_type": "llama"}, warmup="vllm",
+                                                       engine_args={"max_model_len": 8192}))
+        options = session.get(TuningJob, job.id).options
+        options = {**options, "engine_args": {"max_model_len": 8192, "worker_extension_cls": "evil.Extension"}}
+        session.execute(update(TuningJob).where(TuningJob.id == job.id).values(options=options))
+    started = []
+    assert JobWorker(sessions, H200, "w", tuner=lambda *args, **kw: started.append(args)).run_once()
+    with sessions() as session:
+        failed = jobs.get_job(session, job.id)
+    assert started == [] and failed.status == "failed", failed
+    assert failed.error.startswith("engine_args.worker_extension_cls is not an allowed engine argument: "), failed.error
 
 
 def test_a_vllm_warmup_job_is_verified_after_it_finished_and_the_verification_kept_with_its_run(sessions):

@@ -277,13 +277,13 @@ def engine_args_of(engine_args: Any, nested: bool = True) -> dict[str, Any]:
     JSON, but :data:`_NOT_VARIANT_ARGS` and paths: the arguments that name the pod's engine
     variant, as ``tune --engine-args`` (``vllm.LLM``) takes them. A field that holds a config
     object (``compilation_config``: vLLM's ``CompilationConfig``) becomes the object of its own
-    non-default plain fields, as ``vllm.LLM`` takes it too. At most
-    :data:`tunecache.contract.identity.MAX_ENGINE_ARGS`, each at most
-    :data:`~tunecache.contract.identity.MAX_ENGINE_ARG_CHARS` characters of JSON, by name."""
+    non-default plain fields, as ``vllm.LLM`` takes it too. Only what the contract's allow-list
+    takes (:func:`tunecache.contract.engine_args.allowed_engine_args`: the service refuses a
+    report with any other), so at most :data:`tunecache.contract.identity.MAX_ENGINE_ARGS`, each
+    at most :data:`~tunecache.contract.identity.MAX_ENGINE_ARG_CHARS` characters of JSON, by name."""
     import dataclasses
-    import json
 
-    from tunecache.contract.identity import MAX_ENGINE_ARG_CHARS, MAX_ENGINE_ARGS
+    from tunecache.contract.engine_args import allowed_engine_args
 
     if not dataclasses.is_dataclass(engine_args):
         return {}
@@ -309,7 +309,5 @@ def engine_args_of(engine_args: Any, nested: bool = True) -> dict[str, Any]:
                 continue
         if plain is _NOT_PLAIN:
             continue
-        text = json.dumps(plain, sort_keys=True)
-        if len(text) <= MAX_ENGINE_ARG_CHARS and len(found) < MAX_ENGINE_ARGS:
-            found[field.name] = plain
-    return found
+        found[field.name] = plain
+    return allowed_engine_args(found) if nested else found

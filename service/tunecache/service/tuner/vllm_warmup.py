@@ -31,7 +31,10 @@ then runs and saves:
 ``TUNECACHE_VLLM_ENGINE_ARGS`` (a JSON object of ``vllm.LLM`` keyword arguments, e.g.
 ``{"attention_backend": "FLASHINFER"}``) gives the node's engine the fleet's other engine
 settings, those that decide which kernels warm up; the arguments above come from the key
-and this module and cannot be given there.
+and this module and cannot be given there. It is the node operator's (set where the tuner
+runs, like the image and the rest of its environment), so it is not held to the allow-list
+of the engine variants' arguments: those come from requests (a job's, a report's) and are
+checked here again, right before ``vllm.LLM`` (:func:`variant_engine_args`).
 
 The engine boots as the fleet's do: vLLM's default torch.compile and CUDA graphs (unless
 the node's engine arguments say ``"enforce_eager": true``), with ``served_model_name`` = the
@@ -54,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.contract import ArtifactKind
+from tunecache.contract.engine_args import check_engine_args
 from tunecache.contract.identity import KEY_ENGINE_ARGS
 from tunecache.service.tuner.harvest import (
     COMPILE_FACTS_FILE,
@@ -196,15 +200,14 @@ def node_engine_args() -> dict[str, Any]:
 
 def variant_engine_args(args: dict[str, Any]) -> dict[str, Any]:
     """An engine variant's ``vllm.LLM`` arguments (a job's or ``tune --engine-args``), which go
-    over the node's :func:`node_engine_args`.
+    over the node's :func:`node_engine_args`: checked again against the contract's allow-list
+    (:func:`tunecache.contract.engine_args.check_engine_args`), whatever built the spec.
 
     Raises:
-        ValueError: they name an argument the key or this module sets.
+        ValueError: an argument, or a field of a nested one, is not allowed (the message names
+            it), or its value is out of its bounds.
     """
-    fixed = sorted(set(args) & _FIXED_ARGS)
-    if fixed:
-        raise ValueError(f"engine arguments cannot set {', '.join(fixed)}: the tuning key and the vLLM warmup set them")
-    return dict(args)
+    return dict(check_engine_args(dict(args)))
 
 
 def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
@@ -221,7 +224,8 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
 
     Raises:
         ValueError: ``TUNECACHE_VLLM_ENGINE_ARGS`` is invalid (:func:`node_engine_args`), or the
-            spec's engine arguments name one the key sets (:func:`variant_engine_args`).
+            spec's engine arguments are not all allowed (:func:`variant_engine_args`); nothing
+            is written then.
     """
     extra = {**node_engine_args(), **variant_engine_args(spec.engine_args)}
     model_dir = scratch / "model"

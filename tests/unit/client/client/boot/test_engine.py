@@ -77,6 +77,7 @@ def test_the_engine_args_that_name_a_variant_are_the_non_default_plain_ones():
         mode: int = 3
         cudagraph_capture_sizes: list | None = None
         cache_dir: str = ""
+        inductor_passes: dict = dataclasses.field(default_factory=dict)
 
     @dataclasses.dataclass
     class EngineArgs:  # vLLM's EngineArgs is a dataclass of this kind
@@ -91,10 +92,12 @@ def test_the_engine_args_that_name_a_variant_are_the_non_default_plain_ones():
         logits_processors: object = None
 
     args = EngineArgs(model="/models/llama", max_model_len=8192,
-                      compilation_config=CompilationConfig(cudagraph_capture_sizes=[1, 2, 4], cache_dir="/mnt/cc"),
+                      compilation_config=CompilationConfig(cudagraph_capture_sizes=[1, 2, 4], cache_dir="/mnt/cc",
+                                                           inductor_passes={"post_grad": "mod.fn"}),
                       hf_overrides={"rope_scaling": {"factor": 2.0}}, download_dir="/mnt/models", seed=7,
                       kv_cache_dtype="auto", logits_processors=object())
-    assert engine_args_of(args) == {"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]},
-                                    "hf_overrides": {"rope_scaling": {"factor": 2.0}}, "max_model_len": 8192}
+    # only what the contract's allow-list takes (the service refuses a report with any other):
+    # hf_overrides can name code to import (auto_map), inductor_passes a module
+    assert engine_args_of(args) == {"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]}, "max_model_len": 8192}
     assert engine_args_of(EngineArgs()) == {}
     assert engine_args_of(object()) == {}
