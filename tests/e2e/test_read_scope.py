@@ -36,8 +36,8 @@ IDENTITIES = (TUNER_TOKEN, "tuner-host-7", POD_TOKEN, POD_RUN_NODE, REPORTING_PO
 
 #: Engine arguments no reader is shown: an object (code to load on a node) and a long path.
 FORGED_ARGS = {"max_model_len": 4096, "hf_overrides": {"auto_map": {"AutoConfig": "evil_module.Config"}},
-               "download_dir": "/srv/" + "deep/" * 30 + "weights"}
-FORGED_MARKS = ("evil_module", "deep/deep/")
+               "download_dir": "/srv/" + "deep/" * 30 + "weights", "hf_token": "hf_forgedSecret"}
+FORGED_MARKS = ("evil_module", "deep/deep/", "hf_forgedSecret")
 #: The key's re-tune page (it lists the live workers of its GPU).
 KEY_QUERY = "&".join(f"{k}={v}" for k, v in h200_key().model_dump().items())
 

@@ -11,8 +11,8 @@ answers with through here, one function per concern.
   :data:`HIDDEN` in their place (the log tail: ``None``), so a row still says that it had
   one. ``TUNECACHE_READS_SHOW_IDENTITIES`` shows them to every reader.
 * **Engine arguments** (:func:`engine_args_for_readers`): shown to every reader, admins
-  included, only as far as that function lets them through (rows stored before the doors
-  checked them may hold anything a client once sent).
+  included, only as far as the contract's allow-list takes them (rows stored before the
+  doors checked them may hold anything a client once sent).
 
 A lookup (``POST /v1/tunings/lookup``) is a pod's answer, cached as bytes for every caller
 alike: it carries no identities unless the setting shows them to everyone
@@ -24,10 +24,9 @@ the request path, no database work.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from tunecache.contract import (FleetView, FleetVariant, Scope, TuningJobPage, TuningJobRead, TuningRunPage, TuningRunRead,
+from tunecache.contract import (FleetView, allowed_engine_args, FleetVariant, Scope, TuningJobPage, TuningJobRead, TuningRunPage, TuningRunRead,
                                 WorkerList)
 from tunecache.service.settings import Settings
 from tunecache.service.tokens import Caller
@@ -36,10 +35,6 @@ from tunecache.service.tokens import Caller
 HIDDEN = "(hidden)"
 #: The scope that sees identities (see the module).
 IDENTITY_SCOPE = Scope.ADMIN
-#: At most this many engine arguments are shown.
-MAX_SHOWN_ENGINE_ARGS = 32
-#: An engine argument's name and its value, as JSON, are shown up to this many characters.
-MAX_SHOWN_ENGINE_ARG_CHARS = 64
 
 
 def shows_identities(caller: Caller, settings: Settings) -> bool:
@@ -52,42 +47,13 @@ def _hidden(value: str | None) -> str | None:
     return None if value is None else HIDDEN
 
 
-def _shown_scalar(value: Any) -> bool:
-    """A JSON scalar of at most :data:`MAX_SHOWN_ENGINE_ARG_CHARS` characters (a string's
-    own characters; a number's as ``repr`` writes it, which JSON's are), by type and length
-    alone: no encoding per value on the request path."""
-    if value is None or isinstance(value, bool):
-        return True
-    if isinstance(value, str):
-        return len(value) <= MAX_SHOWN_ENGINE_ARG_CHARS
-    if isinstance(value, int):
-        return len(repr(value)) <= MAX_SHOWN_ENGINE_ARG_CHARS
-    if isinstance(value, float):
-        return math.isfinite(value)  # NaN and Infinity are no JSON; repr of a float is at most 24 characters
-    return False
-
-
 def engine_args_for_readers(args: Any) -> dict[str, Any] | None:
-    """The engine arguments (``vllm.LLM`` keywords) a read shows of ``args``: those whose name
-    is an identifier of at most :data:`MAX_SHOWN_ENGINE_ARG_CHARS` characters and whose value
-    is a JSON scalar: a string or a number of at most as many characters (a finite number),
-    a boolean or null; the first :data:`MAX_SHOWN_ENGINE_ARGS` of them; ``None`` when none is left (or
-    ``args`` is not an object). An object or a list, which could name code to load on a node,
-    and a long value, such as a path, are left out.
-
-    The contract's allow-list of engine arguments replaces this body: a read then shows
-    exactly the arguments a door would take today, whatever a row stored earlier holds.
-    """
-    if not isinstance(args, dict):
-        return None
-    shown: dict[str, Any] = {}
-    for name, value in args.items():
-        if len(shown) == MAX_SHOWN_ENGINE_ARGS:
-            break
-        if (isinstance(name, str) and name.isidentifier() and len(name) <= MAX_SHOWN_ENGINE_ARG_CHARS
-                and _shown_scalar(value)):
-            shown[name] = value
-    return shown or None
+    """The engine arguments (``vllm.LLM`` keywords) a read shows of ``args``: exactly those the
+    contract's allow-list takes today (:func:`tunecache.contract.allowed_engine_args`: each
+    allowed name with a value in its bounds, of a nested object its allowed fields), whatever
+    a row stored before the doors checked them holds; ``None`` when none is left (or ``args``
+    is not an object)."""
+    return allowed_engine_args(args) or None
 
 
 def run_for_readers(run: TuningRunRead, identities: bool) -> TuningRunRead:
