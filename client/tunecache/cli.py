@@ -70,6 +70,7 @@ from tunecache.cli_kit import (
     ExitCode,
     GemmBackendsOpt,
     KeyOptions,
+    OutputUnwritable,
     ServerOpt,
     StagesOpt,
     client_errors,
@@ -314,7 +315,7 @@ def doctor(
 
     What the server has for the key: the matching run, or the closest ones and each field that differs; for a matching run, what each kind of its artifacts will do on this pod (loads, will not load and why, or depends on the engine's arguments), compared with this pod's own paths, versions and package prefix.
 
-    Exit 0 when the server has a matching tuning, 3 when not (as pull), 4/5 for server trouble.
+    Exit codes are pull's: 0 when the server has a matching tuning this pod takes, 3 when not, 14 when this pod refuses it (TUNECACHE_TRUSTED_KEYS), 4/5 for server trouble.
     """
     env = environment_option(environment)
     try:  # as pull reads them, before anything is said (a bad value: one line, exit 2)
@@ -356,8 +357,11 @@ def doctor(
     from tunecache.client.preflight import preflight
 
     typer.echo(f"what run {run.id} will do on this pod, kind by kind (its paths and values)")
-    for verdict in preflight(run, key, env, trusted):
+    found = preflight(run, key, env, trusted)
+    for verdict in found.verdicts:
         typer.echo(f"  {verdict}")
+    if found.refused is not None:  # pull's own decision, so pull's exit code
+        fail(ExitCode.UNTRUSTED_RUN, f"{found.refused}; nothing would be installed")
 
 
 def _tactic_text(tactic) -> str:
@@ -940,8 +944,21 @@ def token_create(
             created = client.create_token(name, scope)
         except TunecacheError as exc:
             client_errors(exc)
-    typer.echo(created.token)
+        try:
+            typer.echo(created.token)
+        except OutputUnwritable as exc:  # its only copy is lost: a live token nobody holds
+            _revoke_undelivered(client, created.name, exc)
     typer.echo(f"token {created.name!r} ({created.scope}) created; store it now, it is not shown again", err=True)
+
+
+def _revoke_undelivered(client: TunecacheClient, name: str, exc: OutputUnwritable) -> None:
+    """Revoke token ``name``, which ``token create`` could not print, and exit 12 saying so."""
+    try:
+        client.revoke_token(name)
+    except TunecacheError as error:
+        fail(ExitCode.INSTALL_FAILED, f"{exc}; token {name!r} was lost and could not be revoked ({error}): "
+                                      f"revoke it (tunecache token revoke {name})")
+    fail(ExitCode.INSTALL_FAILED, f"{exc}; token {name!r} was revoked (its only copy was lost): create another")
 
 
 @token_app.command("list")
