@@ -36,6 +36,7 @@ from tunecache.contract.identity import (
     Variant,
     _storable_json,
 )
+from tunecache.contract.gpu_arch import arch_mismatch
 from tunecache.contract.kinds import KINDS, ArtifactKind
 
 
@@ -151,6 +152,9 @@ class TuningRunCreate(BaseModel):
             raise ValueError(f"key.gpu_name {self.key.gpu_name!r} is not the GPU the file was tuned on "
                              f"(_metadata.gpu {self.environment.gpu!r}); pods on {self.key.gpu_name} would get tactics "
                              "of another GPU")
+        if self.environment.gpu not in INDETERMINATE_VALUES and (wrong := arch_mismatch(self.environment.gpu,
+                                                                                        self.key.arch)):
+            raise ValueError(wrong)
         return self
 
 
