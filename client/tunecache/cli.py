@@ -28,11 +28,11 @@ from typing import Annotated, Any, Optional
 import typer
 from pydantic import ValidationError
 
-from tunecache import cli_kit
+from tunecache import cli_kit, cli_retire
 from tunecache.client.autotune_file import pushed_run
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
-from tunecache.client.http import InsecureTransport, JobConflictError, ServerError, TunecacheClient
+from tunecache.client.http import JobConflictError, ServerError, TunecacheClient
 from tunecache.client.install import (
     FlashInferFile,
     FlashInferV2Store,
@@ -46,7 +46,6 @@ from tunecache.client.install import (
 from tunecache.formats.jit_module import BadJitArtifact
 from tunecache.client.warm_state import BadWarmStateArtifact, TritonCache, VllmCacheRoot
 from tunecache.client.layouts import vllm_rank_file_name
-from tunecache.client.settings import EMPTY_TOKEN, load_client_settings
 from tunecache.contract import (
     TOKEN_NAME_PATTERN,
     TUNABLE_STAGES,
@@ -83,6 +82,7 @@ from tunecache.cli_kit import (
     new_app,
     with_options,
 )
+from tunecache.cli_client import client_for, client_settings
 from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_signing_key, load_trusted_keys, sign_run
 from tunecache.store import NoCompatibleTuning, TunecacheError
 
@@ -123,26 +123,6 @@ def environment_option(path: Path | None):
         return environment_from_file(path) if path else detect_environment()
     except EnvironmentUnavailable as exc:
         fail(ExitCode.BAD_INPUT if path else ExitCode.USAGE, str(exc))
-
-
-def client_settings():
-    """The environment's :class:`~tunecache.client.settings.ClientSettings` with ``--token``,
-    or exit 2 naming a bad setting."""
-    try:
-        return load_client_settings(token=given_token())
-    except ValueError as exc:
-        if EMPTY_TOKEN in str(exc):
-            fail(ExitCode.NOT_AUTHORISED, f"{'--token' if given_token() == '' else 'TUNECACHE_TOKEN'} {EMPTY_TOKEN}")
-        fail(ExitCode.USAGE, str(exc))
-
-
-def client_for(server: str, settings=None) -> TunecacheClient:
-    """A client for ``server`` with ``settings`` (default: :func:`client_settings`); exit 2
-    naming a bad setting, 13 when a token would go in clear text to another machine."""
-    try:
-        return TunecacheClient.from_settings(settings or client_settings(), server)
-    except ValueError as exc:
-        fail(ExitCode.NOT_AUTHORISED if isinstance(exc, InsecureTransport) else ExitCode.USAGE, str(exc))
 
 
 @app.command()
@@ -1007,6 +987,9 @@ def keys_generate(
     typer.echo(generated.public_path.read_text().strip())
     typer.echo(f"key {generated.key_id}: private key in {generated.private_path} (keep it on the tuner node), "
                f"public key in {generated.public_path}", err=True)
+
+
+cli_retire.register(app)
 
 
 def load_command_plugins(target: typer.Typer = app) -> list[str]:

@@ -420,6 +420,8 @@ class TuningRunRead(BaseModel):
     (``TUNECACHE_RUN_RETENTION``) never deletes it."""
     variant: str | None = None
     """The engine variant its compile cache is for (``None``: it has none)."""
+    retired_at: AwareDatetime | None = None
+    """When an admin retired it (``POST /v1/tunings/{id}/retire``): never current or served again."""
 
     def artifact(self, kind: ArtifactKind) -> ArtifactRead | None:
         """The run's first artifact of ``kind``, or ``None``."""
