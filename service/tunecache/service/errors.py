@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tunecache.contract import ErrorBody
-from tunecache.service.artifact_store import ArtifactStoreUnavailable
+from tunecache.service.artifact_store import ArtifactStoreUnavailable, StoreNotConfigured
 from tunecache.service.jobs import JobOptionsConflict
 from tunecache.service.publishing import PromotionRefused, RunNotFound
 from tunecache.service.run_diff import CannotDiff, DiffsBusy, RunsNotFound
@@ -171,6 +171,11 @@ def install_error_handlers(app: FastAPI, path_methods: PathMethods, retry_after_
         return JSONResponse(status_code=503, content={"detail": "artifact store unavailable, try again"},
                             headers=retry_after)
 
+    async def store_not_configured(request: Request, exc: StoreNotConfigured) -> JSONResponse:
+        # this replica lacks the setting another has (not the client's fault, nor the bytes'): 503 naming it
+        log.error("%s", exc)
+        return JSONResponse(status_code=503, content={"detail": str(exc)})
+
     async def diff_refused(request: Request, exc: RunsNotFound | CannotDiff | DiffsBusy) -> JSONResponse:
         status = 404 if isinstance(exc, RunsNotFound) else 422 if isinstance(exc, CannotDiff) else 503
         return JSONResponse(status_code=status, content={"detail": str(exc)},
@@ -180,6 +185,7 @@ def install_error_handlers(app: FastAPI, path_methods: PathMethods, retry_after_
         return JSONResponse(status_code=404 if isinstance(exc, RunNotFound) else 409, content={"detail": str(exc)})
 
     app.add_exception_handler(ArtifactStoreUnavailable, store_unavailable)
+    app.add_exception_handler(StoreNotConfigured, store_not_configured)
     app.add_exception_handler(RunNotFound, promotion_refused)
     app.add_exception_handler(PromotionRefused, promotion_refused)
     for refusal in (RunsNotFound, CannotDiff, DiffsBusy):
