@@ -28,11 +28,11 @@ from typing import Annotated, Any, Optional
 import typer
 from pydantic import ValidationError
 
-from tunecache import cli_kit
+from tunecache import cli_kit, cli_retire
 from tunecache.client.autotune_file import pushed_run
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
-from tunecache.client.http import InsecureTransport, JobConflictError, ServerError, TunecacheClient
+from tunecache.client.http import JobConflictError, ServerError, TunecacheClient
 from tunecache.client.install import (
     FlashInferFile,
     FlashInferV2Store,
@@ -46,7 +46,6 @@ from tunecache.client.install import (
 from tunecache.formats.jit_module import BadJitArtifact
 from tunecache.client.warm_state import BadWarmStateArtifact, TritonCache, VllmCacheRoot
 from tunecache.client.layouts import vllm_rank_file_name
-from tunecache.client.settings import EMPTY_TOKEN, load_client_settings
 from tunecache.contract import (
     TOKEN_NAME_PATTERN,
     TUNABLE_STAGES,
@@ -70,6 +69,7 @@ from tunecache.cli_kit import (
     ExitCode,
     GemmBackendsOpt,
     KeyOptions,
+    OutputUnwritable,
     ServerOpt,
     StagesOpt,
     client_errors,
@@ -82,6 +82,7 @@ from tunecache.cli_kit import (
     new_app,
     with_options,
 )
+from tunecache.cli_client import client_for, client_settings
 from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_signing_key, load_trusted_keys, sign_run
 from tunecache.store import NoCompatibleTuning, TunecacheError
 
@@ -122,26 +123,6 @@ def environment_option(path: Path | None):
         return environment_from_file(path) if path else detect_environment()
     except EnvironmentUnavailable as exc:
         fail(ExitCode.BAD_INPUT if path else ExitCode.USAGE, str(exc))
-
-
-def client_settings():
-    """The environment's :class:`~tunecache.client.settings.ClientSettings` with ``--token``,
-    or exit 2 naming a bad setting."""
-    try:
-        return load_client_settings(token=given_token())
-    except ValueError as exc:
-        if EMPTY_TOKEN in str(exc):
-            fail(ExitCode.NOT_AUTHORISED, f"{'--token' if given_token() == '' else 'TUNECACHE_TOKEN'} {EMPTY_TOKEN}")
-        fail(ExitCode.USAGE, str(exc))
-
-
-def client_for(server: str, settings=None) -> TunecacheClient:
-    """A client for ``server`` with ``settings`` (default: :func:`client_settings`); exit 2
-    naming a bad setting, 13 when a token would go in clear text to another machine."""
-    try:
-        return TunecacheClient.from_settings(settings or client_settings(), server)
-    except ValueError as exc:
-        fail(ExitCode.NOT_AUTHORISED if isinstance(exc, InsecureTransport) else ExitCode.USAGE, str(exc))
 
 
 @app.command()
@@ -314,7 +295,7 @@ def doctor(
 
     What the server has for the key: the matching run, or the closest ones and each field that differs; for a matching run, what each kind of its artifacts will do on this pod (loads, will not load and why, or depends on the engine's arguments), compared with this pod's own paths, versions and package prefix.
 
-    Exit 0 when the server has a matching tuning, 3 when not (as pull), 4/5 for server trouble.
+    Exit codes are pull's: 0 when the server has a matching tuning this pod takes, 3 when not, 14 when this pod refuses it (TUNECACHE_TRUSTED_KEYS), 4/5 for server trouble.
     """
     env = environment_option(environment)
     try:  # as pull reads them, before anything is said (a bad value: one line, exit 2)
@@ -356,8 +337,11 @@ def doctor(
     from tunecache.client.preflight import preflight
 
     typer.echo(f"what run {run.id} will do on this pod, kind by kind (its paths and values)")
-    for verdict in preflight(run, key, env, trusted):
+    found = preflight(run, key, env, trusted)
+    for verdict in found.verdicts:
         typer.echo(f"  {verdict}")
+    if found.refused is not None:  # pull's own decision, so pull's exit code
+        fail(ExitCode.UNTRUSTED_RUN, f"{found.refused}; nothing would be installed")
 
 
 def _tactic_text(tactic) -> str:
@@ -940,8 +924,21 @@ def token_create(
             created = client.create_token(name, scope)
         except TunecacheError as exc:
             client_errors(exc)
-    typer.echo(created.token)
+        try:
+            typer.echo(created.token)
+        except OutputUnwritable as exc:  # its only copy is lost: a live token nobody holds
+            _revoke_undelivered(client, created.name, exc)
     typer.echo(f"token {created.name!r} ({created.scope}) created; store it now, it is not shown again", err=True)
+
+
+def _revoke_undelivered(client: TunecacheClient, name: str, exc: OutputUnwritable) -> None:
+    """Revoke token ``name``, which ``token create`` could not print, and exit 12 saying so."""
+    try:
+        client.revoke_token(name)
+    except TunecacheError as error:
+        fail(ExitCode.INSTALL_FAILED, f"{exc}; token {name!r} was lost and could not be revoked ({error}): "
+                                      f"revoke it (tunecache token revoke {name})")
+    fail(ExitCode.INSTALL_FAILED, f"{exc}; token {name!r} was revoked (its only copy was lost): create another")
 
 
 @token_app.command("list")
@@ -990,6 +987,9 @@ def keys_generate(
     typer.echo(generated.public_path.read_text().strip())
     typer.echo(f"key {generated.key_id}: private key in {generated.private_path} (keep it on the tuner node), "
                f"public key in {generated.public_path}", err=True)
+
+
+cli_retire.register(app)
 
 
 def load_command_plugins(target: typer.Typer = app) -> list[str]:

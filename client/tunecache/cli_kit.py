@@ -28,11 +28,12 @@ Exit codes (also in docs/pods.md):
       bad URL)
 10    ``retune --wait``: the job did not finish within ``--wait-timeout`` (it goes on)
 11    ``serve`` could not start listening (address in use, bad host)
-12    ``pull``: the install could not be written (disk full, permissions); nothing was
-      left half-written
+12    a local write failed: ``pull``'s install could not be written (disk full,
+      permissions; nothing was left half-written), or any command's stdout (``> /dev/full``;
+      ``token create`` then revokes the token it could not deliver)
 13    not authorised: no token, or one that is unknown, revoked, or of too small a scope
       (HTTP 401/403); or a token would travel in clear text to another machine
-14    ``pull``: the run is not signed by a trusted key (``TUNECACHE_TRUSTED_KEYS``) or its
+14    ``pull`` and ``doctor``: the run is not signed by a trusted key (``TUNECACHE_TRUSTED_KEYS``) or its
       bytes do not match its signed manifest; nothing was installed
 15    ``retune``: a job for the key is already queued or running with other options (its
       id and each difference are printed); ``job cancel``: the job already succeeded or
@@ -369,27 +370,53 @@ def usage_error_line(exc: Exception, app: typer.Typer) -> str:
     return f"tunecache: error: {message} (see {command} --help)"
 
 
+class OutputUnwritable(Exception):
+    """stdout cannot be written (``tunecache history > /dev/full``: a full disk, an I/O error):
+    :func:`run` ends the command with one line and exit 12 (:data:`ExitCode.INSTALL_FAILED`, a
+    local write that failed). Not an ``OSError``, so that a command's own handling of its files'
+    errors never takes it for one of them."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(f"cannot write to stdout: {error.strerror or error}")
+
+
 class _ReaderMayLeave:
-    """``sys.stdout`` for a command whose reader may close the pipe early (``tunecache doctor |
-    head -1``): what is written after that goes to ``/dev/null``, so the command still ends with
-    its own exit code and says its errors on stderr (click ended such a command with exit 1 and
-    nothing said)."""
+    """``sys.stdout`` (and its ``buffer``) for a command whose reader may close the pipe early
+    (``tunecache doctor | head -1``): what is written after that goes to ``/dev/null``, so the
+    command still ends with its own exit code and says its errors on stderr (click ended such a
+    command with exit 1 and nothing said). Any other failed write (a full disk) raises
+    :class:`OutputUnwritable` (every time: click probes a stream with writes whose errors it
+    drops); :func:`run` then sends stdout to ``/dev/null`` (:meth:`discard`), so that the
+    interpreter's last flush cannot fail again."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
 
-    def write(self, text: str) -> int:
+    def write(self, text):
         try:
             return self._stream.write(text)
         except BrokenPipeError:
             self._reader_left()
             return len(text)
+        except OSError as exc:
+            raise OutputUnwritable(exc) from None
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except BrokenPipeError:
             self._reader_left()
+        except OSError as exc:
+            raise OutputUnwritable(exc) from None
+
+    def discard(self) -> None:
+        """Send what is still buffered, and every later write, to ``/dev/null``."""
+        self._reader_left()
+
+    @property
+    def buffer(self) -> "_ReaderMayLeave":
+        """The binary stream under it (``history --csv`` writes bytes), under the same rules."""
+        return _ReaderMayLeave(self._stream.buffer)
 
     def _reader_left(self) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -402,10 +429,19 @@ class _ReaderMayLeave:
         return getattr(self._stream, name)
 
 
+def _output_lost(exc: OutputUnwritable) -> NoReturn:
+    """One line and exit 12 for a stdout that cannot be written (what is left of it dropped)."""
+    if isinstance(sys.stdout, _ReaderMayLeave):
+        sys.stdout.discard()
+    typer.echo(f"tunecache: error: {exc}", err=True)
+    sys.exit(int(ExitCode.INSTALL_FAILED))
+
+
 def run(app: typer.Typer, args: list[str] | None = None) -> NoReturn:
     """Run ``app`` (:func:`new_app`) with the commands registered on it: usage errors as one line on stderr and
     exit 2 (:data:`ExitCode.USAGE`), exit 130 on Ctrl-C; a reader that closes stdout early does not
-    change the exit code (:class:`_ReaderMayLeave`)."""
+    change the exit code (:class:`_ReaderMayLeave`); a stdout that cannot be written is one line
+    and exit 12 (:class:`OutputUnwritable`)."""
     command = typer.main.get_command(app)
     if not isinstance(sys.stdout, _ReaderMayLeave) and sys.stdout is not None:
         sys.stdout = _ReaderMayLeave(sys.stdout)
@@ -425,5 +461,11 @@ def run(app: typer.Typer, args: list[str] | None = None) -> NoReturn:
     except _Abort:
         typer.echo("tunecache: error: aborted", err=True)
         sys.exit(int(ExitCode.UNEXPECTED))
+    except OutputUnwritable as exc:
+        _output_lost(exc)
+    try:  # what is still buffered, before the exit code is decided
+        sys.stdout.flush()
+    except OutputUnwritable as exc:
+        _output_lost(exc)
     # an Exit (typer.Exit, fail()) comes back as its code; a command that returns, as None
     sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)

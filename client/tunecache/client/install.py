@@ -156,13 +156,7 @@ def fetch_tuning(
     """
     with client.deadline_scope(deadline_s):
         run = client.lookup(key, environment, variant) if variant else client.lookup(key, environment)
-        try:
-            signed_by = (verify_run(run.signature, key, environment, run.artifacts, trusted_keys, run.summary)
-                         if trusted_keys else None)
-            if signed_by is not None:
-                _not_older(run, key, environment, variant if variant and run.variant == variant else None)
-        except UntrustedRun as exc:
-            raise UntrustedRun(f"tuning run {run.id} refused: {exc}") from None
+        signed_by = trusted_signer(run, key, environment, trusted_keys, variant)
         refused = None
         if (jit or deep_gemm or warm_state) and signed_by is None:
             refused = ("JIT modules, DeepGEMM caches and the rest of the warm state install only from a run signed "
@@ -193,6 +187,39 @@ def fetch_tuning(
             verified_for=(key, environment) if signed_by is not None else None,
             drift=drift(run.summary.get("dependencies"), installed_versions()),
         )
+
+
+class RunRefused(UntrustedRun):
+    """A pod that trusts keys refuses ``run_id`` as a whole (nothing of it installs, the tactics
+    neither): ``reason`` says why."""
+
+    def __init__(self, run_id: int, reason: str) -> None:
+        super().__init__(f"tuning run {run_id} refused: {reason}")
+        self.run_id, self.reason = run_id, reason
+
+
+def trusted_signer(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata,
+                   trusted_keys: Mapping[str, Ed25519PublicKey] | None, variant: str | None = None) -> str | None:
+    """The one decision whether this pod takes ``run`` at all: ``pull`` and the vLLM plugin
+    (through :func:`fetch_tuning`) and ``tunecache doctor`` (through
+    :func:`tunecache.client.preflight.preflight`) all ask it. Without ``trusted_keys``:
+    ``None`` (the tactics install, nothing executable). With them: the id of the trusted key
+    that signed the run over this pod's key and environment (:func:`tunecache.signing.verify_run`),
+    after :func:`_not_older` for ``variant``.
+
+    Raises:
+        RunRefused: unsigned, signed by another key, a manifest that does not match, or a
+            replayed older run.
+    """
+    if not trusted_keys:
+        return None
+    try:
+        signed_by = verify_run(run.signature, key, environment, run.artifacts, trusted_keys, run.summary)
+        if signed_by is not None:
+            _not_older(run, key, environment, variant if variant and run.variant == variant else None)
+    except UntrustedRun as exc:
+        raise RunRefused(run.id, str(exc)) from None
+    return signed_by
 
 
 def _not_older(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None) -> None:

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey, TuningRunRead, kinds_where
+
+if TYPE_CHECKING:
+    from tunecache.client.install import RunRefused
 
 
 @dataclass(frozen=True)
@@ -44,27 +47,37 @@ class Verdict:
         return f"{self.kind}: {said}: {self.detail}"
 
 
+class Preflight(NamedTuple):
+    """What :func:`preflight` found: a verdict per kind, and the refusal of the whole run
+    (``None``: the pod takes it), which ``pull`` would exit with."""
+
+    verdicts: list[Verdict]
+    refused: RunRefused | None
+
+
 def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata,
-              trusted_keys: Mapping[str, Any] | None) -> list[Verdict]:
+              trusted_keys: Mapping[str, Any] | None) -> Preflight:
     """A :class:`Verdict` for each kind of ``run``'s artifacts, for this pod (``key`` and
-    ``environment`` as it asked; ``trusted_keys``: its ``TUNECACHE_TRUSTED_KEYS``, loaded)."""
+    ``environment`` as it asked; ``trusted_keys``: its ``TUNECACHE_TRUSTED_KEYS``, loaded), and
+    whether the pod refuses the run as a whole: the install's own decision
+    (:func:`tunecache.client.install.trusted_signer`), not a copy of it."""
     from tunecache.client.destinations import destinations_of
-    from tunecache.signing import UntrustedRun, verify_run
+    from tunecache.client.install import RunRefused, trusted_signer  # noqa: F811
 
     tactics = Verdict(ArtifactKind.FLASHINFER_AUTOTUNE, True,
                       f"{run.entries if run.entries is not None else '?'} entries, for this pod's key and FlashInfer "
                       "environment")
-    refused = None
+    refused = whole = None
     if not trusted_keys:
         refused = "installs only from a run signed by a trusted key, and TUNECACHE_TRUSTED_KEYS is not set"
     else:
         try:
-            verify_run(run.signature, key, environment, run.artifacts, trusted_keys, run.summary)
+            trusted_signer(run, key, environment, trusted_keys)
             if run.signature is not None and run.signature.manifest < 2:
                 refused = "the run's signature (manifest format 1) is undated: code installs only from a dated one"
-        except UntrustedRun as exc:
+        except RunRefused as exc:
             # a pod that trusts keys installs nothing of a run they do not sign, the tactics neither
-            refused = f"the run is refused, nothing of it installs: {exc}"
+            whole, refused = exc, f"the run is refused, nothing of it installs: {exc.reason}"
             tactics = Verdict(ArtifactKind.FLASHINFER_AUTOTUNE, False, refused)
     verdicts = [tactics]
     executable: list[Verdict] = []
@@ -78,4 +91,4 @@ def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetada
                   for v in executable]
     if refused:
         executable = [Verdict(v.kind, False, refused) for v in executable]
-    return verdicts + executable
+    return Preflight(verdicts + executable, whole)

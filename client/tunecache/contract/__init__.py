@@ -152,6 +152,7 @@ from tunecache.contract.events import (
     TunerFinished,
     TunerStarted,
 )
+from tunecache.contract.retirement import RunRetired
 
 __all__ = [
     "ACTIVE_JOB_STATUSES",
@@ -258,4 +259,5 @@ __all__ = [
     "encode_run_cursor",
     "expert_parallel_size",
     "run_csv_row",
+    "RunRetired",
 ]

@@ -36,6 +36,7 @@ from tunecache.contract.identity import (
     Variant,
     _storable_json,
 )
+from tunecache.contract.gpu_arch import arch_mismatch
 from tunecache.contract.kinds import KINDS, ArtifactKind
 
 
@@ -151,6 +152,9 @@ class TuningRunCreate(BaseModel):
             raise ValueError(f"key.gpu_name {self.key.gpu_name!r} is not the GPU the file was tuned on "
                              f"(_metadata.gpu {self.environment.gpu!r}); pods on {self.key.gpu_name} would get tactics "
                              "of another GPU")
+        if self.environment.gpu not in INDETERMINATE_VALUES and (wrong := arch_mismatch(self.environment.gpu,
+                                                                                        self.key.arch)):
+            raise ValueError(wrong)
         return self
 
 
@@ -419,6 +423,8 @@ class TuningRunRead(BaseModel):
     (``TUNECACHE_RUN_RETENTION``) never deletes it."""
     variant: str | None = None
     """The engine variant its compile cache is for (``None``: it has none)."""
+    retired_at: AwareDatetime | None = None
+    """When an admin retired it (``POST /v1/tunings/{id}/retire``): never current or served again."""
 
     def artifact(self, kind: ArtifactKind) -> ArtifactRead | None:
         """The run's first artifact of ``kind``, or ``None``."""

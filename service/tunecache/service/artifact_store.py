@@ -314,6 +314,11 @@ class ArtifactStores:
         return self._by_location[blobs.LOCATION]
 
     @property
+    def locations(self) -> frozenset[str]:
+        """The locations this process can read blobs from (``artifact_blobs.location``)."""
+        return frozenset(self._by_location)
+
+    @property
     def object_store(self) -> S3Store | None:
         store = self._by_location.get(S3Store.location)
         return store if isinstance(store, S3Store) else None

@@ -10,7 +10,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -133,14 +133,33 @@ def current_revision(engine: Engine) -> str | None:
         return revision_of(connection)
 
 
+#: The PostgreSQL advisory lock that migrations take turns on (with the schema's hash, so that
+#: deployments in other schemas of one database do not wait on each other); not retention's.
+MIGRATION_LOCK = 0x7475_6E65_6D69_6772 & 0x7FFF_FFFF_FFFF_FFFF
+_PG_LOCK = "SELECT {}(:key # hashtextextended(coalesce(current_schema(), ''), 0))"
+
+
 @contextlib.contextmanager
 def _migration_lock(engine: Engine):
     """On a SQLite file: an exclusive ``flock`` on ``<file>.migrate.lock`` for the block, so that
     two ``tunecache db upgrade`` (or two first starts of ``serve``) at once migrate one after the
     other: SQLite runs an ``ALTER`` of a table as a copy into ``_alembic_tmp_<table>`` and a
     rename, and two at once left that copy behind (2 of 6 rounds in a probe), breaking every
-    later migration. PostgreSQL serializes them itself (transactional DDL on the version
-    table); an in-memory database has nothing to share."""
+    later migration. On PostgreSQL: a session advisory lock (:data:`MIGRATION_LOCK` with the
+    schema's hash, as retention's), held on a connection of its own for the block: two
+    upgrades at once both created the version table, and the loser failed with a raw
+    ``UniqueViolation``; now the second waits, then finds the schema at the head. An in-memory
+    database has nothing to share."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as holder:
+            holder.execute(text(_PG_LOCK.format("pg_advisory_lock")), {"key": MIGRATION_LOCK})
+            holder.commit()
+            try:
+                yield
+            finally:
+                holder.execute(text(_PG_LOCK.format("pg_advisory_unlock")), {"key": MIGRATION_LOCK})
+                holder.commit()
+        return
     database = engine.url.database if engine.dialect.name == "sqlite" else None
     if not database or database == ":memory:" or database.startswith("file:"):
         yield

@@ -10,6 +10,7 @@ import functools
 import logging
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tunecache.contract import ErrorBody
-from tunecache.service.artifact_store import ArtifactStoreUnavailable
+from tunecache.service.artifact_store import ArtifactStoreUnavailable, StoreNotConfigured
 from tunecache.service.jobs import JobOptionsConflict
 from tunecache.service.publishing import PromotionRefused, RunNotFound
 from tunecache.service.run_diff import CannotDiff, DiffsBusy, RunsNotFound
@@ -109,6 +110,29 @@ def _no_route(path_methods: PathMethods, request: Request) -> str:
     return f"no such route: {_json_safe(path)[:256]}"
 
 
+#: PostgreSQL's SQLSTATE for a full disk (``disk_full``, class 53: insufficient resources).
+_PG_DISK_FULL = "53100"
+
+
+def disk_full(exc: DBAPIError, app_state: Any) -> str | None:
+    """What to say when the database failed because its disk is full (SQLite's SQLITE_FULL,
+    "database or disk is full"; PostgreSQL's SQLSTATE 53100), naming the directory where it
+    can be told (a SQLite file's; PostgreSQL's is on its own server); ``None`` otherwise."""
+    orig = getattr(exc, "orig", None)
+    sqlite_full = getattr(orig, "sqlite_errorname", None) == "SQLITE_FULL" or "database or disk is full" in str(orig)
+    if getattr(orig, "sqlstate", None) == _PG_DISK_FULL or getattr(orig, "pgcode", None) == _PG_DISK_FULL:
+        return "database disk full: the PostgreSQL server has no room left to write; free space there (nothing was stored)"
+    if not sqlite_full:
+        return None
+    state = getattr(app_state, "tunecache", None)
+    engine = getattr(state, "engine", None)
+    where = None
+    if engine is not None and engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        where = Path(engine.url.database).resolve().parent
+    return (f"database disk full: no room left to write the database{f' in {where}' if where else ''}; "
+            "free space there (nothing was stored)")
+
+
 def install_error_handlers(app: FastAPI, path_methods: PathMethods, retry_after_s: int = 1) -> None:
     """The app's error answers; ``path_methods``: its routes' paths and methods (the ``Allow``
     of a 405, the detail of a 404). 422 for invalid requests (and for a run naming artifacts never uploaded: its
@@ -123,7 +147,9 @@ def install_error_handlers(app: FastAPI, path_methods: PathMethods, retry_after_
 
     async def database_unavailable(request: Request, exc: OperationalError) -> JSONResponse:
         log.error("database unavailable: %s", exc)
-        return JSONResponse(status_code=503, content={"detail": "database unavailable, try again"}, headers=retry_after)
+        full = disk_full(exc, request.app.state)
+        return JSONResponse(status_code=503, content={"detail": full or "database unavailable, try again"},
+                            headers=retry_after)
 
     async def database_busy(request: Request, exc: PoolTimeout) -> JSONResponse:
         log.warning("no database connection free: %s", exc)
@@ -145,6 +171,11 @@ def install_error_handlers(app: FastAPI, path_methods: PathMethods, retry_after_
         return JSONResponse(status_code=503, content={"detail": "artifact store unavailable, try again"},
                             headers=retry_after)
 
+    async def store_not_configured(request: Request, exc: StoreNotConfigured) -> JSONResponse:
+        # this replica lacks the setting another has (not the client's fault, nor the bytes'): 503 naming it
+        log.error("%s", exc)
+        return JSONResponse(status_code=503, content={"detail": str(exc)})
+
     async def diff_refused(request: Request, exc: RunsNotFound | CannotDiff | DiffsBusy) -> JSONResponse:
         status = 404 if isinstance(exc, RunsNotFound) else 422 if isinstance(exc, CannotDiff) else 503
         return JSONResponse(status_code=status, content={"detail": str(exc)},
@@ -154,6 +185,7 @@ def install_error_handlers(app: FastAPI, path_methods: PathMethods, retry_after_
         return JSONResponse(status_code=404 if isinstance(exc, RunNotFound) else 409, content={"detail": str(exc)})
 
     app.add_exception_handler(ArtifactStoreUnavailable, store_unavailable)
+    app.add_exception_handler(StoreNotConfigured, store_not_configured)
     app.add_exception_handler(RunNotFound, promotion_refused)
     app.add_exception_handler(PromotionRefused, promotion_refused)
     for refusal in (RunsNotFound, CannotDiff, DiffsBusy):

@@ -192,6 +192,9 @@ class TuningRun(Base):
     pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     variant: Mapped[str | None] = mapped_column(String(16))
     """The engine variant its compile cache is for (:attr:`tunecache.contract.TuningRunCreate.variant`)."""
+    retired_at: Mapped[dt.datetime | None] = mapped_column()
+    """When an admin retired it (:mod:`tunecache.service.retiring`; ``None``: in use): never
+    current again, never served, kept for the history."""
     """An admin pinned it (``PUT /v1/tunings/{id}/pin``): retention never deletes it."""
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")

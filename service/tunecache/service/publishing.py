@@ -242,6 +242,13 @@ def only_succeeded_runs_are_promoted(proposal: Proposal) -> Verdict | None:
     return None
 
 
+def retired_runs_are_never_promoted(proposal: Proposal) -> Verdict | None:
+    """A retired run (:mod:`tunecache.service.retiring`) is out of use for good: refused."""
+    if proposal.run.retired_at is not None:
+        return Verdict(current=False, reason=f"run {proposal.run_id} was retired: it is never current again")
+    return None
+
+
 def pods_runs_are_never_promoted(proposal: Proposal) -> Verdict | None:
     """A pod's run (unverified) is never promoted: only a run a tuner or an admin recorded."""
     if not proposal.run.verified:
@@ -288,6 +295,7 @@ RECORD_POLICY: tuple[Rule, ...] = (
 #: or diff (a roll back, or a held run taken anyway).
 PROMOTE_POLICY: tuple[Rule, ...] = (
     only_succeeded_runs_are_promoted,
+    retired_runs_are_never_promoted,
     pods_runs_are_never_promoted,
     a_new_signature_replaces_the_old,
     promoted_runs_are_signed_by_a_trusted_key,

@@ -127,6 +127,7 @@ def _to_read(run: TuningRun, is_current: bool) -> TuningRunRead:
         verification=RunVerification.model_validate(run.verification) if run.verification else None,
         pinned=bool(run.pinned),
         variant=run.variant,
+        retired_at=run.retired_at,
         artifacts=[
             ArtifactRead(
                 kind=a.kind,

@@ -74,6 +74,9 @@ class ServiceState:
     #: The app's exception handlers wrapped to answer pages, made at the dashboard's first
     #: error (``tunecache.service.dashboard.render``).
     dashboard_error_handlers: tuple | None = None
+    #: ``(monotonic time, problems)`` of the last check for blobs in stores this process lacks
+    #: (``tunecache.service.routes.health``; time 0: never checked).
+    store_check: tuple[float, tuple[str, ...]] = (0.0, ())
 
 
 def state_of(app: Starlette) -> ServiceState:

@@ -45,6 +45,7 @@ EXPECTED = {
     ("POST", "/v1/tunings/{run_id}/promote"): requires(Scope.ADMIN),
     ("PUT", "/v1/tunings/{run_id}/pin"): requires(Scope.ADMIN),
     ("DELETE", "/v1/tunings/{run_id}/pin"): requires(Scope.ADMIN),
+    ("POST", "/v1/tunings/{run_id}/retire"): requires(Scope.ADMIN),
     ("PUT", "/v1/tunings/{run_id}/verification"): requires(Scope.TUNE),
     ("POST", "/v1/tuning-jobs"): requires(Scope.ADMIN),
     ("DELETE", "/v1/tuning-jobs/{job_id}"): requires(Scope.ADMIN),

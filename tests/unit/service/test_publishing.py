@@ -96,6 +96,7 @@ def test_the_rules_in_their_order():
     ]
     assert [rule.__name__ for rule in publishing.PROMOTE_POLICY] == [
         "only_succeeded_runs_are_promoted",
+        "retired_runs_are_never_promoted",
         "pods_runs_are_never_promoted",
         "a_new_signature_replaces_the_old",
         "promoted_runs_are_signed_by_a_trusted_key",

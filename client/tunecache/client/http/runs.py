@@ -23,6 +23,7 @@ from tunecache.contract import (
     TuningRunPage,
     TuningRunQuery,
     TuningRunRead,
+    RunRetired,
 )
 from tunecache.store import NoCompatibleTuning, ServerError
 
@@ -180,3 +181,14 @@ class RunsClient(Transport):
             ServerUnreachable.
         """
         return self._answer(self._request("DELETE", f"/v1/tunings/{run_id}/pin"), TuningRunRead)
+
+    def retire_run(self, run_id: int) -> RunRetired:
+        """``POST /v1/tunings/{id}/retire`` (admin): take a run out of use for good (never
+        current, never served, kept for history). Idempotent. ``current_run_id`` of the answer:
+        the run current for its key and environment in its place (``None``: none).
+
+        Raises:
+            ServerError: 404 no such run; 401/403 without an admin token.
+            ServerUnreachable.
+        """
+        return self._answer(self._request("POST", f"/v1/tunings/{run_id}/retire"), RunRetired)

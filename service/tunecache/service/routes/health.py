@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Request
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from tunecache.contract import Health
 from tunecache.service import db
+from tunecache.service.models import ArtifactBlob
 from tunecache.service.policy import PublicCaller
 from tunecache.service.state import state_of
 
@@ -68,6 +70,7 @@ async def health(request: Request, caller: PublicCaller) -> Health:
     if state.artifact_files.write_failure is not None:
         problems.append(state.artifact_files.write_failure)
     problems.extend(low_disks(state.settings.data_dir))
+    problems.extend(await _stores_missing(state, request.state.deadline))
     status = "degraded" if problems else "ok"
     if caller.anonymous:
         return Health(status=status)
@@ -79,6 +82,37 @@ async def health(request: Request, caller: PublicCaller) -> Health:
         pass
     return Health(status=status, problems=problems or None, database=state.engine.dialect.name,
                   schema_revision=revision, worker=state.worker_status)
+
+
+#: Seconds a check for blobs in stores this process lacks is reused (it reads ``artifact_blobs``).
+STORE_CHECK_SECONDS = 60.0
+
+
+async def _stores_missing(state, deadline: float) -> list[str]:
+    """A problem for each store that blobs are kept in and this process was not configured
+    with (a replica without ``TUNECACHE_ARTIFACT_STORE`` where others have it: those blobs get
+    503 here), checked at most every :data:`STORE_CHECK_SECONDS`; the last answer when the
+    check does not finish in time."""
+    checked_at, said = state.store_check
+    if checked_at and time.monotonic() - checked_at < STORE_CHECK_SECONDS:
+        return list(said)
+    try:
+        with anyio.fail_after(max(deadline - anyio.current_time(), 0.0)):
+            lacking = await state.health_probes.run("stores", lambda: anyio.to_thread.run_sync(
+                _unserved_locations, state.engine, state.artifact_stores.locations, limiter=state.health_threads))
+    except (TimeoutError, SQLAlchemyError):
+        return list(said)
+    said = tuple(f"artifact blobs are kept in the {location!r} store, which this process has no "
+                 "TUNECACHE_ARTIFACT_STORE for: they cannot be served here" for location in lacking)
+    state.store_check = (time.monotonic(), said)
+    return list(said)
+
+
+def _unserved_locations(engine: Engine, served: frozenset[str]) -> list[str]:
+    """The locations of blobs this process cannot read (one row each, at most)."""
+    with engine.connect() as connection:
+        return sorted(set(connection.scalars(
+            select(ArtifactBlob.location).where(ArtifactBlob.location.not_in(sorted(served))).limit(10))))
 
 
 def _revision(engine: Engine) -> str | None:

@@ -21,6 +21,7 @@ from tunecache.contract import (
     LookupMiss,
     LookupRequest,
     PromoteRequest,
+    RunRetired,
     RunVerification,
     compiled_summary,
     TuningRunCreate,
@@ -31,7 +32,7 @@ from tunecache.contract import (
     run_csv_row,
 )
 from tunecache.service import redaction, run_diff
-from tunecache.service import publishing, repository
+from tunecache.service import publishing, repository, retiring
 from tunecache.service import metrics
 from tunecache.service.deps import SessionDep, SettingsDep
 from tunecache.service.policy import AdminCaller, PushCaller, ReadCaller, TuneCaller
@@ -111,6 +112,22 @@ def unpin_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: Session
     """Unpin a run: retention keeps or deletes it as any other run from its next pass. Needs
     an ``admin`` token; idempotent; 404 for an unknown run. Audited."""
     return _pin(session, run_id, False, request)
+
+
+@router.post("/{run_id}/retire", response_model=RunRetired,
+             responses={404: {"model": ErrorBody, "description": "no such run"}})
+def retire_tuning(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, caller: AdminCaller,
+                  request: Request) -> Response:
+    """Retire a run (admin): it is never current again and never served, and stays in the
+    history (``retired_at``). Where it was current, the newest usable run of its key and
+    environment recorded before it takes its place (as a roll back), else none does
+    (:mod:`tunecache.service.retiring`); ``current_run_id`` says which. Idempotent; 404 for
+    an unknown run. Audited."""
+    retired = retiring.retire_run(session, run_id, state_of(request.app).trusted_keys)
+    current = retired.current_run_id
+    request.state.audit_detail = (f"retired run {run_id} of {retired.run.key.model} (current now: "
+                                  f"{f'run {current}' if current is not None else 'none'})")
+    return Response(retired.model_dump_json(), media_type="application/json")  # serialized here, as _json
 
 
 def _pin(session: Session, run_id: int, pinned: bool, request: Request) -> Response:
