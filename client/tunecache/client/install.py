@@ -551,7 +551,7 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
                            image=image_of(fetched.run.summary.get("dependencies")))
     return InstallResult(outcome=ReportOutcome.INSTALLED, run_id=fetched.run.id, entries=fetched.run.entries,
                          sha256=fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE).sha256,
-                         signed_by=fetched.signed_by, missing_kinds=fetched.drifted(), **written)
+                         signed_by=fetched.signed_by, missing_kinds=getattr(fetched, "drifted", tuple)(), **written)
 
 
 def fetch_and_install(
