@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tunecache.client.atomic import all_or_nothing, write_atomically
 from tunecache.client.destinations import Commit, Destination, registers
-from tunecache.formats.dependencies import drift, installed_versions
+from tunecache.formats.dependencies import drift, image_of, installed_versions
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import newest_installed, remember_installed
 from tunecache.client.jit_install import (
@@ -44,6 +44,7 @@ from tunecache.client.report import installing, outcome_of, worth_reporting
 from tunecache.client.warm_state import TritonCache, VllmCacheRoot
 from tunecache.formats.jit_module import check_jit_module, jit_environment
 from tunecache.contract import (
+    KINDS,
     ArtifactKind,
     EnvironmentMetadata,
     ReportedDifference,
@@ -100,6 +101,16 @@ class FetchedTuning:
     """The kinds built with other package versions than this pod's, each with the differences
     (:func:`tunecache.formats.dependencies.drift`): not installed."""
 
+    def drifted(self, fetched_only: bool = True) -> tuple[ArtifactKind, ...]:
+        """The kinds of :attr:`drift` this install left out: those fetched (``fetched_only``) or
+        all the run has (what a boot's main process fetched for the worker that reports it),
+        in :data:`tunecache.contract.KINDS`' order."""
+        def fetched(kind: ArtifactKind) -> bool:
+            if not fetched_only:
+                return bool(self.run.artifacts_of(kind))
+            return bool(self.jit_modules) if kind is ArtifactKind.FLASHINFER_JIT_MODULE else kind in self.warm_state
+        return tuple(kind for kind in KINDS if kind in self.drift and fetched(kind))
+
     @property
     def workspace_subdir(self) -> str:
         """FlashInfer's ``<version>/<arch dir>`` on the tuning node (``""`` if not recorded).
@@ -143,7 +154,9 @@ def fetch_tuning(
 
     ``variant``: the pod's engine variant, asked of the server (the variant's current run
     where it has one, else the key's); a run of that variant is checked against the pod's
-    memory of that variant (:mod:`tunecache.client.installed`). ``warm_state_kinds``: which
+    memory of that variant (:mod:`tunecache.client.installed`). The lookup carries this pod's
+    package versions (:func:`tunecache.formats.dependencies.installed_versions`, its image),
+    so the server answers with its image's current run where the key's was made on another. ``warm_state_kinds``: which
     of :data:`WARM_STATE_KINDS` ``warm_state`` downloads.
 
     Raises:
@@ -155,7 +168,8 @@ def fetch_tuning(
         a JIT module's tarball is unusable (checked before any install).
     """
     with client.deadline_scope(deadline_s):
-        run = client.lookup(key, environment, variant) if variant else client.lookup(key, environment)
+        here = installed_versions()  # this pod's image: never another image's run where it has its own
+        run = client.lookup(key, environment, variant, dependencies=here)
         signed_by = trusted_signer(run, key, environment, trusted_keys, variant)
         refused = None
         if (jit or deep_gemm or warm_state) and signed_by is None:
@@ -185,7 +199,7 @@ def fetch_tuning(
             run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
             signed_by=signed_by, executable_refused=refused, warm_state=warm,
             verified_for=(key, environment) if signed_by is not None else None,
-            drift=drift(run.summary.get("dependencies"), installed_versions()),
+            drift=drift(run.summary.get("dependencies"), here),
         )
 
 
@@ -224,13 +238,13 @@ def trusted_signer(run: TuningRunRead, key: TuningKey, environment: EnvironmentM
 
 def _not_older(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None) -> None:
     """Refuse a signed run signed before one this pod installed for the key
-    (:mod:`tunecache.client.installed`): pods never move backwards unless a signer signed
+    (:mod:`tunecache.client.installed`; of the run's image, where it records one): pods never move backwards unless a signer signed
     the move (``tunecache promote RUN --signing-key KEY`` signs the older run anew).
 
     Raises:
         UntrustedRun: it is older, or undated (a format-1 signature) after a dated one.
     """
-    newest = newest_installed(key, environment, variant)
+    newest = newest_installed(key, environment, variant, image_of(run.summary.get("dependencies")))
     if newest is None:
         return
     signed_at = run.signature.signed_at if run.signature is not None else None
@@ -498,6 +512,9 @@ class InstallResult(BaseModel):
     cache (2 of 2 directories)``)."""
     compile_cache_skipped: str | None = None
     """Why the run's compile cache was not installed (each differing factor named), if so."""
+    missing_kinds: tuple[ArtifactKind, ...] = ()
+    """The kinds of the run left out as built with other package versions than this pod's
+    (another image's run: :attr:`FetchedTuning.drift`), reported to the service."""
     vllm_cache_root: Path | None = None
     triton_cache_dir: Path | None = None
     signed_by: str | None = None
@@ -526,7 +543,8 @@ class InstallResult(BaseModel):
         """This install's report fields besides its outcome
         (:func:`tunecache.client.report.build_report`), or ``None`` when it is not reported."""
         if self.outcome is ReportOutcome.INSTALLED:
-            return {"run_id": self.run_id, "jit_modules": len(self.jit_modules), "jit_skipped": self.jit_not_installed}
+            return {"run_id": self.run_id, "jit_modules": len(self.jit_modules), "jit_skipped": self.jit_not_installed,
+                    **({"missing_kinds": list(self.missing_kinds)} if self.missing_kinds else {})}
         if self.outcome is ReportOutcome.MISS:
             return {"run_id": self.run_id, "differences": list(self.differences)}
         return {"error_kind": self.error_kind} if self.error_kind else None
@@ -556,10 +574,11 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
             fields_set = commit()
             written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
     if fetched.signed_by is not None and fetched.run.signature is not None and fetched.verified_for is not None:
-        remember_installed(*fetched.verified_for, fetched.run.signature.signed_at)
+        remember_installed(*fetched.verified_for, fetched.run.signature.signed_at,
+                           image=image_of(fetched.run.summary.get("dependencies")))
     return InstallResult(outcome=ReportOutcome.INSTALLED, run_id=fetched.run.id, entries=fetched.run.entries,
                          sha256=fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE).sha256,
-                         signed_by=fetched.signed_by, **written)
+                         signed_by=fetched.signed_by, missing_kinds=getattr(fetched, "drifted", tuple)(), **written)
 
 
 def fetch_and_install(

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tunecache.contract.engine_args import EngineArgs
 from tunecache.contract.identity import (ENVIRONMENT_FIELDS, KEY_FIELDS, MAX_ID, SHA256_PATTERN, EnvironmentMetadata,
                                          FieldDifference, StrEnum, Text, TuningKey, Variant, WholeNumber)
+from tunecache.contract.kinds import ArtifactKind
 from tunecache.contract.runs import CompiledKind, RunTrigger
 
 
@@ -83,7 +84,10 @@ class PodReportCreate(BaseModel):
     * ``variant``: the pod's engine variant (when the plugin computed it);
       ``variant_missing``: no warm state is stored for it (the pod got the key's run without
       its compile cache); ``engine_args``: the vLLM engine arguments the pod was booted with
-      beyond vLLM's defaults, which name the variant (what ``retune --engine-args`` takes).
+      beyond vLLM's defaults, which name the variant (what ``retune --engine-args`` takes);
+    * ``missing_kinds`` (``installed`` only): the kinds of the installed run the pod left out as
+      built with other package versions than its own (another image's run: no run of the key
+      is current for the pod's image).
 
     Nothing in a report chooses a path, a tuning or a token: the service only counts it.
     """
@@ -109,11 +113,16 @@ class PodReportCreate(BaseModel):
     variant: Variant | None = None
     variant_missing: bool = False
     engine_args: EngineArgs | None = None
+    missing_kinds: list[ArtifactKind] = Field(default_factory=list, max_length=len(ArtifactKind))
 
     @model_validator(mode="after")
     def _consistent(self) -> "PodReportCreate":
         if self.variant_missing and self.variant is None:
             raise ValueError("variant_missing needs the variant")
+        if self.missing_kinds and self.outcome is not ReportOutcome.INSTALLED:
+            raise ValueError("missing_kinds belong to installed reports (kinds of the run installed)")
+        if len(set(self.missing_kinds)) != len(self.missing_kinds):
+            raise ValueError("missing_kinds names a kind twice")
         if self.environment is not None and self.environment.environment_hash() != self.environment_hash:
             raise ValueError("environment_hash is not the hash of environment")
         if self.outcome is ReportOutcome.INSTALLED and self.run_id is None:
@@ -201,6 +210,11 @@ class FleetKey(BaseModel):
     """What the other attested boots compiled, summed by kind."""
     variants: list[FleetVariant] = []
     """The key's engine variants pods reported in the window, most boots first."""
+    missing: int = 0
+    """Boots in the window that left out kinds of the run they installed as built on another
+    image (other torch, Triton or TVM-FFI: no run of the key is current for theirs)."""
+    missing_kinds: dict[ArtifactKind, int] = {}
+    """Those boots by the kind they left out."""
 
 
 class WantedTuning(BaseModel):

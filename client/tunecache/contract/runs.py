@@ -168,16 +168,34 @@ class PromoteRequest(BaseModel):
     signature: RunSignature | None = None
 
 
+#: A distribution's name as ``importlib.metadata`` knows it (``torch``, ``apache-tvm-ffi``).
+DISTRIBUTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+#: The most package versions a lookup's ``dependencies`` names.
+MAX_DEPENDENCIES = 16
+#: Package versions by distribution name (a lookup's ``dependencies``, a run's ``summary.dependencies``).
+PackageVersions = Annotated[
+    dict[Annotated[str, Field(pattern=DISTRIBUTION_PATTERN)], Annotated[Text, Field(max_length=64)]],
+    Field(max_length=MAX_DEPENDENCIES),
+]
+
+
 class LookupRequest(BaseModel):
     """Body of ``POST /v1/tunings/lookup``: the pod's key and its FlashInfer environment, and
     with ``variant`` its engine variant: the answer is then the variant's current run where it
-    has one, else the key's current run (whose ``variant`` says which it is)."""
+    has one, else the key's current run (whose ``variant`` says which it is).
+
+    ``dependencies``: the pod's versions of the packages a run's warm state is built with
+    (``tunecache.formats.dependencies.installed_versions``: torch, Triton, TVM-FFI), its
+    *image*. Where the run the answer would be was made on another image and the pod's image
+    has a current run of the key (or variant) of its own, the answer is that run; without
+    ``dependencies``, the answer is as before them."""
 
     model_config = ConfigDict(extra="forbid")
 
     key: TuningKey
     environment: EnvironmentMetadata
     variant: Variant | None = None
+    dependencies: PackageVersions | None = None
 
 
 def encode_run_cursor(created_at: dt.datetime, run_id: int) -> str:

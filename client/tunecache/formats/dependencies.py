@@ -11,6 +11,11 @@ with (``summary.dependencies``, signed with the run); a pod compares them with i
 difference (:func:`drift`). FlashInfer's own version is the environment's (a run of another
 FlashInfer is never served), vLLM's the compile cache's factors.
 
+Those versions are the run's *image* (:func:`image_of`): a pod sends its own with each lookup,
+and the service answers a pod with the current run of its image where the key's current run
+was made on another (``current_images``), so that a fleet upgraded node by node keeps each
+image's warm state.
+
 For a module a pod loads through ninja (``tunecache pull --jit``), :func:`missing_include_dirs`
 names the include directories its ``build.ninja`` points at that this pod lacks.
 
@@ -48,6 +53,20 @@ def installed_versions() -> dict[str, str]:
         except PackageNotFoundError:
             found[name] = NOT_INSTALLED
     return found
+
+
+def image_of(versions: object) -> str | None:
+    """The image of ``versions`` (a run's ``summary.dependencies``, or a pod's
+    :func:`installed_versions`): 16 hex digits of a sha256 over the version of each of
+    :data:`DISTRIBUTIONS` they name (``name==version`` lines, sorted); ``None`` when ``versions``
+    is not a dict or names none of them (a run recorded before versions were: of every image,
+    as :func:`drift` finds nothing to compare)."""
+    import hashlib
+
+    if not isinstance(versions, dict):
+        return None
+    lines = [f"{name}=={str(versions[name])[:64]}" for name in DISTRIBUTIONS if versions.get(name) is not None]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16] if lines else None
 
 
 def drift(recorded: object, here: dict[str, str]) -> dict[ArtifactKind, str]:

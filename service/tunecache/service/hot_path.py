@@ -75,44 +75,47 @@ class LookupCache:
         self._computing = SingleFlight()
 
     @staticmethod
-    def _key(generation: int, key: TuningKey, environment: EnvironmentMetadata, variant: str | None) -> tuple:
-        return (generation, tuple(key.model_dump().values()), environment.environment_hash(), variant)
+    def _key(generation: int, key: TuningKey, environment: EnvironmentMetadata, variant: str | None,
+             image: str | None) -> tuple:
+        return (generation, tuple(key.model_dump().values()), environment.environment_hash(), variant, image)
 
     def get(self, generation: int, key: TuningKey, environment: EnvironmentMetadata,
-            variant: str | None = None) -> tuple[int, bytes] | None:
-        """``(status, body)`` answered at this generation (for this engine ``variant``), or ``None``."""
+            variant: str | None = None, image: str | None = None) -> tuple[int, bytes] | None:
+        """``(status, body)`` answered at this generation (for this engine ``variant`` and the
+        pods of this ``image``), or ``None``."""
         if self._answers is None:
             return None
         with self._lock:
-            return self._answers.get(self._key(generation, key, environment, variant))
+            return self._answers.get(self._key(generation, key, environment, variant, image))
 
     def put(self, generation: int, key: TuningKey, environment: EnvironmentMetadata, status: int, body: bytes,
-            variant: str | None = None) -> None:
+            variant: str | None = None, image: str | None = None) -> None:
         if self._answers is not None:
             with self._lock:
-                self._answers[self._key(generation, key, environment, variant)] = (status, body)
+                self._answers[self._key(generation, key, environment, variant, image)] = (status, body)
 
     async def answer(self, generation: int, key: TuningKey, environment: EnvironmentMetadata,
-                     compute: Callable[[], Awaitable[tuple[int, bytes]]], variant: str | None = None) -> tuple[int, bytes]:
+                     compute: Callable[[], Awaitable[tuple[int, bytes]]], variant: str | None = None,
+                     image: str | None = None) -> tuple[int, bytes]:
         """The cached ``(status, body)``, or ``compute()``'s, awaited once for all the requests
-        that miss on the same ``(generation, key, environment, variant)`` at the same time (a cold
-        process under a boot storm runs one lookup query, not one per pod).
+        that miss on the same ``(generation, key, environment, variant, image)`` at the same time
+        (a cold process under a boot storm runs one lookup query, not one per pod).
 
         Raises:
             whatever ``compute`` raises, to every request waiting on it (nothing is cached).
         """
         if self._answers is None:
             return await compute()
-        cached = self.get(generation, key, environment, variant)
+        cached = self.get(generation, key, environment, variant, image)
         if cached is not None:
             return cached
 
         async def compute_and_keep() -> tuple[int, bytes]:
             status, body = await compute()
-            self.put(generation, key, environment, status, body, variant)
+            self.put(generation, key, environment, status, body, variant, image)
             return status, body
 
-        return await self._computing.run(self._key(generation, key, environment, variant), compute_and_keep)
+        return await self._computing.run(self._key(generation, key, environment, variant, image), compute_and_keep)
 
 
 class GenerationReader:

@@ -196,6 +196,9 @@ class TuningRun(Base):
     """When an admin retired it (:mod:`tunecache.service.retiring`; ``None``: in use): never
     current again, never served, kept for the history."""
     """An admin pinned it (``PUT /v1/tunings/{id}/pin``): retention never deletes it."""
+    image: Mapped[str | None] = mapped_column(String(16))
+    """The image its warm state was built on: :func:`tunecache.formats.dependencies.image_of` of
+    its ``summary.dependencies`` (``None``: none recorded, a run of every image)."""
 
     key: Mapped[TuningKeyRow] = relationship(lazy="joined")
     environment: Mapped[Environment] = relationship(lazy="joined")
@@ -267,6 +270,23 @@ class CurrentVariant(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     previous_run_id: Mapped[int | None] = mapped_column(Integer)
     """The run current for the variant before ``updated_at``."""
+
+
+class CurrentImage(Base):
+    """The current run of a key in an environment for the pods of one image (the package
+    versions its warm state is built with: :attr:`TuningRun.image`), beside
+    :class:`CurrentTuning`: a pod of that image gets it where the key's current run was made
+    on another image."""
+
+    __tablename__ = "current_images"
+
+    key_id: Mapped[int] = mapped_column(ForeignKey("tuning_keys.id"), primary_key=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environments.id"), primary_key=True)
+    image: Mapped[str] = mapped_column(String(16), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"), index=True)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    previous_run_id: Mapped[int | None] = mapped_column(Integer)
+    """The run current for the image before ``updated_at``."""
 
 
 class TuningGeneration(Base):
@@ -433,6 +453,9 @@ class PodReport(Base):
     """No warm state is stored for the pod's variant: it got the key's run without its compile cache."""
     engine_args: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     """The vLLM engine arguments the pod named its variant with (to tune it: ``retune --engine-args``)."""
+    missing_kinds: Mapped[str | None] = mapped_column(String(255))
+    """The kinds of the installed run the pod left out as built on another image
+    (:attr:`tunecache.contract.PodReportCreate.missing_kinds`), comma-separated; ``None``: none."""
     sender: Mapped[str | None] = mapped_column(String(128))
     """The source that sent it: the client address (an IPv6 one as its /64), or ``token:``
     and the token's name (:func:`tunecache.service.report_bounds.source_of`)."""

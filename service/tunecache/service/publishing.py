@@ -34,7 +34,8 @@ from tunecache.contract import (
     TuningRunRead,
 )
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable, parse_autotune_file
-from tunecache.service import artifact_store, repository
+from tunecache.formats.dependencies import image_of
+from tunecache.service import artifact_store, images, repository
 from tunecache.service.repository import RunPlace
 from tunecache.service.run_diff import diff_runs
 from tunecache.store import ArtifactsMissing
@@ -349,6 +350,8 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     :mod:`tunecache.service.retention`); only the current pointers move, in the same
     transaction, and only forward (to a higher run id), so concurrent recordings leave the
     newest run current. A failed run never moves them, so the previous run stays current.
+    Its image's pointer (:mod:`tunecache.service.images`) moves with the key's (a variant run's
+    only while its image has none), so the pods of other images keep theirs.
 
     ``trusted``: whether the recorder may make runs current (a ``tune`` or ``admin`` token, or
     a node on the database itself); ``recorded_by``: the token's name, kept with the run;
@@ -382,7 +385,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
         raise ArtifactsMissing(missing)
     autotune_file = _autotune_file(session, run, sizes)
     env_row = repository.get_or_create_environment(session, run.environment)
-    place = RunPlace(key_row.id, env_row.id, run.variant)
+    place = RunPlace(key_row.id, env_row.id, run.variant, image_of(run.summary.get("dependencies")))
     proposal = Proposal(session, run, place, trusted_keys, autotune_file=autotune_file, trusted_recorder=trusted,
                         forced=force)
     verdict = decide(RECORD_POLICY, proposal)
@@ -392,6 +395,7 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
         repository.move_generation(session)
         if proposal.current_of_key:
             repository.make_current(session, run_id, place, newer="run_id")
+        images.make_current_image(session, run_id, place, newer="run_id", unless_set=not proposal.current_of_key)
         repository.make_current_variant(session, run_id, place, newer="run_id")
     return repository.get_run(session, run_id)
 
@@ -428,6 +432,7 @@ def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] |
         repository.make_current(session, run_id, place, newer=None)  # any run id: the pointer moves to this run
     else:
         previous = repository.current_variant_run_id(session, place)
+    images.make_current_image(session, run_id, place, newer=None, unless_set=not proposal.current_of_key)
     repository.make_current_variant(session, run_id, place, newer=None)
     session.flush()
     return repository.get_run(session, run_id).model_copy(update={"is_current": proposal.current_of_key}), previous

@@ -55,7 +55,7 @@ from tunecache.contract import (
     ReportOutcome,
     TuningKey,
 )
-from tunecache.service import auto_tune_refusals, repository
+from tunecache.service import auto_tune_refusals, fleet_images, repository
 from tunecache.service.models import (CurrentTuning, CurrentVariant, Environment, PodReport, TuningKeyRow, TuningRun,
                                       utcnow)
 
@@ -92,6 +92,7 @@ def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | 
         variant=report.variant,
         variant_missing=report.variant_missing,
         engine_args=report.engine_args or None,
+        missing_kinds=",".join(report.missing_kinds) or None,
         sender=sender,
         token_name=token_name,
     )
@@ -440,6 +441,7 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
                 compiled[key_hash][kind] += int(count)
     refused = auto_tune_refusals.refusals_since(connection, since)
     variants = _fleet_variants(connection, since, refused)
+    missing = fleet_images.missing_kinds(connection, since, page)
     matrix = []
     for minus_total, _model, _gpu_name, _tokens, key_hash in order[offset:offset + limit]:
         by_outcome = counts.get(key_hash, {})
@@ -453,7 +455,8 @@ def fleet_view(session: Session, hours: float, now: dt.datetime | None = None, *
             "errors": by_outcome.get(_ERROR, 0), "hit_rate": installed / total if total else None,
             "last_report_at": last_report.get(key_hash),
             "attested": attested.get(key_hash, (0, 0))[0], "at_floor": attested.get(key_hash, (0, 0))[1],
-            "still_compiled": dict(compiled.get(key_hash, {})), "variants": variants.get(key_hash, [])})
+            "still_compiled": dict(compiled.get(key_hash, {})), "variants": variants.get(key_hash, []),
+            **missing.get(key_hash, {})})
 
     groups.sort(key=lambda g: (-g[8], -g[2], -g[3], -g[4].timestamp(), g[0], g[1]))
     wanted = []

@@ -18,7 +18,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from sqlalchemy import Connection, Select, func, select, tuple_, update
+from sqlalchemy import Connection, Select, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from tunecache.contract import (
@@ -39,7 +39,7 @@ from tunecache.contract import (
     differences,
     encode_run_cursor,
 )
-from tunecache.service import dialect
+from tunecache.service import dialect, images
 from tunecache.service.models import (
     ArtifactBlob,
     CurrentTuning,
@@ -156,12 +156,13 @@ def held_blob_sizes(session: Session, shas: list[str]) -> dict[str, int]:
 
 
 class RunPlace(NamedTuple):
-    """Where a run can be current: its key's and its environment's rows, and its engine
-    variant (``None``: none)."""
+    """Where a run can be current: its key's and its environment's rows, its engine variant
+    and its image (:func:`tunecache.formats.dependencies.image_of`; ``None``: none)."""
 
     key_id: int
     environment_id: int
     variant: str | None
+    image: str | None = None
 
 
 def insert_run(session: Session, run: TuningRunCreate, place: RunPlace, sizes: Mapping[str, int], *,
@@ -198,6 +199,7 @@ def insert_run(session: Session, run: TuningRunCreate, place: RunPlace, sizes: M
         held=held,
         signature_verified=signature_verified,
         variant=run.variant,
+        image=place.image,
         artifacts=[
             RunArtifact(kind=a.kind.value, name=a.name, media_type=a.media_type, sha256=a.sha256, size_bytes=sizes[a.sha256])
             for a in run.artifacts
@@ -211,7 +213,7 @@ def insert_run(session: Session, run: TuningRunCreate, place: RunPlace, sizes: M
 def place_of(session: Session, run_id: int) -> RunPlace | None:
     """Where run ``run_id`` can be current, or ``None``: no such run."""
     row = session.get(TuningRun, run_id)
-    return RunPlace(row.key_id, row.environment_id, row.variant) if row is not None else None
+    return RunPlace(row.key_id, row.environment_id, row.variant, row.image) if row is not None else None
 
 
 def move_generation(session: Session) -> None:
@@ -396,35 +398,50 @@ def list_runs(session: Session, filters: TuningRunQuery = TuningRunQuery()) -> T
 
 
 def lookup(session: Session, key: TuningKey, environment: EnvironmentMetadata,
-           variant: str | None = None) -> TuningRunRead | LookupMiss:
+           variant: str | None = None, image: str | None = None) -> TuningRunRead | LookupMiss:
     """The current tuning for exactly this key and environment, or why there is none; with
     ``variant``, the current run of that engine variant where it has one (else the key's
     current run, whose ``variant`` tells the pod it is another's).
+
+    With ``image`` (the pod's: :func:`tunecache.formats.dependencies.image_of`), a run made
+    on another image never takes the place of the pod's own: a variant's current run of
+    another image is passed over, and where the key's current run is of another image and
+    the pod's image has a current run (``current_images``), the answer is that run. Still
+    one query for the key's: the image's pointer is read by primary key in the same
+    statement (an outer join), and the run it names by primary key.
 
     On a miss, the current tunings of the same model (of any model when that has none)
     are ranked by how many key and environment fields differ, and the closest
     :data:`CLOSEST_LIMIT` are returned with each differing field.
     """
     if variant is not None:
-        of_variant = session.scalars(
+        of_variant = (
             select(TuningRun)
             .join(CurrentVariant, CurrentVariant.run_id == TuningRun.id)
             .join(TuningKeyRow, TuningKeyRow.id == CurrentVariant.key_id)
             .join(Environment, Environment.id == CurrentVariant.environment_id)
             .where(*_key_filter(key), Environment.env_hash == environment.environment_hash(),
                    CurrentVariant.variant == variant)
+        )
+        if image is not None:  # a variant's run made on another image is not this pod's
+            of_variant = of_variant.where(or_(TuningRun.image.is_(None), TuningRun.image == image))
+        found = session.scalars(of_variant).first()
+        if found is not None:
+            return _to_read(found, is_current=bool(_current_run_ids(session, [found.id])))
+    if image is None:
+        hit = session.scalars(
+            select(TuningRun)
+            .join(CurrentTuning, CurrentTuning.run_id == TuningRun.id)
+            .join(TuningKeyRow, TuningKeyRow.id == CurrentTuning.key_id)
+            .join(Environment, Environment.id == CurrentTuning.environment_id)
+            .where(*_key_filter(key), Environment.env_hash == environment.environment_hash())
         ).first()
-        if of_variant is not None:
-            return _to_read(of_variant, is_current=bool(_current_run_ids(session, [of_variant.id])))
-    hit = session.scalars(
-        select(TuningRun)
-        .join(CurrentTuning, CurrentTuning.run_id == TuningRun.id)
-        .join(TuningKeyRow, TuningKeyRow.id == CurrentTuning.key_id)
-        .join(Environment, Environment.id == CurrentTuning.environment_id)
-        .where(*_key_filter(key), Environment.env_hash == environment.environment_hash())
-    ).first()
-    if hit is not None:
-        return _to_read(hit, is_current=True)
+        if hit is not None:
+            return _to_read(hit, is_current=True)
+    else:
+        of_image = session.execute(images.image_lookup(key, environment, image)).first()
+        if of_image is not None:
+            return _to_read(of_image[0], is_current=of_image[0].id == of_image[1])
 
     def current_runs(*where):
         return list(

@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.service import artifact_store
 from tunecache.service.hot_path import ArtifactFiles, Trimmed
-from tunecache.service.models import (ArtifactBlob, CurrentTuning, CurrentVariant, RunArtifact, TuningJob, TuningRun,
+from tunecache.service.models import (ArtifactBlob, CurrentImage, CurrentTuning, CurrentVariant, RunArtifact, TuningJob, TuningRun,
                                       utcnow)
 
 log = logging.getLogger("tunecache")
@@ -124,16 +124,18 @@ def _deletable(cutoff: dt.datetime, now: dt.datetime | None = None) -> list:
         TuningRun.created_at < cutoff,
         ~exists().where(CurrentTuning.run_id == TuningRun.id),
         ~exists().where(CurrentVariant.run_id == TuningRun.id),
+        ~exists().where(CurrentImage.run_id == TuningRun.id),
         ~exists().where(TuningJob.run_id == TuningRun.id),
         ~exists().where(CurrentTuning.previous_run_id == TuningRun.id, CurrentTuning.updated_at >= replaced_since),
         ~exists().where(CurrentVariant.previous_run_id == TuningRun.id, CurrentVariant.updated_at >= replaced_since),
+        ~exists().where(CurrentImage.previous_run_id == TuningRun.id, CurrentImage.updated_at >= replaced_since),
     ]
 
 
 def prune_runs(session: Session, keep: int | None, now: dt.datetime | None = None,
                grace: dt.timedelta = RetentionPolicy.grace, dry_run: bool = False) -> list[int]:
     """Delete, per key and environment, the runs past the newest ``keep`` (``None``: none),
-    except current (of the key or of an engine variant), pinned and job runs, those recorded within ``grace`` of ``now``,
+    except current (of the key, of an engine variant or of an image), pinned and job runs, those recorded within ``grace`` of ``now``,
     and a run that stopped being current within :data:`RECENTLY_REPLACED`;
     their ``run_artifacts`` rows go with them (``ON DELETE CASCADE``). Returns the ids
     deleted (``dry_run``: those it would delete, deleting nothing). The caller commits.

@@ -183,3 +183,34 @@ def test_each_current_run_names_the_image_its_warm_state_is_for(engine):
     assert (runs["warm"].flashinfer_version, runs["warm"].vllm_version, runs["warm"].torch_version) == (
         "0.7.4", "0.25.0", "2.11.0")
     assert (runs["tactics-only"].vllm_version, runs["tactics-only"].torch_version) == (None, None)
+
+
+def test_boots_that_left_out_kinds_built_on_another_image_are_counted_per_key_and_kind(engine):
+    """A pod of an image with no run of the key installs it without what drifts and says which
+    kinds (``missing_kinds``); the matrix counts its boots once however many ranks report."""
+    key = h200_key()
+    run = _record(engine, key)
+    env = file_environment(CUDNN_FILE)
+    with db.session_factory(engine).begin() as session:
+        for boot, rank, missing in (("boot-0001", 0, ["triton_cache", "vllm_compile_cache"]),
+                                    ("boot-0001", 1, ["triton_cache", "vllm_compile_cache"]),
+                                    ("boot-0002", 0, ["vllm_compile_cache"]), ("boot-0003", 0, [])):
+            reports.record_report(session, PodReportCreate(
+                key=key, environment_hash=env.environment_hash(), outcome=ReportOutcome.INSTALLED, run_id=run,
+                install_seconds=0.1, pod=boot, rank=rank, source=ReportSource.PLUGIN, boot_id=boot,
+                missing_kinds=missing), received_at=NOW - dt.timedelta(hours=1))
+    [row] = _view(engine).keys
+    assert (row.installed, row.missing) == (3, 2)
+    assert row.missing_kinds == {"triton_cache": 1, "vllm_compile_cache": 2}
+
+
+def test_missing_kinds_belong_to_installed_reports_each_once():
+    env = file_environment(CUDNN_FILE)
+    base = dict(key=h200_key(), environment_hash=env.environment_hash(), install_seconds=0.1, pod="p",
+                source=ReportSource.PLUGIN)
+    with pytest.raises(ValueError, match="missing_kinds belong to installed reports"):
+        PodReportCreate(**base, outcome=ReportOutcome.MISS, missing_kinds=["triton_cache"])
+    with pytest.raises(ValueError, match="names a kind twice"):
+        PodReportCreate(**base, outcome=ReportOutcome.INSTALLED, run_id=1, missing_kinds=["triton_cache"] * 2)
+    with pytest.raises(ValueError):
+        PodReportCreate(**base, outcome=ReportOutcome.INSTALLED, run_id=1, missing_kinds=["not_a_kind"])

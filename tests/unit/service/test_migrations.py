@@ -173,3 +173,37 @@ def test_attestation_and_promotion_columns_come_and_go_and_keep_the_rows(databas
     db.upgrade(engine)
     assert db.check_schema(engine) == db.head_revision() and _run_count(engine) == 1
     engine.dispose()
+
+
+def test_the_image_migration_fills_each_images_current_run_from_the_pointers_both_ways(database_url):
+    """0019: ``tuning_runs.image``, ``current_images`` and ``pod_reports.missing_kinds``. Upgraded
+    over a fleet half upgraded (the new image's run current for the key, the old image's still
+    current for its engine variant), the old image's pods get their own run back; a downgrade
+    drops the columns and the table and keeps every run."""
+    from tests.support.builders import file_environment, h200_key
+    from tunecache.formats.dependencies import image_of
+
+    old_versions = {"apache-tvm-ffi": "0.1.4", "torch": "2.9.0", "triton": "3.5.0"}
+    new_versions = {"apache-tvm-ffi": "0.1.4", "torch": "2.10.0", "triton": "3.6.0"}
+    engine = db.create_db_engine(database_url)
+    db.upgrade(engine)
+    with db.session_factory(engine)() as session:
+        store_file(session, CUDNN_FILE)
+        runs = [publishing.record_run(session, TuningRunCreate.model_validate(run_payload(
+            CUDNN_FILE, variant=variant, summary={"entries": 43, "dependencies": versions})))
+            for variant, versions in (("00000000000000a1", old_versions), ("00000000000000b2", new_versions))]
+        session.commit()
+    columns = lambda table: {c["name"] for c in inspect(engine).get_columns(table)}  # noqa: E731
+    db.downgrade(engine, "0018")
+    assert "current_images" not in inspect(engine).get_table_names()
+    assert "image" not in columns("tuning_runs") and "missing_kinds" not in columns("pod_reports")
+    assert _run_count(engine) == 2
+    db.upgrade(engine)
+    with db.session_factory(engine)() as session:
+        for run, versions in zip(runs, (old_versions, new_versions)):
+            assert repository.lookup(session, h200_key(), file_environment(CUDNN_FILE), None,
+                                     image_of(versions)).id == run.id
+    with engine.connect() as connection:
+        assert dict(connection.execute(text("SELECT id, image FROM tuning_runs")).all()) == {
+            runs[0].id: image_of(old_versions), runs[1].id: image_of(new_versions)}
+    engine.dispose()

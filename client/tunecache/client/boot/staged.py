@@ -83,6 +83,7 @@ def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: Envi
         (a compile cache is code the pod loads).
     """
     from tunecache.client.installed import remember_installed
+    from tunecache.formats.dependencies import image_of
     from tunecache.signing import UntrustedRun
 
     if not settings.trusted_keys:
@@ -98,7 +99,8 @@ def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: Envi
     for kind in kinds_where(of_variant=True):  # the variant's own (Triton's kernels) beside the key's run's
         if kind in fetched.warm_state:
             destinations_of(kind)[0]().stage(fetched)()
-    remember_installed(key, environment, fetched.run.signature.signed_at if fetched.run.signature else None, variant)
+    remember_installed(key, environment, fetched.run.signature.signed_at if fetched.run.signature else None, variant,
+                       image_of(fetched.run.summary.get("dependencies")))
     return fetched.run.id, data
 
 

@@ -3,7 +3,7 @@ the diff of two, recording a run and its verification, promoting and pinning a r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -28,21 +28,41 @@ from tunecache.contract import (
 from tunecache.store import NoCompatibleTuning, ServerError
 
 
+def _names_dependencies(response: httpx.Response) -> bool:
+    """Whether a 422's body (FastAPI's list of errors) names the lookup's ``dependencies``."""
+    try:
+        errors = response.json().get("detail")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(errors, list) and any(
+        isinstance(e, dict) and "dependencies" in (e.get("loc") or ()) for e in errors)
+
+
 class RunsClient(Transport):
     """The tuning runs of a tunecache server (:mod:`tunecache.service.routes.tunings`)."""
 
-    def lookup(self, key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None) -> TuningRunRead:
+    def lookup(self, key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None,
+               dependencies: Mapping[str, str] | None = None) -> TuningRunRead:
         """``POST /v1/tunings/lookup``: the current tuning run for this key and environment
-        (with ``variant``: that engine variant's current run where it has one, else the key's).
+        (with ``variant``: that engine variant's current run where it has one, else the key's;
+        with ``dependencies``, this pod's package versions
+        (:func:`tunecache.formats.dependencies.installed_versions`): never a run of another
+        image where this pod's image has one of its own).
 
         Raises:
             NoCompatibleTuning: 404, with the closest stored tunings and their differences.
             InstallDeadlineExceeded: inside :meth:`deadline_scope`, the deadline passed first.
             ServerUnreachable, ServerError.
         """
-        request = LookupRequest(key=key, environment=environment, variant=variant)
+        versions = {name: str(version)[:64] for name, version in (dependencies or {}).items()} or None
+        request = LookupRequest(key=key, environment=environment, variant=variant, dependencies=versions)
         response = self._request("POST", "/v1/tunings/lookup", content=request.model_dump_json(exclude_none=True),
                                  headers={"Content-Type": "application/json"})
+        if versions and response.status_code == 422 and _names_dependencies(response):
+            # a service before images refuses a field it does not know: asked again as before them
+            request = request.model_copy(update={"dependencies": None})
+            response = self._request("POST", "/v1/tunings/lookup", content=request.model_dump_json(exclude_none=True),
+                                     headers={"Content-Type": "application/json"})
         if response.status_code == 404:
             try:
                 miss = LookupMiss.model_validate_json(response.content)

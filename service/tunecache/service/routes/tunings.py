@@ -31,6 +31,7 @@ from tunecache.contract import (
     TuningRunDiff,
     run_csv_row,
 )
+from tunecache.formats.dependencies import image_of
 from tunecache.service import redaction, run_diff
 from tunecache.service import publishing, repository, retiring
 from tunecache.service import metrics
@@ -183,7 +184,11 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     (``flashinfer.autotuner._collect_metadata``), because ``AutoTuner.load_configs``
     rejects a file on any mismatch. With ``variant`` (the pod's engine variant), the current
     run of that variant where it has one, else the key's current run (its ``variant`` names
-    the variant it is for: the pod installs all but its compile cache). 404 body: ``{"detail": "...", "closest": [{"run_id",
+    the variant it is for: the pod installs all but its compile cache). With ``dependencies``
+    (the pod's torch, Triton and TVM-FFI versions: its image), a run made on another image never
+    takes the place of the pod's own: the variant's run of another image is passed over, and
+    where the key's current run is of another image, the current run of the pod's image is the
+    answer when it has one (:mod:`tunecache.service.images`); without ``dependencies``, as before. 404 body: ``{"detail": "...", "closest": [{"run_id",
     "key", "environment_hash", "differences": [{"field", "stored", "yours"}]}]}``.
 
     The hot path of a boot: answered from the process's
@@ -214,13 +219,14 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
                 if not isinstance(exc, TimeoutError):
                     raise
                 generation = await reader.current()
-            answer = cached = state.lookup_cache.get(generation, body.key, body.environment, body.variant)
+            image = _image(body)
+            answer = cached = state.lookup_cache.get(generation, body.key, body.environment, body.variant, image)
             if cached is None:
                 answer = await state.lookup_cache.answer(
                     generation, body.key, body.environment,
                     lambda: anyio.to_thread.run_sync(_lookup_answer, state.sessions, body, settings.reads_show_identities,
                                                      abandon_on_cancel=True),
-                    body.variant)
+                    body.variant, image)
     except TimeoutError:  # a frozen database: the pod comes back later, the service stays up
         metrics.count_lookup_error()
         return JSONResponse(status_code=503, content={"detail": "database did not answer in time, try again"},
@@ -236,7 +242,8 @@ def _stale_answer(state: ServiceState, body: LookupRequest) -> Response | None:
     """The answer held in memory at the last generation read, when that read began at most
     ``TUNECACHE_LOOKUP_STALE_SECONDS`` ago, marked ``Tunecache-Stale``; else ``None``."""
     generation = state.generation_reader.last_read(state.settings.lookup_stale_seconds)
-    answer = None if generation is None else state.lookup_cache.get(generation, body.key, body.environment, body.variant)
+    answer = None if generation is None else state.lookup_cache.get(generation, body.key, body.environment, body.variant,
+                                                                    _image(body))
     if answer is None:
         return None
     metrics.count_lookup(answer[0], from_cache=True)
@@ -249,12 +256,19 @@ def _stale_answer(state: ServiceState, body: LookupRequest) -> Response | None:
 STALE_HEADER = "Tunecache-Stale"
 
 
+def _image(body: LookupRequest) -> str | None:
+    """The image of the pod's ``dependencies`` (:func:`tunecache.formats.dependencies.image_of`;
+    ``None``: it sent none, and is answered as before images)."""
+    return image_of(body.dependencies) if body.dependencies else None
+
+
 def _lookup_answer(sessions: sessionmaker[Session], body: LookupRequest, identities: bool) -> tuple[int, bytes]:
     """``(status, JSON body)`` of a lookup, computed in one transaction. The same bytes answer
-    every caller (a pod's answer): a run as :func:`~tunecache.service.redaction.run_for_readers`
-    shows it, with identities only where ``TUNECACHE_READS_SHOW_IDENTITIES`` shows them to all."""
+    every caller of the key, environment, variant and image (a pod's answer): a run as
+    :func:`~tunecache.service.redaction.run_for_readers` shows it, with identities only where
+    ``TUNECACHE_READS_SHOW_IDENTITIES`` shows them to all."""
     with sessions.begin() as session:
-        result = repository.lookup(session, body.key, body.environment, body.variant)
+        result = repository.lookup(session, body.key, body.environment, body.variant, _image(body))
     if isinstance(result, LookupMiss):
         return 404, result.model_dump_json().encode()
     return 200, redaction.run_for_readers(result, identities).model_dump_json().encode()
