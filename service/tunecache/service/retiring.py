@@ -5,7 +5,8 @@ stays in the history with its ``retired_at``.
 
 Where it was current, its place falls back as a rollback does (``promote`` of an earlier
 run), without anyone choosing: to the newest *usable* run of the same key and environment
-(and engine variant, for a variant's pointer): succeeded, recorded by a tuner or an admin (not
+(and engine variant, for a variant's pointer; and image, for an image's pointer:
+:mod:`tunecache.service.images`): succeeded, recorded by a tuner or an admin (not
 a pod's), not held by the promotion policy, not retired, and, with ``TUNECACHE_TRUSTED_KEYS``,
 signed by one of them as last checked. Where there is none, the key has no current run: pods
 miss (``pull`` exits 3) until a run is recorded or promoted. The tuning generation moves, so
@@ -24,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from tunecache.contract import RunRetired, RunStatus, RunTrigger
 from tunecache.service import repository
-from tunecache.service.models import CurrentTuning, CurrentVariant, TuningRun, utcnow
+from tunecache.service.models import CurrentImage, CurrentTuning, CurrentVariant, TuningRun, utcnow
 from tunecache.service.publishing import RunNotFound
 
 #: Candidates read for a fallback: the newest usable runs of the place.
@@ -32,10 +33,11 @@ _FALLBACK_CANDIDATES = 50
 
 
 def _fallback(session: Session, retired: TuningRun, variant: str | None,
-              trusted_keys: Mapping[str, Any] | None) -> int | None:
+              trusted_keys: Mapping[str, Any] | None, image: str | None = None) -> int | None:
     """The newest usable run to take ``retired``'s place (of ``variant`` for a variant's
-    pointer; for the key's pointer one tuned with the node's own engine arguments first, as
-    :func:`tunecache.service.publishing.variant_runs_stay_with_their_variant` keeps it), or ``None``."""
+    pointer, of ``image`` for an image's; for the key's pointer one tuned with the node's own
+    engine arguments first, as :func:`tunecache.service.publishing.variant_runs_stay_with_their_variant`
+    keeps it), or ``None``."""
     query = select(TuningRun).where(
         TuningRun.key_id == retired.key_id, TuningRun.environment_id == retired.environment_id,
         TuningRun.id != retired.id, TuningRun.status == RunStatus.SUCCEEDED.value, TuningRun.verified.is_(True),
@@ -44,6 +46,8 @@ def _fallback(session: Session, retired: TuningRun, variant: str | None,
         query = query.where(TuningRun.signature_verified.is_(True))
     if variant is not None:
         query = query.where(TuningRun.variant == variant)
+    if image is not None:
+        query = query.where(TuningRun.image == image)
     candidates = list(session.scalars(query.order_by(TuningRun.id.desc()).limit(_FALLBACK_CANDIDATES)).unique())
     if variant is None:
         own = [run for run in candidates if not (run.variant and (run.summary or {}).get("engine_args"))]
@@ -86,6 +90,15 @@ def retire_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] | 
         else:
             variant_pointer.run_id, variant_pointer.previous_run_id = fallback, run_id
             variant_pointer.updated_at = utcnow()
+    for image_pointer in session.scalars(select(CurrentImage).where(CurrentImage.run_id == run_id)
+                                         .with_for_update()).all():
+        moved = True
+        fallback = _fallback(session, row, None, trusted_keys, image_pointer.image)
+        if fallback is None:
+            session.delete(image_pointer)
+        else:
+            image_pointer.run_id, image_pointer.previous_run_id = fallback, run_id
+            image_pointer.updated_at = utcnow()
     if moved:
         repository.move_generation(session)
     session.flush()

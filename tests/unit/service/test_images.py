@@ -109,3 +109,24 @@ def test_a_lookups_versions_are_bounded():
     for bad in ({"torch": "x" * 65}, {"no spaces": "1"}, {f"p{i}": "1" for i in range(17)}, {"torch": 2}):
         with pytest.raises(ValidationError):
             LookupRequest.model_validate({**body, "dependencies": bad})
+
+
+def test_a_retired_run_is_no_images_current_run(session):
+    """Retiring a run moves every pointer that names it, the images' too: the image falls back
+    to its newest usable run, or has none (its pods get the key's current run)."""
+    from tunecache.service import retiring
+
+    old_first = record(session, OLD)
+    old = record(session, OLD)
+    new = record(session, NEW)  # the key's current run
+    assert lookup(session, OLD).id == old.id
+    retiring.retire_run(session, old.id, None)
+    session.commit()
+    assert lookup(session, OLD).id == old_first.id  # the image's newest usable run
+    retiring.retire_run(session, old_first.id, None)
+    session.commit()
+    assert lookup(session, OLD).id == new.id  # no run of its own left: the key's current run
+    retiring.retire_run(session, new.id, None)
+    session.commit()
+    assert isinstance(lookup(session, NEW), LookupMiss)  # nothing usable is left anywhere
+    assert isinstance(lookup(session, OLD), LookupMiss)
