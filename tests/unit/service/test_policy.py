@@ -110,9 +110,8 @@ def _expected_status(policy: CallerPolicy, presented: str | Scope | None, reads_
     """401/403 where the policy refuses, ``None`` where it lets the request through."""
     if policy is PUBLIC:
         return None
-    if presented in ("invalid", "revoked"):
-        return 401
-    if presented is None:
+    if presented in ("invalid", "revoked", None):
+        # an open read is open to a token the service does not know too: it is read as no token
         return 401 if policy is not READ or reads_need_token else None
     return None if presented.includes(policy.scope) else 403
 
@@ -217,7 +216,7 @@ def _dashboard_expected(policy: CallerPolicy, method: str, path: str, presented:
         return None if presented is Scope.ADMIN else 403
     if transport == "cookie" and not reads_need_token:
         return None  # open reads never look at the cookie
-    if presented in ("invalid", "revoked") or (presented is None and reads_need_token):
+    if presented in ("invalid", "revoked", None) and reads_need_token:  # open reads: read as no token
         return 401
     return None
 
