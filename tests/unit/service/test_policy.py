@@ -51,6 +51,9 @@ EXPECTED = {
     ("POST", "/v1/tokens"): requires(Scope.ADMIN),
     ("GET", "/v1/tokens"): requires(Scope.ADMIN),
     ("DELETE", "/v1/tokens/{name}"): requires(Scope.ADMIN),
+    # proves the service holds a token without it travelling (a local client asks before it
+    # sends the local admin token: tunecache.client.local_token)
+    ("GET", "/v1/tokens/proof"): PUBLIC,
     ("GET", "/v1/audit"): requires(Scope.ADMIN),
     ("GET", "/metrics"): READ,
 }

@@ -227,6 +227,8 @@ class Transport:
             :meth:`deadline_scope`, which :func:`tunecache.client.install.fetch_tuning`
             opens. The per-attempt timeouts and attempts above still hold within it.
         token: sent as ``Authorization: Bearer <token>`` on every request.
+        token_source: where ``token`` comes from (or why there is none), named in a 401 or
+            403's error (:meth:`error_of`), e.g. ``TUNECACHE_TOKEN``.
         ca_bundle: CA certificates (PEM file) to verify an https server with; TLS is always
             verified (default: the system's CAs).
         allow_insecure: allow ``token`` over plain ``http://`` to a host that is not loopback.
@@ -250,6 +252,7 @@ class Transport:
         max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S,
         install_deadline_s: float | None = DEFAULT_INSTALL_DEADLINE_S,
         token: str | None = None,
+        token_source: str | None = None,
         ca_bundle: Path | None = None,
         allow_insecure: bool = False,
         transport: httpx.BaseTransport | None = None,
@@ -269,8 +272,9 @@ class Transport:
             raise ValueError(f"TUNECACHE_CA_BUNDLE={str(ca_bundle)!r} is not a file")
         self.base_url = base_url.rstrip("/")
         # what another client of the same server, token and TLS is made with (a reporting client)
-        self._connection_options: dict[str, Any] = dict(token=token, ca_bundle=ca_bundle, allow_insecure=allow_insecure,
-                                                        transport=transport)
+        self._connection_options: dict[str, Any] = dict(token=token, token_source=token_source, ca_bundle=ca_bundle,
+                                                        allow_insecure=allow_insecure, transport=transport)
+        self.token_source = token_source or ("a token given" if token else "no token")
         self.attempts = max(1, attempts)
         self.read_timeout_s = read_timeout_s
         self.total_timeout_s = total_timeout_s
@@ -492,6 +496,14 @@ class Transport:
 
         return self._retrying(once)
 
+    def error_of(self, status_code: int, detail: Any) -> ServerError:
+        """The :class:`ServerError` of an error answer; a 401 or 403 also names the token sent
+        (:attr:`token_source`), so that one line says which token the server refused."""
+        error = ServerError(status_code, detail)
+        if status_code in (401, 403):
+            error.args = (f"{error} [token sent: {self.token_source}]",)
+        return error
+
     def _answer(self, response: httpx.Response, model: type[Answer]) -> Answer:
         """The body of a successful answer as ``model``.
 
@@ -499,7 +511,7 @@ class Transport:
             ServerError: an error status, or a body that is not a ``model`` (not a tunecache server?).
         """
         if response.is_error:
-            raise ServerError(response.status_code, answer_detail(response))
+            raise self.error_of(response.status_code, answer_detail(response))
         try:
             return model.model_validate_json(response.content)
         except ValidationError:
