@@ -30,13 +30,15 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 class PlainListener:
-    """A plain TCP listener on this machine: keeps every byte it is sent; answers each request
-    with a 404, or passes the connection on to ``relay_to`` (host, port) both ways."""
+    """A plain TCP listener on a loopback port of its own (the kernel's pick, held from the
+    start): keeps every byte it is sent; answers each request with a 404, or passes the
+    connection on to ``relay_to`` (host, port) both ways."""
 
-    def __init__(self, port: int, relay_to: tuple[str, int] | None = None):
+    def __init__(self, relay_to: tuple[str, int] | None = None):
         self.received = bytearray()
         self.relay_to = relay_to
-        self._socket = socket.create_server(("127.0.0.1", port))
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
         self._socket.settimeout(0.2)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -73,11 +75,13 @@ class PlainListener:
             return
         with connection:
             connection.settimeout(5)
+            request = bytearray()
             try:
-                while b"\r\n\r\n" not in self.received:
+                while b"\r\n\r\n" not in request:
                     data = connection.recv(65536)
                     if not data:
                         return
+                    request.extend(data)
                     self.received.extend(data)
                 body = b'{"detail": "nothing here"}'
                 connection.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: "
@@ -98,9 +102,9 @@ def _local_token() -> str:
 def test_a_listener_on_another_loopback_port_gets_no_token(server):
     """Before: every loopback URL got the admin token of the machine's ``tunecache serve``."""
     assert _cli("token", "list", "--server", server).returncode == 0  # the service that wrote it: yes
-    listener = PlainListener(free_port())
+    listener = PlainListener()
     try:
-        answer = _cli("token", "list", "--server", f"http://127.0.0.1:{listener._socket.getsockname()[1]}")
+        answer = _cli("token", "list", "--server", f"http://127.0.0.1:{listener.port}")
     finally:
         listener.close()
     assert answer.returncode == 5 and "server answered 404" in answer.stderr, answer.stderr  # the listener's answer
@@ -117,10 +121,10 @@ def test_a_listener_relaying_the_service_from_an_address_it_once_listened_on_get
     token_file = Path(os.environ["TUNECACHE_DATA_DIR"]) / ADMIN_TOKEN
     record = read_record(token_file)
     assert record is not None and [listener.url for listener in record.listeners] == [server]
-    old_port = free_port()
+    relay = PlainListener(relay_to=("127.0.0.1", int(server.rsplit(":", 1)[1])))
+    old_port = relay.port
     write_record(token_file, with_listener(record, record.database, Listener(scheme="http", host="127.0.0.1",
                                                                              port=old_port)))
-    relay = PlainListener(old_port, relay_to=("127.0.0.1", int(server.rsplit(":", 1)[1])))
     try:
         answer = _cli("token", "list", "--server", f"http://127.0.0.1:{old_port}")
     finally:
