@@ -130,7 +130,7 @@ def test_a_listener_relaying_the_service_from_an_address_it_once_listened_on_get
     finally:
         relay.close()
     received = bytes(relay.received)
-    assert b"GET /v1/tokens/proof?" in received  # it was asked, and the real service answered through the relay
+    assert b"GET /v1/token-proof?" in received  # it was asked, and the real service answered through the relay
     assert b"authorization" not in received.lower()
     assert answer.returncode == 13 and "token sent: no token (the service at" in answer.stderr, answer.stderr
 

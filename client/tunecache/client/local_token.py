@@ -3,7 +3,7 @@
 The service leaves its admin token in its data dir with a record of where it listens
 (:mod:`tunecache.formats.local_token`). For a server URL on this machine, a client takes a
 token file whose record lists an address that URL reaches (:func:`~tunecache.formats.local_token.reaches`),
-asks the server to prove it holds that token (``GET /v1/tokens/proof``: an HMAC of a random
+asks the server to prove it holds that token (``GET /v1/token-proof``: an HMAC of a random
 challenge and the address it listens on, keyed with the sha256 of the token's secret,
 :func:`tunecache.contract.tokens.token_proof`), and sends the token only when the proof
 matches. Another listener (another port, another address, a process that took the port of a
@@ -49,7 +49,7 @@ def _proved(client: httpx.Client, server_url: str, token: str, listener: Listene
         return False
     challenge = secrets.token_hex(32)
     try:
-        answer = client.get(f"{server_url.rstrip('/')}/v1/tokens/proof",
+        answer = client.get(f"{server_url.rstrip('/')}/v1/token-proof",
                             params={"token_id": match[1], "challenge": challenge})
         if answer.status_code != 200 or len(answer.content) > 4096:
             return False

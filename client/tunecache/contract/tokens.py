@@ -69,7 +69,7 @@ CHALLENGE_PATTERN = r"^[0-9a-f]{32,128}$"
 
 
 class TokenProof(BaseModel):
-    """Answer of ``GET /v1/tokens/proof``: :func:`token_proof` of the token asked about (of a
+    """Answer of ``GET /v1/token-proof``: :func:`token_proof` of the token asked about (of a
     random key for a token the service does not hold, so the answer never tells which exist)."""
 
     proof: str = Field(pattern=r"^[0-9a-f]{64}$")

@@ -1,4 +1,4 @@
-"""tunecache.service.local_token and ``GET /v1/tokens/proof``: the admin token a service leaves
+"""tunecache.service.local_token and ``GET /v1/token-proof``: the admin token a service leaves
 for client commands on its machine, one file per database with the record of where it listens,
 and the proof that a service holds a token, given without the token travelling."""
 
@@ -64,18 +64,18 @@ def test_the_proof_of_a_token_is_bound_to_its_secret_and_the_address(app_client,
     token = make_token(engine, "node", "tune")
     token_id, secret = token.split("_", 2)[1:]
     challenge = secrets.token_hex(32)
-    answer = app_client.get("/v1/tokens/proof", params={"token_id": token_id, "challenge": challenge},
+    answer = app_client.get("/v1/token-proof", params={"token_id": token_id, "challenge": challenge},
                             headers={"Authorization": ""})  # open to anyone
     assert answer.status_code == 200
     key = hashlib.sha256(secret.encode()).hexdigest()
     assert answer.json()["proof"] == token_proof(key, challenge, "127.0.0.1", 8321)  # the app's host and port
     assert answer.json()["proof"] != token_proof(key, challenge, "127.0.0.1", 8322)
     assert token not in answer.text and secret not in answer.text
-    unknown = app_client.get("/v1/tokens/proof", params={"token_id": "0" * 16, "challenge": challenge})
+    unknown = app_client.get("/v1/token-proof", params={"token_id": "0" * 16, "challenge": challenge})
     assert unknown.status_code == 200 and len(unknown.json()["proof"]) == 64  # says nothing about which ids exist
     app_client.delete("/v1/tokens/node")
-    revoked = app_client.get("/v1/tokens/proof", params={"token_id": token_id, "challenge": challenge}).json()
+    revoked = app_client.get("/v1/token-proof", params={"token_id": token_id, "challenge": challenge}).json()
     assert revoked["proof"] != answer.json()["proof"]
     for bad in ({"token_id": "x" * 16, "challenge": challenge}, {"token_id": token_id, "challenge": "ab"}, {}):
-        refused = app_client.get("/v1/tokens/proof", params=bad)
+        refused = app_client.get("/v1/token-proof", params=bad)
         assert refused.status_code == 422 and refused.json()["detail"]

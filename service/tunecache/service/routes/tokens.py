@@ -13,6 +13,8 @@ from tunecache.service.deps import SessionDep, SettingsDep
 from tunecache.service.policy import AdminCaller, PublicCaller
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
+#: ``/v1/token-proof``: beside ``/v1/tokens/{name}``, whose names it would shadow.
+proof_router = APIRouter(tags=["tokens"])
 
 TokenName = Annotated[str, Path(pattern=TOKEN_NAME_PATTERN, description="the token's name")]
 
@@ -33,7 +35,7 @@ def create_token(body: TokenCreate, session: SessionDep, caller: AdminCaller, re
     return created
 
 
-@router.get("/proof", response_model=TokenProof)
+@proof_router.get("/token-proof", response_model=TokenProof)
 def prove_token(
     session: SessionDep,
     settings: SettingsDep,
