@@ -187,8 +187,9 @@ class ClientSettings(BaseSettings):
             verify = ssl.create_default_context(cafile=str(self.ca_bundle)) if self.ca_bundle is not None else True
         except (ssl.SSLError, OSError):
             verify = True  # the client made with these settings says what is wrong with the bundle
-        local = local_admin_token(server_url, self.token_file.parent, verify=verify,
-                                  timeout=httpx.Timeout(self.read_timeout, connect=self.connect_timeout))
+        # the proof is one small answer: a service that does not give it within seconds gets no token
+        local = local_admin_token(server_url, self.token_file.parent, verify=verify, timeout=httpx.Timeout(
+            min(self.read_timeout, PROOF_TIMEOUT_S), connect=min(self.connect_timeout, PROOF_TIMEOUT_S)))
         if local.token is not None:
             return Credential(local.token, f"the admin token of the tunecache serve listening there ({local.path})")
         return Credential(None, f"no token ({local.why_not})" if local.why_not else "no token")
@@ -216,6 +217,11 @@ class ClientSettings(BaseSettings):
         if value is not None and not (value.isascii() and value.isprintable() and " " not in value and value):
             raise ValueError("must be printable ASCII without spaces (it is sent in an HTTP header)")
         return token
+
+
+#: The most seconds a local service's proof that it holds its admin token is waited for
+#: (to connect, and for the answer).
+PROOF_TIMEOUT_S = 5.0
 
 
 class Credential(NamedTuple):
