@@ -20,10 +20,7 @@ artifact download) also has one deadline for the whole, ``install_deadline_s``
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import email.utils
 import ipaddress
-import json
 import socket
 import ssl
 import threading
@@ -36,6 +33,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from tunecache.client.http.answers import answer_detail, body_detail, json_object, retry_after_seconds
 from tunecache.formats.tarball import positive_whole_setting
 from tunecache.store import (
     DownloadTruncated,
@@ -113,52 +111,9 @@ def _shut_down(sock: socket.socket) -> None:
         pass
 
 
-def retry_after_seconds(value: str | None, now: dt.datetime | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks for: delay-seconds or an HTTP date
-    (RFC 9110, 10.2.3); ``None`` when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return max(0.0, (when - (now or dt.datetime.now(dt.timezone.utc))).total_seconds())
-
-
 def transient_status(response: httpx.Response, detail: Any) -> Transient:
     """A retry-worthy status as a :class:`Transient`, with the seconds its ``Retry-After`` asks."""
     return Transient(ServerError(response.status_code, detail), retry_after_seconds(response.headers.get("retry-after")))
-
-
-def json_object(response: httpx.Response) -> dict[str, Any] | None:
-    """The body as a JSON object, or ``None`` (not JSON, or not an object)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def answer_detail(response: httpx.Response) -> Any:
-    """What an error answer says: its JSON ``detail``, else the start of its text."""
-    body = json_object(response)
-    if body is not None and "detail" in body:
-        return body["detail"]
-    return response.text[:200] or response.reason_phrase
-
-
-def body_detail(body: bytes) -> Any:
-    """:func:`answer_detail` of a body read from a stream."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return body[:200].decode(errors="replace")
-    return parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
 
 
 class InsecureTransport(ValueError):
