@@ -310,8 +310,8 @@ def _print_version(value: bool) -> None:
 
 def _global_options(
     token: Annotated[Optional[str], typer.Option(
-        "--token", help="bearer token (default: TUNECACHE_TOKEN, else TUNECACHE_TOKEN_FILE, else the admin.token "
-                        "of a tunecache serve on this machine)")] = None,
+        "--token", help="bearer token (default: TUNECACHE_TOKEN, else TUNECACHE_TOKEN_FILE, else, for the "
+                        "tunecache serve on this machine that wrote it, its admin.token)")] = None,
     _version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=_print_version,
         help="print the versions of tunecache-client and, where installed, tunecache-server, and exit")] = False,

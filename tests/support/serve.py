@@ -95,12 +95,16 @@ def start_server(database_url: str, tmp_path, name: str, **env: str) -> tuple[su
 
 def share_admin_token(data_dir: Path) -> None:
     """The first replica on a database writes the admin token into its own data dir; put it
-    where this test's clients look for it (``$TUNECACHE_DATA_DIR/admin.token``)."""
+    where this test's clients look for it (``$TUNECACHE_DATA_DIR/admin.token``), with the record
+    of where that replica listens (client commands send it to that service only)."""
     written = data_dir / "admin.token"
     if written.exists():
         shared = Path(os.environ["TUNECACHE_DATA_DIR"]) / "admin.token"
         shared.parent.mkdir(parents=True, exist_ok=True)
         shared.write_text(written.read_text())
+        record = data_dir / "admin.token.json"
+        if record.exists():
+            (shared.parent / record.name).write_text(record.read_text())
 
 
 def stop_server(process: subprocess.Popen) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
@@ -130,10 +131,12 @@ class ClientSettings(BaseSettings):
         "plugin: read the environment from this file instead of detecting it"))
     token_file: Path = Field(default_factory=default_token_file, json_schema_extra={
         "shown_default": "`<data dir>/admin.token`"}, description=(
-        "a file holding the token, read when `TUNECACHE_TOKEN` is unset and the file exists; by default the "
-        "`admin.token` that `tunecache serve` writes in its data dir on this machine (the data dir as the service's: "
-        "`TUNECACHE_DATA_DIR`, else `$XDG_DATA_HOME/tunecache` or `~/.local/share/tunecache`), read only for a server "
-        "on this machine (`localhost` or a loopback address); a file set here is read for any server"))
+        "a file holding the token, read when `TUNECACHE_TOKEN` is unset and the file exists, and sent to any server. "
+        "Unset: the admin token a `tunecache serve` on this machine wrote in its data dir (the data dir as the "
+        "service's: `TUNECACHE_DATA_DIR`, else `$XDG_DATA_HOME/tunecache` or `~/.local/share/tunecache`; "
+        "`admin.token`, or `admin-<hash>.token` for a second database), sent only to that service: to an address "
+        "its record beside the file (`admin.token.json`) lists, once the service there has proved it holds the token "
+        "([trust.md](trust.md#the-local-admin-token))"))
     ca_bundle: Path | None = Field(default=None, description=(
         "CA certificates (PEM) to verify the server's TLS certificate with (default: the system's); TLS is always "
         "verified"))
@@ -150,31 +153,60 @@ class ClientSettings(BaseSettings):
         "seconds one report may take in all (one attempt; connect, send and answer together)"))
 
     def resolved_token(self, server_url: str | None = None) -> str | None:
-        """``token``, else the first line of ``token_file`` when that file exists, else ``None``.
-        The default ``token_file`` (the admin token of a ``tunecache serve`` on this machine) is
-        read only for a server on this machine (a loopback host in ``server_url``): a node that
-        runs the service never sends its own admin token to another server. A
-        ``TUNECACHE_TOKEN_FILE`` that is set is read for any server.
+        """The token to send to ``server_url``: :meth:`resolved_credential`'s."""
+        return self.resolved_credential(server_url).token
+
+    def resolved_credential(self, server_url: str | None = None) -> "Credential":
+        """The token to send to ``server_url`` and where it comes from: ``token``
+        (``--token`` or ``TUNECACHE_TOKEN``), else the first line of a ``TUNECACHE_TOKEN_FILE``
+        that is set, read for any server, else the admin token a ``tunecache serve`` on this
+        machine left in its data dir, for that service only: ``server_url`` must be an
+        address its record lists and the service there must prove it holds the token
+        (:mod:`tunecache.client.local_token`; one request), so no other listener or service
+        ever gets it. Else no token, and the source says why none.
 
         Raises:
-            ValueError: ``token_file`` exists but cannot be read, is empty or is not text.
+            ValueError: a ``TUNECACHE_TOKEN_FILE`` that is set exists but cannot be read, is
+                empty or is not text.
         """
         if self.token is not None:
-            return self.token.get_secret_value()
-        if server_url is not None and "token_file" not in self.model_fields_set and not _is_local(server_url):
-            return None
+            value = self.token.get_secret_value()
+            source = "TUNECACHE_TOKEN" if os.environ.get("TUNECACHE_TOKEN") == value else "--token"
+            return Credential(value, source)
+        if "token_file" in self.model_fields_set:
+            return self._token_file_credential()
+        if server_url is None or not _is_local(server_url):
+            return Credential(None, "no token")
+        import ssl
+
+        import httpx
+
+        from tunecache.client.local_token import local_admin_token
+
+        try:
+            verify = ssl.create_default_context(cafile=str(self.ca_bundle)) if self.ca_bundle is not None else True
+        except (ssl.SSLError, OSError):
+            verify = True  # the client made with these settings says what is wrong with the bundle
+        # the proof is one small answer: a service that does not give it within seconds gets no token
+        local = local_admin_token(server_url, self.token_file.parent, verify=verify, timeout=httpx.Timeout(
+            min(self.read_timeout, PROOF_TIMEOUT_S), connect=min(self.connect_timeout, PROOF_TIMEOUT_S)))
+        if local.token is not None:
+            return Credential(local.token, f"the admin token of the tunecache serve listening there ({local.path})")
+        return Credential(None, f"no token ({local.why_not})" if local.why_not else "no token")
+
+    def _token_file_credential(self) -> "Credential":
         where = f"TUNECACHE_TOKEN_FILE={str(self.token_file)!r}"
         try:
             text = self.token_file.read_text(encoding="ascii").strip()
         except FileNotFoundError:
-            return None
+            return Credential(None, f"no token ({where} does not exist)")
         except UnicodeDecodeError:
             raise ValueError(f"{where}: not a token (the file is not ASCII text)") from None
         except OSError as exc:
             raise ValueError(f"{where}: cannot read it: {exc.strerror}") from None
         if not text:
             raise ValueError(f"{where}: the file is empty")
-        return text.splitlines()[0].strip()
+        return Credential(text.splitlines()[0].strip(), where)
 
     @field_validator("token")
     @classmethod
@@ -185,6 +217,20 @@ class ClientSettings(BaseSettings):
         if value is not None and not (value.isascii() and value.isprintable() and " " not in value and value):
             raise ValueError("must be printable ASCII without spaces (it is sent in an HTTP header)")
         return token
+
+
+#: The most seconds a local service's proof that it holds its admin token is waited for
+#: (to connect, and for the answer).
+PROOF_TIMEOUT_S = 5.0
+
+
+class Credential(NamedTuple):
+    """A token to send (``None``: none) and where it comes from, as a 401 names it: ``--token``,
+    ``TUNECACHE_TOKEN``, ``TUNECACHE_TOKEN_FILE='...'``, the local service's admin token (its
+    file), or ``no token`` with why."""
+
+    token: str | None
+    source: str
 
 
 #: Why an empty token is refused (the CLI exits 13 with it).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,6 +60,31 @@ class TokenCreated(TokenRead):
     """Answer of ``POST /v1/tokens``: the secret, shown this once."""
 
     token: str
+
+
+#: A token's id: ``tc_<id>_<secret>``'s middle part, not a secret (the service finds a token by it).
+TOKEN_ID_PATTERN = r"^[0-9a-f]{16}$"
+#: A client's challenge for :func:`token_proof`: 32 to 128 hex digits.
+CHALLENGE_PATTERN = r"^[0-9a-f]{32,128}$"
+
+
+class TokenProof(BaseModel):
+    """Answer of ``GET /v1/token-proof``: :func:`token_proof` of the token asked about (of a
+    random key for a token the service does not hold, so the answer never tells which exist)."""
+
+    proof: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def token_proof(secret_sha256: str, challenge: str, host: str, port: int) -> str:
+    """What a service proves it holds a token with, without the token travelling: HMAC-SHA256
+    keyed with the sha256 (hex) of the token's secret (all the service stores of it) over the
+    client's ``challenge`` and the address the service listens on (``host`` as it was told
+    to listen, ``port``). A client that holds the token computes the same and sends the token
+    only where they match (the local admin token, :mod:`tunecache.client.local_token`); bound
+    to the listening address, the proof of a real service relayed by a listener elsewhere
+    does not match."""
+    message = f"tunecache token proof\n{challenge}\n{host}\n{port}".encode()
+    return hmac.new(secret_sha256.encode(), message, hashlib.sha256).hexdigest()
 
 
 class AuditEventRead(BaseModel):

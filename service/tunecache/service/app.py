@@ -39,7 +39,7 @@ from tunecache.service.state import ServiceState
 #: Every router of the API, mounted under ``/v1``; each of their routes declares a caller
 #: policy (:mod:`tunecache.service.policy`).
 API_ROUTERS = (health.router, tunings.router, artifacts.router, jobs.router, jobs.workers_router, tokens.router, audit.router,
-               reports.router, reports.fleet_router)
+               reports.router, reports.fleet_router, tokens.proof_router)
 #: Routers mounted at the root, outside ``/v1``: ``GET /metrics``, where Prometheus looks by default.
 ROOT_ROUTERS = (metrics_route.router,)
 #: ``(prefix, router)`` of every router the app serves.

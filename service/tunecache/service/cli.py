@@ -100,7 +100,7 @@ def serve(
 ) -> None:
     """Run the HTTP service.
 
-    On SQLite (the default) the schema is migrated first; on PostgreSQL it must already be current (tunecache db upgrade). On a database with no tokens at all, the first start creates an ``admin`` token and writes it to ``<data dir>/admin.token`` (mode 0600); client commands on this machine read it.
+    On SQLite (the default) the schema is migrated first; on PostgreSQL it must already be current (tunecache db upgrade). On a database with no tokens at all, the first start creates an ``admin`` token and writes it to ``<data dir>/admin.token`` (mode 0600; ``admin-<hash>.token`` where that file is another database's), with the addresses the service listens on beside it (``admin.token.json``); client commands on this machine send it to this service only.
     """
     import os
 
@@ -148,7 +148,7 @@ def serve(
     engine = _ready_engine(settings.resolved_database_url())
     shown = engine.url.render_as_string(hide_password=True)
     if settings.bootstrap_admin_token:
-        _bootstrap_admin_token(engine, settings.admin_token_file)
+        _leave_admin_token(engine, settings, scheme)
     engine.dispose()
     # Every process builds its app from the environment (uvicorn's factory mode).
     # (options override variables: write back what the processes' own Settings() will read)
@@ -235,18 +235,19 @@ def _metrics_multiprocess_dir(processes: int) -> str | None:
     return made
 
 
-def _bootstrap_admin_token(engine, path: Path) -> None:
-    """Create the first admin token when the database has none, and say where it is."""
-    from tunecache.service import db, tokens
+def _leave_admin_token(engine, settings, scheme: str) -> None:
+    """The first admin token on a database with none, and where it listens (:mod:`tunecache.service.local_token`)."""
+    from tunecache.formats.local_token import Listener
+    from tunecache.service.local_token import leave_admin_token
 
+    listener = Listener(scheme=scheme, host=settings.host, port=settings.port)
     try:
-        with db.session_factory(engine).begin() as session:
-            created = tokens.bootstrap_admin_token(session, path)
+        left = leave_admin_token(engine, settings.data_dir, settings.resolved_database_url(), listener)
     except OSError as exc:
-        fail(ExitCode.SERVE_FAILED, f"cannot write the first admin token to {path}: {exc.strerror}")
-    if created:
-        typer.echo(f"tunecache: no tokens yet: created token 'admin' (scope admin) in {path} (mode 0600); "
-                   f"client commands on this machine read it, others need it in TUNECACHE_TOKEN", err=True)
+        fail(ExitCode.SERVE_FAILED, f"cannot write the first admin token in {settings.data_dir}: {exc.strerror or exc}")
+    if left is not None and left.created:
+        typer.echo(f"tunecache: no tokens yet: created token 'admin' (scope admin) in {left.path} (mode 0600); client "
+                   f"commands on this machine send it to {listener.url} only, others need it in TUNECACHE_TOKEN", err=True)
 
 
 def db_upgrade(database: DatabaseOpt = None) -> None:

@@ -5,7 +5,8 @@ enumerates the routes and fails on one without):
 
 * :data:`PUBLIC`: anyone (``GET /v1/health``, which says more to a caller with a token).
 * :data:`READ`: lookups, artifact and history GETs; open to anyone unless
-  ``TUNECACHE_READ_TOKEN_REQUIRED`` is set, then a token of any scope. Checked without
+  ``TUNECACHE_READ_TOKEN_REQUIRED`` is set, then a token of any scope (while open, a token
+  the service does not know is read as none). Checked without
   touching the database while a token's answer is cached (``TUNECACHE_TOKEN_CACHE_SECONDS``),
   so a boot storm stays off the database.
 * :func:`requires` (``push``, ``tune``, ``admin``): writes. The token is checked against
@@ -14,7 +15,7 @@ enumerates the routes and fails on one without):
   and the write is recorded in the audit log (``audit_events``) in that same
   transaction: with the write, or not at all.
 
-Answers: 401 (no token, or one that is unknown, revoked or malformed; with
+Answers: 401 (no token, or one that is unknown, revoked or malformed, where one is needed; with
 ``WWW-Authenticate: Bearer``) and 403 (a token whose scope is too small), both as JSON
 ``{"detail": ...}`` naming the scope the route needs.
 """
@@ -95,7 +96,10 @@ class _Public(CallerPolicy):
 
 
 class _Read(CallerPolicy):
-    """Reads: open unless ``read_token_required``; a presented token must be valid."""
+    """Reads: open unless ``read_token_required``. With reads open, a token the service does
+    not know (unknown, revoked, malformed) is read as no token: an open read never fails
+    because of what a client sent along (a token of another service on the same machine, an
+    old one); with reads behind a token, it is a 401."""
 
     scope = Scope.READ
 
@@ -112,6 +116,8 @@ class _Read(CallerPolicy):
         if caller is None:
             caller = await run_in_threadpool(_authenticate_in_own_session, state.sessions, presented)
             if caller is None:
+                if not state.settings.read_token_required:
+                    return ANONYMOUS
                 raise _invalid(Scope.READ)
             cache[presented] = caller
         return caller

@@ -228,8 +228,10 @@ class Settings(BaseSettings):
         "keys without a current run one source may bring into the fleet view per hour, per process; past it: 202 "
         "and not stored (`reason=\"new_key\"`)"))
     bootstrap_admin_token: bool = Field(default=True, description=(
-        "`serve` on a database without tokens creates the first admin token, in `<data dir>/admin.token`; `false` on "
-        "nodes whose data directory no operator reads (a tuner pod); `tunecache db admin-token` makes one in the "
+        "`serve` on a database without tokens creates the first admin token, in `<data dir>/admin.token` "
+        "(`admin-<hash>.token` where that file is another database's), and records beside it where it listens, for "
+        "client commands on the machine to send it there only ([trust.md](trust.md#the-local-admin-token)); `false` "
+        "on nodes whose data directory no operator reads (a tuner pod); `tunecache db admin-token` makes one in the "
         "database anytime"))
     verify_url: str | None = Field(default=None, max_length=2048, json_schema_extra={
         "shown_default": "`serve`'s own address (`http://127.0.0.1:<port>`, `https` with `--ssl-certfile`)"},
@@ -328,11 +330,6 @@ class Settings(BaseSettings):
         outside the threads), so that a thread never waits for a connection another thread
         is not using."""
         return self.db_pool_size or self.threads + 3
-
-    @property
-    def admin_token_file(self) -> Path:
-        """Where ``tunecache serve`` writes the admin token it creates on a service with none."""
-        return self.data_dir / "admin.token"
 
     @property
     def artifact_cache_dir(self) -> Path:

@@ -21,6 +21,7 @@ from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from tunecache.contract import Scope, TokenCreated, TokenRead
+from tunecache.contract.tokens import token_proof
 from tunecache.service.models import ApiToken, utcnow
 
 _TOKEN = re.compile(r"^tc_([0-9a-f]{16})_([A-Za-z0-9_-]{20,128})$")
@@ -118,6 +119,30 @@ def authenticate(session: Session, presented: str) -> Caller | None:
     if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
         row.last_used_at = now
     return Caller(name=row.name, scope=Scope(row.scope))
+
+
+#: The key of the proofs for tokens this process does not hold: random, so that an answer
+#: never tells which token ids exist.
+_NO_SUCH_TOKEN_KEY = secrets.token_hex(32)
+
+
+def prove_token(session: Session, token_id: str, challenge: str, host: str, port: int) -> str:
+    """:func:`tunecache.contract.tokens.token_proof` of the live token ``token_id`` (of a
+    random key when there is none, or it is revoked), for a client deciding whether to send
+    it here: nothing of the token leaves the service."""
+    row = session.scalar(select(ApiToken).where(ApiToken.token_id == token_id))
+    key = row.secret_sha256 if row is not None and row.revoked_at is None else _NO_SUCH_TOKEN_KEY
+    return token_proof(key, challenge, host, port)
+
+
+def is_live(session: Session, presented: str) -> bool:
+    """Whether ``presented`` is a live token of this database (read only: no use is noted)."""
+    match = _TOKEN.match(presented)
+    if match is None:
+        return False
+    row = session.scalar(select(ApiToken).where(ApiToken.token_id == match[1]))
+    stored = row.secret_sha256 if row is not None else "0" * 64
+    return hmac.compare_digest(stored, _secret_sha256(match[2])) and row is not None and row.revoked_at is None
 
 
 def bootstrap_admin_token(session: Session, path: Path) -> bool:

@@ -52,6 +52,9 @@ EXPECTED = {
     ("POST", "/v1/tokens"): requires(Scope.ADMIN),
     ("GET", "/v1/tokens"): requires(Scope.ADMIN),
     ("DELETE", "/v1/tokens/{name}"): requires(Scope.ADMIN),
+    # proves the service holds a token without it travelling (a local client asks before it
+    # sends the local admin token: tunecache.client.local_token)
+    ("GET", "/v1/token-proof"): PUBLIC,
     ("GET", "/v1/audit"): requires(Scope.ADMIN),
     ("GET", "/metrics"): READ,
 }
@@ -111,9 +114,8 @@ def _expected_status(policy: CallerPolicy, presented: str | Scope | None, reads_
     """401/403 where the policy refuses, ``None`` where it lets the request through."""
     if policy is PUBLIC:
         return None
-    if presented in ("invalid", "revoked"):
-        return 401
-    if presented is None:
+    if presented in ("invalid", "revoked", None):
+        # an open read is open to a token the service does not know too: it is read as no token
         return 401 if policy is not READ or reads_need_token else None
     return None if presented.includes(policy.scope) else 403
 
@@ -218,7 +220,7 @@ def _dashboard_expected(policy: CallerPolicy, method: str, path: str, presented:
         return None if presented is Scope.ADMIN else 403
     if transport == "cookie" and not reads_need_token:
         return None  # open reads never look at the cookie
-    if presented in ("invalid", "revoked") or (presented is None and reads_need_token):
+    if presented in ("invalid", "revoked", None) and reads_need_token:  # open reads: read as no token
         return 401
     return None
 

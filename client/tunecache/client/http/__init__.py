@@ -74,7 +74,8 @@ class TunecacheClient(RunsClient, ArtifactsClient, ReportsClient, JobsClient, Wo
     @classmethod
     def from_settings(cls, settings: ClientSettings, url: str | None = None, **kwargs: Any) -> "TunecacheClient":
         """A client for ``url`` (default ``settings.url``) with the settings' timeouts,
-        attempts, install deadline, token (:meth:`ClientSettings.resolved_token`) and TLS settings.
+        attempts, install deadline, token and its source (:meth:`ClientSettings.resolved_credential`) and TLS
+        settings.
 
         Raises:
             ValueError: no URL given or set (``TUNECACHE_URL``), or a bad one; a token file
@@ -83,6 +84,7 @@ class TunecacheClient(RunsClient, ArtifactsClient, ReportsClient, JobsClient, Wo
         base_url = url or settings.url
         if not base_url:
             raise ValueError("no tunecache server given: pass --server URL or set TUNECACHE_URL")
+        credential = settings.resolved_credential(base_url)
         return cls(
             base_url,
             connect_timeout_s=settings.connect_timeout,
@@ -91,7 +93,8 @@ class TunecacheClient(RunsClient, ArtifactsClient, ReportsClient, JobsClient, Wo
             attempts=settings.attempts,
             max_retry_after_s=settings.max_retry_after,
             install_deadline_s=settings.install_deadline,
-            token=settings.resolved_token(base_url),
+            token=credential.token,
+            token_source=credential.source,
             ca_bundle=settings.ca_bundle,
             allow_insecure=settings.allow_insecure,
             reports=settings.report,

@@ -52,7 +52,7 @@ class ArtifactsClient(Transport):
                 if response.status_code in RETRY_STATUSES:
                     raise transient_status(response, body_detail(self._read_body(response, deadline)))
                 if response.is_error:
-                    raise ServerError(response.status_code, body_detail(self._read_body(response, deadline)))
+                    raise self.error_of(response.status_code, body_detail(self._read_body(response, deadline)))
                 return response.headers.get("content-length"), self._read_body(response, deadline, sink=digest.update,
                                                                                max_bytes=max_unpack_bytes())
 

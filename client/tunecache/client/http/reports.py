@@ -9,7 +9,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from tunecache.client.http.transport import DEFAULT_REPORT_TIMEOUT_S, Transport, answer_detail
 from tunecache.contract import FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, FleetView, PodReportCreate
-from tunecache.store import ServerError
 
 
 def reports_enabled_by_environment() -> bool:
@@ -106,7 +105,7 @@ class ReportsClient(Transport):
         response = self._request("POST", "/v1/reports", content=report.model_dump_json(exclude_none=True),
                                  headers={"Content-Type": "application/json"})
         if response.is_error:
-            raise ServerError(response.status_code, answer_detail(response))
+            raise self.error_of(response.status_code, answer_detail(response))
 
     def reporting_client(self) -> "ReportsClient":
         """A client for sending one report from another thread: this client's server,

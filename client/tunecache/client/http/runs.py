@@ -111,7 +111,7 @@ class RunsClient(Transport):
 
         def read(response: httpx.Response, deadline: float) -> None:
             if response.is_error:
-                raise ServerError(response.status_code, body_detail(self._read_body(response, deadline)))
+                raise self.error_of(response.status_code, body_detail(self._read_body(response, deadline)))
             self._read_body(response, deadline, sink=write)
 
         try:

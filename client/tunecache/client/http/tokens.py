@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 from tunecache.client.http.transport import Transport, answer_detail
 from tunecache.contract import Scope, TokenCreate, TokenCreated, TokenRead
-from tunecache.store import ServerError, TunecacheError
+from tunecache.store import TunecacheError
 
 
 class TokensClient(Transport):
@@ -27,7 +27,7 @@ class TokensClient(Transport):
         """``GET /v1/tokens`` (admin): every token, without secrets."""
         response = self._request("GET", "/v1/tokens")
         if response.status_code != 200:
-            raise ServerError(response.status_code, answer_detail(response))
+            raise self.error_of(response.status_code, answer_detail(response))
         try:
             return [TokenRead.model_validate(item) for item in response.json()]
         except (ValueError, ValidationError) as exc:

@@ -20,10 +20,7 @@ artifact download) also has one deadline for the whole, ``install_deadline_s``
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import email.utils
 import ipaddress
-import json
 import socket
 import ssl
 import threading
@@ -36,6 +33,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from tunecache.client.http.answers import answer_detail, body_detail, json_object, retry_after_seconds
 from tunecache.formats.tarball import positive_whole_setting
 from tunecache.store import (
     DownloadTruncated,
@@ -113,52 +111,9 @@ def _shut_down(sock: socket.socket) -> None:
         pass
 
 
-def retry_after_seconds(value: str | None, now: dt.datetime | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks for: delay-seconds or an HTTP date
-    (RFC 9110, 10.2.3); ``None`` when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return max(0.0, (when - (now or dt.datetime.now(dt.timezone.utc))).total_seconds())
-
-
 def transient_status(response: httpx.Response, detail: Any) -> Transient:
     """A retry-worthy status as a :class:`Transient`, with the seconds its ``Retry-After`` asks."""
     return Transient(ServerError(response.status_code, detail), retry_after_seconds(response.headers.get("retry-after")))
-
-
-def json_object(response: httpx.Response) -> dict[str, Any] | None:
-    """The body as a JSON object, or ``None`` (not JSON, or not an object)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def answer_detail(response: httpx.Response) -> Any:
-    """What an error answer says: its JSON ``detail``, else the start of its text."""
-    body = json_object(response)
-    if body is not None and "detail" in body:
-        return body["detail"]
-    return response.text[:200] or response.reason_phrase
-
-
-def body_detail(body: bytes) -> Any:
-    """:func:`answer_detail` of a body read from a stream."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return body[:200].decode(errors="replace")
-    return parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
 
 
 class InsecureTransport(ValueError):
@@ -227,6 +182,8 @@ class Transport:
             :meth:`deadline_scope`, which :func:`tunecache.client.install.fetch_tuning`
             opens. The per-attempt timeouts and attempts above still hold within it.
         token: sent as ``Authorization: Bearer <token>`` on every request.
+        token_source: where ``token`` comes from (or why there is none), named in a 401 or
+            403's error (:meth:`error_of`), e.g. ``TUNECACHE_TOKEN``.
         ca_bundle: CA certificates (PEM file) to verify an https server with; TLS is always
             verified (default: the system's CAs).
         allow_insecure: allow ``token`` over plain ``http://`` to a host that is not loopback.
@@ -250,6 +207,7 @@ class Transport:
         max_retry_after_s: float = DEFAULT_MAX_RETRY_AFTER_S,
         install_deadline_s: float | None = DEFAULT_INSTALL_DEADLINE_S,
         token: str | None = None,
+        token_source: str | None = None,
         ca_bundle: Path | None = None,
         allow_insecure: bool = False,
         transport: httpx.BaseTransport | None = None,
@@ -269,8 +227,9 @@ class Transport:
             raise ValueError(f"TUNECACHE_CA_BUNDLE={str(ca_bundle)!r} is not a file")
         self.base_url = base_url.rstrip("/")
         # what another client of the same server, token and TLS is made with (a reporting client)
-        self._connection_options: dict[str, Any] = dict(token=token, ca_bundle=ca_bundle, allow_insecure=allow_insecure,
-                                                        transport=transport)
+        self._connection_options: dict[str, Any] = dict(token=token, token_source=token_source, ca_bundle=ca_bundle,
+                                                        allow_insecure=allow_insecure, transport=transport)
+        self.token_source = token_source or ("a token given" if token else "no token")
         self.attempts = max(1, attempts)
         self.read_timeout_s = read_timeout_s
         self.total_timeout_s = total_timeout_s
@@ -492,6 +451,14 @@ class Transport:
 
         return self._retrying(once)
 
+    def error_of(self, status_code: int, detail: Any) -> ServerError:
+        """The :class:`ServerError` of an error answer; a 401 or 403 also names the token sent
+        (:attr:`token_source`), so that one line says which token the server refused."""
+        error = ServerError(status_code, detail)
+        if status_code in (401, 403):
+            error.args = (f"{error} [token sent: {self.token_source}]",)
+        return error
+
     def _answer(self, response: httpx.Response, model: type[Answer]) -> Answer:
         """The body of a successful answer as ``model``.
 
@@ -499,7 +466,7 @@ class Transport:
             ServerError: an error status, or a body that is not a ``model`` (not a tunecache server?).
         """
         if response.is_error:
-            raise ServerError(response.status_code, answer_detail(response))
+            raise self.error_of(response.status_code, answer_detail(response))
         try:
             return model.model_validate_json(response.content)
         except ValidationError:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 
 from tunecache.contract import TOKEN_NAME_PATTERN, ErrorBody, TokenCreate, TokenCreated, TokenRead
+from tunecache.contract.tokens import CHALLENGE_PATTERN, TOKEN_ID_PATTERN, TokenProof
 from tunecache.service import tokens
-from tunecache.service.deps import SessionDep
-from tunecache.service.policy import AdminCaller
+from tunecache.service.deps import SessionDep, SettingsDep
+from tunecache.service.policy import AdminCaller, PublicCaller
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
+#: ``/v1/token-proof``: beside ``/v1/tokens/{name}``, whose names it would shadow.
+proof_router = APIRouter(tags=["tokens"])
 
 TokenName = Annotated[str, Path(pattern=TOKEN_NAME_PATTERN, description="the token's name")]
 
@@ -30,6 +33,23 @@ def create_token(body: TokenCreate, session: SessionDep, caller: AdminCaller, re
         raise HTTPException(409, detail=str(exc)) from None
     request.state.audit_detail = f"created token {created.name!r} ({created.scope})"
     return created
+
+
+@proof_router.get("/token-proof", response_model=TokenProof)
+def prove_token(
+    session: SessionDep,
+    settings: SettingsDep,
+    _caller: PublicCaller,
+    token_id: Annotated[str, Query(pattern=TOKEN_ID_PATTERN, description="the token's id (`tc_<id>_...`)")],
+    challenge: Annotated[str, Query(pattern=CHALLENGE_PATTERN, description="the client's random challenge (hex)")],
+) -> TokenProof:
+    """Prove this service holds the token ``token_id`` without it travelling: the HMAC of the
+    challenge and the address this service listens on, keyed with the sha256 of the token's
+    secret (:func:`tunecache.contract.tokens.token_proof`; of a random key for a token it
+    does not hold). Open to anyone: a client on the service's machine asks before it sends
+    the admin token that ``tunecache serve`` wrote there, so that token goes to that service
+    only, never to another listener or another service (``tunecache.client.local_token``)."""
+    return TokenProof(proof=tokens.prove_token(session, token_id, challenge, settings.host, settings.port))
 
 
 @router.get("", response_model=list[TokenRead])

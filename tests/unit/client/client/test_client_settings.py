@@ -12,6 +12,7 @@ import typer
 from tunecache import cli
 from tunecache.client.http import InsecureTransport, TunecacheClient, retry_after_seconds
 from tunecache.client.settings import ClientSettings, load_client_settings
+from tunecache.formats.local_token import Listener, LocalAdminToken, write_record
 
 
 def test_settings_come_from_tunecache_variables(monkeypatch, tmp_path):
@@ -91,10 +92,24 @@ def test_the_token_comes_from_the_option_the_variable_or_the_file(tmp_path, monk
     token_file.write_text("tc_from_file\n")
     assert ClientSettings(token_file=token_file).resolved_token() == "tc_from_file"
     assert ClientSettings(token_file=token_file, token="tc_given").resolved_token() == "tc_given"
+    assert ClientSettings(token_file=token_file, token="tc_given").resolved_credential().source == "--token"
+    monkeypatch.setenv("TUNECACHE_TOKEN", "tc_from_env")
+    assert ClientSettings(token_file=token_file).resolved_credential() == ("tc_from_env", "TUNECACHE_TOKEN")
+    monkeypatch.delenv("TUNECACHE_TOKEN")
+    assert ClientSettings(token_file=token_file).resolved_credential() == (
+        "tc_from_file", f"TUNECACHE_TOKEN_FILE={str(token_file)!r}")
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path))
-    assert ClientSettings().resolved_token() == "tc_from_file"  # the admin.token of a local tunecache serve
-    assert ClientSettings().resolved_token("http://127.0.0.1:8321") == "tc_from_file"
-    assert ClientSettings().resolved_token("http://localhost:8321") == "tc_from_file"
+    # the admin.token of a local tunecache serve goes only to the service that wrote it: never
+    # without a server to prove it, nor without the record of where that service listens
+    # (tests/e2e/test_local_token.py plays it with real services)
+    assert ClientSettings().resolved_token() is None
+    credential = ClientSettings().resolved_credential("http://127.0.0.1:8321")
+    assert credential.token is None and "name no service" in credential.source
+    write_record(token_file, LocalAdminToken(database="sqlite:////srv/tunecache.db", listeners=[
+        Listener(scheme="http", host="127.0.0.1", port=8321)]))
+    credential = ClientSettings().resolved_credential("http://127.0.0.1:8322")  # another port: not even asked
+    assert credential.token is None and "sent only to the service that wrote them (listening at " \
+        "http://127.0.0.1:8321)" in credential.source
     # the local service's admin token never goes to another server (a node running the service
     # sent it to any --server, and plain-http reads there were refused, exit 13)
     assert ClientSettings().resolved_token("https://tunecache.example:8321") is None
