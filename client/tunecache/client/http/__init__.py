@@ -25,6 +25,7 @@ from tunecache.client.http.jobs import JobsClient
 from tunecache.client.http.reports import ReportsClient, reports_enabled_by_environment
 from tunecache.client.http.runs import RunsClient
 from tunecache.client.http.tokens import TokensClient
+from tunecache.client.http.answers import retry_after_seconds
 from tunecache.client.http.transport import (
     DEFAULT_ATTEMPTS,
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -38,7 +39,6 @@ from tunecache.client.http.transport import (
     InsecureTransport,
     Transport,
     max_answer_bytes,
-    retry_after_seconds,
 )
 from tunecache.client.http.workers import WorkersClient
 from tunecache.client.settings import ClientSettings

@@ -8,14 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from tunecache.client.http.transport import (
-    RETRY_STATUSES,
-    Transient,
-    Transport,
-    answer_detail,
-    body_detail,
-    transient_status,
-)
+from tunecache.client.http.answers import answer_detail, body_detail
+from tunecache.client.http.transport import RETRY_STATUSES, Transient, Transport, transient_status
 from tunecache.contract import ArtifactStored
 from tunecache.formats.tarball import max_unpack_bytes
 from tunecache.store import ArtifactCorrupt, DownloadTruncated, ServerError, file_sha256

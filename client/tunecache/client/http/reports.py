@@ -7,7 +7,8 @@ import os
 
 from pydantic import TypeAdapter, ValidationError
 
-from tunecache.client.http.transport import DEFAULT_REPORT_TIMEOUT_S, Transport, answer_detail
+from tunecache.client.http.answers import answer_detail
+from tunecache.client.http.transport import DEFAULT_REPORT_TIMEOUT_S, Transport
 from tunecache.contract import FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, FleetView, PodReportCreate
 
 
