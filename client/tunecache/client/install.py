@@ -120,7 +120,7 @@ def fetch_tuning(
     client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False, deep_gemm: bool = False,
     trusted_keys: Mapping[str, Ed25519PublicKey] | None = None, deadline_s: float | None = None,
     warm_state: bool = False, variant: str | None = None,
-    warm_state_kinds: tuple[ArtifactKind, ...] = WARM_STATE_KINDS,
+    warm_state_kinds: tuple[ArtifactKind, ...] = WARM_STATE_KINDS, run_id: int | None = None,
 ) -> FetchedTuning:
     """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
     JIT modules; with ``deep_gemm``, its DeepGEMM cache; with ``warm_state``, its
@@ -146,6 +146,10 @@ def fetch_tuning(
     memory of that variant (:mod:`tunecache.client.installed`). ``warm_state_kinds``: which
     of :data:`WARM_STATE_KINDS` ``warm_state`` downloads.
 
+    ``run_id``: that run, fetched by its id instead of the current one (the run whose warm
+    state this boot's engine installed, :attr:`tunecache.client.boot.handoff.Handoff.warm_state_run`),
+    checked as a looked-up run is; it must be of this key and environment.
+
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
         (:mod:`tunecache.client.http`); InstallDeadlineExceeded (a ServerUnreachable) when
@@ -155,7 +159,10 @@ def fetch_tuning(
         a JIT module's tarball is unusable (checked before any install).
     """
     with client.deadline_scope(deadline_s):
-        run = client.lookup(key, environment, variant) if variant else client.lookup(key, environment)
+        if run_id is not None:
+            run = _run_of(client, run_id, key, environment)
+        else:
+            run = client.lookup(key, environment, variant) if variant else client.lookup(key, environment)
         try:
             signed_by = (verify_run(run.signature, key, environment, run.artifacts, trusted_keys, run.summary)
                          if trusted_keys else None)
@@ -193,6 +200,18 @@ def fetch_tuning(
             verified_for=(key, environment) if signed_by is not None else None,
             drift=drift(run.summary.get("dependencies"), installed_versions()),
         )
+
+
+def _run_of(client: TunecacheClient, run_id: int, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:
+    """Run ``run_id``, by its id, when it is of ``key`` and ``environment`` (the server's word,
+    which a signature, when trusted keys are set, then checks over this pod's own).
+
+    Raises:
+        ServerError (404: no such run), ServerUnreachable; TunecacheError: another key's or environment's."""
+    run = client.get_run(run_id)
+    if run.key.key_hash() != key.key_hash() or run.environment_hash != environment.environment_hash():
+        raise TunecacheError(f"tuning run {run_id} is not of this pod's key and environment")
+    return run
 
 
 def _not_older(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None) -> None:
@@ -499,7 +518,8 @@ class InstallResult(BaseModel):
         """This install's report fields besides its outcome
         (:func:`tunecache.client.report.build_report`), or ``None`` when it is not reported."""
         if self.outcome is ReportOutcome.INSTALLED:
-            return {"run_id": self.run_id, "jit_modules": len(self.jit_modules), "jit_skipped": self.jit_not_installed}
+            return {"run_id": self.run_id, "jit_modules": len(self.jit_modules), "jit_skipped": self.jit_not_installed,
+                    "installed_from": [self.run_id]}
         if self.outcome is ReportOutcome.MISS:
             return {"run_id": self.run_id, "differences": list(self.differences)}
         return {"error_kind": self.error_kind} if self.error_kind else None

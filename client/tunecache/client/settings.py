@@ -54,8 +54,9 @@ POD_HANDOFF_VARIABLES: dict[str, FieldInfo] = {
         "shown_default": "when the boot started (nanoseconds since the epoch)"}, description=(
         "the attestation: files written since then")),
     "TUNECACHE_WARM_STATE_RUN": Field(default=None, json_schema_extra={
-        "shown_default": "the run whose warm state the main process installed"}, description=(
-        "the workers install the tactics only")),
+        "shown_default": "the id of the run whose warm state the main process installed"}, description=(
+        "the workers install that run's tactics only, fetched by its id (never what became current meanwhile), or, "
+        "when it cannot be fetched, nothing; their reports name it")),
     "TUNECACHE_COMPILE_CACHE": Field(default=None, json_schema_extra={"shown_default": (
         "the run's compile cache, staged under the cache root's `.tunecache/` (and unpacked beside it on a thread "
         "of the main process, named by the boot)")}, description=(

@@ -427,6 +427,8 @@ class PodReport(Base):
     """No warm state is stored for the pod's variant: it got the key's run without its compile cache."""
     engine_args: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     """The vLLM engine arguments the pod named its variant with (to tune it: ``retune --engine-args``)."""
+    installed_from: Mapped[list[int] | None] = mapped_column(JSON)
+    """Every run the boot installed from (:attr:`tunecache.contract.PodReportCreate.installed_from`); ``None``: not said."""
     sender: Mapped[str | None] = mapped_column(String(128))
     """The source that sent it: the client address (an IPv6 one as its /64), or ``token:``
     and the token's name (:func:`tunecache.service.report_bounds.source_of`)."""

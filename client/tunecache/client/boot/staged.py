@@ -208,7 +208,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
         if node is None:
             raise ValueError("the run's compile cache records no factors")
         factors = pod_factors(node)
-        run = handoff.warm_state_run or "?"
+        run = str(handoff.warm_state_run or "?")
         mine = factors.variant_factors.variant if factors.variant_factors else None
         theirs = node.variant_factors.variant if node.variant_factors else None
         variant_seen.variant, variant_seen.missing = mine, False
@@ -224,6 +224,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
                     log.info("tunecache: %s (rank %s)", skipped, rank)
                     return InstallResult(outcome=ReportOutcome.INSTALLED, compile_cache_skipped=skipped)
                 run, data, unpacked = str(found[0]), found[1], None
+                variant_seen.run = found[0]
                 node = read_compile_factors(data)
                 if node is None:
                     raise ValueError(f"run {run}'s compile cache records no factors")
