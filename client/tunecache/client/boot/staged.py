@@ -232,7 +232,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
             if unpacked is not None:  # unpacked by the main process: renamed into place
                 lines = differences(node, factors)
                 renames = {} if lines else pod_dir_names(node, factors)
-                dirs = rename_entries(unpacked, path.parent.parent / "torch_compile_cache", renames)
+                dirs = rename_entries(unpacked, path.parent.parent / "torch_compile_cache", renames, replace=True)
                 removed = relocate_compile_dirs(path.parent.parent / "torch_compile_cache", dirs)
                 written = {"warm_state": (f"compile cache ({len(dirs)} of {len(renames)} directories)",) if renames else (),
                            "compile_cache_skipped": ("compile cache not installed, vLLM would not use it: "
