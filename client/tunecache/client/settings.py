@@ -27,7 +27,9 @@ POD_VARIABLES: dict[str, FieldInfo] = {
         "where the pod remembers the newest signing time it installed per key and environment "
         "(`installed-signatures.json`; give pods a persistent directory there for the memory to outlive them): a "
         "run signed before it is refused as a replayed older run "
-        "([trust.md](trust.md#publishing-what-becomes-current), `tunecache.client.installed`)")),
+        "([trust.md](trust.md#publishing-what-becomes-current), `tunecache.client.installed`); and the journal of each "
+        "install (`install-journal/`), by which the next install finishes or undoes one killed midway "
+        "(`tunecache.client.journal`)")),
     "TUNECACHE_MAX_ANSWER_BYTES": Field(default=16 << 20, gt=0, description=(
         "the most bytes a JSON answer (a lookup, a run, a page of runs) may take, as decoded; past it nothing of it is "
         "used. Not a positive whole number: the default")),
