@@ -109,12 +109,12 @@ def test_a_reader_never_finds_a_rank_file_or_a_module_missing_while_another_run_
     """A re-install swaps each directory in one step (renameat2's RENAME_EXCHANGE): before, it
     renamed the old one away and the new one in, and readers found rank files and the
     module's .so missing between the two (1,162 and 755 times in a probe of 16 installers)."""
-    from tunecache.client.atomic import _exchange
+    from tunecache.client.journal import exchange
 
     probe = tmp_path / "probe"
     (probe / "a").mkdir(parents=True)
     (probe / "b").mkdir()
-    if not _exchange(probe / "a", probe / "b"):
+    if not exchange(probe / "a", probe / "b"):
         import pytest
 
         pytest.skip("this system cannot swap two directories in one step (renameat2 RENAME_EXCHANGE)")

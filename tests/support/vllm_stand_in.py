@@ -388,6 +388,9 @@ ENGINE = textwrap.dedent('''
                       max_num_batched_tokens=int(os.environ["STAND_IN_MNBT"]) if os.environ.get("STAND_IN_MNBT") else None,
                       max_model_len=int(os.environ["STAND_IN_MAX_MODEL_LEN"]) if os.environ.get("STAND_IN_MAX_MODEL_LEN") else None)
     config = args.create_engine_config()
+    if os.environ.get("STAND_IN_BETWEEN"):  # what happens elsewhere before the engine core starts its worker
+        import subprocess
+        subprocess.run([sys.executable, os.environ["STAND_IN_BETWEEN"]], check=True)
     config.instance_id = os.environ["STAND_IN_INSTANCE_ID"]
     if os.environ.get("STAND_IN_BLOCK_SIZE"):  # the engine core settles the block size for its attention backend
         config.cache_config.block_size = int(os.environ["STAND_IN_BLOCK_SIZE"])

@@ -19,81 +19,12 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 
+from tunecache.client.journal import all_or_nothing, current, exchange, note_added, referenced, remove, staging_dir
 
-class Journal:
-    """What one install put in place, so that it can be taken back whole
-    (:func:`all_or_nothing`): each directory or file swapped in with what it replaced (kept
-    beside it until the install ends), each entry added."""
-
-    def __init__(self) -> None:
-        self._done: list[tuple[Path, Path | None]] = []
-
-    def put(self, target: Path, old: Path | None) -> None:
-        """``target`` was put in place; ``old`` holds what was there before (``None``: nothing)."""
-        self._done.append((target, old))
-
-    def rollback(self) -> None:
-        """Take back everything put in place, newest first: the old entries return. Never raises."""
-        for target, old in reversed(self._done):
-            try:
-                if old is not None and old.is_dir() and target.is_dir() and _exchange(old, target):
-                    _remove(old)
-                    continue
-                _remove(target)
-                if old is not None:
-                    old.rename(target)
-            except OSError:
-                continue
-        self._done.clear()
-
-    def commit(self) -> None:
-        """The install stands: drop what it replaced. Never raises."""
-        for _, old in self._done:
-            if old is not None:
-                _remove(old)
-        self._done.clear()
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-
-
-_journal: ContextVar[Journal | None] = ContextVar("tunecache_install_journal", default=None)
-
-
-@contextmanager
-def all_or_nothing() -> Iterator[Journal]:
-    """Within the block, what :func:`swap_into_place`, :func:`write_atomically` and
-    :func:`note_added` put in place is journaled; when the block raises (a full volume midway),
-    all of it is taken back and the old entries return, so an install leaves everything as it
-    was or all of it in place. The replaced entries are dropped when the block ends well."""
-    journal = Journal()
-    token = _journal.set(journal)
-    try:
-        yield journal
-    except BaseException:
-        journal.rollback()
-        raise
-    else:
-        journal.commit()
-    finally:
-        _journal.reset(token)
-
-
-def note_added(path: Path) -> None:
-    """Journal an entry an install renamed into a place that was empty (see :func:`all_or_nothing`)."""
-    journal = _journal.get()
-    if journal is not None:
-        journal.put(path, None)
+__all__ = ["all_or_nothing", "note_added", "staging_dir", "directory_lock", "file_lock", "same_tree", "swap_into_place",
+           "write_atomically", "remove_stale", "STALE_AFTER_S"]
 
 
 @contextmanager
@@ -137,29 +68,6 @@ def file_lock(path: Path, timeout_s: float, poll_s: float = 0.05) -> Iterator[No
         os.close(fd)  # releases the lock
 
 
-#: ``renameat2``'s flag that swaps two paths in one step (Linux 3.15+, ``include/uapi/linux/fs.h``).
-_RENAME_EXCHANGE = 2
-#: ``AT_FDCWD``: paths relative to the working directory.
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap the directories ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``,
-    through the C library's wrapper): a process that opens a path under ``b`` meanwhile finds
-    the old entry or the new one, never none. ``False`` where the system or the filesystem
-    cannot (no wrapper, ``EINVAL``, ``ENOSYS``, ``EXDEV``...): the caller renames twice."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
-
-
 def _entries(root: Path) -> dict[str, tuple[str, str | None]]:
     """Every entry under ``root`` (symlinks not followed): relative path -> (kind, link target)."""
     found: dict[str, tuple[str, str | None]] = {}
@@ -189,34 +97,58 @@ def same_tree(a: Path, b: Path) -> bool:
 
 
 def swap_into_place(staged: Path, target: Path) -> None:
-    """Put the directory ``staged`` at ``target``, replacing an existing ``target``: in one
-    step where the system can (:func:`_exchange`), so that a reader never finds ``target``
-    missing; a ``target`` that already holds the same files is left as it is (``staged`` is
-    removed). Elsewhere two renames (a reader may find it missing in between). Call it holding
+    """Put ``staged`` (a directory, or a file) at ``target``, replacing an existing ``target``:
+    a directory in one step where the system can (:func:`tunecache.client.journal.exchange`), so
+    that a reader never finds ``target`` missing, a file by one ``rename``; a ``target`` that
+    already holds the same files is left as it is (``staged`` is removed). Elsewhere two renames
+    (a reader may find it missing in between). Each step is journaled before it is taken
+    (:mod:`tunecache.client.journal`), and the ``.NAME.old-*`` copies of ``target`` an install
+    killed before the journal existed left are removed. Call it holding
     :func:`directory_lock` of ``target.parent``."""
-    journal = _journal.get()
-    if not target.exists():
-        staged.rename(target)
-        note_added(target)
-        return
-    if same_tree(staged, target):
-        shutil.rmtree(staged, ignore_errors=True)
-        return
-    if _exchange(staged, target):  # the old one is at ``staged`` now
+    journal = current()
+    _sweep_old(target)
+    if not os.path.lexists(target):
         if journal is not None:
-            kept = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-            staged.rename(kept)
-            journal.put(target, kept)
-        else:
-            shutil.rmtree(staged, ignore_errors=True)
+            journal.intend(target, None, staged)
+        staged.rename(target)
         return
-    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-    target.rename(old)
-    staged.rename(target)
+    if staged.is_dir() and target.is_dir() and same_tree(staged, target) or (
+            staged.is_file() and target.is_file() and not target.is_symlink()
+            and staged.read_bytes() == target.read_bytes()):
+        remove(staged)
+        return
+    kept = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
     if journal is not None:
-        journal.put(target, old)
+        journal.intend(target, kept, staged)
+    if staged.is_dir() and target.is_dir():
+        staged.rename(kept)
+        if exchange(kept, target):  # the old one is at ``kept`` now
+            if journal is None:
+                remove(kept)
+            return
+        kept.rename(staged)
+    if staged.is_file() and target.is_file():
+        os.link(target, kept)  # kept for a roll back, without a moment of no file
+        os.replace(staged, target)
     else:
-        shutil.rmtree(old, ignore_errors=True)
+        target.rename(kept)
+        staged.rename(target)
+    if journal is None:
+        remove(kept)
+
+
+def _sweep_old(target: Path) -> None:
+    """Remove the ``.NAME.old-*`` copies beside ``target`` that no install journal names (an
+    install killed before it kept a journal left them)."""
+    try:
+        found = list(target.parent.glob(f".{target.name}.old-*"))
+    except OSError:
+        return
+    if found:
+        keep = referenced()
+        for path in found:
+            if str(path) not in keep:
+                remove(path)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -228,7 +160,7 @@ def write_atomically(path: Path, data: bytes) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    journal = _journal.get()
+    journal = current()
     old = None
     try:
         with os.fdopen(fd, "wb") as f:
@@ -236,15 +168,15 @@ def write_atomically(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; the pod's vLLM user must read it
-        if journal is not None and path.is_file():  # kept for a roll back, without a moment of no file
-            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-            os.link(path, old)
-        os.replace(tmp, path)
         if journal is not None:
-            journal.put(path, old)
+            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}") if path.is_file() else None
+            journal.intend(path, old, Path(tmp))
+            if old is not None:  # kept for a roll back, without a moment of no file
+                os.link(path, old)
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
-        if old is not None:
+        if old is not None and os.path.lexists(path) and os.path.lexists(old) and os.path.samefile(path, old):
             old.unlink(missing_ok=True)
         raise
 

@@ -24,14 +24,8 @@ from tunecache.client.destinations import Commit, Destination, registers
 from tunecache.formats.dependencies import drift, image_of, installed_versions
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import newest_installed, remember_installed
-from tunecache.client.jit_install import (
-    build_aot_dir,
-    flashinfer_workspace,
-    image_aot_dir,
-    install_jit_module,
-    jit_mismatches,
-    shown,
-)
+from tunecache.client.journal import recover_interrupted
+from tunecache.client.jit_install import JitWorkspace
 from tunecache.client.layouts import (
     deep_gemm_cache_dir,
     flashinfer_v2_root,
@@ -42,7 +36,7 @@ from tunecache.client.layouts import (
 )
 from tunecache.client.report import installing, outcome_of, worth_reporting
 from tunecache.client.warm_state import TritonCache, VllmCacheRoot
-from tunecache.formats.jit_module import check_jit_module, jit_environment
+from tunecache.formats.jit_module import check_jit_module
 from tunecache.contract import (
     KINDS,
     ArtifactKind,
@@ -131,7 +125,7 @@ def fetch_tuning(
     client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False, deep_gemm: bool = False,
     trusted_keys: Mapping[str, Ed25519PublicKey] | None = None, deadline_s: float | None = None,
     warm_state: bool = False, variant: str | None = None,
-    warm_state_kinds: tuple[ArtifactKind, ...] = WARM_STATE_KINDS,
+    warm_state_kinds: tuple[ArtifactKind, ...] = WARM_STATE_KINDS, run_id: int | None = None,
 ) -> FetchedTuning:
     """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
     JIT modules; with ``deep_gemm``, its DeepGEMM cache; with ``warm_state``, its
@@ -159,6 +153,10 @@ def fetch_tuning(
     so the server answers with its image's current run where the key's was made on another. ``warm_state_kinds``: which
     of :data:`WARM_STATE_KINDS` ``warm_state`` downloads.
 
+    ``run_id``: that run, fetched by its id instead of the current one (the run whose warm
+    state this boot's engine installed, :attr:`tunecache.client.boot.handoff.Handoff.warm_state_run`),
+    checked as a looked-up run is; it must be of this key and environment.
+
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
         (:mod:`tunecache.client.http`); InstallDeadlineExceeded (a ServerUnreachable) when
@@ -167,9 +165,13 @@ def fetch_tuning(
         unsigned, signed by another key, or its manifest does not match; BadJitArtifact when
         a JIT module's tarball is unusable (checked before any install).
     """
+    recover_interrupted()  # an install killed midway is finished or undone before anything else
     with client.deadline_scope(deadline_s):
-        here = installed_versions()  # this pod's image: never another image's run where it has its own
-        run = client.lookup(key, environment, variant, dependencies=here)
+        if run_id is not None:
+            run = _run_of(client, run_id, key, environment)
+        else:
+            here = installed_versions()  # this pod's image: never another image's run where it has its own
+            run = client.lookup(key, environment, variant, dependencies=here)
         signed_by = trusted_signer(run, key, environment, trusted_keys, variant)
         refused = None
         if (jit or deep_gemm or warm_state) and signed_by is None:
@@ -234,6 +236,18 @@ def trusted_signer(run: TuningRunRead, key: TuningKey, environment: EnvironmentM
     except UntrustedRun as exc:
         raise RunRefused(run.id, str(exc)) from None
     return signed_by
+
+
+def _run_of(client: TunecacheClient, run_id: int, key: TuningKey, environment: EnvironmentMetadata) -> TuningRunRead:
+    """Run ``run_id``, by its id, when it is of ``key`` and ``environment`` (the server's word,
+    which a signature, when trusted keys are set, then checks over this pod's own).
+
+    Raises:
+        ServerError (404: no such run), ServerUnreachable; TunecacheError: another key's or environment's."""
+    run = client.get_run(run_id)
+    if run.key.key_hash() != key.key_hash() or run.environment_hash != environment.environment_hash():
+        raise TunecacheError(f"tuning run {run_id} is not of this pod's key and environment")
+    return run
 
 
 def _not_older(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None) -> None:
@@ -312,118 +326,6 @@ class FlashInferV2Store(Destination):
     def stage(self, fetched: FetchedTuning) -> Commit:
         root = Path(self.root) if self.root is not None else flashinfer_v2_root()
         return lambda: {"paths": (install_v2_store(fetched.autotune, root),)}
-
-
-@registers(ArtifactKind.FLASHINFER_JIT_MODULE)
-@dataclass(frozen=True)
-class JitWorkspace(Destination):
-    """The run's FlashInfer JIT modules, unpacked into ``path``: a directory this pod names
-    (``tunecache pull --jit-workspace DIR``; used as given), or ``None``: this pod's
-    FlashInfer workspace as this pod's FlashInfer says
-    (:func:`tunecache.client.jit_install.flashinfer_workspace`), after checking that the
-    modules were built where they will load.
-
-    Nothing the run carries picks the directory: the node's ``workspace_subdir`` it records
-    is only compared with this pod's.
-
-    Nothing of the modules is written (the tactics are installed apart) and
-    ``InstallResult.jit_skipped`` says why in one line when the run's were not fetched
-    (unsigned: :attr:`FetchedTuning.executable_refused`), or, with ``None``: FlashInfer is not
-    importable here (this pod cannot tell its workspace), or the run's ``workspace_subdir``
-    (FlashInfer version and arch) or a validity field it recorded
-    (:data:`tunecache.formats.jit_module.JIT_VALIDITY_FIELDS`) differs here, so ninja would
-    rebuild the modules or fail; each difference is named.
-
-    ``loads_as_aot``: this pod's FlashInfer will load the modules through its AOT path (the
-    vLLM plugin's workers, :func:`tunecache.client.jit_install.use_aot_dir`), not ninja, so
-    only the fields that are not placement
-    (:data:`tunecache.formats.jit_module.JIT_PLACEMENT_FIELDS`) must be equal: the modules go
-    into this pod's workspace whatever its paths, and the result names the AOT directory made
-    for them (:func:`tunecache.client.jit_install.build_aot_dir`, ``jit_aot_dir``).
-    """
-
-    path: Path | None = None
-    loads_as_aot: bool = False
-
-    def _workspace(self, fetched: FetchedTuning) -> tuple[Path | None, str | None]:
-        """``(directory, None)`` to install the fetched modules into, or ``(None, why not)``
-        (``(None, None)``: the run has none)."""
-        if not fetched.jit_modules:
-            return None, fetched.executable_refused
-        if self.path is not None:
-            return Path(self.path), self._missing_includes(fetched)
-        count = len(fetched.jit_modules)
-        differs = getattr(fetched, "drift", {}).get(ArtifactKind.FLASHINFER_JIT_MODULE)
-        if differs:
-            return None, f"{count} FlashInfer JIT modules not installed, built with other packages: {differs}"
-        own = flashinfer_workspace()
-        if own is None:
-            return None, (f"{count} FlashInfer JIT modules not installed: FlashInfer is not importable here, so this "
-                          "pod's FlashInfer workspace is unknown (tunecache pull --jit-workspace DIR names one)")
-        recorded = fetched.run.summary.get("flashinfer_jit")
-        mismatches = jit_mismatches(recorded if isinstance(recorded, dict) else {}, jit_environment(),
-                                    placement=not self.loads_as_aot)
-        if fetched.workspace_subdir and fetched.workspace_subdir != own.subdir:
-            mismatches.insert(0, f"workspace_subdir: node {shown(fetched.workspace_subdir)}, here {own.subdir}")
-        if mismatches:
-            return None, f"{count} FlashInfer JIT modules not installed, built elsewhere: " + "; ".join(mismatches)
-        return own.path, None if self.loads_as_aot else self._missing_includes(fetched)
-
-    def _missing_includes(self, fetched: FetchedTuning) -> str | None:
-        """Why the modules are not installed when one's ``build.ninja`` names an include
-        directory this pod lacks (ninja, which loads a module not loaded through the AOT path,
-        would fail on it or build again); ``None``: none does."""
-        from tunecache.formats.dependencies import missing_include_dirs
-        from tunecache.formats.jit_module import BadJitArtifact, check_jit_module
-        from tunecache.formats.tarball import open_bounded
-
-        for blob in fetched.jit_modules:
-            module = check_jit_module(blob)
-            with open_bounded(blob, "JIT", BadJitArtifact) as tar:
-                missing = missing_include_dirs(tar, module)
-            if missing:
-                return (f"{len(fetched.jit_modules)} FlashInfer JIT modules not installed: module {module}'s build.ninja "
-                        f"names include directories this pod lacks: {', '.join(shown(m) for m in missing[:3])}")
-        return None
-
-    def preflight(self, run: TuningRunRead, kind: ArtifactKind) -> tuple[bool | None, str]:
-        """This pod's FlashInfer workspace subdirectory (version, arch) and CUDA version against
-        the node's (:func:`tunecache.client.jit_install.jit_mismatches`): through the vLLM plugin
-        the modules load through FlashInfer's AOT path, so the workspace, package and CUDA paths
-        may differ; installed by ``tunecache pull --jit`` they must not (ninja's files name them)."""
-        count = len(run.artifacts_of(kind))
-        own = flashinfer_workspace()
-        if own is None:
-            return False, f"{count} modules: FlashInfer is not importable here"
-        recorded = run.summary.get("flashinfer_jit")
-        recorded = recorded if isinstance(recorded, dict) else {}
-        here = jit_environment()
-        subdir = str(recorded.get("workspace_subdir") or "")
-        differ = ([f"workspace_subdir: node {shown(subdir)}, here {own.subdir}"] if subdir and subdir != own.subdir else [])
-        as_aot = differ + jit_mismatches(recorded, here, placement=False)
-        if as_aot:
-            return False, f"{count} modules built for another FlashInfer or CUDA: " + "; ".join(as_aot)
-        placed = jit_mismatches(recorded, here, placement=True)
-        without = ("; installed without the plugin (tunecache pull --jit) ninja would rebuild them: "
-                   + "; ".join(placed)) if placed else ""
-        return True, (f"{count} modules, through the vLLM plugin from this pod's workspace "
-                      f"{own.path} (FlashInfer's AOT path){without}")
-
-    def stage(self, fetched: FetchedTuning) -> Commit:
-        workspace, skipped = self._workspace(fetched)
-        if workspace is not None and skipped:  # a directory the pod named, but a module that would not build there
-            workspace = None
-        asked = len(fetched.run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE))
-
-        image = image_aot_dir() if self.loads_as_aot and workspace else None
-
-        def commit() -> dict[str, Any]:
-            modules = tuple(install_jit_module(blob, workspace) for blob in fetched.jit_modules) if workspace else ()
-            aot = build_aot_dir(workspace, modules, image) if self.loads_as_aot and modules else None
-            return {"jit_modules": modules, "jit_workspace": workspace, "jit_skipped": skipped,
-                    "jit_not_installed": max(0, asked - len(modules)), "jit_aot_dir": aot}
-
-        return commit
 
 
 @registers(ArtifactKind.DEEP_GEMM_JIT_CACHE)
@@ -544,7 +446,8 @@ class InstallResult(BaseModel):
         (:func:`tunecache.client.report.build_report`), or ``None`` when it is not reported."""
         if self.outcome is ReportOutcome.INSTALLED:
             return {"run_id": self.run_id, "jit_modules": len(self.jit_modules), "jit_skipped": self.jit_not_installed,
-                    **({"missing_kinds": list(self.missing_kinds)} if self.missing_kinds else {})}
+                    **({"missing_kinds": list(self.missing_kinds)} if self.missing_kinds else {}),
+                    "installed_from": [self.run_id]}
         if self.outcome is ReportOutcome.MISS:
             return {"run_id": self.run_id, "differences": list(self.differences)}
         return {"error_kind": self.error_kind} if self.error_kind else None

@@ -17,10 +17,10 @@ checks and has not expired (the expiry bounds that window).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from tunecache.client.atomic import write_atomically
+from tunecache.client.journal import state_dir
 from tunecache.contract import EnvironmentMetadata, TuningKey
 
 STATE_FILE = "installed-signatures.json"
@@ -28,8 +28,7 @@ STATE_FILE = "installed-signatures.json"
 
 def state_path() -> Path:
     """``$TUNECACHE_STATE_DIR/installed-signatures.json`` (default ``~/.cache/tunecache``)."""
-    base = os.environ.get("TUNECACHE_STATE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "tunecache")
-    return Path(base).expanduser() / STATE_FILE
+    return state_dir() / STATE_FILE
 
 
 def _slot(key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None, image: str | None = None) -> str:

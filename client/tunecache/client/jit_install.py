@@ -26,17 +26,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from tunecache.client.atomic import directory_lock, swap_into_place
+from tunecache.client.atomic import directory_lock, staging_dir, swap_into_place
+from tunecache.client.destinations import Commit, Destination, registers
+from tunecache.contract import ArtifactKind, TuningRunRead
 from tunecache.formats.jit_module import (
     JIT_PLACEMENT_FIELDS,
     JIT_VALIDITY_FIELDS,
     MTIME_NS_HEADER,
     BadJitArtifact,
     check_jit_module,
+    jit_environment,
 )
 from tunecache.formats.tarball import open_bounded
 
@@ -69,7 +72,7 @@ def build_aot_dir(workspace: Path, modules: list[str] | tuple[str, ...], image_a
     ``<workspace>/cached_ops/<name>``. Made beside its place and swapped in whole (the pod's
     other processes install the same modules); every path is this pod's own."""
     target = workspace / AOT_DIR_NAME
-    staging = Path(tempfile.mkdtemp(prefix=".tunecache-aot-", dir=workspace))
+    staging = staging_dir(workspace, ".tunecache-aot-")
     try:
         own = image_aot_dir is not None and Path(image_aot_dir).resolve() == target.resolve()
         image = (sorted(p for p in image_aot_dir.iterdir() if p.is_dir())
@@ -157,7 +160,7 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
     module = check_jit_module(data)
     with open_bounded(data, "JIT", BadJitArtifact) as tar:
         workspace.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=workspace))
+        staging = staging_dir(workspace)
         try:
             tar.extractall(staging, filter="data")
             # Exact times, deepest entries first so a directory's own time is set last.
@@ -174,3 +177,115 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return module
+
+
+@registers(ArtifactKind.FLASHINFER_JIT_MODULE)
+@dataclass(frozen=True)
+class JitWorkspace(Destination):
+    """The run's FlashInfer JIT modules, unpacked into ``path``: a directory this pod names
+    (``tunecache pull --jit-workspace DIR``; used as given), or ``None``: this pod's
+    FlashInfer workspace as this pod's FlashInfer says
+    (:func:`tunecache.client.jit_install.flashinfer_workspace`), after checking that the
+    modules were built where they will load.
+
+    Nothing the run carries picks the directory: the node's ``workspace_subdir`` it records
+    is only compared with this pod's.
+
+    Nothing of the modules is written (the tactics are installed apart) and
+    ``InstallResult.jit_skipped`` says why in one line when the run's were not fetched
+    (unsigned: :attr:`tunecache.client.install.FetchedTuning.executable_refused`), or, with ``None``: FlashInfer is not
+    importable here (this pod cannot tell its workspace), or the run's ``workspace_subdir``
+    (FlashInfer version and arch) or a validity field it recorded
+    (:data:`tunecache.formats.jit_module.JIT_VALIDITY_FIELDS`) differs here, so ninja would
+    rebuild the modules or fail; each difference is named.
+
+    ``loads_as_aot``: this pod's FlashInfer will load the modules through its AOT path (the
+    vLLM plugin's workers, :func:`tunecache.client.jit_install.use_aot_dir`), not ninja, so
+    only the fields that are not placement
+    (:data:`tunecache.formats.jit_module.JIT_PLACEMENT_FIELDS`) must be equal: the modules go
+    into this pod's workspace whatever its paths, and the result names the AOT directory made
+    for them (:func:`tunecache.client.jit_install.build_aot_dir`, ``jit_aot_dir``).
+    """
+
+    path: Path | None = None
+    loads_as_aot: bool = False
+
+    def _workspace(self, fetched: Any) -> tuple[Path | None, str | None]:
+        """``(directory, None)`` to install the fetched modules into, or ``(None, why not)``
+        (``(None, None)``: the run has none)."""
+        if not fetched.jit_modules:
+            return None, fetched.executable_refused
+        if self.path is not None:
+            return Path(self.path), self._missing_includes(fetched)
+        count = len(fetched.jit_modules)
+        differs = getattr(fetched, "drift", {}).get(ArtifactKind.FLASHINFER_JIT_MODULE)
+        if differs:
+            return None, f"{count} FlashInfer JIT modules not installed, built with other packages: {differs}"
+        own = flashinfer_workspace()
+        if own is None:
+            return None, (f"{count} FlashInfer JIT modules not installed: FlashInfer is not importable here, so this "
+                          "pod's FlashInfer workspace is unknown (tunecache pull --jit-workspace DIR names one)")
+        recorded = fetched.run.summary.get("flashinfer_jit")
+        mismatches = jit_mismatches(recorded if isinstance(recorded, dict) else {}, jit_environment(),
+                                    placement=not self.loads_as_aot)
+        if fetched.workspace_subdir and fetched.workspace_subdir != own.subdir:
+            mismatches.insert(0, f"workspace_subdir: node {shown(fetched.workspace_subdir)}, here {own.subdir}")
+        if mismatches:
+            return None, f"{count} FlashInfer JIT modules not installed, built elsewhere: " + "; ".join(mismatches)
+        return own.path, None if self.loads_as_aot else self._missing_includes(fetched)
+
+    def _missing_includes(self, fetched: Any) -> str | None:
+        """Why the modules are not installed when one's ``build.ninja`` names an include
+        directory this pod lacks (ninja, which loads a module not loaded through the AOT path,
+        would fail on it or build again); ``None``: none does."""
+        from tunecache.formats.dependencies import missing_include_dirs
+        from tunecache.formats.jit_module import BadJitArtifact, check_jit_module
+        from tunecache.formats.tarball import open_bounded
+
+        for blob in fetched.jit_modules:
+            module = check_jit_module(blob)
+            with open_bounded(blob, "JIT", BadJitArtifact) as tar:
+                missing = missing_include_dirs(tar, module)
+            if missing:
+                return (f"{len(fetched.jit_modules)} FlashInfer JIT modules not installed: module {module}'s build.ninja "
+                        f"names include directories this pod lacks: {', '.join(shown(m) for m in missing[:3])}")
+        return None
+
+    def preflight(self, run: TuningRunRead, kind: ArtifactKind) -> tuple[bool | None, str]:
+        """This pod's FlashInfer workspace subdirectory (version, arch) and CUDA version against
+        the node's (:func:`tunecache.client.jit_install.jit_mismatches`): through the vLLM plugin
+        the modules load through FlashInfer's AOT path, so the workspace, package and CUDA paths
+        may differ; installed by ``tunecache pull --jit`` they must not (ninja's files name them)."""
+        count = len(run.artifacts_of(kind))
+        own = flashinfer_workspace()
+        if own is None:
+            return False, f"{count} modules: FlashInfer is not importable here"
+        recorded = run.summary.get("flashinfer_jit")
+        recorded = recorded if isinstance(recorded, dict) else {}
+        here = jit_environment()
+        subdir = str(recorded.get("workspace_subdir") or "")
+        differ = ([f"workspace_subdir: node {shown(subdir)}, here {own.subdir}"] if subdir and subdir != own.subdir else [])
+        as_aot = differ + jit_mismatches(recorded, here, placement=False)
+        if as_aot:
+            return False, f"{count} modules built for another FlashInfer or CUDA: " + "; ".join(as_aot)
+        placed = jit_mismatches(recorded, here, placement=True)
+        without = ("; installed without the plugin (tunecache pull --jit) ninja would rebuild them: "
+                   + "; ".join(placed)) if placed else ""
+        return True, (f"{count} modules, through the vLLM plugin from this pod's workspace "
+                      f"{own.path} (FlashInfer's AOT path){without}")
+
+    def stage(self, fetched: Any) -> Commit:
+        workspace, skipped = self._workspace(fetched)
+        if workspace is not None and skipped:  # a directory the pod named, but a module that would not build there
+            workspace = None
+        asked = len(fetched.run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE))
+
+        image = image_aot_dir() if self.loads_as_aot and workspace else None
+
+        def commit() -> dict[str, Any]:
+            modules = tuple(install_jit_module(blob, workspace) for blob in fetched.jit_modules) if workspace else ()
+            aot = build_aot_dir(workspace, modules, image) if self.loads_as_aot and modules else None
+            return {"jit_modules": modules, "jit_workspace": workspace, "jit_skipped": skipped,
+                    "jit_not_installed": max(0, asked - len(modules)), "jit_aot_dir": aot}
+
+        return commit

@@ -32,10 +32,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path, PurePosixPath
 
-from tunecache.client.atomic import directory_lock, note_added, swap_into_place
+from tunecache.client.atomic import directory_lock, note_added, staging_dir, swap_into_place
 from tunecache.formats.tarball import max_unpack_files, open_bounded
 
 
@@ -93,7 +92,7 @@ def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, file_name
     if not file_names:
         raise ValueError("no ranks to install for")
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=root))
+    staging = staging_dir(root)
     try:
         for name in file_names:
             path = staging / name
@@ -142,7 +141,7 @@ def install_v2_store(data: bytes, root: Path) -> Path:
         raise ValueError(f"autotune file of {entries:,} entries: the v2 store would take more than "
                          f"{max_unpack_files():,} files (TUNECACHE_MAX_UNPACK_FILES)")
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=root))
+    staging = staging_dir(root)
     try:
         store = ManagedAutotuneCache(doc["_metadata"], root=staging)
         for key, value in doc.items():
@@ -201,7 +200,7 @@ def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
                 raise ValueError(f"unsafe entry in DeepGEMM cache artifact: {member.name!r}")
         kernels = cache_dir / "cache"
         kernels.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=kernels))
+        staging = staging_dir(kernels)
         try:
             tar.extractall(staging, filter="data")
             installed = []
@@ -210,13 +209,13 @@ def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
                 if not (kernel.is_dir() and kernel.name.startswith("kernel.")) or (kernels / kernel.name).exists():
                     continue
                 kernel.chmod(0o755)
+                note_added(kernels / kernel.name, kernel)
                 try:
                     kernel.rename(kernels / kernel.name)
                 except OSError:
                     if not (kernels / kernel.name).is_dir():  # not another process's identical kernel
                         raise
                     continue
-                note_added(kernels / kernel.name)
                 installed.append(kernel.name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

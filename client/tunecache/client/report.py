@@ -181,12 +181,16 @@ class InstallReport:
     run_id: int | None = None
     jit_modules: int = 0
     jit_skipped: int = 0
+    installed_from: list[int] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
-    def installed(self, run_id: int, jit_modules: int = 0, jit_skipped: int = 0) -> None:
+    def installed(self, run_id: int, jit_modules: int = 0, jit_skipped: int = 0,
+                  installed_from: list[int] | None = None) -> None:
         """The install put run ``run_id`` in place, with ``jit_modules`` JIT modules
-        installed and ``jit_skipped`` of the run's not."""
+        installed and ``jit_skipped`` of the run's not (``installed_from``: the runs it
+        installed from, the default ``[run_id]``)."""
         self.run_id, self.jit_modules, self.jit_skipped = run_id, jit_modules, jit_skipped
+        self.installed_from = installed_from or [run_id]
 
 
 @contextlib.contextmanager
@@ -210,4 +214,5 @@ def installing(client: TunecacheClient, key: TuningKey, environment: Environment
     if report.run_id is not None:
         send_in_background(client, build_report(
             key, environment, ReportOutcome.INSTALLED, time.monotonic() - report.started, source, rank=rank,
-            run_id=report.run_id, jit_modules=report.jit_modules, jit_skipped=report.jit_skipped))
+            run_id=report.run_id, jit_modules=report.jit_modules, jit_skipped=report.jit_skipped,
+            installed_from=report.installed_from))

@@ -28,7 +28,9 @@ POD_VARIABLES: dict[str, FieldInfo] = {
         "where the pod remembers the newest signing time it installed per key and environment "
         "(`installed-signatures.json`; give pods a persistent directory there for the memory to outlive them): a "
         "run signed before it is refused as a replayed older run "
-        "([trust.md](trust.md#publishing-what-becomes-current), `tunecache.client.installed`)")),
+        "([trust.md](trust.md#publishing-what-becomes-current), `tunecache.client.installed`); and the journal of each "
+        "install (`install-journal/`), by which the next install finishes or undoes one killed midway "
+        "(`tunecache.client.journal`)")),
     "TUNECACHE_MAX_ANSWER_BYTES": Field(default=16 << 20, gt=0, description=(
         "the most bytes a JSON answer (a lookup, a run, a page of runs) may take, as decoded; past it nothing of it is "
         "used. Not a positive whole number: the default")),
@@ -55,8 +57,9 @@ POD_HANDOFF_VARIABLES: dict[str, FieldInfo] = {
         "shown_default": "when the boot started (nanoseconds since the epoch)"}, description=(
         "the attestation: files written since then")),
     "TUNECACHE_WARM_STATE_RUN": Field(default=None, json_schema_extra={
-        "shown_default": "the run whose warm state the main process installed"}, description=(
-        "the workers install the tactics only")),
+        "shown_default": "the id of the run whose warm state the main process installed"}, description=(
+        "the workers install that run's tactics only, fetched by its id (never what became current meanwhile), or, "
+        "when it cannot be fetched, nothing; their reports name it")),
     "TUNECACHE_COMPILE_CACHE": Field(default=None, json_schema_extra={"shown_default": (
         "the run's compile cache, staged under the cache root's `.tunecache/` (and unpacked beside it on a thread "
         "of the main process, named by the boot)")}, description=(

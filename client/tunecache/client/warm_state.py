@@ -12,9 +12,11 @@
   the paths the kernel has on this pod (Inductor's kernels under the compile cache's
   ``inductor_cache/triton/`` too).
 
-Everything is merged: each kernel, hashed directory or model-info file this pod lacks is
-staged beside its place and renamed in whole; one it has is left as it is (the same name
-is the same content, by the hashes in the names). Nothing a run carries becomes a path
+Triton's kernels are merged: each kernel this pod lacks is staged beside its place and renamed
+in whole; one it has is left as it is (the same name is the same content, by the hash in the
+name). vLLM's compile-cache directories and model-inspection files are named by what they are
+for, not by their content: a run's replace those of the same name, each swapped in one step
+(so a bad compile cache on a persistent volume goes with the next promote or roll back). Nothing a run carries becomes a path
 here: the tarballs' entries are checked (no absolute or ``..`` paths, links or special
 files) and the compile cache goes under the names the pod's own vLLM computes.
 """
@@ -167,49 +169,62 @@ def fix_triton_groups(staged: Path, final: Path) -> int:
     return count
 
 
-def merge_entries(data: bytes, what: str, destination: Path, renames: Callable[[Path], dict[str, str]]) -> list[str]:
+def merge_entries(data: bytes, what: str, destination: Path, renames: Callable[[Path], dict[str, str]],
+                  replace: bool = False) -> list[str]:
     """Unpack ``data`` beside ``destination`` and rename in each entry ``renames(staged)``
-    gives (:func:`rename_entries`). Returns the entries installed.
+    gives (:func:`rename_entries`; ``replace``: also over an entry of the same name). Returns
+    the entries installed.
 
     Raises:
         BadWarmStateArtifact; OSError when writing fails (entries already renamed in stay: each is whole).
     """
+    from tunecache.client.atomic import staging_dir
+
     with _open_checked(data, what) as tar:
         destination.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".tunecache-", dir=destination))
+        staging = staging_dir(destination)
         try:
             tar.extractall(staging, filter="data")
-            return rename_entries(staging, destination, renames(staging))
+            return rename_entries(staging, destination, renames(staging), replace)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def rename_entries(unpacked: Path, destination: Path, renames: dict[str, str]) -> list[str]:
+def rename_entries(unpacked: Path, destination: Path, renames: dict[str, str], replace: bool = False) -> list[str]:
     """Rename each of ``renames``' entries (path in ``unpacked`` -> path under ``destination``)
-    that ``destination`` lacks into place, its Triton group files pointed at their final place
-    (:func:`fix_triton_groups`); an entry another process put there first stays. Returns the
-    entries installed, each journaled for a roll back (:func:`tunecache.client.atomic.note_added`).
+    into place, its Triton group files pointed at their final place (:func:`fix_triton_groups`).
+    An entry ``destination`` has already stays, unless ``replace``: then the new one takes its
+    place in one step (:func:`tunecache.client.atomic.swap_into_place`; the same content is
+    left as it is). Merging suits what is named by a hash of its content (Triton's kernels);
+    vLLM's compile-cache directories and model-inspection files are named by what they are
+    for, so a newer run's replace them (``replace``). Returns the entries in place from
+    ``unpacked``, each journaled before it is renamed (:mod:`tunecache.client.journal`).
 
     Raises:
         OSError: a rename failed (entries already renamed in stay: each is whole).
     """
-    from tunecache.client.atomic import note_added
+    from tunecache.client.atomic import directory_lock, note_added, swap_into_place
 
     installed = []
     for source, target in sorted(renames.items()):
         found, final = unpacked / source, destination / target
-        if not found.exists() or final.exists():
+        if not found.exists() or (os.path.lexists(final) and not replace):
             continue
         if found.is_dir():
             fix_triton_groups(found, final)
         final.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(final):
+            with directory_lock(final.parent):
+                swap_into_place(found, final)
+            installed.append(target)
+            continue
+        note_added(final, found)
         try:
             found.rename(final)
         except OSError:
             if not final.exists():  # not another process's identical entry
                 raise
             continue
-        note_added(final)
         installed.append(target)
     return installed
 
@@ -352,11 +367,12 @@ class VllmCacheRoot(Destination):
         def commit() -> dict[str, Any]:
             done: list[str] = []
             if infos is not None:
-                files = merge_entries(infos, "vllm_modelinfos", root / "modelinfos", _children)
+                files = merge_entries(infos, "vllm_modelinfos", root / "modelinfos", _children, replace=True)
                 done.append(f"modelinfos ({len(files)} files)")
             skipped_now = skipped
             if renames:
-                dirs = merge_entries(compiled, "vllm_compile_cache", root / "torch_compile_cache", lambda _: renames)
+                dirs = merge_entries(compiled, "vllm_compile_cache", root / "torch_compile_cache", lambda _: renames,
+                                     replace=True)
                 skipped_now = relocate_compile_dirs(root / "torch_compile_cache", dirs) or skipped
                 done.append(f"compile cache ({len(dirs)} of {len(renames)} directories)")
             return {"warm_state": tuple(done), "compile_cache_skipped": skipped_now, "vllm_cache_root": root}

@@ -57,6 +57,11 @@ class ReportedDifference(BaseModel):
     yours: Text = Field(max_length=4096)
 
 
+#: At most this many runs a report names (:attr:`PodReportCreate.installed_from`): a boot installs
+#: from one run, and an engine variant's compile cache from another.
+MAX_INSTALLED_FROM = 8
+
+
 class PodReportCreate(BaseModel):
     """Body of ``POST /v1/reports``: what one install on a pod came to, sent after it
     finished (best-effort, in the background: it never delays or fails an install).
@@ -88,6 +93,9 @@ class PodReportCreate(BaseModel):
     * ``missing_kinds`` (``installed`` only): the kinds of the installed run the pod left out as
       built with other package versions than its own (another image's run: no run of the key
       is current for the pod's image).
+    * ``installed_from``: every run whose artifacts this boot installed (the warm state's, the
+      tactics', an engine variant's compile cache's), each once, in order; empty: not said (a
+      client before it). A boot installs the warm state and the tactics of one run.
 
     Nothing in a report chooses a path, a tuning or a token: the service only counts it.
     """
@@ -114,6 +122,8 @@ class PodReportCreate(BaseModel):
     variant_missing: bool = False
     engine_args: EngineArgs | None = None
     missing_kinds: list[ArtifactKind] = Field(default_factory=list, max_length=len(ArtifactKind))
+    installed_from: list[Annotated[WholeNumber, Field(ge=1, le=MAX_ID)]] = Field(
+        default_factory=list, max_length=MAX_INSTALLED_FROM)
 
     @model_validator(mode="after")
     def _consistent(self) -> "PodReportCreate":
@@ -131,6 +141,8 @@ class PodReportCreate(BaseModel):
             raise ValueError("an error report needs error_kind")
         if self.outcome is not ReportOutcome.ERROR and self.error_kind is not None:
             raise ValueError(f"error_kind belongs to error reports, not {self.outcome} ones")
+        if len(set(self.installed_from)) != len(self.installed_from):
+            raise ValueError("installed_from names a run twice")
         if self.outcome is not ReportOutcome.MISS and self.differences:
             raise ValueError("differences belong to miss reports")
         return self

@@ -456,6 +456,8 @@ class PodReport(Base):
     missing_kinds: Mapped[str | None] = mapped_column(String(255))
     """The kinds of the installed run the pod left out as built on another image
     (:attr:`tunecache.contract.PodReportCreate.missing_kinds`), comma-separated; ``None``: none."""
+    installed_from: Mapped[list[int] | None] = mapped_column(JSON)
+    """Every run the boot installed from (:attr:`tunecache.contract.PodReportCreate.installed_from`); ``None``: not said."""
     sender: Mapped[str | None] = mapped_column(String(128))
     """The source that sent it: the client address (an IPv6 one as its /64), or ``token:``
     and the token's name (:func:`tunecache.service.report_bounds.source_of`)."""

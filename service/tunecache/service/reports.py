@@ -93,6 +93,7 @@ def report_row(report: PodReportCreate, received_at: dt.datetime, sender: str | 
         variant_missing=report.variant_missing,
         engine_args=report.engine_args or None,
         missing_kinds=",".join(report.missing_kinds) or None,
+        installed_from=report.installed_from or None,
         sender=sender,
         token_name=token_name,
     )

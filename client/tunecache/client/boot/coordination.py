@@ -15,8 +15,10 @@ on a persistent volume) means a fresh lookup. A worker that gives up waiting mar
 abandoned, and the first then puts nothing in place (:func:`_commit_window`, vllm#57423).
 
 When the engine's main process installed the rest of the warm state already
-(:mod:`tunecache.client.boot.main_process`), the workers install the tactics only
-(:attr:`tunecache.client.boot.handoff.Handoff.warm_state_run`).
+(:mod:`tunecache.client.boot.main_process`), the workers install the tactics only, of that run,
+fetched by the id it handed over (:attr:`tunecache.client.boot.handoff.Handoff.warm_state_run`):
+never what became current meanwhile. When that run cannot be fetched or verified, nothing is
+installed and the reports say why (:class:`HandedRunUnavailable`): a boot keeps to one run.
 
 Each worker logs one line (under vLLM's ``vllm`` logger) and reports its own outcome
 (:func:`tunecache.client.boot.reporting.report_install`, in the background); nothing here raises.
@@ -56,6 +58,7 @@ from tunecache.client.layouts import deep_gemm_cache_dir
 from tunecache.contract import ENVIRONMENT_FIELDS, EnvironmentMetadata, ReportOutcome, TuningKey
 from tunecache.formats.autotune_file import check_loadable
 from tunecache.signing import load_trusted_keys
+from tunecache.store import ServerUnreachable, TunecacheError
 
 #: Under vLLM's own ``vllm`` logger, so these lines appear in vLLM's log, in its format.
 log = logging.getLogger("vllm.plugins.tunecache")
@@ -307,8 +310,9 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
         trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
         v2 = worker.uses_v2()
         # TUNECACHE_JIT: FlashInfer JIT modules and the DeepGEMM cache, unless the engine's main
-        # process installed them with the rest of the warm state (WarmBoot)
-        executable = settings.jit and not Handoff.from_environment().warm_state_run
+        # process installed them with the rest of the warm state (WarmBoot): then that run's tactics
+        handed = Handoff.from_environment().warm_state_run
+        executable = settings.jit and handed is None
         target = InstallTarget(
             jit_modules=JitWorkspace() if executable else None,  # this pod's own FlashInfer workspace
             deep_gemm=DeepGemmCache() if executable else None,  # this pod's own DeepGEMM cache directory
@@ -321,8 +325,7 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
                 raise TimeoutError(f"the install deadline ({deadline:g} s) passed while this worker waited for the "
                                    "pod's lock; nothing was installed")
             # every request within the seconds left of the deadline counted from the hook
-            fetched = fetch_tuning(client, key, environment, trusted_keys=trusted, deadline_s=left,
-                                   **target.fetch_options())
+            fetched = _fetch(client, key, environment, trusted, left, target, handed)
         took = time.monotonic() - started
         if took > deadline:  # the other workers stop waiting soon: write nothing they would not expect
             raise TimeoutError(f"fetching run {fetched.run.id} took {took:.1f} s, more than the install deadline "
@@ -355,6 +358,30 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
     log.log(level, "%s", line)
     report_install(record.key, record.environment, settings, client, started, pod.rank, True, result)
     return PodInstall(result.outcome, pod.rank, settings)
+
+
+class HandedRunUnavailable(TunecacheError):
+    """The run whose warm state this boot's engine installed (:attr:`Handoff.warm_state_run`)
+    cannot be installed here (gone, retired, no longer trusted, another key's): the workers
+    install nothing, so that the boot never holds one run's warm state and another's tactics."""
+
+
+def _fetch(client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, trusted: Any, left: float,
+           target: InstallTarget, handed: int | None) -> Any:
+    """The pod's run: the one the engine's main process installed the warm state of, by its id
+    (``handed``), else the current one (:func:`fetch_tuning`).
+
+    Raises:
+        HandedRunUnavailable: ``handed`` could not be fetched or verified (why is named);
+        as :func:`fetch_tuning` (ServerUnreachable also with ``handed``)."""
+    try:
+        return fetch_tuning(client, key, environment, trusted_keys=trusted, deadline_s=left, run_id=handed,
+                            **target.fetch_options())
+    except Exception as exc:
+        if handed is None or isinstance(exc, ServerUnreachable):
+            raise
+        raise HandedRunUnavailable(f"run {handed}, whose warm state this boot's engine installed, could not be "
+                                   f"fetched: {exc}; nothing was installed, so that the boot keeps to one run") from None
 
 
 def _follow(pod: Pod, record: PodRecord, settings: Any, started: float | None = None) -> PodInstall:

@@ -35,8 +35,9 @@ class Handoff:
 
     boot_started_ns: int | None = None
     """When the boot started (nanoseconds since the epoch): the attestation counts files written since."""
-    warm_state_run: str | None = None
-    """The run whose warm state the main process installed: the workers install the tactics only."""
+    warm_state_run: int | None = None
+    """The run whose warm state the main process installed: the workers install that run's
+    tactics only, fetched by its id (never what became current meanwhile), or nothing."""
     compile_cache: Path | None = None
     """The run's compile cache, staged under the cache root's ``.tunecache/`` for the workers."""
     engine_args: dict[str, Any] | None = None
@@ -63,19 +64,24 @@ class Handoff:
         is empty, or not what its field holds, is not set."""
         environ = os.environ if environ is None else environ
         text = {name: environ.get(variable) or None for name, variable in VARIABLES.items()}
-        try:
-            started = int(text["boot_started_ns"]) if text["boot_started_ns"] else None
-        except ValueError:
-            started = None
+        started, run = (_whole(text[name]) for name in ("boot_started_ns", "warm_state_run"))
         try:
             args = json.loads(text["engine_args"]) if text["engine_args"] else None
         except ValueError:
             args = None
         paths = {name: Path(text[name]) if text[name] else None
                  for name in ("compile_cache", "flashinfer_aot_dir", "deep_gemm_dir")}
-        return cls(boot_started_ns=started, warm_state_run=text["warm_state_run"],
+        return cls(boot_started_ns=started, warm_state_run=run if run is None or run > 0 else None,
                    engine_args=args if isinstance(args, dict) else None, **paths)
 
     def hand_over(self) -> None:
         """Put the fields that are set into this process's environment, for the processes it starts."""
         os.environ.update(self.to_environment())
+
+
+def _whole(text: str | None) -> int | None:
+    """``text`` as a whole number (``None``: empty, or not one)."""
+    try:
+        return int(text) if text and text.strip().isdigit() else None
+    except ValueError:
+        return None

@@ -95,7 +95,7 @@ class WarmBoot:
                     # without this the engine writes again the kernels installed in Triton's default
                     # (19 on the H200, 2026-12-03). Triton's own default is this directory already.
                     os.environ["TRITON_CACHE_DIR"] = str(self.result.triton_cache_dir)
-                Handoff(warm_state_run=str(self.fetched.run.id)).hand_over()
+                Handoff(warm_state_run=self.fetched.run.id).hand_over()
                 Handoff(compile_cache=self._stage_compile_cache(vllm_cache_root())).hand_over()
         except Exception as exc:  # whatever happens, vLLM boots as it would without tunecache
             self.fetched, self.result = None, None

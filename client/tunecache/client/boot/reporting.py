@@ -5,7 +5,8 @@ A worker's report waits until its warmup ended (:func:`hold_reports`, from the p
 on ``compile_or_warm_up_model``), so that it carries what the boot compiled (the attestation,
 :func:`send_held_reports`); without that hook it goes at once. Each report says the worker's
 engine variant as its compile-cache install found it (:data:`variant_seen`) and the engine
-arguments its main process handed over (:attr:`tunecache.client.boot.handoff.Handoff.engine_args`).
+arguments its main process handed over (:attr:`tunecache.client.boot.handoff.Handoff.engine_args`),
+and every run the boot installed from (:func:`installed_from`).
 Nothing here raises or waits.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 from tunecache.client.boot.handoff import Handoff
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import InstallResult
-from tunecache.contract import EnvironmentMetadata, ReportSource, TuningKey
+from tunecache.contract import EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
 
 log = logging.getLogger("vllm.plugins.tunecache")
 
@@ -30,6 +31,8 @@ class VariantSeen:
 
     variant: str | None = None
     missing: bool = False
+    run: int | None = None
+    """The run its variant's compile cache was installed from, when not the boot's own."""
 
 
 #: This worker's engine variant, set by its compile-cache install
@@ -48,6 +51,15 @@ def variant_report_fields() -> dict[str, Any]:
     if args:
         fields["engine_args"] = args
     return fields
+
+
+def installed_from(result: InstallResult) -> list[int]:
+    """Every run this worker's boot installed from, each once: the run whose warm state the
+    engine's main process installed (:attr:`Handoff.warm_state_run`), the tactics' run
+    (``result``), the run of its engine variant's compile cache (:data:`variant_seen`)."""
+    runs = [Handoff.from_environment().warm_state_run,
+            result.run_id if result.outcome is ReportOutcome.INSTALLED else None, variant_seen.run]
+    return list(dict.fromkeys(run for run in runs if run is not None))
 
 
 def report_install(key: TuningKey | None, environment: EnvironmentMetadata | None, settings: Any,
@@ -95,7 +107,7 @@ def _send(key: TuningKey, environment: EnvironmentMetadata, settings: Any, clien
     fields = result.report_fields() or {}
     if compiled is not None:
         fields["compiled"] = compiled
-    fields.update(variant_report_fields())
+    fields.update(variant_report_fields(), installed_from=installed_from(result))
     try:
         from tunecache.client.report import build_report, send_in_background
 

@@ -210,7 +210,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
         if node is None:
             raise ValueError("the run's compile cache records no factors")
         factors = pod_factors(node)
-        run = handoff.warm_state_run or "?"
+        run = str(handoff.warm_state_run or "?")
         mine = factors.variant_factors.variant if factors.variant_factors else None
         theirs = node.variant_factors.variant if node.variant_factors else None
         variant_seen.variant, variant_seen.missing = mine, False
@@ -226,6 +226,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
                     log.info("tunecache: %s (rank %s)", skipped, rank)
                     return InstallResult(outcome=ReportOutcome.INSTALLED, compile_cache_skipped=skipped)
                 run, data, unpacked = str(found[0]), found[1], None
+                variant_seen.run = found[0]
                 node = read_compile_factors(data)
                 if node is None:
                     raise ValueError(f"run {run}'s compile cache records no factors")
@@ -233,7 +234,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
             if unpacked is not None:  # unpacked by the main process: renamed into place
                 lines = differences(node, factors)
                 renames = {} if lines else pod_dir_names(node, factors)
-                dirs = rename_entries(unpacked, path.parent.parent / "torch_compile_cache", renames)
+                dirs = rename_entries(unpacked, path.parent.parent / "torch_compile_cache", renames, replace=True)
                 removed = relocate_compile_dirs(path.parent.parent / "torch_compile_cache", dirs)
                 written = {"warm_state": (f"compile cache ({len(dirs)} of {len(renames)} directories)",) if renames else (),
                            "compile_cache_skipped": ("compile cache not installed, vLLM would not use it: "

@@ -66,15 +66,18 @@ def test_an_install_that_fails_midway_takes_back_what_it_put_in_place_and_the_ol
         (staged / "new.so").write_bytes(b"new")
         swap_into_place(staged, replaced)
         write_atomically(written, b"new file")
-        added.mkdir()
-        note_added(added)
+        kernel = tmp_path / "staged-kernel"
+        kernel.mkdir()
+        note_added(added, kernel)
+        kernel.rename(added)
         raise OSError("volume full")
     assert sorted(p.name for p in replaced.iterdir()) == ["old.so"] and written.read_bytes() == b"old file"
-    assert not added.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["file.json", "module"]
+    assert not added.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["file.json", "module", "pod-state"]
     with all_or_nothing():  # one that ends well drops what it replaced
         staged = tmp_path / "staged"
         staged.mkdir()
         (staged / "new.so").write_bytes(b"new")
         swap_into_place(staged, replaced)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.json", "module"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.json", "module", "pod-state"]
     assert sorted(p.name for p in replaced.iterdir()) == ["new.so"]
+    assert list((tmp_path / "pod-state" / "install-journal").iterdir()) == []  # each journal went with its install
