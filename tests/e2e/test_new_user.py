@@ -32,7 +32,7 @@ def _into_dev_full(*args: str) -> subprocess.CompletedProcess:
 def test_doctor_exits_as_pull_does_for_a_run_the_pod_refuses(server, tmp_path, node_signing_key):
     """A pod that trusts keys installs nothing of an unsigned run: pull exits 14; doctor said
     so ("will not load") and exited 0. Both now come from one decision
-    (:func:`tunecache.client.install.trusted_signer`)."""
+    (:func:`tunecache.client.run_trust.trusted_signer`)."""
     assert push(server).returncode == 0  # unsigned
     pulled = pull(server, tmp_path / "dest")
     assert pulled.returncode == int(ExitCode.UNTRUSTED_RUN), pulled.stderr

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
+from tunecache.client.run_trust import RunRefused, trusted_signer
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey, TuningRunRead, kinds_where
-
-if TYPE_CHECKING:
-    from tunecache.client.install import RunRefused
 
 
 @dataclass(frozen=True)
@@ -60,9 +58,8 @@ def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetada
     """A :class:`Verdict` for each kind of ``run``'s artifacts, for this pod (``key`` and
     ``environment`` as it asked; ``trusted_keys``: its ``TUNECACHE_TRUSTED_KEYS``, loaded), and
     whether the pod refuses the run as a whole: the install's own decision
-    (:func:`tunecache.client.install.trusted_signer`), not a copy of it."""
+    (:func:`tunecache.client.run_trust.trusted_signer`), not a copy of it."""
     from tunecache.client.destinations import destinations_of
-    from tunecache.client.install import RunRefused, trusted_signer  # noqa: F811
 
     tactics = Verdict(ArtifactKind.FLASHINFER_AUTOTUNE, True,
                       f"{run.entries if run.entries is not None else '?'} entries, for this pod's key and FlashInfer "

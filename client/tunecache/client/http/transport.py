@@ -33,7 +33,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from tunecache.client.http.answers import answer_detail, body_detail, json_object, retry_after_seconds
+from tunecache.client.http.answers import answer_detail, retry_after_seconds
 from tunecache.formats.tarball import positive_whole_setting
 from tunecache.store import (
     DownloadTruncated,
