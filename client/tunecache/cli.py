@@ -54,6 +54,7 @@ from tunecache.contract import (
     FLEET_MAX_HOURS,
     FLEET_PAGE_MAX,
     MAX_ID,
+    MAX_AUTOTUNE_FILE_BYTES,
     JobStatus,
     ReportSource,
     RunTrigger,
@@ -140,6 +141,11 @@ def push(
     The run becomes current unless the service's promotion policy holds it (not signed by a key the service trusts, fewer entries than the current run, a regression against it): then it is stored, not current, and the reason is printed (--force, or promote, passes it).
     """
     try:
+        size = file.stat().st_size
+        if size > MAX_AUTOTUNE_FILE_BYTES:  # unread: the service refuses its record (422), after the upload
+            fail(ExitCode.BAD_INPUT, f"{file} is {size:,} bytes; a FlashInfer autotune file is at most "
+                                     f"{MAX_AUTOTUNE_FILE_BYTES:,} bytes (the most the service reads of one); "
+                                     "nothing was uploaded")
         data = file.read_bytes()
         parsed = check_loadable(data, source=str(file))
     except OSError as exc:
@@ -158,6 +164,13 @@ def push(
         error = exc.errors()[0]
         fail(ExitCode.BAD_INPUT, f"{file}: {str(error['msg']).removeprefix('Value error, ')}; nothing was uploaded")
     with client_for(server) as client:
+        try:  # asked once, so that a file over the server's limit is never sent (a server that does not say: tried)
+            limit = client.upload_limit()
+        except Exception as exc:
+            client_errors(exc)
+        if limit is not None and len(data) > limit:
+            fail(ExitCode.BAD_INPUT, f"{file} is {len(data):,} bytes; the server takes uploads of at most {limit:,} "
+                                     "bytes (its TUNECACHE_MAX_UPLOAD_BYTES); nothing was uploaded")
         try:
             client.upload_artifact(data)
             run = client.record_run(record, force=force)

@@ -22,7 +22,7 @@ Exit codes (also in docs/pods.md):
 5     the server answered with an error (4xx/5xx other than a lookup miss)
 6     downloaded artifact corrupt (sha256 mismatch); nothing was installed
 7     bad input file (not a FlashInfer autotune file, unreadable environment file,
-      bad model config)
+      bad model config; ``push``: a file over the size limit, nothing uploaded)
 8     tuning failed (``tune``): the tuner process reported an error, died, or timed out
 9     database not usable (schema out of date: run ``tunecache db upgrade``; unreachable;
       bad URL)

@@ -138,6 +138,9 @@ class Health(BaseModel):
     database: str | None = None
     schema_revision: str | None = None
     worker: WorkerStatus | None = None
+    max_upload_bytes: int | None = None
+    """The largest artifact upload the service takes (``TUNECACHE_MAX_UPLOAD_BYTES``), for a
+    caller with a token: ``tunecache push`` refuses a larger file before uploading it."""
 
 
 class TuningJobRead(BaseModel):

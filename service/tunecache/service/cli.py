@@ -398,9 +398,8 @@ def prune(
     finally:
         engine.dispose()
     typer.echo(f"{'would delete' if dry_run else 'deleted'} {report.line()}")
-    if report.runs:
-        shown = ", ".join(str(run_id) for run_id in report.runs[:50])
-        typer.echo(f"runs: {shown}{f' and {len(report.runs) - 50} more' if len(report.runs) > 50 else ''}")
+    for line in report.details():  # the runs' ids; a dry run's kept blobs and why
+        typer.echo(line)
 
 
 @key_options(gpu="detected")

@@ -443,3 +443,36 @@ def test_one_pass_per_schema_at_a_time(postgres_schema_url, tmp_path):
     finally:
         for engine in engines:
             engine.dispose()
+
+
+def test_a_dry_run_that_would_delete_fewer_blobs_than_exist_says_why_each_is_kept(engine, session, monkeypatch):
+    """``prune --dry-run`` said "0 blobs" and no more while a refused upload stayed in the
+    database (issue 39, Why 8): it now counts the blobs it keeps by reason."""
+    from tests.support.cli import tunecache
+
+    pinned = record(session, b"module of the pinned run")
+    record(session, b"module of the current run")
+    repository.pin_run(session, pinned.id, True)
+    session.commit()
+    orphan = b"uploaded, never recorded"
+    store_bytes(session, orphan)
+    session.commit()
+    uploaded_at = session.scalar(select(ArtifactBlob.created_at).where(
+        ArtifactBlob.sha256 == hashlib.sha256(orphan).hexdigest()))
+    monkeypatch.setenv("TUNECACHE_RETENTION_GRACE_SECONDS", "3600")
+    url = engine.url.render_as_string(hide_password=False)
+
+    dry = tunecache("prune", "--database", url, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    deletable = (uploaded_at + dt.timedelta(hours=1)).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert dry.stdout.splitlines()[1:] == [
+        # the FlashInfer file (both runs') and the pinned run's module; the current run's module; the upload
+        f"4 blobs kept: 1 referenced by runs, 1 unreferenced within the grace of 1 h (the youngest deletable "
+        f"from {deletable}), 2 referenced by pinned runs"], dry.stdout
+    assert "0 blobs" in dry.stdout.splitlines()[0]
+
+    monkeypatch.setenv("TUNECACHE_RETENTION_GRACE_SECONDS", "0")
+    clean = tunecache("prune", "--database", url, "--dry-run")  # the upload would go: 3 of 4 kept
+    assert clean.stdout.splitlines()[1:] == [
+        "3 blobs kept: 1 referenced by runs, 0 unreferenced within the grace of 0 h, 2 referenced by pinned runs"], \
+        clean.stdout

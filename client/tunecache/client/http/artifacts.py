@@ -7,10 +7,11 @@ import hashlib
 from pathlib import Path
 
 import httpx
+from pydantic import ValidationError
 
 from tunecache.client.http.answers import answer_detail, body_detail
 from tunecache.client.http.transport import RETRY_STATUSES, Transient, Transport, transient_status
-from tunecache.contract import ArtifactStored
+from tunecache.contract import ArtifactStored, Health
 from tunecache.formats.tarball import max_unpack_bytes
 from tunecache.store import ArtifactCorrupt, DownloadTruncated, ServerError, file_sha256
 
@@ -120,6 +121,24 @@ class ArtifactsClient(Transport):
 
         self._answer(self._retrying(once), ArtifactStored)
         return sha256
+
+    def upload_limit(self) -> int | None:
+        """The largest upload the server takes (``max_upload_bytes`` of ``GET /v1/health``,
+        which the service gives a caller with a token), asked before an upload so that a
+        file over it is never sent; ``None`` when the server does not say (an older server,
+        no token, an error answer): the upload is tried as before and the server refuses it.
+
+        Raises:
+            ServerUnreachable.
+        """
+        response = self._request("GET", "/v1/health")
+        if response.status_code != 200:
+            return None
+        try:
+            limit = Health.model_validate_json(response.content).max_upload_bytes
+        except ValidationError:
+            return None
+        return limit if limit is not None and limit > 0 else None
 
     def upload_artifact(self, data: bytes) -> ArtifactStored:
         """``PUT /v1/artifacts/{sha256}`` of bytes in memory. Idempotent.

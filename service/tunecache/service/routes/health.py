@@ -51,7 +51,8 @@ async def health(request: Request, caller: PublicCaller) -> Health:
     also says what is wrong (``problems``), which database, its schema revision, and whether
     this node runs tuning jobs: ``{"status": "ok", "database": "sqlite"|"postgresql",
     "schema_revision": "0006", "worker": {"enabled": true, "gpu_name": "NVIDIA H200",
-    "arch": "sm90", ...}}``. The database check is the read of the tuning generation that
+    "arch": "sm90", ...}, "max_upload_bytes": 268435456}`` (the upload limit, which ``tunecache
+    push`` reads before it uploads). The database check is the read of the tuning generation that
     lookups share (:class:`~tunecache.service.hot_path.GenerationReader`: one at a time, on
     a connection and in a thread of its own, so a node whose threads are all busy is not
     called degraded); a read that does not finish in time goes on without the request.
@@ -81,7 +82,8 @@ async def health(request: Request, caller: PublicCaller) -> Health:
     except (TimeoutError, SQLAlchemyError):
         pass
     return Health(status=status, problems=problems or None, database=state.engine.dialect.name,
-                  schema_revision=revision, worker=state.worker_status)
+                  schema_revision=revision, worker=state.worker_status,
+                  max_upload_bytes=state.settings.max_upload_bytes)
 
 
 #: Seconds a check for blobs in stores this process lacks is reused (it reads ``artifact_blobs``).
