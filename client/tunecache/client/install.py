@@ -166,10 +166,10 @@ def fetch_tuning(
     """
     recover_interrupted()  # an install killed midway is finished or undone before anything else
     with client.deadline_scope(deadline_s):
+        here = installed_versions()  # this pod's image: never another image's run where it has its own
         if run_id is not None:
             run = _run_of(client, run_id, key, environment)
         else:
-            here = installed_versions()  # this pod's image: never another image's run where it has its own
             run = client.lookup(key, environment, variant, dependencies=here)
         signed_by = trusted_signer(run, key, environment, trusted_keys, variant)
         refused = None

@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tunecache.client.run_trust import RunRefused, trusted_signer
+from tunecache.client.run_trust import trusted_signer
+from tunecache.signing import UntrustedRun
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey, TuningRunRead, kinds_where
 
 
@@ -50,7 +51,7 @@ class Preflight(NamedTuple):
     (``None``: the pod takes it), which ``pull`` would exit with."""
 
     verdicts: list[Verdict]
-    refused: RunRefused | None
+    refused: UntrustedRun | None
 
 
 def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata,
@@ -72,9 +73,9 @@ def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetada
             trusted_signer(run, key, environment, trusted_keys)
             if run.signature is not None and run.signature.manifest < 2:
                 refused = "the run's signature (manifest format 1) is undated: code installs only from a dated one"
-        except RunRefused as exc:
+        except UntrustedRun as exc:
             # a pod that trusts keys installs nothing of a run they do not sign, the tactics neither
-            whole, refused = exc, f"the run is refused, nothing of it installs: {exc.reason}"
+            whole, refused = exc, f"the run is refused, nothing of it installs: {exc.__cause__ or exc}"
             tactics = Verdict(ArtifactKind.FLASHINFER_AUTOTUNE, False, refused)
     verdicts = [tactics]
     executable: list[Verdict] = []

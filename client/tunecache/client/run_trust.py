@@ -17,15 +17,6 @@ from tunecache.formats.dependencies import image_of
 from tunecache.signing import UntrustedRun, verify_run
 
 
-class RunRefused(UntrustedRun):
-    """A pod that trusts keys refuses ``run_id`` as a whole (nothing of it installs, the tactics
-    neither): ``reason`` says why."""
-
-    def __init__(self, run_id: int, reason: str) -> None:
-        super().__init__(f"tuning run {run_id} refused: {reason}")
-        self.run_id, self.reason = run_id, reason
-
-
 def trusted_signer(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetadata,
                    trusted_keys: Mapping[str, Ed25519PublicKey] | None, variant: str | None = None) -> str | None:
     """The one decision whether this pod takes ``run`` at all: ``pull`` and the vLLM plugin
@@ -36,8 +27,8 @@ def trusted_signer(run: TuningRunRead, key: TuningKey, environment: EnvironmentM
     after :func:`_not_older` for ``variant``.
 
     Raises:
-        RunRefused: unsigned, signed by another key, a manifest that does not match, or a
-            replayed older run.
+        UntrustedRun: ``tuning run N refused: <why>``, the why (unsigned, signed by another key,
+            a manifest that does not match, a replayed older run) also as its ``__cause__``.
     """
     if not trusted_keys:
         return None
@@ -46,7 +37,7 @@ def trusted_signer(run: TuningRunRead, key: TuningKey, environment: EnvironmentM
         if signed_by is not None:
             _not_older(run, key, environment, variant if variant and run.variant == variant else None)
     except UntrustedRun as exc:
-        raise RunRefused(run.id, str(exc)) from None
+        raise UntrustedRun(f"tuning run {run.id} refused: {exc}") from exc
     return signed_by
 
 

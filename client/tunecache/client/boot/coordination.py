@@ -334,7 +334,7 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
         # written in the same window, so a worker that gives up later finds it and follows
         commit.enter_context(_commit_window(pod))
         result = install(fetched, target)
-        if Handoff.from_environment().warm_state_run == str(fetched.run.id):  # its warm state: the main process's
+        if handed == fetched.run.id:  # its warm state: the main process's
             result = result.model_copy(update={"missing_kinds": fetched.drifted(fetched_only=False)})
         if result.deep_gemm_dir is not None:  # the directory vLLM would set, set before DeepGEMM reads it
             Handoff(deep_gemm_dir=result.deep_gemm_dir).hand_over()
