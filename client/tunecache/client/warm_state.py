@@ -263,7 +263,8 @@ def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
     (:func:`tunecache.formats.vllm_compile.traced_files_here`: the prefix the packages live
     under is no difference). The engine's arguments decide the rest, which only vLLM's config
     tells (``None``): the run's engine variant and the engine arguments it was tuned with are named."""
-    from tunecache.formats.vllm_compile import PLACEMENT_ENV_FACTORS, traced_files_here
+    from tunecache.formats.vllm_compile import traced_files_here
+    from tunecache.formats.vllm_placement import PLACEMENT_ENV_FACTORS
 
     recorded = run.summary.get("vllm_compile")
     try:
