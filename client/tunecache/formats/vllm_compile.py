@@ -56,10 +56,11 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tunecache.formats.vllm_compile_paths import MAX_NAMED
 from tunecache.formats.vllm_placement import PLACEMENT_ENV_FACTORS, variant_env
 
 
@@ -153,6 +154,13 @@ class CompileFactors(BaseModel):
     variant_factors: VariantFactors | None = Field(default=None,
                                                    description="the engine variant the cache is for (None: a tuner "
                                                                "before variants)")
+    cache_dir: str | None = Field(default=None, max_length=4096,
+                                  description="the node's torch_compile_cache directory, absolute (None: a tuner before "
+                                              "this field), whose paths a pod points at its own")
+    node_paths: dict[str, Literal["text", "loads", "not relocatable"]] = Field(
+        default_factory=dict, max_length=MAX_NAMED,
+        description="each file under torch_compile_cache/ that names the node's paths -> what it is "
+                    "(tunecache.formats.vllm_compile_paths)")
 
 
 class PodCompileFactors(BaseModel):
