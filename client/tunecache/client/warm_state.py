@@ -89,7 +89,7 @@ def relocate_node_paths(compiled: Path, installed: list[str], node: CompileFacto
     under the name this pod's vLLM gives it, each traced source where this pod imports it from.
     vLLM's ``cache_key_factors.json`` is written again with this pod's factors (``pod``), as its
     vLLM would have written it. Binary files are left as they are. Returns one line for the
-    install report: how many files were rewritten, and the binary files that name the node's
+    install report (inside the compile cache's parentheses): how many files were rewritten, and the binary files that name the node's
     paths (:attr:`CompileFactors.node_paths`, recorded by the tuner), those that load without
     them and those that are not relocatable (``None``: nothing to say)."""
     from tunecache.client.atomic import write_atomically
@@ -113,6 +113,8 @@ def relocate_node_paths(compiled: Path, installed: list[str], node: CompileFacto
                 continue
             if path.name == paths.FACTORS_RECORD and pod is not None and node.code_hash and node.compiler_hash:
                 new = paths.factors_record(pod.env, pod.config_hash, pod.code_hash or node.code_hash, node.compiler_hash)
+                if _json_or_none(new) == _json_or_none(text):  # the pod's own factors already
+                    continue
             else:
                 new = paths.rewrite_paths(text, moves)[0]
             if new != text:
@@ -125,7 +127,14 @@ def relocate_node_paths(compiled: Path, installed: list[str], node: CompileFacto
             binary[mine[theirs] + relative[len(theirs):]] = kind
     said = [f"{rewritten} files pointed at this pod's paths"] if rewritten else []
     said += filter(None, [paths.summary(binary)])
-    return "compile cache: " + "; ".join(said) if said else None
+    return "; ".join(said) if said else None
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def vllm_cache_root() -> Path:
@@ -409,9 +418,8 @@ class VllmCacheRoot(Destination):
             if renames:
                 dirs = merge_entries(compiled, "vllm_compile_cache", root / "torch_compile_cache", lambda _: renames)
                 skipped_now = relocate_compile_dirs(root / "torch_compile_cache", dirs) or skipped
-                done.append(f"compile cache ({len(dirs)} of {len(renames)} directories)")
-                done.extend(filter(None, [relocate_node_paths(root / "torch_compile_cache", dirs, node,
-                                                              self.pod_factors, renames)]))
+                moved = relocate_node_paths(root / "torch_compile_cache", dirs, node, self.pod_factors, renames)
+                done.append(f"compile cache ({len(dirs)} of {len(renames)} directories{'; ' + moved if moved else ''})")
             return {"warm_state": tuple(done), "compile_cache_skipped": skipped_now, "vllm_cache_root": root}
 
         return commit

@@ -240,8 +240,8 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
                 dirs = rename_entries(unpacked, path.parent.parent / "torch_compile_cache", renames)
                 removed = relocate_compile_dirs(path.parent.parent / "torch_compile_cache", dirs)
                 moved = relocate_node_paths(path.parent.parent / "torch_compile_cache", dirs, node, factors, renames)
-                written = {"warm_state": ((f"compile cache ({len(dirs)} of {len(renames)} directories)",
-                                           *filter(None, [moved])) if renames else ()),
+                written = {"warm_state": (f"compile cache ({len(dirs)} of {len(renames)} directories"
+                                          f"{'; ' + moved if moved else ''})",) if renames else (),
                            "compile_cache_skipped": ("compile cache not installed, vLLM would not use it: "
                                                      + "; ".join(lines)) if lines else removed}
             else:

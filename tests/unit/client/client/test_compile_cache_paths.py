@@ -82,11 +82,11 @@ def test_node_paths_in_a_relocated_compile_cache_are_rewritten_or_reported(tmp_p
     assert record == {"env": factors.env, "config_hash": "p" * 64, "code_hash": CODE_HASH, "compiler_hash": COMPILER_HASH}
     # binary: left as they are, and said
     assert str(compiled).encode() in (pod_aot_dir / "rank_0_0" / "model").read_bytes()
-    said = [line for line in result.warm_state if line.startswith("compile cache: ")]
+    said = [line for line in result.warm_state if line.startswith("compile cache")]
     assert said == [
-        f"compile cache: 2 files pointed at this pod's paths; not relocatable: 1 files name the tuning node's paths, "
-        f"which vLLM or torch may open (torch_aot_compile/{pod_aot}/inductor_cache/other.bin); 1 artifacts name "
-        "the tuning node's paths and load without them (model)"]
+        f"compile cache (2 of 2 directories; 2 files pointed at this pod's paths; not relocatable: 1 files name the "
+        f"tuning node's paths, which vLLM or torch may open (torch_aot_compile/{pod_aot}/inductor_cache/other.bin); "
+        "1 artifacts name the tuning node's paths and load without them (model))"]
 
     # doctor (the stored run's summary, before anything is fetched) names the same file
     verdict = compile_cache_verdict(SimpleNamespace(summary={"vllm_compile": summary}, variant=None))[1]
