@@ -164,11 +164,21 @@ def test_bad_metadata_values_exit_7(server, tmp_path):
 
 
 def test_serve_configuration_errors(tmp_path):
+    """Each on a port of its own: the checks hold whatever listens on the default port (8321),
+    which this test takes itself where it is free (the bad database was exit 11 then)."""
+    from tunecache.service.settings import Settings
+
     env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path), "TUNECACHE_WORKER": "off"}
     bad_port = subprocess.run([tunecache_executable(), "serve"], env=env | {"TUNECACHE_PORT": "abc"},
                               capture_output=True, text=True, timeout=60)
     assert bad_port.returncode == 2 and "TUNECACHE_PORT" in bad_port.stderr
-    bad_url = tunecache("serve", "--database", "notaurl")
+    with socket.socket() as default:
+        try:
+            default.bind(("127.0.0.1", Settings.model_fields["port"].default))
+            default.listen()
+        except OSError:  # something listens there already: the case itself
+            pass
+        bad_url = tunecache("serve", "--database", "notaurl", "--port", str(free_port()))
     assert bad_url.returncode == 9 and "not usable" in bad_url.stderr and "Traceback" not in bad_url.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

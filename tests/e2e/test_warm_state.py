@@ -73,8 +73,9 @@ def test_a_boot_from_zero_finds_every_cache_in_place_and_attests_it_compiled_not
     lines = tunecache_lines(log, attestation=True)
     assert lines[0].startswith(f"tunecache: warm state of run {run} installed for meta-llama/Llama-3.1-8B in ")
     assert "Triton cache (1 kernels), modelinfos (1 files), compile cache staged for the workers" in lines[0]
-    assert lines[1].startswith(f"tunecache: compile cache (2 of 2 directories) from run {run}, under the names this "
-                               "worker's vLLM config gives (rank 0, ")
+    # its own model path, its own config hash: vLLM's cache_key_factors.json says the pod's factors
+    assert lines[1].startswith(f"tunecache: compile cache (2 of 2 directories; 1 files pointed at this pod's paths) "
+                               f"from run {run}, under the names this worker's vLLM config gives (rank 0, ")
     assert lines[-1] == "tunecache: this boot compiled nothing (rank 0): at the floor"
     group = tmp_path / "pod-triton" / "HASHB" / "__grp___fwd_kernel.json"
     assert json.loads(group.read_text())["child_paths"] == {"_fwd_kernel.cubin": str(group.parent / "_fwd_kernel.cubin")}

@@ -83,6 +83,62 @@ def relocate_compile_dirs(compiled: Path, installed: list[str]) -> str | None:
             if removed else None)
 
 
+def relocate_node_paths(compiled: Path, installed: list[str], node: CompileFactors, pod: PodCompileFactors | None,
+                        renames: dict[str, str]) -> str | None:
+    """Point the tuning node's paths in the text files of the ``installed`` directories under
+    ``compiled`` (``torch_compile_cache/``; ``renames``: node name -> this pod's) at this pod's
+    (:mod:`tunecache.formats.vllm_compile_paths`): the node's cache directory, each directory
+    under the name this pod's vLLM gives it, each traced source where this pod imports it from.
+    vLLM's ``cache_key_factors.json`` is written again with this pod's factors (``pod``), as its
+    vLLM would have written it. Binary files are left as they are. Returns one line for the
+    install report (inside the compile cache's parentheses): how many files were rewritten, and the binary files that name the node's
+    paths (:attr:`CompileFactors.node_paths`, recorded by the tuner), those that load without
+    them and those that are not relocatable (``None``: nothing to say)."""
+    from tunecache.client.atomic import write_atomically
+    from tunecache.formats import vllm_compile_paths as paths
+
+    installed = [name for name in installed if (compiled / name).is_dir()]  # not removed again
+    mine = {theirs: renamed for theirs, renamed in renames.items() if renamed in installed}
+    moves = dict(pod.traced_here) if pod is not None else {}
+    if node.cache_dir:
+        moves[node.cache_dir] = str(compiled)
+        moves.update({f"{node.cache_dir}/{theirs}": str(compiled / renamed) for theirs, renamed in mine.items()})
+    rewritten = 0
+    for name in installed:
+        for path in sorted((compiled / name).rglob("*")):
+            relative = path.relative_to(compiled).as_posix()
+            if not path.is_file() or path.is_symlink() or paths.relocation(relative) != paths.TEXT:
+                continue
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if path.name == paths.FACTORS_RECORD and pod is not None and node.code_hash and node.compiler_hash:
+                new = paths.factors_record(pod.env, pod.config_hash, pod.code_hash or node.code_hash, node.compiler_hash)
+                if _json_or_none(new) == _json_or_none(text):  # the pod's own factors already
+                    continue
+            else:
+                new = paths.rewrite_paths(text, moves)[0]
+            if new != text:
+                write_atomically(path, new.encode())
+                rewritten += 1
+    binary = {}
+    for relative, kind in node.node_paths.items():
+        theirs = next((t for t in mine if relative == t or relative.startswith(t + "/")), None)
+        if theirs is not None and kind != paths.TEXT:
+            binary[mine[theirs] + relative[len(theirs):]] = kind
+    said = [f"{rewritten} files pointed at this pod's paths"] if rewritten else []
+    said += filter(None, [paths.summary(binary)])
+    return "; ".join(said) if said else None
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def vllm_cache_root() -> Path:
     """This pod's ``VLLM_CACHE_ROOT``: ``vllm.envs.VLLM_CACHE_ROOT`` where vLLM is importable,
     else the variable, else vLLM's default (``$XDG_CACHE_HOME/vllm``, ``~/.cache/vllm``)."""
@@ -278,7 +334,8 @@ def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
     (:func:`tunecache.formats.vllm_compile.traced_files_here`: the prefix the packages live
     under is no difference). The engine's arguments decide the rest, which only vLLM's config
     tells (``None``): the run's engine variant and the engine arguments it was tuned with are named."""
-    from tunecache.formats.vllm_compile import PLACEMENT_ENV_FACTORS, traced_files_here
+    from tunecache.formats.vllm_compile import traced_files_here
+    from tunecache.formats.vllm_placement import PLACEMENT_ENV_FACTORS
 
     recorded = run.summary.get("vllm_compile")
     try:
@@ -301,8 +358,11 @@ def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
             differ.append(f"traced source {path}: not on this pod")
         elif digests[path] != digest:
             differ.append(f"traced source {moved.get(path, path)}: its content differs")
+    from tunecache.formats.vllm_compile_paths import NOT_RELOCATABLE, summary
+
+    stuck = summary({f: kind for f, kind in node.node_paths.items() if kind == NOT_RELOCATABLE})
     if differ:
-        return False, "vLLM would compute other directory names: " + "; ".join(differ)
+        return False, "vLLM would compute other directory names: " + "; ".join(differ + ([stuck] if stuck else []))
     variant = run.variant or "unknown"
     args = run.summary.get("engine_args")
     tuned = f"tuned with engine arguments {json.dumps(args, sort_keys=True)}" if args else "tuned with the node's engine arguments"
@@ -310,7 +370,7 @@ def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
              if moved else "")
     return None, (f"vLLM version, environment and traced sources match{where}; engine variant {variant} "
                   f"({tuned}): a pod booted with the same engine arguments loads it, one with others gets "
-                  "its own variant's run or compiles (the plugin says which)")
+                  "its own variant's run or compiles (the plugin says which)" + (f"; {stuck}" if stuck else ""))
 
 
 @registers(ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE)
@@ -374,7 +434,8 @@ class VllmCacheRoot(Destination):
                 dirs = merge_entries(compiled, "vllm_compile_cache", root / "torch_compile_cache", lambda _: renames,
                                      replace=True)
                 skipped_now = relocate_compile_dirs(root / "torch_compile_cache", dirs) or skipped
-                done.append(f"compile cache ({len(dirs)} of {len(renames)} directories)")
+                moved = relocate_node_paths(root / "torch_compile_cache", dirs, node, self.pod_factors, renames)
+                done.append(f"compile cache ({len(dirs)} of {len(renames)} directories{'; ' + moved if moved else ''})")
             return {"warm_state": tuple(done), "compile_cache_skipped": skipped_now, "vllm_cache_root": root}
 
         return commit

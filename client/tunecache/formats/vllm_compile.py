@@ -24,9 +24,10 @@ difference: the pod's own hashes name the directories then:
 
 * where the model lives (``ModelConfig.model``, a path or a hub name that vLLM hashes but that
   does not change the graph): the pod's own config hash;
-* the placement factors of vLLM's environment (:data:`PLACEMENT_ENV_FACTORS`: paths derived
-  from ``HOME`` that vLLM hashes but never reads while it compiles for CUDA): the pod's own
-  environment hash;
+* the placement factors of vLLM's environment
+  (:data:`tunecache.formats.vllm_placement.PLACEMENT_ENV_FACTORS`: variables whose default
+  derives from ``HOME`` or vLLM's package directory, that some release hashes but that cannot
+  change the compiled graph): the pod's own environment hash;
 * the prefix the Python packages live under: each traced source file is looked up where this
   pod imports the same module from (:func:`locate_here`); with the same bytes there, the pod's
   own code hash (:func:`code_hash`, vLLM's formula over the pod's paths) names the backbone
@@ -55,25 +56,18 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tunecache.formats.vllm_compile_paths import MAX_NAMED
+from tunecache.formats.vllm_placement import PLACEMENT_ENV_FACTORS, variant_env
+
 
 #: The name of the node's :class:`CompileFactors` inside a ``vllm_compile_cache`` tarball.
 FACTORS_FILE = "tunecache-compile-factors.json"
 #: The directory of the AOT-compiled artifacts under ``torch_compile_cache/``.
 AOT_DIR = "torch_aot_compile"
-
-#: vLLM environment factors (``vllm.envs.compile_factors()``) that are where something lives on
-#: the pod, not how the model compiles: vLLM 0.25 hashes them into both directory names (they
-#: are not in its ``ignored_factors``), and their defaults derive from ``HOME``, so every pod
-#: with another HOME or user computed other names. A pod whose values differ gets the cache
-#: under the names its own values give. Each with why it cannot change the compiled graph.
-PLACEMENT_ENV_FACTORS: dict[str, str] = {
-    "VLLM_CONFIG_ROOT": "where vLLM reads its own config files (default ~/.config/vllm)",
-    "VLLM_XLA_CACHE_PATH": "the TPU (XLA) compile cache (default ~/.cache/vllm/xla_cache), never read on CUDA",
-}
-
 
 #: The length of a variant id (hex digits of a sha256; the contract's ``Variant``).
 VARIANT_LENGTH = 16
@@ -160,6 +154,13 @@ class CompileFactors(BaseModel):
     variant_factors: VariantFactors | None = Field(default=None,
                                                    description="the engine variant the cache is for (None: a tuner "
                                                                "before variants)")
+    cache_dir: str | None = Field(default=None, max_length=4096,
+                                  description="the node's torch_compile_cache directory, absolute (None: a tuner before "
+                                              "this field), whose paths a pod points at its own")
+    node_paths: dict[str, Literal["text", "loads", "not relocatable"]] = Field(
+        default_factory=dict, max_length=MAX_NAMED,
+        description="each file under torch_compile_cache/ that names the node's paths -> what it is "
+                    "(tunecache.formats.vllm_compile_paths)")
 
 
 class PodCompileFactors(BaseModel):
@@ -395,12 +396,12 @@ def variant_factors(vllm_config: Any, env: dict[str, Any], vllm_version: str, se
     """The engine variant of a worker's ``VllmConfig`` (:class:`VariantFactors`): vLLM's
     ``compute_hash()`` of each sub-config (:func:`config_hashes`) and their fields
     (:func:`config_factors`) with ``ModelConfig.model`` set to ``served_model`` (the key's
-    model), ``env`` (``vllm.envs.compile_factors()``) without :data:`PLACEMENT_ENV_FACTORS`.
+    model), ``env`` (``vllm.envs.compile_factors()``) as a variant counts it
+    (:func:`tunecache.formats.vllm_placement.variant_env`: without the placement factors).
     The tuner's engine and the pod's vLLM plugin both call it in the worker."""
     with model_named(vllm_config, served_model):
         hashes, factors = config_hashes(vllm_config), config_factors(vllm_config)
-    kept = {name: value for name, value in env.items() if name not in PLACEMENT_ENV_FACTORS}
-    return VariantFactors(vllm_version=vllm_version, env=json.loads(json.dumps(kept, default=str)),
+    return VariantFactors(vllm_version=vllm_version, env=json.loads(json.dumps(variant_env(env), default=str)),
                           config_hashes=hashes, config_factors=json.loads(json.dumps(factors, default=str)))
 
 

@@ -34,7 +34,13 @@ from tunecache.client.destinations import destinations_of
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import InstallResult, fetch_tuning
 from tunecache.client.jit_install import use_aot_dir
-from tunecache.client.warm_state import VllmCacheRoot, read_compile_factors, relocate_compile_dirs, rename_entries
+from tunecache.client.warm_state import (
+    VllmCacheRoot,
+    read_compile_factors,
+    relocate_compile_dirs,
+    relocate_node_paths,
+    rename_entries,
+)
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportOutcome, TuningKey, kinds_where
 from tunecache.formats.vllm_compile import (FACTORS_FILE, CompileFactors, PodCompileFactors, differences,
                                              pod_dir_names, variant_differences)
@@ -236,7 +242,9 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
                 renames = {} if lines else pod_dir_names(node, factors)
                 dirs = rename_entries(unpacked, path.parent.parent / "torch_compile_cache", renames, replace=True)
                 removed = relocate_compile_dirs(path.parent.parent / "torch_compile_cache", dirs)
-                written = {"warm_state": (f"compile cache ({len(dirs)} of {len(renames)} directories)",) if renames else (),
+                moved = relocate_node_paths(path.parent.parent / "torch_compile_cache", dirs, node, factors, renames)
+                written = {"warm_state": (f"compile cache ({len(dirs)} of {len(renames)} directories"
+                                          f"{'; ' + moved if moved else ''})",) if renames else (),
                            "compile_cache_skipped": ("compile cache not installed, vLLM would not use it: "
                                                      + "; ".join(lines)) if lines else removed}
             else:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, TypeVar
 
 from tunecache.contract import ArtifactKind
 from tunecache.formats.vllm_compile import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
+from tunecache.formats.vllm_compile_paths import node_path_files
 
 #: An artifact description: ``kind``, ``name``, ``media_type``, ``path`` (relative to the output directory).
 Artifact = dict[str, Any]
@@ -170,7 +171,9 @@ class CompileCacheHarvester(Harvester):
     :class:`~tunecache.formats.vllm_compile.CompileFactors` (from the backbone's
     ``cache_key_factors.json``, as vLLM wrote it when it compiled, and the engine's
     :func:`tunecache.service.tuner.vllm_warmup.compile_facts`), so that what decides where a
-    pod puts it is signed with it. Adds the run summary's ``vllm_compile``: the factors, with
+    pod puts it is signed with it, with where the cache was on the node and which of its files
+    name the node's paths (:func:`tunecache.formats.vllm_compile_paths.node_path_files`). Adds
+    the run summary's ``vllm_compile``: the factors, with
     ``names_checked`` (whether they give the directory names vLLM made)."""
 
     cache_root = "vllm-cache"
@@ -183,6 +186,9 @@ class CompileCacheHarvester(Harvester):
         if not has_files(compiled):
             return [], {}
         factors = self._factors(scratch, compiled)
+        if factors is not None:  # where the cache was, and which files name it or a traced source
+            factors = factors.model_copy(update={"cache_dir": str(compiled), "node_paths": node_path_files(
+                compiled, [str(compiled), *factors.traced_files])})
         with tempfile.TemporaryDirectory() as staged:
             tree = Path(staged) / "tree"
             shutil.copytree(compiled, tree, symlinks=True)

@@ -100,7 +100,8 @@ def test_a_pod_gets_every_kind_under_its_own_names_with_triton_paths_of_its_own(
                      InstallTarget(vllm_cache=VllmCacheRoot(root, factors), triton=TritonCache(triton), tactics=None))
     pod_backbone = backbone_dir_name(env_hash(ENV), "p" * 64, CODE_HASH, COMPILER_HASH)
     pod_aot = aot_dir_name(env_hash(ENV), "p" * 64, [], MODEL_KEY)
-    assert result.warm_state == ("Triton cache (1 kernels)", "modelinfos (1 files)", "compile cache (2 of 2 directories)")
+    assert result.warm_state == ("Triton cache (1 kernels)", "modelinfos (1 files)",
+                                 "compile cache (2 of 2 directories; 1 files pointed at this pod's paths)")  # its factors
     assert result.compile_cache_skipped is None
     compiled = root / "torch_compile_cache"
     assert sorted(p.name for p in compiled.iterdir()) == sorted([pod_backbone, "torch_aot_compile"])

@@ -247,3 +247,39 @@ def test_the_compile_index_handles_point_at_this_pods_artifacts(tmp_path):
 
     with pytest.raises(ValueError):
         relocate_compile_index("__import__('os')", str(tmp_path))
+
+
+def test_the_rust_frontends_path_under_another_package_prefix_is_no_difference_nor_another_variant(monkeypatch):
+    """vLLM 0.25-0.34 hash VLLM_RUST_FRONTEND_PATH, whose default with VLLM_USE_RUST_FRONTEND=1 is
+    <vLLM's package directory>/vllm-rs: a pod whose packages live under another prefix computed
+    other names (vllm/envs.py of each release; tunecache.formats.vllm_placement)."""
+    from tunecache.formats.vllm_compile import variant_factors
+
+    rust = {**ENV, "VLLM_USE_RUST_FRONTEND": True}
+    node = node_factors(env={**rust, "VLLM_RUST_FRONTEND_PATH": "/usr/local/lib/python3.12/site-packages/vllm/vllm-rs"})
+    pod_env = {**rust, "VLLM_RUST_FRONTEND_PATH": "/opt/venv/lib/python3.12/site-packages/vllm/vllm-rs"}
+    pod = pod_factors(node, env=pod_env)
+    assert differences(node, pod) == []
+    assert pod_dir_names(node, pod)[node.backbone_dir] == backbone_dir_name(env_hash(pod_env), "p" * 64, "d" * 64,
+                                                                            "e" * 64)
+    on_node = variant_factors(_variant_config(monkeypatch, 4096), node.env, "0.25.0", "meta-llama/Llama-3.1-8B")
+    on_pod = variant_factors(_variant_config(monkeypatch, 4096), pod_env, "0.25.0", "meta-llama/Llama-3.1-8B")
+    assert on_pod.variant == on_node.variant and "VLLM_RUST_FRONTEND_PATH" not in on_pod.env
+    # whether the frontend is on is still a factor of its own
+    assert differences(node, pod_factors(node, env={**ENV, "VLLM_USE_RUST_FRONTEND": False,
+                                                    "VLLM_RUST_FRONTEND_PATH": None})) == [
+        "environment VLLM_USE_RUST_FRONTEND: node true, pod false"]
+
+
+def test_a_placement_factor_that_is_unset_keeps_the_variant_ids_computed_before():
+    """The Rust frontend off (VLLM_RUST_FRONTEND_PATH None, every pod but those that turn it on):
+    the variant is what it was before the variable was listed, so stored variant runs still match."""
+    from tunecache.formats.vllm_compile import VariantFactors
+    from tunecache.formats.vllm_placement import variant_env
+
+    env = {**ENV, "VLLM_RUST_FRONTEND_PATH": None, "VLLM_CONFIG_ROOT": "/root/.config/vllm"}
+    kept = variant_env(env)
+    assert kept == {**ENV, "VLLM_RUST_FRONTEND_PATH": None}
+    before = {name: value for name, value in env.items() if name not in ("VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH")}
+    assert (VariantFactors(vllm_version="0.25.0", env=kept, config_hashes={}).variant
+            == VariantFactors(vllm_version="0.25.0", env=before, config_hashes={}).variant)
