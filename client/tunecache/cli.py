@@ -45,7 +45,7 @@ from tunecache.client.install import (
 )
 from tunecache.formats.jit_module import BadJitArtifact
 from tunecache.client.warm_state import BadWarmStateArtifact, TritonCache, VllmCacheRoot
-from tunecache.client.layouts import vllm_rank_file_name
+from tunecache.engines.vllm.paths import vllm_rank_file_name
 from tunecache.contract import (
     TOKEN_NAME_PATTERN,
     TUNABLE_STAGES,

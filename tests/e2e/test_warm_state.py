@@ -35,7 +35,7 @@ def push_warm_run(server, tmp_path, signing_key, **overrides) -> int:
     """Harvest a node's scratch and record its run (tactics + warm state), signed by the node."""
     from tunecache.service.tuner.vllm_warmup import harvest_warm_state
 
-    from tunecache.formats.vllm_compile import VariantFactors
+    from tunecache.engines.vllm.compile_cache import VariantFactors
 
     scratch = node_scratch(tmp_path, NODE_MODEL, **overrides)
     out = tmp_path / ("harvest" + (f"-{overrides['max_model_len']}" if overrides.get("max_model_len") else ""))

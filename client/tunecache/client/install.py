@@ -26,16 +26,10 @@ from tunecache.client.installed import remember_installed
 from tunecache.client.journal import recover_interrupted
 from tunecache.client.run_trust import trusted_signer
 from tunecache.client.jit_install import JitWorkspace
-from tunecache.client.layouts import (
-    deep_gemm_cache_dir,
-    flashinfer_v2_root,
-    install_deep_gemm_cache,
-    install_v2_store,
-    install_vllm_rank_files,
-    vllm_autotune_root,
-)
+from tunecache.client.layouts import install_deep_gemm_cache, install_v2_store, install_vllm_rank_files
 from tunecache.client.report import installing, outcome_of, worth_reporting
 from tunecache.client.warm_state import TritonCache, VllmCacheRoot
+from tunecache.engines.vllm.paths import deep_gemm_cache_dir, flashinfer_v2_root, vllm_autotune_root
 from tunecache.formats.jit_module import check_jit_module
 from tunecache.contract import (
     KINDS,
@@ -246,10 +240,10 @@ class FlashInferFile(Destination):
 @dataclass(frozen=True)
 class VllmRankFiles(Destination):
     """The tactics as every rank's v1 file of one vLLM deployment, ``root/config_hash/<name>``
-    for each of ``file_names`` (:func:`tunecache.client.layouts.vllm_rank_file_name`, or vLLM
+    for each of ``file_names`` (:func:`tunecache.engines.vllm.paths.vllm_rank_file_name`, or vLLM
     0.25's single ``autotune_configs.json``), all at once
     (:func:`tunecache.client.layouts.install_vllm_rank_files`); ``root`` ``None``: this pod's
-    own (:func:`tunecache.client.layouts.vllm_autotune_root`, resolved before anything is written)."""
+    own (:func:`tunecache.engines.vllm.paths.vllm_autotune_root`, resolved before anything is written)."""
 
     config_hash: str
     file_names: tuple[str, ...]
@@ -266,7 +260,7 @@ class VllmRankFiles(Destination):
 class FlashInferV2Store(Destination):
     """The tactics published into FlashInfer's v2 store under ``root``
     (:func:`tunecache.client.layouts.install_v2_store`); ``None``: this pod's own
-    (:func:`tunecache.client.layouts.flashinfer_v2_root`, resolved before anything is written)."""
+    (:func:`tunecache.engines.vllm.paths.flashinfer_v2_root`, resolved before anything is written)."""
 
     root: Path | None = None
 
@@ -280,7 +274,7 @@ class FlashInferV2Store(Destination):
 class DeepGemmCache(Destination):
     """The run's DeepGEMM JIT cache (when it has one), its kernels merged into ``path``
     (:func:`tunecache.client.layouts.install_deep_gemm_cache`); ``None``: this pod's own
-    DeepGEMM cache directory (:func:`tunecache.client.layouts.deep_gemm_cache_dir`)."""
+    DeepGEMM cache directory (:func:`tunecache.engines.vllm.paths.deep_gemm_cache_dir`)."""
 
     path: Path | None = None
 

@@ -54,7 +54,7 @@ from tunecache.client.install import (
     fetch_tuning,
     install,
 )
-from tunecache.client.layouts import deep_gemm_cache_dir
+from tunecache.engines.vllm.paths import deep_gemm_cache_dir
 from tunecache.contract import ENVIRONMENT_FIELDS, EnvironmentMetadata, ReportOutcome, TuningKey
 from tunecache.formats.autotune_file import check_loadable
 from tunecache.signing import load_trusted_keys

@@ -29,7 +29,8 @@ from tunecache.client.boot.staged import unpack_staged
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import (DeepGemmCache, FetchedTuning, InstallResult, InstallTarget, JitWorkspace,
                                       fetch_tuning, install)
-from tunecache.client.warm_state import TritonCache, VllmCacheRoot, vllm_cache_root
+from tunecache.client.warm_state import TritonCache, VllmCacheRoot
+from tunecache.engines.vllm.paths import vllm_cache_root
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey
 from tunecache.signing import load_trusted_keys
 
@@ -53,7 +54,7 @@ class WarmBoot:
     result: InstallResult | None = None
     failure: str | None = None
     no_compile_cache: str | None = None
-    """Why this vLLM gets no compile cache (:mod:`tunecache.client.vllm_releases`); ``None``: it does."""
+    """Why this vLLM gets no compile cache (:mod:`tunecache.engines.vllm.releases`); ``None``: it does."""
 
     @classmethod
     def before(cls, settings: Any, key: TuningKey | None, environment: EnvironmentMetadata | None,

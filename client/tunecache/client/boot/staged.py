@@ -36,8 +36,8 @@ from tunecache.client.install import InstallResult, fetch_tuning
 from tunecache.client.jit_install import use_aot_dir
 from tunecache.client.warm_state import VllmCacheRoot, read_compile_factors, relocate_compile_dirs, rename_entries
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportOutcome, TuningKey, kinds_where
-from tunecache.formats.vllm_compile import (FACTORS_FILE, CompileFactors, PodCompileFactors, differences,
-                                             pod_dir_names, variant_differences)
+from tunecache.engines import engine_for
+from tunecache.engines.vllm.compile_cache import FACTORS_FILE, CompileFactors, PodCompileFactors, variant_differences
 from tunecache.signing import load_trusted_keys
 
 log = logging.getLogger("vllm.plugins.tunecache")
@@ -232,8 +232,8 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
                     raise ValueError(f"run {run}'s compile cache records no factors")
                 factors = pod_factors(node)
             if unpacked is not None:  # unpacked by the main process: renamed into place
-                lines = differences(node, factors)
-                renames = {} if lines else pod_dir_names(node, factors)
+                lines = engine_for("vllm").compile_cache_differences(node, factors)
+                renames = {} if lines else engine_for("vllm").compile_cache_names(node, factors)
                 dirs = rename_entries(unpacked, path.parent.parent / "torch_compile_cache", renames, replace=True)
                 removed = relocate_compile_dirs(path.parent.parent / "torch_compile_cache", dirs)
                 written = {"warm_state": (f"compile cache ({len(dirs)} of {len(renames)} directories)",) if renames else (),

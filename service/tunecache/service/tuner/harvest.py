@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from tunecache.contract import ArtifactKind
-from tunecache.formats.vllm_compile import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
+from tunecache.engines import engine_for
+from tunecache.engines.vllm.compile_cache import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
+
+#: The engine whose warmup the tuner runs: where it points the engine's caches is its adaptor's.
+ENGINE = engine_for("vllm")
 
 #: An artifact description: ``kind``, ``name``, ``media_type``, ``path`` (relative to the output directory).
 Artifact = dict[str, Any]
@@ -126,10 +130,11 @@ class VllmRankFilesHarvester(Harvester):
     each an artifact named ``vllm/<hash>/<file>`` (:func:`tunecache.service.tuner.vllm_warmup.harvest_vllm_cache`
     picks the run's FlashInfer file among them)."""
 
-    scratch_dir = "flashinfer-autotune"
+    variable = "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)
 
     def environment(self, scratch: Path) -> dict[str, str]:
-        return {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(scratch / self.scratch_dir)}
+        return {self.variable: str(scratch / self.scratch_dir)}
 
 
 @harvests(ArtifactKind.FLASHINFER_JIT_MODULE)
@@ -148,15 +153,15 @@ class DeepGemmCacheHarvester(DirectoryTarball):
     """DeepGEMM's JIT cache directory (``DG_JIT_CACHE_DIR``; the stages warmup points it into
     its output directory, :meth:`harvest_directory` of that)."""
 
-    scratch_dir = "deep_gemm"
     variable = "DG_JIT_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)
 
 
 @harvests(ArtifactKind.FLASHINFER_V2_STORE)
 class FlashInferV2StoreHarvester(DirectoryTarball):
     """FlashInfer's v2 store, ``<VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR>/v2/``."""
 
-    scratch_dir = "flashinfer-autotune/v2"
+    scratch_dir = f"{VllmRankFilesHarvester.scratch_dir}/v2"
 
 
 #: Where the vLLM warmup's script writes its engine's compile facts (in its scratch directory).
@@ -166,14 +171,14 @@ COMPILE_FACTS_FILE = "compile-facts.json"
 @harvests(ArtifactKind.VLLM_COMPILE_CACHE)
 class CompileCacheHarvester(Harvester):
     """vLLM's torch.compile cache (``$VLLM_CACHE_ROOT/torch_compile_cache/``) with, at the
-    tarball's root, :data:`tunecache.formats.vllm_compile.FACTORS_FILE`: the node's
-    :class:`~tunecache.formats.vllm_compile.CompileFactors` (from the backbone's
+    tarball's root, :data:`tunecache.engines.vllm.compile_cache.FACTORS_FILE`: the node's
+    :class:`~tunecache.engines.vllm.compile_cache.CompileFactors` (from the backbone's
     ``cache_key_factors.json``, as vLLM wrote it when it compiled, and the engine's
     :func:`tunecache.service.tuner.vllm_warmup.compile_facts`), so that what decides where a
     pod puts it is signed with it. Adds the run summary's ``vllm_compile``: the factors, with
     ``names_checked`` (whether they give the directory names vLLM made)."""
 
-    cache_root = "vllm-cache"
+    cache_root = ENGINE.harvest_dir("VLLM_CACHE_ROOT")
 
     def environment(self, scratch: Path) -> dict[str, str]:
         return {"VLLM_CACHE_ROOT": str(scratch / self.cache_root)}
@@ -235,5 +240,5 @@ class ModelInfosHarvester(DirectoryTarball):
 class TritonCacheHarvester(DirectoryTarball):
     """Triton's kernel cache (``TRITON_CACHE_DIR``)."""
 
-    scratch_dir = "triton"
     variable = "TRITON_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)

@@ -16,7 +16,7 @@ import pytest
 from tunecache.client.install import InstallTarget, install
 from tunecache.client.warm_state import BadWarmStateArtifact, TritonCache, VllmCacheRoot, read_compile_factors
 from tunecache.contract import ArtifactKind
-from tunecache.formats.vllm_compile import (
+from tunecache.engines.vllm.compile_cache import (
     CompileFactors,
     PodCompileFactors,
     aot_dir_name,
