@@ -12,7 +12,10 @@ DeepGEMM's cache directory) is the engine adaptor's knowledge
   (:func:`install_deep_gemm_cache`). (Measured on an H200 with the DeepGEMM vLLM 0.25 ships: a
   colon-separated list is taken as one path, so a second "read-only root" is never read.)
 
-Nothing a run carries becomes part of a path. Every install is all-or-nothing: written into a
+Each is a destination of its kind (:class:`FlashInferFile`, :class:`VllmRankFiles`,
+:class:`FlashInferV2Store` for the tactics, :class:`DeepGemmCache`), registered against it
+(:mod:`tunecache.client.destinations`). Nothing a run carries becomes part of a path. Every
+install is all-or-nothing: written into a
 temporary directory beside the target and renamed into place.
 """
 
@@ -20,9 +23,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from tunecache.client.atomic import directory_lock, note_added, staging_dir, swap_into_place
+from tunecache.client.atomic import directory_lock, note_added, staging_dir, swap_into_place, write_atomically
+from tunecache.client.destinations import Commit, Destination, registers
+from tunecache.contract import ArtifactKind
+from tunecache.engines.vllm.paths import deep_gemm_cache_dir, flashinfer_v2_root, vllm_autotune_root
 from tunecache.formats.tarball import max_unpack_files, open_bounded
 
 
@@ -149,3 +157,97 @@ def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return installed
+
+
+def check_file_name(name: str) -> str:
+    """A plain file name (no directory parts, not hidden).
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    if not name or "/" in name or "\\" in name or name.startswith(".") or name != Path(name).name:
+        raise ValueError(f"file name {name!r} must be a plain name without directories, not starting with '.'")
+    return name
+
+
+@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
+@dataclass(frozen=True)
+class FlashInferFile(Destination):
+    """The tactics as a plain FlashInfer cache file ``directory/name``, for
+    ``flashinfer.autotune(False, cache=PATH)`` or ``AutoTuner.get().load_configs(PATH)``.
+
+    Raises:
+        ValueError: (when made) ``name`` has directory parts or is hidden.
+    """
+
+    directory: Path
+    name: str
+
+    def __post_init__(self) -> None:
+        check_file_name(self.name)
+
+    def stage(self, fetched: Any) -> Commit:
+        path = Path(self.directory) / self.name
+
+        def commit() -> dict[str, Any]:
+            write_atomically(path, fetched.autotune)
+            return {"paths": (path,)}
+
+        return commit
+
+
+@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
+@dataclass(frozen=True)
+class VllmRankFiles(Destination):
+    """The tactics as every rank's v1 file of one vLLM deployment, ``root/config_hash/<name>``
+    for each of ``file_names`` (:func:`tunecache.engines.vllm.paths.vllm_rank_file_name`, or vLLM
+    0.25's single ``autotune_configs.json``), all at once
+    (:func:`install_vllm_rank_files`); ``root`` ``None``: this pod's
+    own (:func:`tunecache.engines.vllm.paths.vllm_autotune_root`, resolved before anything is written)."""
+
+    config_hash: str
+    file_names: tuple[str, ...]
+    root: Path | None = None
+
+    def stage(self, fetched: Any) -> Commit:
+        root = Path(self.root) if self.root is not None else vllm_autotune_root()
+        return lambda: {"paths": tuple(install_vllm_rank_files(fetched.autotune, root, self.config_hash,
+                                                               list(self.file_names)))}
+
+
+@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
+@dataclass(frozen=True)
+class FlashInferV2Store(Destination):
+    """The tactics published into FlashInfer's v2 store under ``root``
+    (:func:`install_v2_store`); ``None``: this pod's own
+    (:func:`tunecache.engines.vllm.paths.flashinfer_v2_root`, resolved before anything is written)."""
+
+    root: Path | None = None
+
+    def stage(self, fetched: Any) -> Commit:
+        root = Path(self.root) if self.root is not None else flashinfer_v2_root()
+        return lambda: {"paths": (install_v2_store(fetched.autotune, root),)}
+
+
+@registers(ArtifactKind.DEEP_GEMM_JIT_CACHE)
+@dataclass(frozen=True)
+class DeepGemmCache(Destination):
+    """The run's DeepGEMM JIT cache (when it has one), its kernels merged into ``path``
+    (:func:`install_deep_gemm_cache`); ``None``: this pod's own
+    DeepGEMM cache directory (:func:`tunecache.engines.vllm.paths.deep_gemm_cache_dir`)."""
+
+    path: Path | None = None
+
+    def preflight(self, run: Any, kind: ArtifactKind) -> tuple[bool | None, str]:
+        return True, f"merged into {Path(self.path) if self.path is not None else deep_gemm_cache_dir()}"
+
+    def stage(self, fetched: Any) -> Commit:
+        if fetched.deep_gemm is None:
+            return dict
+        directory = Path(self.path) if self.path is not None else deep_gemm_cache_dir()
+
+        def commit() -> dict[str, Any]:
+            kernels = install_deep_gemm_cache(fetched.deep_gemm, directory)
+            return {"deep_gemm_dir": directory, "warm_state": (f"DeepGEMM cache ({len(kernels)} kernels)",)}
+
+        return commit

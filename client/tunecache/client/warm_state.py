@@ -316,6 +316,11 @@ class VllmCacheRoot(Destination):
     compile_cache: bool = True
     modelinfos: bool = True
 
+    @classmethod
+    def made_for(cls, kinds: frozenset[ArtifactKind], where: Path | None) -> VllmCacheRoot:
+        return cls(where, compile_cache=ArtifactKind.VLLM_COMPILE_CACHE in kinds,
+                   modelinfos=ArtifactKind.VLLM_MODELINFOS in kinds)
+
     def preflight(self, run: Any, kind: ArtifactKind) -> tuple[bool | None, str]:
         root = Path(self.root) if self.root is not None else vllm_cache_root()
         if kind is ArtifactKind.VLLM_MODELINFOS:

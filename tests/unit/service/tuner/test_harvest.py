@@ -4,7 +4,7 @@ import tarfile
 
 import pytest
 
-from tunecache.client.destinations import destinations_of
+from tunecache.client.pipeline import destinations_of
 from tunecache.contract import KINDS, ArtifactKind
 from tunecache.service.tuner.harvest import (
     HARVESTERS,
