@@ -33,19 +33,15 @@ from tunecache.client.autotune_file import pushed_run
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
 from tunecache.client.http import JobConflictError, ServerError, TunecacheClient
+from tunecache.client.layouts import FlashInferFile, FlashInferV2Store, VllmRankFiles, check_file_name
+from tunecache.client.pipeline import WARM_STATE, InstallTarget
 from tunecache.client.install import (
-    FlashInferFile,
-    FlashInferV2Store,
-    InstallTarget,
-    JitWorkspace,
-    VllmRankFiles,
-    check_file_name,
     default_file_name,
     fetch_and_install,
 )
 from tunecache.formats.jit_module import BadJitArtifact
-from tunecache.client.warm_state import BadWarmStateArtifact, TritonCache, VllmCacheRoot
-from tunecache.client.layouts import vllm_rank_file_name
+from tunecache.client.warm_state import BadWarmStateArtifact
+from tunecache.engines.vllm.paths import vllm_rank_file_name
 from tunecache.contract import (
     TOKEN_NAME_PATTERN,
     TUNABLE_STAGES,
@@ -55,6 +51,7 @@ from tunecache.contract import (
     FLEET_PAGE_MAX,
     MAX_ID,
     MAX_AUTOTUNE_FILE_BYTES,
+    ArtifactKind,
     JobStatus,
     ReportSource,
     RunTrigger,
@@ -258,10 +255,11 @@ def pull(
         tactics = VllmRankFiles(vllm_config_hash, names, dest)  # root: this pod's own (never from the run) when no --dest
     else:
         tactics = FlashInferV2Store(dest)
-    jit_modules = JitWorkspace(jit_workspace) if (jit or jit_workspace) else None
-    target = InstallTarget(jit_modules=jit_modules, tactics=tactics,
-                           triton=TritonCache(triton_cache_dir) if warm_state else None,
-                           vllm_cache=VllmCacheRoot(vllm_cache_root) if warm_state else None)
+    jit_modules = (ArtifactKind.FLASHINFER_JIT_MODULE,) if (jit or jit_workspace) else ()
+    # the same pipeline as the vLLM plugin's main process: the warm state by kind, DeepGEMM's cache included
+    target = InstallTarget.of(jit_modules + (WARM_STATE if warm_state else ()), tactics, {
+        ArtifactKind.FLASHINFER_JIT_MODULE: jit_workspace, ArtifactKind.TRITON_CACHE: triton_cache_dir,
+        ArtifactKind.VLLM_COMPILE_CACHE: vllm_cache_root, ArtifactKind.VLLM_MODELINFOS: vllm_cache_root})
     with client_for(server, settings) as client:
         try:  # reported to the server when done, in the background (TUNECACHE_REPORT=0: not)
             installed = fetch_and_install(client, key, env, target, trusted, ReportSource.CLI)
@@ -282,7 +280,7 @@ def pull(
     run_id, modules, skipped = installed.run_id, installed.jit_modules, installed.jit_skipped
     if installed.signed_by:
         typer.echo(f"run {run_id} is signed by trusted key {installed.signed_by}", err=True)
-    if jit_modules is not None and not modules and not skipped:
+    if jit_modules and not modules and not skipped:
         typer.echo(f"tunecache: run {run_id} has no FlashInfer JIT modules (the tactics are installed)", err=True)
     if modules:
         typer.echo(f"installed {len(modules)} FlashInfer JIT modules into {installed.jit_workspace}", err=True)

@@ -6,7 +6,7 @@ Create Date: 2026-12-03
 
 * ``tuning_runs.variant`` (string of 16 hex digits, null where the run has no compile cache):
   the engine variant the run's compile cache is for
-  (:class:`tunecache.formats.vllm_compile.VariantFactors`), indexed with its key;
+  (:class:`tunecache.engines.vllm.compile_cache.VariantFactors`), indexed with its key;
 * ``current_variants``: the current run of each (key, environment, variant), beside
   ``current_tunings`` (the key's current run, which every pod gets its tactics from);
 * ``current_tunings.previous_run_id`` (and the same in ``current_variants``): the run that was

@@ -17,7 +17,9 @@ import ast
 import pytest
 
 from tests.contract.test_vllm_releases import _releases, _wheel, wheels  # noqa: F401 (the fixture)
-from tunecache.client.vllm_releases import release_of
+from tunecache.engines import engine_for
+
+release_of = engine_for("vllm").release_of
 from tunecache.contract.engine_args import ALLOWED, ALLOWED_COMPILATION, REFUSED, REFUSED_COMPILATION
 
 

@@ -1,4 +1,4 @@
-"""vLLM's placement factors (tunecache.formats.vllm_placement), derived again from each release's
+"""vLLM's placement factors (tunecache.engines.vllm.placement), derived again from each release's
 own ``vllm/envs.py`` (its wheel, as tests/contract/test_vllm_releases.py reads it):
 
 * which variables of ``environment_variables`` have a default that derives from HOME, the user,
@@ -27,8 +27,10 @@ from pathlib import Path
 import pytest
 
 from tests.contract.test_vllm_releases import _releases, _wheel, wheels  # noqa: F401 - the fixture
-from tunecache.client.vllm_releases import release_of
-from tunecache.formats.vllm_placement import PLACEMENT_ENV_FACTORS, PLACEMENT_FACTORS
+from tunecache.engines import engine_for
+
+release_of = engine_for("vllm").release_of
+from tunecache.engines.vllm.placement import PLACEMENT_ENV_FACTORS, PLACEMENT_FACTORS
 
 #: What a default that is a place derives from, as names in a getter's source: functions and
 #: attributes (os.path.expanduser, tempfile.gettempdir, getpass.getuser, Path.home, __file__,
@@ -128,7 +130,7 @@ def moved_by_placement(envs_py: Path, tmp_path: Path) -> set[str]:
 @pytest.mark.parametrize("version", _releases())
 def test_every_placement_factor_of_the_release_is_listed_with_the_releases_that_hash_it(wheels, version, tmp_path):
     release = release_of(version)
-    assert release is not None, f"vllm {version} is not in tunecache.client.vllm_releases"
+    assert release is not None, f"vllm {version} is not in tunecache.engines.vllm.releases"
     source = _wheel(wheels, version).read("vllm/envs.py").decode()
 
     derived = placement_derived(source)

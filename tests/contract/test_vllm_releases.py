@@ -1,15 +1,16 @@
-"""Each vLLM release tunecache knows (tunecache.client.vllm_releases), against that release's
+"""Each vLLM release tunecache knows (tunecache.engines.vllm.releases, through vLLM's adaptor), against that release's
 own code: the wheel from the package index, its Python sources read as they are, nothing of
 it imported (no CUDA, no torch of its own needed).
 
-Checked per release: every function and method the plugin hooks or the tuner calls exists
-(``EngineArgs.create_engine_config``, the worker's ``load_model``, ``determine_available_memory``
-and ``compile_or_warm_up_model``, ``kernel_warmup``, ``flashinfer_autotune``, vLLM's plugin
-loader, ``get_world_group``, ``vllm.envs.compile_factors``); the markers of the autotune layout
+Checked per release: every hook target of the release
+(:meth:`tunecache.engines.vllm.adaptor.VllmAdaptor.hook_targets`: ``EngineArgs.create_engine_config``,
+the worker's ``load_model``, ``determine_available_memory`` and ``compile_or_warm_up_model``,
+``kernel_warmup``, ``flashinfer_autotune``) is defined in its wheel; every function and method the
+plugin or the tuner calls besides exists (vLLM's plugin loader, ``get_world_group``, ``vllm.envs.compile_factors``); the markers of the autotune layout
 the table names are in ``kernel_warmup.flashinfer_autotune`` and ``flashinfer_autotune_cache``;
 for a release whose compile cache installs, the sub-configs' ``compute_hash``,
 ``aot_compile_hash_factors``, ``_model_hash_key``, the compile index's file name, and vLLM's own
-``hash_factors`` run from its source hashing as ``tunecache.formats.vllm_compile.env_hash``
+``hash_factors`` run from its source hashing as ``tunecache.engines.vllm.compile_cache.env_hash``
 does; for one whose compile cache does not, that ``compute_hash`` is indeed gone.
 
 Which releases: ``TUNECACHE_VLLM_RELEASES`` (comma-separated versions, or ``all``: one of each
@@ -33,7 +34,10 @@ from pathlib import Path
 
 import pytest
 
-from tunecache.client.vllm_releases import RELEASES, release_of
+from tunecache.engines import engine_for
+from tunecache.engines.vllm.releases import RELEASES
+
+release_of = engine_for("vllm").release_of
 
 #: One release of each minor version of the table (its newest patch at the time of writing).
 ALL = ["0.25.0", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
@@ -92,12 +96,10 @@ def _function(source: bytes, name: str) -> str:
     return ast.get_source_segment(source.decode(), node)
 
 
-#: What the plugin hooks and the tuner calls, in every release (module path -> names).
+#: What the plugin and the tuner call besides the hook targets, in every release (module path -> names).
 HOOKED = {
-    "vllm/engine/arg_utils.py": ["EngineArgs", "EngineArgs.create_engine_config"],
-    "vllm/v1/worker/gpu_worker.py": ["Worker.load_model", "Worker.determine_available_memory",
-                                     "Worker.compile_or_warm_up_model"],
-    "vllm/model_executor/warmup/kernel_warmup.py": ["kernel_warmup", "flashinfer_autotune"],
+    "vllm/engine/arg_utils.py": ["EngineArgs"],
+    "vllm/model_executor/warmup/kernel_warmup.py": [],
     "vllm/model_executor/warmup/flashinfer_autotune_cache.py": ["flashinfer_autotune_cache_hash",
                                                                 "resolve_flashinfer_autotune_file"],
     "vllm/plugins/__init__.py": ["load_general_plugins"],
@@ -122,9 +124,37 @@ LAYOUT_MARKS = {
 
 
 @pytest.mark.parametrize("version", _releases())
+def test_every_hook_target_of_the_release_is_in_its_wheel(wheels, version):
+    """What the plugin wraps in this release, as vLLM's adaptor names it, is defined in the
+    release's own code (a module's function, or a class's method)."""
+    adaptor = engine_for("vllm")
+    release = release_of(version)
+    targets = adaptor.hook_targets(release)
+    assert {t.role for t in targets} >= {"engine_config", "load_model", "first_forward", "warm_up", "kernel_warmup",
+                                         "flashinfer_autotune"}
+    wheel = _wheel(wheels, version)
+    missing = []
+    for target in targets:
+        package = target.source_path.removesuffix(".py") + "/__init__.py"
+        path = target.source_path if target.source_path in wheel.namelist() else package
+        if path not in wheel.namelist() or target.qualname not in _defined(wheel.read(path)):
+            missing.append(f"{target.role}: {target.module}.{target.qualname}")
+    assert not missing, f"vllm {version} lacks hook targets the plugin wraps: {missing}"
+
+
+def test_a_hook_target_the_release_lacks_is_named(wheels):
+    """The check above can fail: a target the oldest release does not define is named."""
+    from tunecache.engines.base import HookTarget
+
+    wheel = _wheel(wheels, DEFAULT[0])
+    source = wheel.read(HookTarget("x", "vllm.v1.worker.gpu_worker", "Worker.nothing").source_path)
+    assert "Worker.load_model" in _defined(source) and "Worker.nothing" not in _defined(source)
+
+
+@pytest.mark.parametrize("version", _releases())
 def test_the_release_has_what_tunecache_uses_as_the_table_says(wheels, version):
     release = release_of(version)
-    assert release is not None, f"vllm {version} is not in tunecache.client.vllm_releases"
+    assert release is not None, f"vllm {version} is not in tunecache.engines.vllm.releases"
     wheel = _wheel(wheels, version)
     sources = {name: wheel.read(name) for name in {*HOOKED, *COMPILED, "vllm/compilation/backends.py"}
                if name in wheel.namelist()}
@@ -147,7 +177,7 @@ def test_the_release_has_what_tunecache_uses_as_the_table_says(wheels, version):
         assert "vllm/config/model.py: ModelConfig.compute_hash" in compiled, (version, compiled)
 
     # vLLM's own hash_factors, run from its source, hashes as tunecache's fallback does
-    from tunecache.formats.vllm_compile import env_hash
+    from tunecache.engines.vllm.compile_cache import env_hash
 
     namespace = {"hashlib": hashlib, "json": json}
     exec(_function(sources["vllm/config/utils.py"], "hash_factors"), namespace)  # noqa: S102 - the release's own code

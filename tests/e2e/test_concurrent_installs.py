@@ -13,7 +13,8 @@ import traceback
 from tests.support.paths import CUDNN_FILE
 from tests.support.jit import fake_workspace
 from tunecache.client.jit_install import install_jit_module
-from tunecache.client.layouts import install_deep_gemm_cache, install_vllm_rank_files, vllm_rank_file_name
+from tunecache.client.layouts import install_deep_gemm_cache, install_vllm_rank_files
+from tunecache.engines.vllm.paths import vllm_rank_file_name
 from tunecache.formats.jit_module import module_tarball
 
 PROCESSES = 8

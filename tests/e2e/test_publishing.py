@@ -286,7 +286,9 @@ def test_the_rollback_memory_keeps_what_was_verified_not_the_key_an_answer_names
     import httpx
 
     from tunecache.client.http import TunecacheClient
-    from tunecache.client.install import FlashInferFile, InstallTarget, fetch_tuning, install
+    from tunecache.client.install import fetch_tuning, install
+    from tunecache.client.layouts import FlashInferFile
+    from tunecache.client.pipeline import InstallTarget
     from tunecache.client.installed import newest_installed
     from tests.support.builders import file_environment
     from tunecache.signing import format_public_key, load_trusted_keys
@@ -314,7 +316,7 @@ def test_the_rollback_memory_keeps_what_was_verified_not_the_key_an_answer_names
     with TunecacheClient(server, transport=Rewriting(), reports=False) as client:
         fetched = fetch_tuning(client, key, environment, trusted_keys=trusted)
         assert fetched.run.id == run_2["id"] and fetched.run.key.model == "someone/else"
-        install(fetched, InstallTarget(tactics=FlashInferFile(tmp_path / "pod", "autotune.json")))
+        install(fetched, InstallTarget.of((), FlashInferFile(tmp_path / "pod", "autotune.json")))
     assert newest_installed(key, environment) == run_2["signature"]["signed_at"]
     assert tunecache_promote(server, run_1["id"]) == 0  # run 1 current again, its old signature
     with TunecacheClient(server, reports=False) as client:

@@ -392,7 +392,7 @@ def test_a_read_only_cache_root_with_a_baked_file_is_named_for_what_vllm_does(se
 def test_the_autotune_layouts_of_vllm_027_to_032_in_a_two_process_engine(server, tmp_path, version, layout, files):
     """vLLM 0.27-0.31 read one file at rank 0 and broadcast it; 0.32 one file per rank beside
     resolve_flashinfer_autotune_file's, loaded only when every rank's matches
-    (tunecache.client.vllm_releases)."""
+    (tunecache.engines.vllm.releases)."""
     assert push(server, CUDNN_FILE, "--tensor-parallel-size", "2").returncode == 0
     workers, _ = run_pod(tmp_path, 2, TUNECACHE_URL=server, STAND_IN_VLLM_LAYOUT=layout, STAND_IN_VLLM_VERSION=version)
     for seen, _log in workers:

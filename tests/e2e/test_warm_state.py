@@ -35,7 +35,7 @@ def push_warm_run(server, tmp_path, signing_key, **overrides) -> int:
     """Harvest a node's scratch and record its run (tactics + warm state), signed by the node."""
     from tunecache.service.tuner.vllm_warmup import harvest_warm_state
 
-    from tunecache.formats.vllm_compile import VariantFactors
+    from tunecache.engines.vllm.compile_cache import VariantFactors
 
     scratch = node_scratch(tmp_path, NODE_MODEL, **overrides)
     out = tmp_path / ("harvest" + (f"-{overrides['max_model_len']}" if overrides.get("max_model_len") else ""))
@@ -205,6 +205,24 @@ def test_an_init_container_pulls_the_warm_state_under_the_nodes_names(server, tm
                     str(tmp_path / "plain" / "root"))
     assert unsigned.returncode == 0 and "warm state installed: none" in unsigned.stderr
     assert not (tmp_path / "plain" / "root").exists()
+
+
+def test_pull_warm_state_installs_the_deep_gemm_cache_as_the_plugin_does(server, tmp_path, node_signing_key,
+                                                                         monkeypatch):
+    """``tunecache pull --warm-state`` takes the plugin's path over the registered destinations:
+    the run's DeepGEMM kernels go into this pod's DeepGEMM cache directory (``DG_JIT_CACHE_DIR``),
+    as the plugin's main process puts them (before, an init container's pull left them out)."""
+    from tests.e2e.test_vllm_plugin import push_deep_gemm_run
+    from tests.support.cli import pull
+
+    push_deep_gemm_run(server, node_signing_key)
+    cache = tmp_path / "init" / "deep_gemm"
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(cache))
+    pulled = pull(server, tmp_path / "init" / "file", CUDNN_FILE, "--warm-state", "--vllm-cache-root",
+                  str(tmp_path / "init" / "vllm-cache"), "--triton-cache-dir", str(tmp_path / "init" / "triton"))
+    assert pulled.returncode == 0, pulled.stderr
+    assert (cache / "cache" / "kernel.abc" / "kernel.cubin").read_bytes() == b"cubin"
+    assert "DeepGEMM cache (1 kernels)" in pulled.stderr
 
 
 def test_a_pod_with_another_home_gets_the_compile_cache_under_the_names_its_own_home_gives(server, tmp_path,

@@ -436,7 +436,7 @@ NODE_SCRATCH = textwrap.dedent('''
     (kernel / "_fwd_kernel.cubin").write_bytes(b"cubin")
     (kernel / "__grp___fwd_kernel.json").write_text(json.dumps({"child_paths": {"_fwd_kernel.cubin": str(kernel / "_fwd_kernel.cubin")}}))
     hashes = {name: getattr(config, name).compute_hash() for name in ("model_config", "cache_config", "scheduler_config", "parallel_config")}
-    from tunecache.formats.vllm_compile import variant_factors  # as the tuner's compile_facts records it
+    from tunecache.engines.vllm.compile_cache import variant_factors  # as the tuner's compile_facts records it
     version = overrides.get("vllm_version", "0.25.0")
     variant = variant_factors(config, envs.compile_factors(), version, "meta-llama/Llama-3.1-8B")
     (scratch / "compile-facts.json").write_text(json.dumps({"vllm_version": version,

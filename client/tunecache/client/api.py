@@ -12,17 +12,12 @@ from pathlib import Path
 
 from tunecache.client.environment import detect_environment, pod_key
 from tunecache.client.http import TunecacheClient
-from tunecache.client.install import (
-    FlashInferFile,
-    InstallResult,
-    InstallTarget,
-    JitWorkspace,
-    default_file_name,
-    fetch_and_install,
-)
+from tunecache.client.install import InstallResult, default_file_name, fetch_and_install
+from tunecache.client.layouts import FlashInferFile
+from tunecache.client.pipeline import InstallTarget
 from tunecache.signing import load_trusted_keys
 from tunecache.client.settings import load_client_settings
-from tunecache.contract import ReportSource, expert_parallel_size
+from tunecache.contract import ArtifactKind, ReportSource, expert_parallel_size
 
 
 @dataclass(frozen=True)
@@ -78,8 +73,8 @@ def install_tuning(
     )
     with TunecacheClient.from_settings(settings, server) as client:
         trusted = load_trusted_keys(settings.trusted_keys) if settings.trusted_keys else None
-        target = InstallTarget(jit_modules=JitWorkspace() if jit else None,
-                               tactics=FlashInferFile(Path(dest_dir), default_file_name(key)))
+        target = InstallTarget.of((ArtifactKind.FLASHINFER_JIT_MODULE,) if jit else (),
+                                  FlashInferFile(Path(dest_dir), default_file_name(key)))
         installed = fetch_and_install(client, key, environment, target, trusted, ReportSource.API)
     loaded = False
     if load:

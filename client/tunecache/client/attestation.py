@@ -113,8 +113,8 @@ def boot_files(until_ns: int | None = None) -> dict[CompiledKind, int]:
     (about a second on the H200 with a warm state installed: the plugin runs it after the
     worker warmed up, in the background)."""
     from tunecache.client.jit_install import flashinfer_workspace
-    from tunecache.client.layouts import deep_gemm_cache_dir
-    from tunecache.client.warm_state import inductor_triton_dir, triton_cache_dir, vllm_cache_root
+    from tunecache.engines.vllm.paths import deep_gemm_cache_dir, vllm_cache_root
+    from tunecache.client.warm_state import inductor_triton_dir, triton_cache_dir
 
     since = Handoff.from_environment().boot_started_ns or 0
     root = vllm_cache_root()

@@ -6,17 +6,19 @@ pod's own directories), it stages a fetched run's artifacts of its kinds
 (``stage(fetched) -> Commit``: checks and resolves everything, writes nothing; the commit
 writes) and tells, before any boot, what would become of a stored run's artifacts of a kind
 here (``preflight(run, kind)``, for ``tunecache doctor``). Each class registers with
-:func:`registers` for the kinds it installs; :func:`destinations_of` answers which classes
-install a kind (the tactics have one per layout: a plain file, vLLM's rank files, FlashInfer's
-v2 store).
+:func:`registers` for the kinds it installs (the tactics have one per layout: a plain file,
+vLLM's rank files, FlashInfer's v2 store).
 
-The classes live beside what they install with (:mod:`tunecache.client.install`,
-:mod:`tunecache.client.warm_state`); importing :mod:`tunecache.client.install` registers them all.
+The classes live beside what they install with (:mod:`tunecache.client.jit_install`,
+:mod:`tunecache.client.layouts`, :mod:`tunecache.client.warm_state`), which import this
+module and nothing imports back: :mod:`tunecache.client.pipeline` imports them all (which
+registers them) and answers which classes install a kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from tunecache.contract import KINDS, ArtifactKind
@@ -30,6 +32,12 @@ class Destination:
     """Base of every destination: the kinds it installs and what it says of them before a boot."""
 
     kinds: ClassVar[tuple[ArtifactKind, ...]] = ()
+
+    @classmethod
+    def made_for(cls, kinds: frozenset[ArtifactKind], where: Path | None) -> Destination:
+        """The destination installing ``kinds`` (of its :attr:`kinds`) into ``where`` (``None``:
+        this pod's own directory); by default its first field is where."""
+        return cls() if where is None else cls(where)  # type: ignore[call-arg]
 
     def stage(self, fetched: Any) -> Commit:
         """Check and resolve everything for installing ``fetched`` (a
@@ -67,9 +75,3 @@ def registers(*kinds: ArtifactKind) -> Callable[[D], D]:
 
     return register
 
-
-def destinations_of(kind: ArtifactKind) -> tuple[type[Destination], ...]:
-    """The destination classes that install ``kind`` (``()``: pods do not install it)."""
-    import tunecache.client.install  # noqa: F401 - its import registers every destination
-
-    return DESTINATIONS.get(kind, ())

@@ -2,7 +2,8 @@
 
 Every route installs through :func:`install` (``tunecache pull``'s three layouts, the Python
 API, the vLLM plugin's pod): a fetched run (:func:`fetch_tuning`) and an
-:class:`InstallTarget`, one destination per artifact kind, give one :class:`InstallResult`.
+:class:`~tunecache.client.pipeline.InstallTarget` (the kinds installed, each by its registered
+destination) give one :class:`InstallResult`.
 """
 
 from __future__ import annotations
@@ -11,31 +12,22 @@ import contextlib
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict
 
-from tunecache.client.atomic import all_or_nothing, write_atomically
-from tunecache.client.destinations import Commit, Destination, registers
+from tunecache.client.atomic import all_or_nothing
 from tunecache.formats.dependencies import drift, image_of, installed_versions
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import remember_installed
 from tunecache.client.journal import recover_interrupted
+from tunecache.client.layouts import FlashInferFile
+from tunecache.client.pipeline import InstallTarget
 from tunecache.client.run_trust import trusted_signer
-from tunecache.client.jit_install import JitWorkspace
-from tunecache.client.layouts import (
-    deep_gemm_cache_dir,
-    flashinfer_v2_root,
-    install_deep_gemm_cache,
-    install_v2_store,
-    install_vllm_rank_files,
-    vllm_autotune_root,
-)
 from tunecache.client.report import installing, outcome_of, worth_reporting
-from tunecache.client.warm_state import TritonCache, VllmCacheRoot
 from tunecache.formats.jit_module import check_jit_module
 from tunecache.contract import (
     KINDS,
@@ -59,15 +51,6 @@ def default_file_name(key: TuningKey) -> str:
     return f"{slug}_mnbt{key.max_num_batched_tokens}_tp{key.tensor_parallel_size}_{digest}.json"
 
 
-def check_file_name(name: str) -> str:
-    """A plain file name (no directory parts, not hidden).
-
-    Raises:
-        ValueError: naming what is wrong.
-    """
-    if not name or "/" in name or "\\" in name or name.startswith(".") or name != Path(name).name:
-        raise ValueError(f"file name {name!r} must be a plain name without directories, not starting with '.'")
-    return name
 
 
 @dataclass(frozen=True)
@@ -108,7 +91,7 @@ class FetchedTuning:
     def workspace_subdir(self) -> str:
         """FlashInfer's ``<version>/<arch dir>`` on the tuning node (``""`` if not recorded).
 
-        The server's word: compared with this pod's own (:class:`JitWorkspace`),
+        The server's word: compared with this pod's own (:class:`~tunecache.client.jit_install.JitWorkspace`),
         never made into a path."""
         layout = self.run.summary.get("flashinfer_jit")
         return str(layout.get("workspace_subdir", "")) if isinstance(layout, dict) else ""
@@ -216,115 +199,6 @@ def _run_of(client: TunecacheClient, run_id: int, key: TuningKey, environment: E
     return run
 
 
-@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
-@dataclass(frozen=True)
-class FlashInferFile(Destination):
-    """The tactics as a plain FlashInfer cache file ``directory/name``, for
-    ``flashinfer.autotune(False, cache=PATH)`` or ``AutoTuner.get().load_configs(PATH)``.
-
-    Raises:
-        ValueError: (when made) ``name`` has directory parts or is hidden.
-    """
-
-    directory: Path
-    name: str
-
-    def __post_init__(self) -> None:
-        check_file_name(self.name)
-
-    def stage(self, fetched: FetchedTuning) -> Commit:
-        path = Path(self.directory) / self.name
-
-        def commit() -> dict[str, Any]:
-            write_atomically(path, fetched.autotune)
-            return {"paths": (path,)}
-
-        return commit
-
-
-@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
-@dataclass(frozen=True)
-class VllmRankFiles(Destination):
-    """The tactics as every rank's v1 file of one vLLM deployment, ``root/config_hash/<name>``
-    for each of ``file_names`` (:func:`tunecache.client.layouts.vllm_rank_file_name`, or vLLM
-    0.25's single ``autotune_configs.json``), all at once
-    (:func:`tunecache.client.layouts.install_vllm_rank_files`); ``root`` ``None``: this pod's
-    own (:func:`tunecache.client.layouts.vllm_autotune_root`, resolved before anything is written)."""
-
-    config_hash: str
-    file_names: tuple[str, ...]
-    root: Path | None = None
-
-    def stage(self, fetched: FetchedTuning) -> Commit:
-        root = Path(self.root) if self.root is not None else vllm_autotune_root()
-        return lambda: {"paths": tuple(install_vllm_rank_files(fetched.autotune, root, self.config_hash,
-                                                               list(self.file_names)))}
-
-
-@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
-@dataclass(frozen=True)
-class FlashInferV2Store(Destination):
-    """The tactics published into FlashInfer's v2 store under ``root``
-    (:func:`tunecache.client.layouts.install_v2_store`); ``None``: this pod's own
-    (:func:`tunecache.client.layouts.flashinfer_v2_root`, resolved before anything is written)."""
-
-    root: Path | None = None
-
-    def stage(self, fetched: FetchedTuning) -> Commit:
-        root = Path(self.root) if self.root is not None else flashinfer_v2_root()
-        return lambda: {"paths": (install_v2_store(fetched.autotune, root),)}
-
-
-@registers(ArtifactKind.DEEP_GEMM_JIT_CACHE)
-@dataclass(frozen=True)
-class DeepGemmCache(Destination):
-    """The run's DeepGEMM JIT cache (when it has one), its kernels merged into ``path``
-    (:func:`tunecache.client.layouts.install_deep_gemm_cache`); ``None``: this pod's own
-    DeepGEMM cache directory (:func:`tunecache.client.layouts.deep_gemm_cache_dir`)."""
-
-    path: Path | None = None
-
-    def preflight(self, run: TuningRunRead, kind: ArtifactKind) -> tuple[bool | None, str]:
-        return True, f"merged into {Path(self.path) if self.path is not None else deep_gemm_cache_dir()}"
-
-    def stage(self, fetched: FetchedTuning) -> Commit:
-        if fetched.deep_gemm is None:
-            return dict
-        directory = Path(self.path) if self.path is not None else deep_gemm_cache_dir()
-
-        def commit() -> dict[str, Any]:
-            install_deep_gemm_cache(fetched.deep_gemm, directory)
-            return {"deep_gemm_dir": directory}
-
-        return commit
-
-
-@dataclass(frozen=True, kw_only=True)
-class InstallTarget:
-    """Where this pod installs a fetched run: one destination per artifact kind, ``None``
-    where that kind is not installed here. Fields are in the order :func:`install` writes
-    them; the tactics come last, so that a failure before them leaves the files FlashInfer
-    or vLLM read as they were. A new artifact kind is one more field (its destination, a
-    :class:`tunecache.client.destinations.Destination` registered for the kind, has a
-    ``stage(fetched) -> Commit``, which checks and resolves everything and writes nothing)."""
-
-    jit_modules: JitWorkspace | None = None
-    deep_gemm: DeepGemmCache | None = None
-    triton: TritonCache | None = None
-    vllm_cache: VllmCacheRoot | None = None
-    tactics: FlashInferFile | VllmRankFiles | FlashInferV2Store | None
-    """``None``: the tactics are installed elsewhere (the vLLM plugin's workers install them)."""
-
-    def destinations(self) -> list[Any]:
-        """The destinations set, in the order they are written."""
-        return [d for d in (getattr(self, f.name) for f in fields(self)) if d is not None]
-
-    def fetch_options(self) -> dict[str, bool]:
-        """What :func:`fetch_tuning` must fetch besides the tactics for this target."""
-        return {"jit": self.jit_modules is not None, "deep_gemm": self.deep_gemm is not None,
-                "warm_state": self.triton is not None or self.vllm_cache is not None}
-
-
 class InstallResult(BaseModel):
     """What an install came to, on every route (and in the vLLM plugin's pod record).
 
@@ -348,7 +222,7 @@ class InstallResult(BaseModel):
     jit_workspace: Path | None = None
     jit_aot_dir: Path | None = None
     """The AOT directory made for the modules, when FlashInfer loads them without ninja
-    (:attr:`JitWorkspace.loads_as_aot`)."""
+    (:attr:`tunecache.client.jit_install.JitWorkspace.loads_as_aot`)."""
     jit_skipped: str | None = None
     """Why the run's JIT modules were not installed (unsigned, built for another FlashInfer
     version or arch, with other paths or CUDA, or this pod's FlashInfer workspace is unknown), if so."""
@@ -473,12 +347,13 @@ def pull_autotune_file(
     file in ``dest_dir`` (``file_name``, default :func:`default_file_name`), for
     ``flashinfer.autotune(False, cache=PATH)``; with ``jit_workspace`` the run's JIT modules
     too, into that directory or (``True``) this pod's own FlashInfer workspace
-    (:class:`JitWorkspace`), only from a run signed by one of ``trusted_keys``.
+    (:class:`~tunecache.client.jit_install.JitWorkspace`), only from a run signed by one of ``trusted_keys``.
 
     Raises:
         ValueError for a ``file_name`` with directory parts (before anything is fetched);
         as :func:`fetch_and_install`.
     """
-    jit = None if not jit_workspace else JitWorkspace(None if jit_workspace is True else Path(jit_workspace))
-    target = InstallTarget(jit_modules=jit, tactics=FlashInferFile(Path(dest_dir), file_name or default_file_name(key)))
+    jit = () if not jit_workspace else (ArtifactKind.FLASHINFER_JIT_MODULE,)
+    where = {ArtifactKind.FLASHINFER_JIT_MODULE: None if jit_workspace is True else Path(jit_workspace)} if jit else {}
+    target = InstallTarget.of(jit, FlashInferFile(Path(dest_dir), file_name or default_file_name(key)), where)
     return fetch_and_install(client, key, environment, target, trusted_keys, report_source)

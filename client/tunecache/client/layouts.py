@@ -1,81 +1,41 @@
-"""Where vLLM 0.33 and FlashInfer 0.7 read autotune results, and installing into them.
+"""Installing a run's tactics and DeepGEMM cache where vLLM and FlashInfer read them.
 
-* vLLM's per-rank v1 files (multi-rank deployments):
-  ``<root>/<hash>/autotune_configs_dp{dp}_rank{rank}.json`` where ``<root>`` is
-  ``vllm/model_executor/warmup/flashinfer_autotune_cache.py::flashinfer_autotune_root()``
-  (``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` if set, else
-  ``$VLLM_CACHE_ROOT/flashinfer_autotune_cache/<flashinfer version>/<arch dir>``) and
-  ``<hash>`` is ``flashinfer_autotune_cache_hash(runner)``: sha256 of
-  ``VllmConfig.compute_hash(include_version=False)``. vLLM loads them only when every rank
-  has a file with the same ``_metadata`` and entry count, so all ranks get the same bytes.
-* DeepGEMM's JIT cache: one directory, ``DG_JIT_CACHE_DIR`` (vLLM sets
-  ``$VLLM_CACHE_ROOT/deep_gemm`` when it is unset: ``vllm/utils/deep_gemm.py::_lazy_init``),
-  with a ``cache/kernel.<name>.<hash>/`` directory per compiled kernel
-  (``csrc/jit/compiler.hpp::Compiler::build``). A fetched cache's kernels are merged into
-  it. (Measured on an H200 with the DeepGEMM vLLM 0.25 ships: a colon-separated list is
-  taken as one path, so a second "read-only root" is never read.)
-* FlashInfer's v2 store (single-rank vLLM): ``<root>/v2/<env_hash>/manifest.json`` and
-  ``entries/``, written here with FlashInfer's own ``ManagedAutotuneCache.publish``;
-  ``<root>`` is ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` if set (vLLM's
-  ``resolve_flashinfer_autotune_v2_root``), else FlashInfer's ``get_default_cache_root()``.
+Where that is (vLLM's per-rank autotune root and file names, FlashInfer's v2 store root,
+DeepGEMM's cache directory) is the engine adaptor's knowledge
+(:mod:`tunecache.engines.vllm.paths`); this module writes there:
 
-With vllm importable, vLLM's own functions give the root and the hash; without it the
-root is composed as above (mirrored from vLLM 0.33.0) from this pod's own environment and
-FlashInfer, and the hash must be given (the plugin computes it inside vLLM; an init
-container gets it with ``--vllm-config-hash``). Nothing a run carries becomes part of a path.
-Every install is all-or-nothing: written into a temporary directory beside the target
-and renamed into place.
+* every rank's v1 file of one vLLM deployment (:func:`install_vllm_rank_files`);
+* FlashInfer's v2 store, written with FlashInfer's own ``ManagedAutotuneCache.publish``
+  (:func:`install_v2_store`);
+* DeepGEMM's JIT cache, a ``cache/kernel.<name>.<hash>/`` directory per compiled kernel
+  (``csrc/jit/compiler.hpp::Compiler::build``), the fetched kernels merged in
+  (:func:`install_deep_gemm_cache`). (Measured on an H200 with the DeepGEMM vLLM 0.25 ships: a
+  colon-separated list is taken as one path, so a second "read-only root" is never read.)
+
+Each is a destination of its kind (:class:`FlashInferFile`, :class:`VllmRankFiles`,
+:class:`FlashInferV2Store` for the tactics, :class:`DeepGemmCache`), registered against it
+(:mod:`tunecache.client.destinations`). Nothing a run carries becomes part of a path. Every
+install is all-or-nothing: written into a
+temporary directory beside the target and renamed into place.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from tunecache.client.atomic import directory_lock, note_added, staging_dir, swap_into_place
+from tunecache.client.atomic import directory_lock, note_added, staging_dir, swap_into_place, write_atomically
+from tunecache.client.destinations import Commit, Destination, registers
+from tunecache.contract import ArtifactKind
+from tunecache.engines.vllm.paths import deep_gemm_cache_dir, flashinfer_v2_root, vllm_autotune_root
 from tunecache.formats.tarball import max_unpack_files, open_bounded
 
 
-def vllm_rank_file_name(dp_rank: int, rank: int) -> str:
-    """``autotune_configs_dp{dp}_rank{rank}.json`` (vLLM 0.33 ``flashinfer_autotune_filename``)."""
-    return f"autotune_configs_dp{dp_rank}_rank{rank}.json"
 
 
-def vllm_autotune_root() -> Path:
-    """vLLM's per-rank autotune root for this process, from this pod's own environment:
-    vLLM's ``flashinfer_autotune_root()``; without vllm,
-    ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``, else
-    ``$VLLM_CACHE_ROOT/flashinfer_autotune_cache/`` + the ``<version>/<arch dir>`` of this
-    pod's FlashInfer workspace.
-
-    Raises:
-        ValueError: neither vllm nor flashinfer is importable here and
-            ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` is unset, so nothing here tells the
-            FlashInfer version and arch directory.
-    """
-    try:
-        from vllm.model_executor.warmup.flashinfer_autotune_cache import flashinfer_autotune_root
-
-        return Path(flashinfer_autotune_root())
-    except ImportError:
-        pass
-    override = os.environ.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    cache_root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm"
-    )
-    try:
-        from flashinfer.jit import env as jit_env
-
-        workspace = Path(jit_env.FLASHINFER_WORKSPACE_DIR)
-        subdir = Path(workspace.parent.name) / workspace.name
-    except ImportError:
-        raise ValueError("cannot tell FlashInfer's version/arch directory here (neither vllm nor flashinfer is "
-                         "importable); set VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR or pass --dest") from None
-    return Path(cache_root).expanduser() / "flashinfer_autotune_cache" / subdir
 
 
 def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, file_names: list[str]) -> list[Path]:
@@ -84,7 +44,7 @@ def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, file_name
     Args:
         data: a FlashInfer v1 autotune file.
         file_names: the file of every process of the pod, as vLLM names it: vLLM 0.33's
-            :func:`vllm_rank_file_name` per ``(dp_rank, rank)``, or vLLM 0.25's single
+            :func:`tunecache.engines.vllm.paths.vllm_rank_file_name` per ``(dp_rank, rank)``, or vLLM 0.25's single
             ``autotune_configs.json`` (``resolve_flashinfer_autotune_file``).
 
     Returns the paths written. Raises OSError (disk full, permissions); then nothing changed.
@@ -107,19 +67,6 @@ def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, file_name
     return [root / config_hash / name for name in file_names]
 
 
-def flashinfer_v2_root() -> Path:
-    """Where FlashInfer's v2 store is read: ``$VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` (as vLLM
-    passes it to ``autotune_v2(cache_root=...)``) or FlashInfer's default root.
-
-    Raises:
-        ImportError: flashinfer is not importable and the variable is unset.
-    """
-    override = os.environ.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    from flashinfer.autotune_cache import get_default_cache_root
-
-    return Path(get_default_cache_root())
 
 
 def install_v2_store(data: bytes, root: Path) -> Path:
@@ -162,16 +109,6 @@ def install_v2_store(data: bytes, root: Path) -> Path:
     return target
 
 
-def deep_gemm_cache_dir() -> Path:
-    """This pod's DeepGEMM JIT cache directory, where DeepGEMM looks up and writes kernels:
-    ``$DG_JIT_CACHE_DIR``, else vLLM's default ``$VLLM_CACHE_ROOT/deep_gemm``
-    (``vllm/utils/deep_gemm.py::_lazy_init`` sets the variable to it when unset; DeepGEMM's
-    ``Compiler`` reads the variable as one directory, ``csrc/jit/compiler.hpp``)."""
-    current = os.environ.get("DG_JIT_CACHE_DIR")
-    if current:
-        return Path(current).expanduser()
-    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm")
-    return Path(root).expanduser() / "deep_gemm"
 
 
 def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
@@ -220,3 +157,97 @@ def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return installed
+
+
+def check_file_name(name: str) -> str:
+    """A plain file name (no directory parts, not hidden).
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    if not name or "/" in name or "\\" in name or name.startswith(".") or name != Path(name).name:
+        raise ValueError(f"file name {name!r} must be a plain name without directories, not starting with '.'")
+    return name
+
+
+@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
+@dataclass(frozen=True)
+class FlashInferFile(Destination):
+    """The tactics as a plain FlashInfer cache file ``directory/name``, for
+    ``flashinfer.autotune(False, cache=PATH)`` or ``AutoTuner.get().load_configs(PATH)``.
+
+    Raises:
+        ValueError: (when made) ``name`` has directory parts or is hidden.
+    """
+
+    directory: Path
+    name: str
+
+    def __post_init__(self) -> None:
+        check_file_name(self.name)
+
+    def stage(self, fetched: Any) -> Commit:
+        path = Path(self.directory) / self.name
+
+        def commit() -> dict[str, Any]:
+            write_atomically(path, fetched.autotune)
+            return {"paths": (path,)}
+
+        return commit
+
+
+@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
+@dataclass(frozen=True)
+class VllmRankFiles(Destination):
+    """The tactics as every rank's v1 file of one vLLM deployment, ``root/config_hash/<name>``
+    for each of ``file_names`` (:func:`tunecache.engines.vllm.paths.vllm_rank_file_name`, or vLLM
+    0.25's single ``autotune_configs.json``), all at once
+    (:func:`install_vllm_rank_files`); ``root`` ``None``: this pod's
+    own (:func:`tunecache.engines.vllm.paths.vllm_autotune_root`, resolved before anything is written)."""
+
+    config_hash: str
+    file_names: tuple[str, ...]
+    root: Path | None = None
+
+    def stage(self, fetched: Any) -> Commit:
+        root = Path(self.root) if self.root is not None else vllm_autotune_root()
+        return lambda: {"paths": tuple(install_vllm_rank_files(fetched.autotune, root, self.config_hash,
+                                                               list(self.file_names)))}
+
+
+@registers(ArtifactKind.FLASHINFER_AUTOTUNE)
+@dataclass(frozen=True)
+class FlashInferV2Store(Destination):
+    """The tactics published into FlashInfer's v2 store under ``root``
+    (:func:`install_v2_store`); ``None``: this pod's own
+    (:func:`tunecache.engines.vllm.paths.flashinfer_v2_root`, resolved before anything is written)."""
+
+    root: Path | None = None
+
+    def stage(self, fetched: Any) -> Commit:
+        root = Path(self.root) if self.root is not None else flashinfer_v2_root()
+        return lambda: {"paths": (install_v2_store(fetched.autotune, root),)}
+
+
+@registers(ArtifactKind.DEEP_GEMM_JIT_CACHE)
+@dataclass(frozen=True)
+class DeepGemmCache(Destination):
+    """The run's DeepGEMM JIT cache (when it has one), its kernels merged into ``path``
+    (:func:`install_deep_gemm_cache`); ``None``: this pod's own
+    DeepGEMM cache directory (:func:`tunecache.engines.vllm.paths.deep_gemm_cache_dir`)."""
+
+    path: Path | None = None
+
+    def preflight(self, run: Any, kind: ArtifactKind) -> tuple[bool | None, str]:
+        return True, f"merged into {Path(self.path) if self.path is not None else deep_gemm_cache_dir()}"
+
+    def stage(self, fetched: Any) -> Commit:
+        if fetched.deep_gemm is None:
+            return dict
+        directory = Path(self.path) if self.path is not None else deep_gemm_cache_dir()
+
+        def commit() -> dict[str, Any]:
+            kernels = install_deep_gemm_cache(fetched.deep_gemm, directory)
+            return {"deep_gemm_dir": directory, "warm_state": (f"DeepGEMM cache ({len(kernels)} kernels)",)}
+
+        return commit

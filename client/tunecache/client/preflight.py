@@ -7,7 +7,7 @@ same checks the install makes (nothing is fetched or written):
   what FlashInfer's ``AutoTuner.load_configs`` checks;
 * every other kind the run has, in :data:`tunecache.contract.KINDS`' order: its destination's
   ``preflight`` (:mod:`tunecache.client.destinations`), with this pod's own directories:
-  FlashInfer JIT modules (:meth:`tunecache.client.install.JitWorkspace.preflight`: the workspace
+  FlashInfer JIT modules (:meth:`tunecache.client.jit_install.JitWorkspace.preflight`: the workspace
   subdirectory and CUDA version against the node's, through FlashInfer's AOT path or ninja's),
   the compile cache (:func:`tunecache.client.warm_state.compile_cache_verdict`: vLLM version,
   environment factors and traced sources; the engine's arguments decide the rest, which only
@@ -60,7 +60,7 @@ def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetada
     ``environment`` as it asked; ``trusted_keys``: its ``TUNECACHE_TRUSTED_KEYS``, loaded), and
     whether the pod refuses the run as a whole: the install's own decision
     (:func:`tunecache.client.run_trust.trusted_signer`), not a copy of it."""
-    from tunecache.client.destinations import destinations_of
+    from tunecache.client.pipeline import destinations_of
 
     tactics = Verdict(ArtifactKind.FLASHINFER_AUTOTUNE, True,
                       f"{run.entries if run.entries is not None else '?'} entries, for this pod's key and FlashInfer "

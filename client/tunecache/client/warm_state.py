@@ -1,10 +1,9 @@
 """Where vLLM and Triton keep the rest of a boot's warm state, and installing a run's into them.
 
-* vLLM's cache root: ``VLLM_CACHE_ROOT`` (``vllm.envs.VLLM_CACHE_ROOT`` where vLLM is
-  importable; else the same default, ``$XDG_CACHE_HOME/vllm`` or ``~/.cache/vllm``), with
+* vLLM's cache root (:func:`tunecache.engines.vllm.paths.vllm_cache_root`), with
   ``modelinfos/`` (one JSON file per inspected model class, each holding the hash of the
   class's source that vLLM checks before it uses it) and ``torch_compile_cache/`` (two
-  hashed directories, :mod:`tunecache.formats.vllm_compile`).
+  hashed directories, :mod:`tunecache.engines.vllm.compile_cache`).
 * Triton's cache: ``TRITON_CACHE_DIR``, else ``triton.runtime.cache.default_cache_dir()``
   (``~/.triton/cache``): one directory per compiled kernel, named by its hash, with
   ``__grp__<name>.json`` files that list the kernel's files by absolute path. Triton drops
@@ -37,14 +36,10 @@ from pydantic import ValidationError
 
 from tunecache.client.destinations import Commit, Destination, registers
 from tunecache.contract import ArtifactKind
+from tunecache.engines.vllm.paths import vllm_cache_root
 from tunecache.formats.tarball import open_bounded
-from tunecache.formats.vllm_compile import (
-    FACTORS_FILE,
-    CompileFactors,
-    PodCompileFactors,
-    differences,
-    pod_dir_names,
-)
+from tunecache.engines import engine_for
+from tunecache.engines.vllm.compile_cache import FACTORS_FILE, CompileFactors, PodCompileFactors
 
 
 class BadWarmStateArtifact(ValueError):
@@ -52,16 +47,16 @@ class BadWarmStateArtifact(ValueError):
 
 
 def relocate_compile_dirs(compiled: Path, installed: list[str]) -> str | None:
-    """Point the graph handles of vLLM's compile index (:data:`~tunecache.formats.vllm_compile.COMPILE_INDEX`)
+    """Point the graph handles of vLLM's compile index (:data:`~tunecache.engines.vllm.compile_cache.COMPILE_INDEX`)
     in each of the ``installed`` directories under ``compiled`` (``torch_compile_cache/``) at
-    this pod's own copies of the artifacts (:func:`tunecache.formats.vllm_compile.relocate_compile_index`),
+    this pod's own copies of the artifacts (:func:`tunecache.engines.vllm.compile_cache.relocate_compile_index`),
     each index rewritten whole. A directory whose index names an artifact that is in neither
     place is removed again (vLLM would fail its start opening it; without it vLLM compiles).
     Returns why one was removed (``None``: none)."""
     import shutil
 
     from tunecache.client.atomic import write_atomically
-    from tunecache.formats.vllm_compile import COMPILE_INDEX, relocate_compile_index
+    from tunecache.engines.vllm.compile_cache import COMPILE_INDEX, relocate_compile_index
 
     removed = []
     for name in installed:
@@ -87,7 +82,7 @@ def relocate_node_paths(compiled: Path, installed: list[str], node: CompileFacto
                         renames: dict[str, str]) -> str | None:
     """Point the tuning node's paths in the text files of the ``installed`` directories under
     ``compiled`` (``torch_compile_cache/``; ``renames``: node name -> this pod's) at this pod's
-    (:mod:`tunecache.formats.vllm_compile_paths`): the node's cache directory, each directory
+    (:mod:`tunecache.engines.vllm.compile_paths`): the node's cache directory, each directory
     under the name this pod's vLLM gives it, each traced source where this pod imports it from.
     vLLM's ``cache_key_factors.json`` is written again with this pod's factors (``pod``), as its
     vLLM would have written it. Binary files are left as they are. Returns one line for the
@@ -95,7 +90,7 @@ def relocate_node_paths(compiled: Path, installed: list[str], node: CompileFacto
     paths (:attr:`CompileFactors.node_paths`, recorded by the tuner), those that load without
     them and those that are not relocatable (``None``: nothing to say)."""
     from tunecache.client.atomic import write_atomically
-    from tunecache.formats import vllm_compile_paths as paths
+    from tunecache.engines.vllm import compile_paths as paths
 
     installed = [name for name in installed if (compiled / name).is_dir()]  # not removed again
     mine = {theirs: renamed for theirs, renamed in renames.items() if renamed in installed}
@@ -139,18 +134,6 @@ def _json_or_none(text: str) -> Any:
         return None
 
 
-def vllm_cache_root() -> Path:
-    """This pod's ``VLLM_CACHE_ROOT``: ``vllm.envs.VLLM_CACHE_ROOT`` where vLLM is importable,
-    else the variable, else vLLM's default (``$XDG_CACHE_HOME/vllm``, ``~/.cache/vllm``)."""
-    try:
-        import vllm.envs as envs
-
-        return Path(envs.VLLM_CACHE_ROOT).expanduser()
-    except Exception:
-        pass
-    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm")
-    return Path(root).expanduser()
 
 
 def triton_cache_dir() -> Path:
@@ -331,11 +314,10 @@ def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
     here, before a boot: this pod's vLLM version and environment factors
     (``vllm.envs.compile_factors()``, the placement factors left out) and each traced source
     file where this pod imports it from, its bytes against the node's
-    (:func:`tunecache.formats.vllm_compile.traced_files_here`: the prefix the packages live
+    (:func:`tunecache.engines.vllm.compile_cache.traced_files_here`: the prefix the packages live
     under is no difference). The engine's arguments decide the rest, which only vLLM's config
     tells (``None``): the run's engine variant and the engine arguments it was tuned with are named."""
-    from tunecache.formats.vllm_compile import traced_files_here
-    from tunecache.formats.vllm_placement import PLACEMENT_ENV_FACTORS
+    from tunecache.engines.vllm.compile_cache import PLACEMENT_ENV_FACTORS, traced_files_here
 
     recorded = run.summary.get("vllm_compile")
     try:
@@ -358,7 +340,7 @@ def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
             differ.append(f"traced source {path}: not on this pod")
         elif digests[path] != digest:
             differ.append(f"traced source {moved.get(path, path)}: its content differs")
-    from tunecache.formats.vllm_compile_paths import NOT_RELOCATABLE, summary
+    from tunecache.engines.vllm.compile_paths import NOT_RELOCATABLE, summary
 
     stuck = summary({f: kind for f, kind in node.node_paths.items() if kind == NOT_RELOCATABLE})
     if differ:
@@ -381,7 +363,7 @@ class VllmCacheRoot(Destination):
 
     ``pod_factors``: the pod's compile factors (the vLLM plugin computes them from its
     ``VllmConfig`` with vLLM's functions). The compile cache goes under the directory names
-    they give when :func:`tunecache.formats.vllm_compile.differences` finds none; else it is
+    they give when :func:`tunecache.engines.vllm.compile_cache.differences` finds none; else it is
     not installed and ``compile_cache_skipped`` names each differing factor. ``None`` (an init
     container, no vLLM config to compute from): under the node's own names, which this pod's
     vLLM uses only if its factors are the node's. ``compile_cache=False``: the model
@@ -392,6 +374,11 @@ class VllmCacheRoot(Destination):
     pod_factors: PodCompileFactors | None = None
     compile_cache: bool = True
     modelinfos: bool = True
+
+    @classmethod
+    def made_for(cls, kinds: frozenset[ArtifactKind], where: Path | None) -> VllmCacheRoot:
+        return cls(where, compile_cache=ArtifactKind.VLLM_COMPILE_CACHE in kinds,
+                   modelinfos=ArtifactKind.VLLM_MODELINFOS in kinds)
 
     def preflight(self, run: Any, kind: ArtifactKind) -> tuple[bool | None, str]:
         root = Path(self.root) if self.root is not None else vllm_cache_root()
@@ -413,14 +400,13 @@ class VllmCacheRoot(Destination):
             if node is None:
                 skipped = "the run's compile cache records no factors (a tuner before this version)"
             elif self.pod_factors is None:
-                renames = {n: n for n in ([node.backbone_dir] if node.backbone_dir else [])
-                           + ([f"torch_aot_compile/{node.aot_dir}"] if node.aot_dir else [])}
+                renames = engine_for("vllm").compile_cache_names(node)
             else:
-                lines = differences(node, self.pod_factors)
+                lines = engine_for("vllm").compile_cache_differences(node, self.pod_factors)
                 if lines:
                     skipped = "compile cache not installed, vLLM would not use it: " + "; ".join(lines)
                 else:
-                    renames = pod_dir_names(node, self.pod_factors)
+                    renames = engine_for("vllm").compile_cache_names(node, self.pod_factors)
         if infos is not None:  # checked before anything is written
             _open_checked(infos, "vllm_modelinfos").close()
 

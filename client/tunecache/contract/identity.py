@@ -129,7 +129,7 @@ WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 Text = Annotated[str, AfterValidator(_no_nul), Field(json_schema_extra={"pattern": NO_NUL})]
 
 
-#: An engine variant's id (:class:`tunecache.formats.vllm_compile.VariantFactors`): the first
+#: An engine variant's id (:class:`tunecache.engines.vllm.compile_cache.VariantFactors`): the first
 #: 16 hex digits of a sha256 over what makes vLLM compile the same key differently (another
 #: ``max_model_len``, compilation setting, KV-cache dtype, vLLM version or environment factor).
 VARIANT_PATTERN = r"^[0-9a-f]{16}$"

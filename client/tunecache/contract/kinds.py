@@ -34,7 +34,7 @@ class ArtifactKind(StrEnum):
     * ``flashinfer_autotune_v2_store``: FlashInfer's v2 store directory as a gzipped tarball.
     * ``vllm_compile_cache``: vLLM's torch.compile cache (``$VLLM_CACHE_ROOT/torch_compile_cache/``:
       the hashed directory and ``torch_aot_compile/<hash>/``) as a gzipped tarball; installed
-      under the directory names the pod's own vLLM computes (:mod:`tunecache.formats.vllm_compile`).
+      under the directory names the pod's own vLLM computes (:mod:`tunecache.engines.vllm.compile_cache`).
     * ``vllm_modelinfos``: vLLM's model-inspection cache (``$VLLM_CACHE_ROOT/modelinfos/``) as a
       gzipped tarball.
     * ``triton_cache``: Triton's kernel cache (``TRITON_CACHE_DIR``) as a gzipped tarball.

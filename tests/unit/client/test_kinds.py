@@ -2,8 +2,11 @@
 
 import pytest
 
-from tunecache.client.destinations import DESTINATIONS, Destination, destinations_of, registers
-from tunecache.client.install import WARM_STATE_KINDS, DeepGemmCache, FlashInferFile, FlashInferV2Store, JitWorkspace, VllmRankFiles
+from tunecache.client.destinations import DESTINATIONS, Destination, registers
+from tunecache.client.install import WARM_STATE_KINDS
+from tunecache.client.jit_install import JitWorkspace
+from tunecache.client.layouts import DeepGemmCache, FlashInferFile, FlashInferV2Store, VllmRankFiles
+from tunecache.client.pipeline import destinations_of
 from tunecache.client.warm_state import TritonCache, VllmCacheRoot
 from tunecache.contract import JSON_MEDIA_TYPE, KINDS, TAR_GZ_MEDIA_TYPE, ArtifactKind, kinds_where
 from tunecache.formats.dependencies import DISTRIBUTIONS

@@ -44,18 +44,11 @@ from tunecache.client.atomic import file_lock, remove_stale, write_atomically
 from tunecache.client.boot.handoff import Handoff
 from tunecache.client.boot.reporting import report_install
 from tunecache.client.http import TunecacheClient
-from tunecache.client.install import (
-    DeepGemmCache,
-    FlashInferV2Store,
-    InstallResult,
-    InstallTarget,
-    JitWorkspace,
-    VllmRankFiles,
-    fetch_tuning,
-    install,
-)
-from tunecache.client.layouts import deep_gemm_cache_dir
-from tunecache.contract import ENVIRONMENT_FIELDS, EnvironmentMetadata, ReportOutcome, TuningKey
+from tunecache.client.install import InstallResult, fetch_tuning, install
+from tunecache.client.layouts import FlashInferV2Store, VllmRankFiles
+from tunecache.client.pipeline import InstallTarget
+from tunecache.engines.vllm.paths import deep_gemm_cache_dir
+from tunecache.contract import ENVIRONMENT_FIELDS, ArtifactKind, EnvironmentMetadata, ReportOutcome, TuningKey
 from tunecache.formats.autotune_file import check_loadable
 from tunecache.signing import load_trusted_keys
 from tunecache.store import ServerUnreachable, TunecacheError
@@ -313,10 +306,9 @@ def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, d
         # process installed them with the rest of the warm state (WarmBoot): then that run's tactics
         handed = Handoff.from_environment().warm_state_run
         executable = settings.jit and handed is None
-        target = InstallTarget(
-            jit_modules=JitWorkspace() if executable else None,  # this pod's own FlashInfer workspace
-            deep_gemm=DeepGemmCache() if executable else None,  # this pod's own DeepGEMM cache directory
-            tactics=FlashInferV2Store() if v2 else VllmRankFiles(pod.config_hash, pod.file_names, pod.root),
+        target = InstallTarget.of(  # into this pod's own FlashInfer workspace and DeepGEMM cache directory
+            (ArtifactKind.FLASHINFER_JIT_MODULE, ArtifactKind.DEEP_GEMM_JIT_CACHE) if executable else (),
+            FlashInferV2Store() if v2 else VllmRankFiles(pod.config_hash, pod.file_names, pod.root),
         )
         client = TunecacheClient.from_settings(settings)
         with client:

@@ -16,19 +16,19 @@ from typing import Any, Iterator
 
 
 def pod_compile_factors(config: Any, node: Any):
-    """This worker's :class:`tunecache.formats.vllm_compile.PodCompileFactors` for the node's
-    ``node`` (:class:`~tunecache.formats.vllm_compile.CompileFactors`), from vLLM's own
+    """This worker's :class:`tunecache.engines.vllm.compile_cache.PodCompileFactors` for the node's
+    ``node`` (:class:`~tunecache.engines.vllm.compile_cache.CompileFactors`), from vLLM's own
     functions: ``vllm.envs.compile_factors()``, ``VllmConfig.compute_hash()`` (also with
     ``ModelConfig.model`` set to the node's, so that where the model lives is no difference)
     and the sha256 of the node's traced source files as this pod has them, each looked up
     where this pod imports its module from (another package prefix: the pod's own paths and
-    code hash, :func:`tunecache.formats.vllm_compile.traced_files_here`)."""
+    code hash, :func:`tunecache.engines.vllm.compile_cache.traced_files_here`)."""
     import json
 
     import vllm
     import vllm.envs as envs
 
-    from tunecache.formats.vllm_compile import (PodCompileFactors, config_hashes, model_named, traced_files_here,
+    from tunecache.engines.vllm.compile_cache import (PodCompileFactors, config_hashes, model_named, traced_files_here,
                                                  variant_factors)
 
     with model_named(config, node.model):
@@ -148,7 +148,7 @@ class VllmWorker:
     settings: Any
     """This worker's :class:`tunecache.client.settings.ClientSettings` (the key's dtype and quantization)."""
     release: Any = None
-    """This process's vLLM release (:class:`tunecache.client.vllm_releases.VllmRelease`): its autotune
+    """This process's vLLM release (:class:`tunecache.engines.vllm.releases.VllmRelease`): its autotune
     layout where vLLM's own functions do not tell it."""
 
     def pod(self):
@@ -158,7 +158,7 @@ class VllmWorker:
 
         * vLLM 0.33: ``flashinfer_autotune_root()/flashinfer_autotune_cache_hash(runner)/
           flashinfer_autotune_filename(dp_rank, rank)`` (named here by
-          :func:`tunecache.client.layouts.vllm_rank_file_name`), one file per rank of the
+          :func:`tunecache.engines.vllm.paths.vllm_rank_file_name`), one file per rank of the
           world group;
         * vLLM 0.25: ``resolve_flashinfer_autotune_file(runner)`` (the same root and hash,
           ``autotune_configs.json``), read by a single-process engine only
@@ -171,7 +171,7 @@ class VllmWorker:
         from vllm.distributed.parallel_state import get_world_group
         from vllm.model_executor.warmup import flashinfer_autotune_cache as cache
 
-        from tunecache.client.layouts import vllm_rank_file_name
+        from tunecache.engines.vllm.paths import vllm_rank_file_name
         from tunecache.client.boot.coordination import Pod
 
         group = get_world_group()

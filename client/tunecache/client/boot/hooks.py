@@ -31,7 +31,7 @@ once per worker process, in whichever hook comes first, so before DeepGEMM warmu
   same miss or error. A record of another instance (an earlier boot on a persistent volume)
   means a fresh lookup.
 * **Each release's layout.** The releases tunecache knows, 0.25 to 0.34, each with its
-  autotune layout, are :mod:`tunecache.client.vllm_releases`'s (an unknown one: one line, and
+  autotune layout, are :mod:`tunecache.engines.vllm.releases`'s (an unknown one: one line, and
   vLLM boots as without tunecache). vLLM 0.33 and 0.34 read one v1 file per rank,
   ``<root>/<hash>/autotune_configs_dp{dp}_rank{rank}.json``; 0.32 the same names beside
   ``resolve_flashinfer_autotune_file``'s; 0.27 to 0.31 that one ``autotune_configs.json``, rank 0
@@ -54,7 +54,7 @@ once per worker process, in whichever hook comes first, so before DeepGEMM warmu
   that off), and a
   DeepGEMM JIT cache, when the run has one, has its kernels merged into this pod's DeepGEMM
   cache directory (``DG_JIT_CACHE_DIR``, else vLLM's ``$VLLM_CACHE_ROOT/deep_gemm``:
-  :func:`tunecache.client.layouts.deep_gemm_cache_dir`), which every worker then sets as
+  :func:`tunecache.engines.vllm.paths.deep_gemm_cache_dir`), which every worker then sets as
   ``DG_JIT_CACHE_DIR`` in its own process before DeepGEMM reads it.
 
 vLLM then loads the files and skips tuning; on a miss it tunes as it always does. Each
@@ -84,6 +84,7 @@ from typing import Any
 
 from tunecache.client.boot.engine import (VllmWorker, config_key, cuda_answered_by_nvml, engine_args_key, engine_args_of,
                                          main_process_environment, pod_compile_factors)
+from tunecache.engines import engine_for
 
 #: Under vLLM's own ``vllm`` logger, whose handler vLLM configures (``vllm/logger.py``:
 #: ``DEFAULT_LOGGING_CONFIG``, ``propagate: False``; the root logger has none), so the
@@ -92,9 +93,11 @@ log = logging.getLogger("vllm.plugins.tunecache")
 
 #: This process's install (:class:`tunecache.client.boot.coordination.PodInstall`, ``False``: none), once it ran.
 _installed: Any = None
-#: The vLLM release of this process (:class:`tunecache.client.vllm_releases.VllmRelease`), set by :func:`register`.
+#: The vLLM release of this process (:class:`tunecache.engines.vllm.releases.VllmRelease`), set by :func:`register`.
 _release: Any = None
 _pushed_back = False
+#: The engine this plugin hooks, as its adaptor tells it.
+VLLM = engine_for("vllm")
 
 
 def register() -> None:
@@ -106,15 +109,13 @@ def register() -> None:
         return
     global _release
     try:
-        from tunecache.client.vllm_releases import known_range, this_release
-
-        version, _release = this_release()
+        version, _release = VLLM.this_release()
     except Exception as exc:  # no vLLM to ask: nothing to hook either
         log.warning("tunecache: not installing tunings: %s: %s", type(exc).__name__, exc)
         return
     if _release is None:
         log.warning("tunecache: vLLM %s is not a release tunecache knows (%s): nothing is installed, vLLM boots as "
-                    "without tunecache", version or "(no version)", known_range())
+                    "without tunecache", version or "(no version)", VLLM.known_range())
         return
     from tunecache.client.attestation import mark_boot_started
     from tunecache.client.report import boot_id
@@ -134,6 +135,24 @@ def register() -> None:
                         "worker (%s: %s)", type(exc).__name__, exc)
 
 
+def _target(role: str) -> tuple[Any, Any, str]:
+    """Where the plugin wraps ``role`` in this process's vLLM, as its adaptor names it
+    (:meth:`tunecache.engines.vllm.adaptor.VllmAdaptor.hook_targets`): the module, the object
+    that holds the function (the module, or the class of a method) and the function's name.
+
+    Raises:
+        ImportError, AttributeError: this vLLM has no such module or class."""
+    import importlib
+
+    target = VLLM.hook_target(_release, role)
+    module = importlib.import_module(target.module)
+    *owner, name = target.qualname.split(".")
+    holder = module
+    for part in owner:
+        holder = getattr(holder, part)
+    return module, holder, name
+
+
 def _wrap_worker_compile() -> None:
     """Wrap ``vllm.v1.worker.gpu_worker.Worker.determine_available_memory``, whose profiling
     run is the worker's first forward pass, where vLLM's torch.compile loads or compiles:
@@ -143,9 +162,8 @@ def _wrap_worker_compile() -> None:
     (:func:`tunecache.client.boot.staged.use_staged_aot_dir`). A vLLM without them: nothing."""
     import functools
 
-    from vllm.v1.worker import gpu_worker
-
-    original = getattr(gpu_worker.Worker, "determine_available_memory", None)
+    _, worker_class, name = _target("first_forward")
+    original = getattr(worker_class, name, None)
     if original is None or getattr(original, "_tunecache_wrapped", False):
         return
 
@@ -158,8 +176,9 @@ def _wrap_worker_compile() -> None:
         return original(self, *args, **kwargs)
 
     determine_available_memory._tunecache_wrapped = True  # type: ignore[attr-defined]
-    gpu_worker.Worker.determine_available_memory = determine_available_memory
-    load_model = getattr(gpu_worker.Worker, "load_model", None)
+    setattr(worker_class, name, determine_available_memory)
+    _, worker_class, name = _target("load_model")
+    load_model = getattr(worker_class, name, None)
     if load_model is not None and not getattr(load_model, "_tunecache_wrapped", False):
         from tunecache.client.boot.staged import use_staged_aot_dir
 
@@ -169,8 +188,9 @@ def _wrap_worker_compile() -> None:
             return load_model(self, *args, **kwargs)
 
         load_model_after_aot_dir._tunecache_wrapped = True  # type: ignore[attr-defined]
-        gpu_worker.Worker.load_model = load_model_after_aot_dir
-    warm_up = getattr(gpu_worker.Worker, "compile_or_warm_up_model", None)
+        setattr(worker_class, name, load_model_after_aot_dir)
+    _, worker_class, name = _target("warm_up")
+    warm_up = getattr(worker_class, name, None)
     if warm_up is not None:
         from tunecache.client.boot.reporting import hold_reports
 
@@ -182,7 +202,7 @@ def _wrap_worker_compile() -> None:
                 _attest(self)
 
         compile_or_warm_up_model._tunecache_wrapped = True  # type: ignore[attr-defined]
-        gpu_worker.Worker.compile_or_warm_up_model = compile_or_warm_up_model
+        setattr(worker_class, name, compile_or_warm_up_model)
         hold_reports()
 
 
@@ -252,9 +272,8 @@ def _wrap_engine_config() -> None:
     (:class:`tunecache.client.boot.main_process.WarmBoot`). Workers never call it."""
     import functools
 
-    from vllm.engine.arg_utils import EngineArgs
-
-    original = EngineArgs.create_engine_config
+    _, engine_args_class, name = _target("engine_config")
+    original = getattr(engine_args_class, name)
     if getattr(original, "_tunecache_wrapped", False):
         return
 
@@ -269,7 +288,7 @@ def _wrap_engine_config() -> None:
         return config
 
     create_engine_config._tunecache_wrapped = True  # type: ignore[attr-defined]
-    EngineArgs.create_engine_config = create_engine_config
+    setattr(engine_args_class, name, create_engine_config)
 
 
 def _warm_boot_before(engine_args: Any):
@@ -321,12 +340,12 @@ def _wrap_warmup() -> None:
     ``kernel_warmup.flashinfer_autotune`` (fallback, and push-back after vLLM tuned)."""
     import functools
 
-    from vllm.model_executor.warmup import kernel_warmup as module
-
+    module, _, autotune_name = _target("flashinfer_autotune")
     if getattr(module, "_tunecache_wrapped", False):
         return
-    original_autotune = module.flashinfer_autotune  # AttributeError: another vLLM layout
-    original_warmup = getattr(module, "kernel_warmup", None)
+    original_autotune = getattr(module, autotune_name)  # AttributeError: another vLLM layout
+    warmup_module, _, warmup_name = _target("kernel_warmup")
+    original_warmup = getattr(warmup_module, warmup_name, None)
 
     @functools.wraps(original_autotune)
     def flashinfer_autotune(runner: Any, *args: Any, **kwargs: Any) -> Any:
@@ -335,7 +354,7 @@ def _wrap_warmup() -> None:
         _push_back_once(runner, installed)
         return result
 
-    module.flashinfer_autotune = flashinfer_autotune
+    setattr(module, autotune_name, flashinfer_autotune)
     if callable(original_warmup):
 
         @functools.wraps(original_warmup)
@@ -345,7 +364,7 @@ def _wrap_warmup() -> None:
                 _install_once(runner)
             return original_warmup(worker, *args, **kwargs)
 
-        module.kernel_warmup = kernel_warmup
+        setattr(warmup_module, warmup_name, kernel_warmup)
         _rebind(original_warmup, kernel_warmup)
     module._tunecache_wrapped = True
 

@@ -27,9 +27,10 @@ from tunecache.client.boot.coordination import install_deadline
 from tunecache.client.boot.handoff import Handoff
 from tunecache.client.boot.staged import unpack_staged
 from tunecache.client.http import TunecacheClient
-from tunecache.client.install import (DeepGemmCache, FetchedTuning, InstallResult, InstallTarget, JitWorkspace,
-                                      fetch_tuning, install)
-from tunecache.client.warm_state import TritonCache, VllmCacheRoot, vllm_cache_root
+from tunecache.client.install import FetchedTuning, InstallResult, fetch_tuning, install
+from tunecache.client.jit_install import JitWorkspace
+from tunecache.client.pipeline import BOOT_KINDS, InstallTarget
+from tunecache.engines.vllm.paths import vllm_cache_root
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey
 from tunecache.signing import load_trusted_keys
 
@@ -53,7 +54,7 @@ class WarmBoot:
     result: InstallResult | None = None
     failure: str | None = None
     no_compile_cache: str | None = None
-    """Why this vLLM gets no compile cache (:mod:`tunecache.client.vllm_releases`); ``None``: it does."""
+    """Why this vLLM gets no compile cache (:mod:`tunecache.engines.vllm.releases`); ``None``: it does."""
 
     @classmethod
     def before(cls, settings: Any, key: TuningKey | None, environment: EnvironmentMetadata | None,
@@ -74,10 +75,12 @@ class WarmBoot:
         try:
             deadline = install_deadline(self.settings)
             trusted = load_trusted_keys(self.settings.trusted_keys) if self.settings.trusted_keys else None
-            cache = VllmCacheRoot(compile_cache=False)
-            # the workers load the JIT modules through FlashInfer's AOT path (use_staged_aot_dir)
-            target = InstallTarget(jit_modules=JitWorkspace(loads_as_aot=True), deep_gemm=DeepGemmCache(),
-                                   triton=TritonCache(), vllm_cache=cache, tactics=None)
+            # the same pipeline as `tunecache pull --warm-state`: every kind a boot compiles, into this
+            # pod's own directories, but the compile cache, which is staged for the workers (their own
+            # configs name it), and the tactics, which the workers install; the workers load the JIT
+            # modules through FlashInfer's AOT path (use_staged_aot_dir)
+            kinds = tuple(kind for kind in BOOT_KINDS if kind is not ArtifactKind.VLLM_COMPILE_CACHE)
+            target = InstallTarget.of(kinds, at={ArtifactKind.FLASHINFER_JIT_MODULE: JitWorkspace(loads_as_aot=True)})
             with TunecacheClient.from_settings(self.settings) as client:
                 self.fetched = fetch_tuning(client, self.key, environment, trusted_keys=trusted,
                                             deadline_s=self.started + deadline - time.monotonic(),

@@ -30,10 +30,10 @@ from tunecache.client.atomic import file_lock, remove_stale, write_atomically
 from tunecache.client.boot.coordination import DEFAULT_INSTALL_DEADLINE_S, install_deadline
 from tunecache.client.boot.handoff import Handoff
 from tunecache.client.boot.reporting import variant_seen
-from tunecache.client.destinations import destinations_of
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import InstallResult, fetch_tuning
 from tunecache.client.jit_install import use_aot_dir
+from tunecache.client.pipeline import destinations_of
 from tunecache.client.warm_state import (
     VllmCacheRoot,
     read_compile_factors,
@@ -42,8 +42,8 @@ from tunecache.client.warm_state import (
     rename_entries,
 )
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportOutcome, TuningKey, kinds_where
-from tunecache.formats.vllm_compile import (FACTORS_FILE, CompileFactors, PodCompileFactors, differences,
-                                             pod_dir_names, variant_differences)
+from tunecache.engines import engine_for
+from tunecache.engines.vllm.compile_cache import FACTORS_FILE, CompileFactors, PodCompileFactors, variant_differences
 from tunecache.signing import load_trusted_keys
 
 log = logging.getLogger("vllm.plugins.tunecache")
@@ -238,8 +238,8 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
                     raise ValueError(f"run {run}'s compile cache records no factors")
                 factors = pod_factors(node)
             if unpacked is not None:  # unpacked by the main process: renamed into place
-                lines = differences(node, factors)
-                renames = {} if lines else pod_dir_names(node, factors)
+                lines = engine_for("vllm").compile_cache_differences(node, factors)
+                renames = {} if lines else engine_for("vllm").compile_cache_names(node, factors)
                 dirs = rename_entries(unpacked, path.parent.parent / "torch_compile_cache", renames, replace=True)
                 removed = relocate_compile_dirs(path.parent.parent / "torch_compile_cache", dirs)
                 moved = relocate_node_paths(path.parent.parent / "torch_compile_cache", dirs, node, factors, renames)

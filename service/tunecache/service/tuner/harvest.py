@@ -24,8 +24,12 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from tunecache.contract import ArtifactKind
-from tunecache.formats.vllm_compile import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
-from tunecache.formats.vllm_compile_paths import node_path_files
+from tunecache.engines import engine_for
+from tunecache.engines.vllm.compile_cache import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
+from tunecache.engines.vllm.compile_paths import node_path_files
+
+#: The engine whose warmup the tuner runs: where it points the engine's caches is its adaptor's.
+ENGINE = engine_for("vllm")
 
 #: An artifact description: ``kind``, ``name``, ``media_type``, ``path`` (relative to the output directory).
 Artifact = dict[str, Any]
@@ -127,10 +131,11 @@ class VllmRankFilesHarvester(Harvester):
     each an artifact named ``vllm/<hash>/<file>`` (:func:`tunecache.service.tuner.vllm_warmup.harvest_vllm_cache`
     picks the run's FlashInfer file among them)."""
 
-    scratch_dir = "flashinfer-autotune"
+    variable = "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)
 
     def environment(self, scratch: Path) -> dict[str, str]:
-        return {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(scratch / self.scratch_dir)}
+        return {self.variable: str(scratch / self.scratch_dir)}
 
 
 @harvests(ArtifactKind.FLASHINFER_JIT_MODULE)
@@ -149,15 +154,15 @@ class DeepGemmCacheHarvester(DirectoryTarball):
     """DeepGEMM's JIT cache directory (``DG_JIT_CACHE_DIR``; the stages warmup points it into
     its output directory, :meth:`harvest_directory` of that)."""
 
-    scratch_dir = "deep_gemm"
     variable = "DG_JIT_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)
 
 
 @harvests(ArtifactKind.FLASHINFER_V2_STORE)
 class FlashInferV2StoreHarvester(DirectoryTarball):
     """FlashInfer's v2 store, ``<VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR>/v2/``."""
 
-    scratch_dir = "flashinfer-autotune/v2"
+    scratch_dir = f"{VllmRankFilesHarvester.scratch_dir}/v2"
 
 
 #: Where the vLLM warmup's script writes its engine's compile facts (in its scratch directory).
@@ -167,16 +172,16 @@ COMPILE_FACTS_FILE = "compile-facts.json"
 @harvests(ArtifactKind.VLLM_COMPILE_CACHE)
 class CompileCacheHarvester(Harvester):
     """vLLM's torch.compile cache (``$VLLM_CACHE_ROOT/torch_compile_cache/``) with, at the
-    tarball's root, :data:`tunecache.formats.vllm_compile.FACTORS_FILE`: the node's
-    :class:`~tunecache.formats.vllm_compile.CompileFactors` (from the backbone's
+    tarball's root, :data:`tunecache.engines.vllm.compile_cache.FACTORS_FILE`: the node's
+    :class:`~tunecache.engines.vllm.compile_cache.CompileFactors` (from the backbone's
     ``cache_key_factors.json``, as vLLM wrote it when it compiled, and the engine's
     :func:`tunecache.service.tuner.vllm_warmup.compile_facts`), so that what decides where a
     pod puts it is signed with it, with where the cache was on the node and which of its files
-    name the node's paths (:func:`tunecache.formats.vllm_compile_paths.node_path_files`). Adds
+    name the node's paths (:func:`tunecache.engines.vllm.compile_paths.node_path_files`). Adds
     the run summary's ``vllm_compile``: the factors, with
     ``names_checked`` (whether they give the directory names vLLM made)."""
 
-    cache_root = "vllm-cache"
+    cache_root = ENGINE.harvest_dir("VLLM_CACHE_ROOT")
 
     def environment(self, scratch: Path) -> dict[str, str]:
         return {"VLLM_CACHE_ROOT": str(scratch / self.cache_root)}
@@ -241,5 +246,5 @@ class ModelInfosHarvester(DirectoryTarball):
 class TritonCacheHarvester(DirectoryTarball):
     """Triton's kernel cache (``TRITON_CACHE_DIR``)."""
 
-    scratch_dir = "triton"
     variable = "TRITON_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)

@@ -124,8 +124,8 @@ class TunerResult:
     @property
     def variant(self) -> str | None:
         """The engine variant of the run's compile cache (``summary.vllm_compile.variant_factors``:
-        :class:`tunecache.formats.vllm_compile.VariantFactors`), ``None`` without one."""
-        from tunecache.formats.vllm_compile import VariantFactors
+        :class:`tunecache.engines.vllm.compile_cache.VariantFactors`), ``None`` without one."""
+        from tunecache.engines.vllm.compile_cache import VariantFactors
 
         compiled = self.summary.get("vllm_compile") or {}
         factors = compiled.get("variant_factors") if isinstance(compiled, dict) else None

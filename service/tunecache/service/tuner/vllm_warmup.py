@@ -23,7 +23,7 @@ then runs and saves:
   ``jit_spec_registry``) and those any of vLLM's processes built during the run;
 * the rest of the boot's warm state (issue "the whole warm state"): vLLM's torch.compile
   cache (``$VLLM_CACHE_ROOT/torch_compile_cache/``) with the factors that named its
-  directories (:class:`tunecache.formats.vllm_compile.CompileFactors`, from the backbone's
+  directories (:class:`tunecache.engines.vllm.compile_cache.CompileFactors`, from the backbone's
   ``cache_key_factors.json`` and, in the engine's worker, ``VllmConfig`` and vLLM's
   ``_model_hash_key``), vLLM's model-inspection cache (``$VLLM_CACHE_ROOT/modelinfos/``) and
   Triton's cache (``TRITON_CACHE_DIR``), each a tarball of its own kind.
@@ -61,6 +61,7 @@ from tunecache.contract.engine_args import check_engine_args
 from tunecache.contract.identity import KEY_ENGINE_ARGS
 from tunecache.service.tuner.harvest import (
     COMPILE_FACTS_FILE,
+    ENGINE,
     HARVESTERS,
     Artifact,
     DeepGemmCacheHarvester,
@@ -126,7 +127,7 @@ def watch_traced_files() -> set[str]:
 def compile_facts(worker: Any) -> dict[str, Any]:
     """In the engine's worker (``LLM.collective_rpc``): the factors of its compile cache that
     ``cache_key_factors.json`` does not hold: vLLM's version, each sub-config's
-    ``compute_hash()`` (:func:`tunecache.formats.vllm_compile.config_hashes`),
+    ``compute_hash()`` (:func:`tunecache.engines.vllm.compile_cache.config_hashes`),
     ``ModelConfig.model``, the AOT factors past the config hash
     (``vllm.compilation.caching.aot_compile_hash_factors``) and the compiled module's
     ``vllm.compilation.decorators._model_hash_key``."""
@@ -135,7 +136,7 @@ def compile_facts(worker: Any) -> dict[str, Any]:
     from vllm.compilation.caching import aot_compile_hash_factors
     from vllm.compilation.decorators import _model_hash_key
 
-    from tunecache.formats.vllm_compile import config_hashes, variant_factors
+    from tunecache.engines.vllm.compile_cache import config_hashes, variant_factors
 
     config = worker.vllm_config
     model = worker.model_runner.model
@@ -214,7 +215,9 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
     """The command line and environment additions that run vLLM's warmup for ``spec``.
 
     ``scratch`` receives ``model/config.json`` (the spec's HF config, so no hub access) and
-    the directories every kind's harvester points its tool at (:meth:`tunecache.service.tuner.harvest.Harvester.environment`:
+    the directories vLLM's adaptor points its caches at
+    (:meth:`tunecache.engines.vllm.adaptor.VllmAdaptor.harvest_environment`, which every kind's
+    harvester reads, :meth:`tunecache.service.tuner.harvest.Harvester.environment`:
     ``vllm-cache/`` for ``VLLM_CACHE_ROOT``, ``flashinfer-autotune/`` for
     ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``, ``deep_gemm/`` for ``DG_JIT_CACHE_DIR``, ``triton/``
     for ``TRITON_CACHE_DIR``).
@@ -244,7 +247,7 @@ def vllm_command(spec: TuneSpec, scratch: Path, python: str = sys.executable) ->
     if spec.deployment.quantization != "auto":
         llm_args["quantization"] = spec.deployment.quantization
     llm_args.update(extra)
-    env = {name: value for harvester in HARVESTERS.values() for name, value in harvester().environment(scratch).items()}
+    env = ENGINE.harvest_environment(scratch)  # every kind's harvester reads where the adaptor points it
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return [python, "-c", _SCRIPT, json.dumps(llm_args), str(scratch / _USED_MODULES), str(scratch / COMPILE_FACTS_FILE)], env
 

@@ -7,11 +7,12 @@ import json
 from types import SimpleNamespace
 
 from tests.unit.client.client.test_warm_state import CODE_HASH, COMPILER_HASH, ENV, node_scratch, pod
-from tunecache.client.install import InstallTarget, install
+from tunecache.client.install import install
+from tunecache.client.pipeline import InstallTarget
 from tunecache.client.warm_state import VllmCacheRoot, compile_cache_verdict
 from tunecache.contract import ArtifactKind
-from tunecache.formats.vllm_compile import aot_dir_name, backbone_dir_name, env_hash
-from tunecache.formats.vllm_compile_paths import LOADS, NOT_RELOCATABLE, TEXT, relocation, rewrite_paths
+from tunecache.engines.vllm.compile_cache import aot_dir_name, backbone_dir_name, env_hash
+from tunecache.engines.vllm.compile_paths import LOADS, NOT_RELOCATABLE, TEXT, relocation, rewrite_paths
 from tunecache.service.tuner.vllm_warmup import harvest_warm_state
 
 MODEL_KEY = "k" * 64
@@ -65,7 +66,8 @@ def test_node_paths_in_a_relocated_compile_cache_are_rewritten_or_reported(tmp_p
     factors = pod(env={**ENV, "VLLM_CONFIG_ROOT": "/home/pod/.config/vllm"})
     run = SimpleNamespace(id=7, entries=0, artifact=lambda kind: SimpleNamespace(sha256="0" * 64))
     result = install(SimpleNamespace(**vars(fetched), run=run, signed_by=None),
-                     InstallTarget(vllm_cache=VllmCacheRoot(root, factors), tactics=None))
+                     InstallTarget.of([ArtifactKind.VLLM_COMPILE_CACHE],
+                                      at={ArtifactKind.VLLM_COMPILE_CACHE: VllmCacheRoot(root, factors)}))
     pod_env_hash = env_hash(factors.env)
     pod_backbone = backbone_dir_name(pod_env_hash, "p" * 64, CODE_HASH, COMPILER_HASH)
     pod_aot = aot_dir_name(pod_env_hash, "p" * 64, [], MODEL_KEY)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.support.jit import fake_workspace
-from tunecache.client.install import JitWorkspace
+from tunecache.client.jit_install import JitWorkspace
 from tunecache.client.jit_install import AOT_DIR_NAME, build_aot_dir, use_aot_dir
 from tunecache.formats.jit_module import jit_environment, module_tarball
 

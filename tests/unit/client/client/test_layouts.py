@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
-from tunecache.client.layouts import install_v2_store, install_vllm_rank_files, vllm_autotune_root, vllm_rank_file_name
+from tunecache.client.layouts import install_v2_store, install_vllm_rank_files
+from tunecache.engines.vllm.paths import vllm_autotune_root, vllm_rank_file_name
 from tests.support.jit import deep_gemm_tarball
 
 CONFIG_HASH = "ab" * 32
@@ -100,7 +101,8 @@ def test_v2_store_is_readable_by_flashinfer(tmp_path):
 def test_deep_gemm_kernels_merge_into_the_pods_own_cache_directory(tmp_path, monkeypatch):
     """DeepGEMM reads DG_JIT_CACHE_DIR as one directory (``cache/kernel.<name>.<hash>/``,
     csrc/jit/compiler.hpp): a run's kernels are merged in, whole; kernels already there stay."""
-    from tunecache.client.layouts import deep_gemm_cache_dir, install_deep_gemm_cache
+    from tunecache.client.layouts import install_deep_gemm_cache
+    from tunecache.engines.vllm.paths import deep_gemm_cache_dir
 
     monkeypatch.delenv("DG_JIT_CACHE_DIR", raising=False)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))

@@ -13,10 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tunecache.client.install import InstallTarget, install
+from tunecache.client.install import install
+from tunecache.client.pipeline import InstallTarget
 from tunecache.client.warm_state import BadWarmStateArtifact, TritonCache, VllmCacheRoot, read_compile_factors
 from tunecache.contract import ArtifactKind
-from tunecache.formats.vllm_compile import (
+from tunecache.engines.vllm.compile_cache import (
     CompileFactors,
     PodCompileFactors,
     aot_dir_name,
@@ -97,7 +98,9 @@ def test_a_pod_gets_every_kind_under_its_own_names_with_triton_paths_of_its_own(
     factors = pod()
     run = SimpleNamespace(id=7, entries=0, artifact=lambda kind: SimpleNamespace(sha256="0" * 64))
     result = install(SimpleNamespace(**vars(fetched), run=run, signed_by=None),
-                     InstallTarget(vllm_cache=VllmCacheRoot(root, factors), triton=TritonCache(triton), tactics=None))
+                     InstallTarget.of([ArtifactKind.TRITON_CACHE, ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE],
+                                      at={ArtifactKind.VLLM_COMPILE_CACHE: VllmCacheRoot(root, factors),
+                                          ArtifactKind.TRITON_CACHE: triton}))
     pod_backbone = backbone_dir_name(env_hash(ENV), "p" * 64, CODE_HASH, COMPILER_HASH)
     pod_aot = aot_dir_name(env_hash(ENV), "p" * 64, [], MODEL_KEY)
     assert result.warm_state == ("Triton cache (1 kernels)", "modelinfos (1 files)",

@@ -4,7 +4,7 @@ import tarfile
 
 import pytest
 
-from tunecache.client.destinations import destinations_of
+from tunecache.client.pipeline import destinations_of
 from tunecache.contract import KINDS, ArtifactKind
 from tunecache.service.tuner.harvest import (
     HARVESTERS,
@@ -56,3 +56,16 @@ def test_a_directory_kind_is_one_tarball_and_nothing_when_its_tool_wrote_nothing
                                       "media_type": "application/gzip", "path": "triton-cache.tar.gz"}], {})
     with tarfile.open(out / "triton-cache.tar.gz") as tar:
         assert tar.getnames() == ["abc/k.cubin"]
+
+
+def test_every_harvester_points_vllms_caches_where_the_adaptor_says(tmp_path):
+    """The tuner's warmup runs with the adaptor's environment; each kind's harvester reads there."""
+    from tunecache.engines import engine_for
+    from tunecache.service.tuner.harvest import HARVESTERS
+
+    scratch = tmp_path
+    pointed = engine_for("vllm").harvest_environment(scratch)
+    for kind, harvester in HARVESTERS.items():
+        for variable, value in harvester().environment(scratch).items():
+            assert pointed[variable] == value, kind
+    assert set(pointed) == {"VLLM_CACHE_ROOT", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "DG_JIT_CACHE_DIR", "TRITON_CACHE_DIR"}

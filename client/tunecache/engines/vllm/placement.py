@@ -2,7 +2,7 @@
 
 vLLM hashes ``vllm.envs.compile_factors()`` (every variable of ``vllm.envs.environment_variables``
 but those its ``ignored_factors`` lists) into both names of its compile-cache directories
-(:mod:`tunecache.formats.vllm_compile`). A variable whose default derives from ``HOME``, the
+(:mod:`tunecache.engines.vllm.compile_cache`). A variable whose default derives from ``HOME``, the
 user, the temporary directory or a path differs between a tuning node and a pod that differ
 only in where things are, so where vLLM hashes one, every such pod computed other names and
 compiled everything again, silently. These are all such variables of the releases tunecache
@@ -77,7 +77,7 @@ PLACEMENT_FACTORS: dict[str, PlacementFactor] = {
 
 #: The placement factors some release hashes -> why each cannot change the compiled graph. A
 #: pod whose values differ from the node's gets the compile cache under the names its own values
-#: give (:func:`tunecache.formats.vllm_compile.pod_dir_names`); they are no part of an engine
+#: give (:func:`tunecache.engines.vllm.compile_cache.pod_dir_names`); they are no part of an engine
 #: variant (:func:`variant_env`).
 PLACEMENT_ENV_FACTORS: dict[str, str] = {name: f.why for name, f in PLACEMENT_FACTORS.items() if f.hashed_in}
 

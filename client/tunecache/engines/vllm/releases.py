@@ -1,11 +1,14 @@
-"""The vLLM releases tunecache knows, and what of a boot's warm state it installs for each.
+"""The vLLM releases tunecache knows, and what of a boot's warm state it installs for each: the
+table the vLLM adaptor (:class:`tunecache.engines.vllm.adaptor.VllmAdaptor`) reads. A new release is
+one more row here, checked by the contract tests against its own wheel.
 
 vLLM promises stability for ``LLM``, ``AsyncLLM`` and ``LLMEngine`` only (vllm#32455); what the
 plugin hooks and reads moved between releases, and no function of vLLM tells which layout a
 release has, so the release's version picks it here. Each row is checked against that
 release's own code by ``tests/contract/test_vllm_releases.py`` (the functions and methods named
-exist; the markers of the autotune layout are in ``kernel_warmup.flashinfer_autotune``; vLLM's
-``hash_factors`` hashes as :func:`tunecache.formats.vllm_compile.env_hash` does).
+exist, the plugin's hook targets among them,
+:meth:`tunecache.engines.vllm.adaptor.VllmAdaptor.hook_targets`; the markers of the autotune
+layout are in ``kernel_warmup.flashinfer_autotune``; vLLM's ``hash_factors`` hashes as :func:`tunecache.engines.vllm.compile_cache.env_hash` does).
 
 FlashInfer autotune files (``vllm/model_executor/warmup/``):
 
@@ -26,7 +29,6 @@ the rest of the warm state and leaves the compile cache out, saying so.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 
@@ -67,27 +69,3 @@ RELEASES: dict[tuple[int, int], VllmRelease] = {r.minor: r for r in (
     VllmRelease((0, 34), "root", False, "contract test", _NO_COMPILE),
 )}
 
-
-def release_of(version: str) -> VllmRelease | None:
-    """The row of ``version`` (``"0.25.0"``, ``"0.33.0rc1"``, ``"0.27.1+cu130"``), or ``None``
-    for a release tunecache does not know."""
-    match = re.match(r"^(\d+)\.(\d+)", version or "")
-    return RELEASES.get((int(match[1]), int(match[2]))) if match else None
-
-
-def known_range() -> str:
-    """``"0.25-0.34"``: the releases of :data:`RELEASES`, for a one-line refusal."""
-    minors = sorted(RELEASES)
-    return f"{minors[0][0]}.{minors[0][1]}-{minors[-1][0]}.{minors[-1][1]}"
-
-
-def this_release() -> tuple[str, VllmRelease | None]:
-    """The version of the vLLM this process imports, and its row (``None``: unknown).
-
-    Raises:
-        ImportError: vLLM is not importable.
-    """
-    import vllm
-
-    version = str(getattr(vllm, "__version__", ""))
-    return version, release_of(version)

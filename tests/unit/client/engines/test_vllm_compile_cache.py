@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunecache.formats.vllm_compile import (
+from tunecache.engines.vllm.compile_cache import (
     CompileFactors,
     PodCompileFactors,
     aot_dir_name,
@@ -123,7 +123,7 @@ def test_traced_sources_under_another_prefix_are_found_where_the_pod_imports_the
     import hashlib
     import sys
 
-    from tunecache.formats.vllm_compile import code_hash, file_digests, locate_here, traced_files_here
+    from tunecache.engines.vllm.compile_cache import code_hash, file_digests, locate_here, traced_files_here
 
     node_file = _package(tmp_path / "node-prefix" / "site-packages")
     pod_file = _package(tmp_path / "pod-prefix" / "site-packages")
@@ -145,7 +145,7 @@ def test_traced_sources_under_another_prefix_are_found_where_the_pod_imports_the
 def test_a_traced_source_with_other_bytes_under_the_pods_prefix_is_named_and_gets_no_code_hash(tmp_path, monkeypatch):
     import sys
 
-    from tunecache.formats.vllm_compile import file_digests, traced_files_here
+    from tunecache.engines.vllm.compile_cache import file_digests, traced_files_here
 
     node_file = _package(tmp_path / "node-prefix")
     _package(tmp_path / "pod-prefix", text="class LlamaModel:  # patched\n    ...\n")
@@ -206,7 +206,7 @@ def _variant_config(monkeypatch, max_model_len: int, model: str = "/node/model")
 
 
 def test_a_variant_is_where_the_model_lives_left_out_and_its_fields_named(monkeypatch):
-    from tunecache.formats.vllm_compile import variant_differences, variant_factors
+    from tunecache.engines.vllm.compile_cache import variant_differences, variant_factors
 
     env = {"VLLM_USE_AOT_COMPILE": "1", "VLLM_CONFIG_ROOT": "/home/node/.config/vllm"}
     node = variant_factors(_variant_config(monkeypatch, 4096), env, "0.25.0", "meta-llama/Llama-3.1-8B")
@@ -230,7 +230,7 @@ def test_the_compile_index_handles_point_at_this_pods_artifacts(tmp_path):
     import ast
     import pprint
 
-    from tunecache.formats.vllm_compile import relocate_compile_index
+    from tunecache.engines.vllm.compile_cache import relocate_compile_index
 
     node = "/node/scratch/vllm-cache/torch_compile_cache/d1c44ff477/rank_0_0/backbone"
     index = {((1, 2048), 0, "inductor_standalone"): {"graph_handle": ("k0", f"{node}/artifact_compile_range_1_2048_subgraph_0"),
@@ -252,8 +252,8 @@ def test_the_compile_index_handles_point_at_this_pods_artifacts(tmp_path):
 def test_the_rust_frontends_path_under_another_package_prefix_is_no_difference_nor_another_variant(monkeypatch):
     """vLLM 0.25-0.34 hash VLLM_RUST_FRONTEND_PATH, whose default with VLLM_USE_RUST_FRONTEND=1 is
     <vLLM's package directory>/vllm-rs: a pod whose packages live under another prefix computed
-    other names (vllm/envs.py of each release; tunecache.formats.vllm_placement)."""
-    from tunecache.formats.vllm_compile import variant_factors
+    other names (vllm/envs.py of each release; tunecache.engines.vllm.placement)."""
+    from tunecache.engines.vllm.compile_cache import variant_factors
 
     rust = {**ENV, "VLLM_USE_RUST_FRONTEND": True}
     node = node_factors(env={**rust, "VLLM_RUST_FRONTEND_PATH": "/usr/local/lib/python3.12/site-packages/vllm/vllm-rs"})
@@ -274,8 +274,8 @@ def test_the_rust_frontends_path_under_another_package_prefix_is_no_difference_n
 def test_a_placement_factor_that_is_unset_keeps_the_variant_ids_computed_before():
     """The Rust frontend off (VLLM_RUST_FRONTEND_PATH None, every pod but those that turn it on):
     the variant is what it was before the variable was listed, so stored variant runs still match."""
-    from tunecache.formats.vllm_compile import VariantFactors
-    from tunecache.formats.vllm_placement import variant_env
+    from tunecache.engines.vllm.compile_cache import VariantFactors
+    from tunecache.engines.vllm.placement import variant_env
 
     env = {**ENV, "VLLM_RUST_FRONTEND_PATH": None, "VLLM_CONFIG_ROOT": "/root/.config/vllm"}
     kept = variant_env(env)

@@ -18,7 +18,7 @@ cache is pointed into it, ``vllm/compilation/decorators.py``) and the traced sou
   does not have. The install report and ``tunecache doctor`` name it.
 
 vLLM's compile index (``vllm_compile_cache.py``), whose graph handles vLLM opens as they are, is
-relocated on its own (:func:`tunecache.formats.vllm_compile.relocate_compile_index`).
+relocated on its own (:func:`tunecache.engines.vllm.compile_cache.relocate_compile_index`).
 
 Pure: the standard library only.
 """

@@ -25,7 +25,7 @@ difference: the pod's own hashes name the directories then:
 * where the model lives (``ModelConfig.model``, a path or a hub name that vLLM hashes but that
   does not change the graph): the pod's own config hash;
 * the placement factors of vLLM's environment
-  (:data:`tunecache.formats.vllm_placement.PLACEMENT_ENV_FACTORS`: variables whose default
+  (:data:`tunecache.engines.vllm.placement.PLACEMENT_ENV_FACTORS`: variables whose default
   derives from ``HOME`` or vLLM's package directory, that some release hashes but that cannot
   change the compiled graph): the pod's own environment hash;
 * the prefix the Python packages live under: each traced source file is looked up where this
@@ -60,8 +60,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tunecache.formats.vllm_compile_paths import MAX_NAMED
-from tunecache.formats.vllm_placement import PLACEMENT_ENV_FACTORS, variant_env
+from tunecache.engines.vllm.compile_paths import MAX_NAMED
+from tunecache.engines.vllm.placement import PLACEMENT_ENV_FACTORS, variant_env
 
 
 #: The name of the node's :class:`CompileFactors` inside a ``vllm_compile_cache`` tarball.
@@ -160,7 +160,7 @@ class CompileFactors(BaseModel):
     node_paths: dict[str, Literal["text", "loads", "not relocatable"]] = Field(
         default_factory=dict, max_length=MAX_NAMED,
         description="each file under torch_compile_cache/ that names the node's paths -> what it is "
-                    "(tunecache.formats.vllm_compile_paths)")
+                    "(tunecache.engines.vllm.compile_paths)")
 
 
 class PodCompileFactors(BaseModel):
@@ -397,7 +397,7 @@ def variant_factors(vllm_config: Any, env: dict[str, Any], vllm_version: str, se
     ``compute_hash()`` of each sub-config (:func:`config_hashes`) and their fields
     (:func:`config_factors`) with ``ModelConfig.model`` set to ``served_model`` (the key's
     model), ``env`` (``vllm.envs.compile_factors()``) as a variant counts it
-    (:func:`tunecache.formats.vllm_placement.variant_env`: without the placement factors).
+    (:func:`tunecache.engines.vllm.placement.variant_env`: without the placement factors).
     The tuner's engine and the pod's vLLM plugin both call it in the worker."""
     with model_named(vllm_config, served_model):
         hashes, factors = config_hashes(vllm_config), config_factors(vllm_config)
