@@ -172,7 +172,10 @@ def _wrap_worker_compile() -> None:
         from tunecache.client.boot.staged import use_staged_aot_dir
 
         use_staged_aot_dir()  # a vLLM whose worker has no load_model to wrap
-        _install_compile_cache(self)
+        if _release is not None and _release.aot_artifact:
+            _wrap_aot_load()  # 0.33/0.34: placed where vLLM's compiled model is about to load it
+        else:
+            _install_compile_cache(self)
         return original(self, *args, **kwargs)
 
     determine_available_memory._tunecache_wrapped = True  # type: ignore[attr-defined]
@@ -204,6 +207,33 @@ def _wrap_worker_compile() -> None:
         compile_or_warm_up_model._tunecache_wrapped = True  # type: ignore[attr-defined]
         setattr(worker_class, name, compile_or_warm_up_model)
         hold_reports()
+
+
+def _wrap_aot_load() -> None:
+    """Wrap vLLM 0.33/0.34's ``vllm.compilation.decorators._try_load_aot_compiled_fn(model, path)``
+    (the adaptor's ``aot_load`` hook target), which the compiled model's ``__call__`` looks up
+    by its global name with the exact path it is about to load: the run's artifact for this
+    rank is placed there first (:func:`tunecache.client.boot.aot.before_aot_load`). Never raises."""
+    import functools
+
+    try:
+        _module, decorators, name = _target("aot_load")
+    except Exception as exc:
+        log.warning("tunecache: compile cache not installed: cannot hook vLLM's AOT load (%s: %s)", type(exc).__name__, exc)
+        return
+    original = getattr(decorators, name, None)
+    if original is None or getattr(original, "_tunecache_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str, *args: Any, **kwargs: Any) -> Any:
+        from tunecache.client.boot.aot import before_aot_load
+
+        before_aot_load(model, aot_compilation_path)
+        return original(model, aot_compilation_path, *args, **kwargs)
+
+    _try_load_aot_compiled_fn._tunecache_wrapped = True  # type: ignore[attr-defined]
+    setattr(decorators, name, _try_load_aot_compiled_fn)
 
 
 def _attest(worker: Any) -> threading.Thread | None:

@@ -28,6 +28,12 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
     HookTarget("kernel_warmup", "vllm.model_executor.warmup.kernel_warmup", "kernel_warmup"),
     HookTarget("flashinfer_autotune", "vllm.model_executor.warmup.kernel_warmup", "flashinfer_autotune"),
 )
+#: What releases with the mega AOT artifact (0.33, 0.34: :attr:`VllmRelease.aot_artifact`) add:
+#: the function the compiled model's ``__call__`` looks up by its global name with the exact
+#: path vLLM is about to load (the compile cache is placed there first).
+AOT_HOOK_TARGETS: tuple[HookTarget, ...] = (
+    HookTarget("aot_load", "vllm.compilation.decorators", "_try_load_aot_compiled_fn"),
+)
 
 #: Where the tuner points each of vLLM's caches while it runs vLLM's warmup, under its scratch
 #: directory: variable -> directory. ``VLLM_CACHE_ROOT`` holds ``torch_compile_cache/`` and
@@ -64,7 +70,7 @@ class VllmAdaptor(EngineAdaptor):
         return release.autotune_layout
 
     def hook_targets(self, release: VllmRelease) -> tuple[HookTarget, ...]:
-        return HOOK_TARGETS
+        return HOOK_TARGETS + (AOT_HOOK_TARGETS if release.aot_artifact else ())
 
     def hook_target(self, release: VllmRelease, role: str) -> HookTarget:
         """The hook target of ``release`` for ``role``.

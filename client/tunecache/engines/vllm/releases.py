@@ -22,9 +22,11 @@ FlashInfer autotune files (``vllm/model_executor/warmup/``):
 * ``root`` (0.33, 0.34): ``flashinfer_autotune_root()/<hash>/flashinfer_autotune_filename(dp,
   rank)``, and FlashInfer's v2 store for a single rank (``use_flashinfer_autotune_v2``).
 
-The compile cache (and the engine variants) need each sub-config's ``compute_hash()``, which
-vLLM 0.34 replaced by ``compile_factors()`` and ``hash_config``: for 0.34 the plugin installs
-the rest of the warm state and leaves the compile cache out, saying so.
+The compile cache: 0.25-0.32 under the directory names the pod computes from each sub-config's
+``compute_hash()`` (:mod:`tunecache.client.boot.staged`); 0.33 and 0.34 (torch 2.14's mega AOT
+artifact, loaded alone) at the exact path vLLM's ``_try_load_aot_compiled_fn`` receives, with
+the device index, the engine variant (0.34: ``VllmConfig.compile_factors()``, field by field)
+and torch's ``SystemInfo`` compared first (:mod:`tunecache.client.boot.aot`).
 """
 
 from __future__ import annotations
@@ -45,14 +47,15 @@ class VllmRelease:
     """How it was tested: ``H200 boots`` and/or ``contract test``."""
     not_supported: str = ""
     """What it does not get, and why (one line; empty: everything)."""
+    aot_artifact: bool = False
+    """Whether its compile cache is the mega AOT artifact, placed at the path vLLM loads
+    (:mod:`tunecache.client.boot.aot`; 0.33, 0.34), rather than directories named from the
+    factors (0.25-0.32, :mod:`tunecache.client.boot.staged`)."""
 
     @property
     def name(self) -> str:
         return f"{self.minor[0]}.{self.minor[1]}"
 
-
-_NO_COMPILE = ("the compile cache: its configs hash through compile_factors() and hash_config(), which this "
-               "tunecache does not compute yet")
 
 RELEASES: dict[tuple[int, int], VllmRelease] = {r.minor: r for r in (
     VllmRelease((0, 25), "single-process", True, "H200 boots (compile, graphs, every pod setup) and contract test",
@@ -65,7 +68,7 @@ RELEASES: dict[tuple[int, int], VllmRelease] = {r.minor: r for r in (
     VllmRelease((0, 30), "broadcast", True, "contract test"),
     VllmRelease((0, 31), "broadcast", True, "contract test"),
     VllmRelease((0, 32), "per-rank", True, "contract test"),
-    VllmRelease((0, 33), "root", True, "contract test"),
-    VllmRelease((0, 34), "root", False, "contract test", _NO_COMPILE),
+    VllmRelease((0, 33), "root", True, "contract test, stand-in", aot_artifact=True),
+    VllmRelease((0, 34), "root", True, "contract test, stand-in", aot_artifact=True),
 )}
 

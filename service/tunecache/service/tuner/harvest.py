@@ -179,7 +179,11 @@ class CompileCacheHarvester(Harvester):
     pod puts it is signed with it, with where the cache was on the node and which of its files
     name the node's paths (:func:`tunecache.engines.vllm.compile_paths.node_path_files`). Adds
     the run summary's ``vllm_compile``: the factors, with
-    ``names_checked`` (whether they give the directory names vLLM made)."""
+    ``names_checked`` (whether they give the directory names vLLM made). For vLLM 0.33/0.34 (the
+    mega AOT artifact, loaded alone) the tarball holds instead, at its root,
+    :data:`tunecache.engines.vllm.aot.AOT_RECORD_FILE` (each rank's artifact, the device index it
+    compiled on: :mod:`tunecache.service.tuner.aot_harvest`), and the summary's
+    ``vllm_compile`` is ``{"vllm_version", "aot"}``."""
 
     cache_root = ENGINE.harvest_dir("VLLM_CACHE_ROOT")
 
@@ -190,22 +194,37 @@ class CompileCacheHarvester(Harvester):
         compiled = scratch / self.cache_root / "torch_compile_cache"
         if not has_files(compiled):
             return [], {}
-        factors = self._factors(scratch, compiled)
-        if factors is not None:  # where the cache was, and which files name it or a traced source
-            factors = factors.model_copy(update={"cache_dir": str(compiled), "node_paths": node_path_files(
-                compiled, [str(compiled), *factors.traced_files])})
         with tempfile.TemporaryDirectory() as staged:
             tree = Path(staged) / "tree"
             shutil.copytree(compiled, tree, symlinks=True)
-            if factors is not None:
+            aot = self._aot_record(scratch, tree)  # vLLM 0.33/0.34: the mega AOT artifact, loaded alone
+            factors = None if aot is not None else self._factors(scratch, compiled)
+            if factors is not None:  # where the cache was, and which files name it or a traced source
+                factors = factors.model_copy(update={"cache_dir": str(compiled), "node_paths": node_path_files(
+                    compiled, [str(compiled), *factors.traced_files])})
                 (tree / FACTORS_FILE).write_text(factors.model_dump_json(indent=1))
             (out_dir / self.kind.facts.artifact_name).write_bytes(tar_directory(tree))
+        if aot is not None:
+            return [self.artifact()], {"vllm_compile": {"vllm_version": aot.vllm_version,
+                                                        "aot": aot.model_dump(mode="json")}}
         if factors is None:
             return [self.artifact()], {}
         checked = node_dir_names(factors)
         return [self.artifact()], {"vllm_compile": {**factors.model_dump(mode="json"), "names_checked": {
             "backbone": checked.get("backbone") == factors.backbone_dir,
             "aot": checked.get("aot") == factors.aot_dir}}}
+
+    @staticmethod
+    def _aot_record(scratch: Path, tree: Path):
+        """vLLM 0.33/0.34's record of its AOT artifacts (:func:`tunecache.service.tuner.aot_harvest.aot_record`),
+        when the engine's compile facts name its ranks; ``None`` otherwise (0.25-0.32)."""
+        from tunecache.service.tuner.aot_harvest import aot_record
+
+        try:
+            facts = json.loads((scratch / COMPILE_FACTS_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return aot_record(tree, facts) if isinstance(facts, dict) and facts.get("aot_ranks") else None
 
     @staticmethod
     def _factors(scratch: Path, compiled: Path) -> CompileFactors | None:

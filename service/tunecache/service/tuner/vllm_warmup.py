@@ -90,6 +90,8 @@ print(f"tunecache: vLLM engine built, kernel_warmup done ({time.monotonic() - st
 try:  # what named the compile cache's directories, from the engine's own worker
     facts = llm.collective_rpc(compile_facts)[0]
     facts["traced_files"] = sorted(traced)
+    from tunecache.service.tuner.aot_harvest import aot_rank_facts
+    facts["aot_ranks"] = llm.collective_rpc(aot_rank_facts)  # each rank's device index (vLLM 0.33/0.34)
 except Exception as exc:
     facts = {"error": f"{type(exc).__name__}: {exc}"}
 Path(sys.argv[3]).write_text(json.dumps(facts))

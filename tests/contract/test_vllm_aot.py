@@ -1,0 +1,75 @@
+"""vLLM 0.33/0.34's AOT load, which the plugin wraps (tunecache.client.boot.aot), against each
+release's own code read from its wheel (nothing of it imported): the module-level
+``vllm.compilation.decorators._try_load_aot_compiled_fn(model, aot_compilation_path)`` exists
+with that signature, and the compiled model's ``__call__`` calls it by its global name (looked up
+in the module at call time, so wrapping the module's attribute intercepts it) with the path it
+names ``<cache root>/torch_compile_cache/torch_aot_compile/<hash>/rank_{rank}_{dp}/model``,
+after it pointed ``TORCHINDUCTOR_CACHE_DIR`` at ``<hash>/inductor_cache``.
+
+Which releases: those of the table with ``aot_artifact`` (``TUNECACHE_VLLM_RELEASES`` narrows
+them as in test_vllm_releases.py; by default 0.34, which CI runs).
+"""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from tests.contract.test_vllm_releases import ALL, _releases, _wheel, wheels  # noqa: F401 - the fixture
+from tunecache.engines import engine_for
+
+release_of = engine_for("vllm").release_of
+
+AOT_RELEASES = [v for v in ALL if release_of(v).aot_artifact]
+
+
+def _aot_releases() -> list[str]:
+    asked = [v for v in _releases() if v in AOT_RELEASES]
+    return asked or [AOT_RELEASES[-1]]
+
+
+def test_the_table_places_the_aot_artifact_for_0_33_and_0_34_only():
+    assert AOT_RELEASES == ["0.33.0", "0.34.0"]
+    assert all(release_of(v).compile_cache for v in AOT_RELEASES)
+
+
+def _module(wheel, version):
+    source = wheel.read("vllm/compilation/decorators.py").decode()
+    return source, ast.parse(source)
+
+
+@pytest.mark.parametrize("version", _aot_releases())
+def test_the_wrapped_function_exists_with_that_signature(wheels, version):  # noqa: F811
+    _, tree = _module(_wheel(wheels, version), version)
+    [function] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_try_load_aot_compiled_fn"]
+    assert [a.arg for a in function.args.args] == ["model", "aot_compilation_path"]
+    assert not function.args.vararg and not function.args.kwonlyargs and not function.args.kwarg
+
+
+def _call_method(tree: ast.Module) -> ast.FunctionDef:
+    """``__call__`` of the class ``_support_torch_compile`` decorates (a nested function there)."""
+    [outer] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_support_torch_compile"]
+    [call] = [n for n in ast.walk(outer) if isinstance(n, ast.FunctionDef) and n.name == "__call__"]
+    return call
+
+
+@pytest.mark.parametrize("version", _aot_releases())
+def test_call_looks_the_function_up_by_name_with_the_path_it_loads(wheels, version):  # noqa: F811
+    source, tree = _module(_wheel(wheels, version), version)
+    call = _call_method(tree)
+    calls = [n for n in ast.walk(call) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == "_try_load_aot_compiled_fn"]
+    assert len(calls) == 1, "called once, by its bare (module-global) name"
+    assert [ast.unparse(a) for a in calls[0].args] == ["self", "aot_compilation_path"]
+    # not bound to a local name or imported into __call__ (then the module attribute would not be looked up)
+    assert not [n for n in ast.walk(call) if isinstance(n, (ast.Import, ast.ImportFrom))
+                and any((a.asname or a.name) == "_try_load_aot_compiled_fn" for a in n.names)]
+    text = ast.get_source_segment(source, call)
+    for piece in ('"torch_compile_cache"', '"torch_aot_compile"', 'f"rank_{rank}_{dp_rank}"',
+                  'os.path.join(cache_dir, "model")', 'os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache',
+                  'os.path.join(cache_dir, "inductor_cache")'):
+        assert piece in text, (version, piece)
+    # Inductor's directory is pointed at before the load, and the rank directory is under the hash directory
+    assert text.index("TORCHINDUCTOR_CACHE_DIR") < text.index("_try_load_aot_compiled_fn(")
+    assert text.index('os.path.join(cache_dir, "inductor_cache")') < text.index('f"rank_{rank}_{dp_rank}"')
