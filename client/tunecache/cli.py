@@ -203,7 +203,9 @@ def pull(
         typer.Option(help="file: a FlashInfer cache file; vllm: vLLM's per-rank files for every rank; flashinfer-v2: FlashInfer's v2 store"),
     ] = Layout.file,
     vllm_config_hash: Annotated[
-        Optional[str], typer.Option(help="vllm layout: the <hash> directory (sha256 of VllmConfig.compute_hash) of the deployment")
+        Optional[str], typer.Option(help="vllm layout: the deployment's <hash> directory, as its vLLM names it (0.33: "
+                                         "sha256 of VllmConfig.compute_hash(include_version=False); 0.34: hash_factors of "
+                                         "compile_factors(include_version=False); 0.25 reads no per-rank files; docs/pods.md)")
     ] = None,
     pipeline_parallel_size: Annotated[int, typer.Option(min=1, help="vllm layout: pipeline-parallel size (ranks per dp = tp x pp)")] = 1,
     file_name: Annotated[Optional[str], typer.Option(help="file layout: the file's name (default: from the key)")] = None,
