@@ -200,7 +200,9 @@ def pull(
         typer.Option(help="file: a FlashInfer cache file; vllm: vLLM's per-rank files for every rank; flashinfer-v2: FlashInfer's v2 store"),
     ] = Layout.file,
     vllm_config_hash: Annotated[
-        Optional[str], typer.Option(help="vllm layout: the <hash> directory (sha256 of VllmConfig.compute_hash) of the deployment")
+        Optional[str], typer.Option(help="vllm layout: the deployment's <hash> directory, as its vLLM names it (0.33: "
+                                         "sha256 of VllmConfig.compute_hash(include_version=False); 0.34: hash_factors of "
+                                         "compile_factors(include_version=False); 0.25 reads no per-rank files; docs/pods.md)")
     ] = None,
     pipeline_parallel_size: Annotated[int, typer.Option(min=1, help="vllm layout: pipeline-parallel size (ranks per dp = tp x pp)")] = 1,
     file_name: Annotated[Optional[str], typer.Option(help="file layout: the file's name (default: from the key)")] = None,
@@ -301,13 +303,20 @@ def doctor(
     server: ServerOpt,
     key_options: KeyOptions,
     environment: EnvironmentOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document (docs/pods.md), errors too")] = False,
 ) -> None:
     """Show this machine's FlashInfer environment, its key, and the server's matching or closest runs.
 
     What the server has for the key: the matching run, or the closest ones and each field that differs; for a matching run, what each kind of its artifacts will do on this pod (loads, will not load and why, or depends on the engine's arguments), compared with this pod's own paths, versions and package prefix.
 
     Exit codes are pull's: 0 when the server has a matching tuning this pod takes, 3 when not, 14 when this pod refuses it (TUNECACHE_TRUSTED_KEYS), 4/5 for server trouble.
+
+    --json: stdout is one JSON document (schema_version, key, environment, image versions, run, kinds with loads and why, exit_code), for a deployment pipeline; without a GPU, --gpu-name names the pods' GPU.
     """
+    if as_json:
+        from tunecache.cli_doctor import doctor_json
+
+        doctor_json(server, key_options, environment, environment_option, options_key)
     env = environment_option(environment)
     try:  # as pull reads them, before anything is said (a bad value: one line, exit 2)
         configured = client_settings().trusted_keys

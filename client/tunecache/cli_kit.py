@@ -47,6 +47,8 @@ Exit codes (also in docs/pods.md):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -100,10 +102,34 @@ class ExitCode(enum.IntEnum):
     REGRESSION = 18
 
 
+class Failed(typer.Exit):
+    """What :func:`fail` raises: the exit with ``code``, and the line it said (``message``)."""
+
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(int(code))
+        self.message = message
+
+
+#: While true (:func:`failures_unsaid`), :func:`fail` says nothing: the command reports each
+#: :class:`Failed` itself (``doctor --json``: in its document, on stdout).
+_failures_unsaid: contextvars.ContextVar[bool] = contextvars.ContextVar("failures_unsaid", default=False)
+
+
+@contextlib.contextmanager
+def failures_unsaid():
+    """Within: :func:`fail` raises its :class:`Failed` without printing the line."""
+    token = _failures_unsaid.set(True)
+    try:
+        yield
+    finally:
+        _failures_unsaid.reset(token)
+
+
 def fail(code: ExitCode, message: str) -> NoReturn:
-    """Print ``tunecache: error: <message>`` to stderr and exit with ``code``."""
-    typer.echo(f"tunecache: error: {message}", err=True)
-    raise typer.Exit(int(code))
+    """Print ``tunecache: error: <message>`` to stderr and exit with ``code`` (:class:`Failed`)."""
+    if not _failures_unsaid.get():
+        typer.echo(f"tunecache: error: {message}", err=True)
+    raise Failed(code, message)
 
 
 ServerOpt = Annotated[str, typer.Option("--server", envvar="TUNECACHE_URL", help="tunecache server URL")]

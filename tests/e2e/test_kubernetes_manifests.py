@@ -41,7 +41,7 @@ CLIENT_VARIABLES = {f"TUNECACHE_{name.upper()}" for name in ClientSettings.model
 #: Read by the tuner from its own environment (not a service setting; declared beside the settings).
 TUNER_VARIABLES = set(NODE_VARIABLES)
 IMAGE = "tunecache:latest"  # docker-compose.yml's name for the Dockerfile's image (the server replicas)
-TUNER_IMAGE = "tunecache-tuner:v0.25.0"  # the Dockerfile on the fleet's vLLM image
+TUNER_IMAGE = "tunecache-tuner:v0.33.0"  # the Dockerfile on the fleet's vLLM image (the example pods' release)
 
 
 def _files(directory: Path = MANIFESTS) -> list[Path]:
@@ -232,3 +232,48 @@ def test_the_tuner_runs_the_fleets_vllm_image_with_the_pods_engine_arguments():
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "ARG BASE_IMAGE=vllm/vllm-openai:" in dockerfile and "ENTRYPOINT []" in dockerfile
     assert '".${TUNER_EXTRA}"' in dockerfile  # no FlashInfer pin over the vLLM image's own
+
+
+def _release(image: str) -> str:
+    """The vLLM release an image's tag names (``tunecache-tuner:v0.33.0``: ``0.33.0``)."""
+    match = re.fullmatch(r"[^:]+:v?(\d+\.\d+\.\d+)", image)
+    assert match, f"{image}: its tag names no vLLM release"
+    return match[1]
+
+
+def test_the_tuner_and_the_example_pods_run_one_vllm_release():
+    """What a tuning carries loads only in the vLLM, FlashInfer, torch and Triton it was made
+    with: the tuner's image and the example vLLM pod's name one release (they were 0.25 and
+    0.33: every tactic file would have been refused on FlashInfer's version), and so does
+    docs/kubernetes.md; the init container's ``--dest`` is that release's FlashInfer directory."""
+    images = {(obj["metadata"]["name"], c["name"]): c["image"] for _, obj in _objects() for _, c in _containers(obj)}
+    tuner, pod = images[("tunecache-tuner", "tunecache")], images[("vllm-qwen3", "vllm")]
+    assert _release(tuner) == _release(pod), (tuner, pod)
+    documented = re.findall(r"[\w./-]*(?:vllm-with-tunecache|tunecache-tuner):v?\d+\.\d+\.\d+",
+                            (ROOT / "docs" / "kubernetes.md").read_text())
+    assert documented and {_release(image) for image in documented} == {_release(pod)}, documented
+    [(_, example)] = [(p, obj) for p, obj in _objects() if obj["metadata"]["name"] == "vllm-qwen3"]
+    [init] = [c for kind, c in _containers(example) if kind == "initContainers"]
+    dest = re.search(r"--dest (\S+)", _command_line(init))[1]
+    assert dest.split("/")[-2] == VLLM_FLASHINFER[_release(pod)], dest
+
+
+#: The FlashInfer each vLLM release pins (``flashinfer-python==`` in its wheel's METADATA).
+VLLM_FLASHINFER = {"0.25.0": "0.6.13", "0.33.0": "0.7.2.post1", "0.34.0": "0.7.3"}
+
+
+def test_the_flashinfer_pins_are_the_wheels_own():
+    """:data:`VLLM_FLASHINFER` as each release's wheel says it, where the wheels are kept."""
+    import os
+    import zipfile
+
+    wheels = Path(os.environ.get("TUNECACHE_VLLM_WHEELS", "~/.cache/tunecache-tests/vllm-wheels")).expanduser()
+    checked = 0
+    for release, flashinfer in VLLM_FLASHINFER.items():
+        for wheel in wheels.glob(f"vllm-{release}-*.whl"):
+            with zipfile.ZipFile(wheel) as archive:
+                metadata = archive.read(f"vllm-{release}.dist-info/METADATA").decode()
+            assert f"Requires-Dist: flashinfer-python=={flashinfer}" in metadata.splitlines(), wheel
+            checked += 1
+    if not checked:
+        pytest.skip(f"no vLLM wheel in {wheels} (TUNECACHE_VLLM_WHEELS)")
