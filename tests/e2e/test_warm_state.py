@@ -259,6 +259,10 @@ def test_pull_warm_state_installs_the_tilelang_cute_dsl_and_tvm_ffi_caches(serve
     for variable, files in FILES.items():
         for name, body in files.items():
             assert (installed[variable] / name).read_bytes() == body
+    verdicts = _doctor(server, tmp_path, os.environ.get("PYTHONPATH", ""))  # said before the boot, each where it goes
+    for kind, variable in (("tilelang_cache", "TILELANG_CACHE_DIR"), ("cute_dsl_cache", "CUTE_DSL_CACHE_DIR"),
+                           ("tvm_ffi_cache", "TVM_FFI_CACHE_DIR")):
+        assert verdicts[kind] == f"{kind}: loads: merged into {installed[variable]}, file by file"
     monkeypatch.delenv("TUNECACHE_TRUSTED_KEYS")  # unsigned for this pod: none of it
     shutil.rmtree(home)
     unsigned = pull(server, tmp_path / "plain" / "file", CUDNN_FILE, "--warm-state", "--vllm-cache-root",
