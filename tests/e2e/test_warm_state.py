@@ -225,6 +225,52 @@ def test_pull_warm_state_installs_the_deep_gemm_cache_as_the_plugin_does(server,
     assert "DeepGEMM cache (1 kernels)" in pulled.stderr
 
 
+def test_pull_warm_state_installs_the_tilelang_cute_dsl_and_tvm_ffi_caches(server, tmp_path, node_signing_key,
+                                                                           monkeypatch):
+    """``tunecache pull --warm-state`` installs the JIT caches vLLM 0.33/0.34's warmup fills, each
+    harvested from where the tuner pointed its package, signed, and merged into the directory the
+    package computes on a pod with another HOME and TMPDIR (no caller names the kinds)."""
+    from tests.support.cli import pull
+    from tests.unit.client.client.test_jit_caches import FILES, VARIABLES, tuner_scratch
+    from tunecache.service.tuner.vllm_warmup import harvest_warm_state
+
+    out = tmp_path / "harvest"
+    out.mkdir()
+    artifacts, _ = harvest_warm_state(tuner_scratch(tmp_path), out)
+    payload = run_payload(CUDNN_FILE, h200_key())
+    for blob in [CUDNN_FILE.read_bytes()] + [(out / a["path"]).read_bytes() for a in artifacts]:
+        assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code in (200, 201)
+    payload["artifacts"] += [{"kind": a["kind"], "name": a["name"], "media_type": a["media_type"],
+                              "sha256": hashlib.sha256((out / a["path"]).read_bytes()).hexdigest()} for a in artifacts]
+    assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
+    for variable in VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    home, tmp = tmp_path / "pod-home", tmp_path / "pod-tmp"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("USER", "podder")
+    pulled = pull(server, tmp_path / "init" / "file", CUDNN_FILE, "--warm-state", "--vllm-cache-root",
+                  str(tmp_path / "init" / "vllm-cache"), "--triton-cache-dir", str(tmp_path / "init" / "triton"))
+    assert pulled.returncode == 0, pulled.stderr
+    assert "TileLang cache (2 files), CuTe DSL cache (1 files), TVM-FFI cache (2 files)" in pulled.stderr
+    installed = {"TILELANG_CACHE_DIR": home / ".tilelang" / "cache",
+                 "CUTE_DSL_CACHE_DIR": tmp / "podder" / "cutlass_python_cache",
+                 "TVM_FFI_CACHE_DIR": home / ".cache" / "tvm-ffi"}
+    for variable, files in FILES.items():
+        for name, body in files.items():
+            assert (installed[variable] / name).read_bytes() == body
+    verdicts = _doctor(server, tmp_path, os.environ.get("PYTHONPATH", ""))  # said before the boot, each where it goes
+    for kind, variable in (("tilelang_cache", "TILELANG_CACHE_DIR"), ("cute_dsl_cache", "CUTE_DSL_CACHE_DIR"),
+                           ("tvm_ffi_cache", "TVM_FFI_CACHE_DIR")):
+        assert verdicts[kind] == f"{kind}: loads: merged into {installed[variable]}, file by file"
+    monkeypatch.delenv("TUNECACHE_TRUSTED_KEYS")  # unsigned for this pod: none of it
+    shutil.rmtree(home)
+    unsigned = pull(server, tmp_path / "plain" / "file", CUDNN_FILE, "--warm-state", "--vllm-cache-root",
+                    str(tmp_path / "plain" / "root"))
+    assert unsigned.returncode == 0 and "warm state installed: none" in unsigned.stderr
+    assert not (home / ".tilelang").exists() and not (home / ".cache" / "tvm-ffi").exists()
+
+
 def test_a_pod_with_another_home_gets_the_compile_cache_under_the_names_its_own_home_gives(server, tmp_path,
                                                                                        node_signing_key):
     """vLLM 0.25 hashes VLLM_CONFIG_ROOT (default ~/.config/vllm) into both directory names:

@@ -8,7 +8,7 @@ writes them in :data:`tunecache.contract.KINDS`' order, the tactics last. A call
 names a kind's fields: a new kind is one more entry in the contract's table and one more
 registered destination.
 
-Importing this module registers every destination (:mod:`tunecache.client.jit_install`,
+Importing this module registers every destination (:mod:`tunecache.client.jit_caches`, :mod:`tunecache.client.jit_install`,
 :mod:`tunecache.client.layouts`, :mod:`tunecache.client.warm_state`); the registry itself
 (:mod:`tunecache.client.destinations`) imports none of them.
 """
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecache.client import jit_install, layouts, warm_state  # noqa: F401 - importing them registers their destinations
+from tunecache.client import jit_caches, jit_install, layouts, warm_state  # noqa: F401 - importing them registers their destinations
 from tunecache.client.destinations import DESTINATIONS, Destination
 from tunecache.contract import KINDS, ArtifactKind, kinds_where
 

@@ -38,8 +38,12 @@ class ArtifactKind(StrEnum):
     * ``vllm_modelinfos``: vLLM's model-inspection cache (``$VLLM_CACHE_ROOT/modelinfos/``) as a
       gzipped tarball.
     * ``triton_cache``: Triton's kernel cache (``TRITON_CACHE_DIR``) as a gzipped tarball.
+    * ``tilelang_cache``: TileLang's kernel cache (``TILELANG_CACHE_DIR``) as a gzipped tarball.
+    * ``cute_dsl_cache``: the CuTe DSL's file cache (``nvidia-cutlass-dsl``, ``CUTE_DSL_CACHE_DIR``)
+      as a gzipped tarball.
+    * ``tvm_ffi_cache``: TVM-FFI's build cache (``TVM_FFI_CACHE_DIR``) as a gzipped tarball.
 
-    The last three, with the JIT modules and the DeepGEMM cache, are the run's *warm state*:
+    The compile cache, model inspections and the caches after them, with the JIT modules and the DeepGEMM cache, are the run's *warm state*:
     what a boot compiles; a pod installs them only from a run signed by a trusted key.
     """
 
@@ -51,6 +55,9 @@ class ArtifactKind(StrEnum):
     VLLM_COMPILE_CACHE = "vllm_compile_cache"
     VLLM_MODELINFOS = "vllm_modelinfos"
     TRITON_CACHE = "triton_cache"
+    TILELANG_CACHE = "tilelang_cache"
+    CUTE_DSL_CACHE = "cute_dsl_cache"
+    TVM_FFI_CACHE = "tvm_ffi_cache"
 
     @property
     def facts(self) -> KindFacts:
@@ -116,6 +123,12 @@ KINDS: dict[ArtifactKind, KindFacts] = {facts.kind: facts for facts in (
               artifact_name="vllm-modelinfos.tar.gz"),
     KindFacts(ArtifactKind.VLLM_COMPILE_CACHE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
               depends_on=("torch", "triton"), artifact_name="vllm-compile-cache.tar.gz"),
+    KindFacts(ArtifactKind.TILELANG_CACHE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
+              depends_on=("tilelang",), artifact_name="tilelang-cache.tar.gz"),
+    KindFacts(ArtifactKind.CUTE_DSL_CACHE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
+              depends_on=("nvidia-cutlass-dsl",), artifact_name="cute-dsl-cache.tar.gz"),
+    KindFacts(ArtifactKind.TVM_FFI_CACHE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
+              depends_on=("apache-tvm-ffi",), artifact_name="tvm-ffi-cache.tar.gz"),
 )}
 
 

@@ -31,7 +31,8 @@ def test_media_types_are_the_ones_stored():
 def test_doctor_lists_kinds_in_the_tables_order_the_tactics_first_then_as_installed():
     assert list(KINDS) == [ArtifactKind.FLASHINFER_AUTOTUNE, ArtifactKind.FLASHINFER_JIT_MODULE,
                            ArtifactKind.DEEP_GEMM_JIT_CACHE, ArtifactKind.VLLM_RANK_FILE, ArtifactKind.FLASHINFER_V2_STORE,
-                           ArtifactKind.TRITON_CACHE, ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE]
+                           ArtifactKind.TRITON_CACHE, ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE,
+                           ArtifactKind.TILELANG_CACHE, ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE]
 
 
 def test_the_facts_other_modules_relied_on():
@@ -40,14 +41,17 @@ def test_the_facts_other_modules_relied_on():
         ArtifactKind.FLASHINFER_AUTOTUNE, ArtifactKind.VLLM_RANK_FILE, ArtifactKind.FLASHINFER_V2_STORE}
     assert kinds_where(required=True) == (ArtifactKind.FLASHINFER_AUTOTUNE,)
     assert set(WARM_STATE_KINDS) == {ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE,
-                                     ArtifactKind.TRITON_CACHE}
+                                     ArtifactKind.TRITON_CACHE, ArtifactKind.TILELANG_CACHE,
+                                     ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE}
     assert kinds_where(fetch_option="jit") == (ArtifactKind.FLASHINFER_JIT_MODULE,)
     assert kinds_where(fetch_option="deep_gemm") == (ArtifactKind.DEEP_GEMM_JIT_CACHE,)
     assert kinds_where(of_variant=True) == (ArtifactKind.TRITON_CACHE,)
     assert DISTRIBUTIONS == {
         "torch": (ArtifactKind.VLLM_COMPILE_CACHE,),
         "triton": (ArtifactKind.TRITON_CACHE, ArtifactKind.VLLM_COMPILE_CACHE),
-        "apache-tvm-ffi": (ArtifactKind.FLASHINFER_JIT_MODULE,),
+        "apache-tvm-ffi": (ArtifactKind.FLASHINFER_JIT_MODULE, ArtifactKind.TVM_FFI_CACHE),
+        "nvidia-cutlass-dsl": (ArtifactKind.CUTE_DSL_CACHE,),
+        "tilelang": (ArtifactKind.TILELANG_CACHE,),
     }
     assert {kind: facts.artifact_name for kind, facts in KINDS.items() if facts.artifact_name} == {
         ArtifactKind.DEEP_GEMM_JIT_CACHE: "deep-gemm-jit-cache.tar.gz",
@@ -55,6 +59,9 @@ def test_the_facts_other_modules_relied_on():
         ArtifactKind.VLLM_COMPILE_CACHE: "vllm-compile-cache.tar.gz",
         ArtifactKind.VLLM_MODELINFOS: "vllm-modelinfos.tar.gz",
         ArtifactKind.TRITON_CACHE: "triton-cache.tar.gz",
+        ArtifactKind.TILELANG_CACHE: "tilelang-cache.tar.gz",
+        ArtifactKind.CUTE_DSL_CACHE: "cute-dsl-cache.tar.gz",
+        ArtifactKind.TVM_FFI_CACHE: "tvm-ffi-cache.tar.gz",
     }
 
 

@@ -38,12 +38,19 @@ AOT_HOOK_TARGETS: tuple[HookTarget, ...] = (
 #: Where the tuner points each of vLLM's caches while it runs vLLM's warmup, under its scratch
 #: directory: variable -> directory. ``VLLM_CACHE_ROOT`` holds ``torch_compile_cache/`` and
 #: ``modelinfos/``; ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR`` the per-rank files and the v2 store;
-#: DeepGEMM's and Triton's caches are pointed apart so that each is harvested as its own kind.
+#: DeepGEMM's and Triton's caches are pointed apart so that each is harvested as its own kind, and
+#: so are the caches 0.33/0.34's JIT warmup fills (``model_executor/warmup/jit_warmup*.py``):
+#: TileLang's (``tilelang.env``: ``TILELANG_CACHE_DIR``), the CuTe DSL's
+#: (``cutlass.base_dsl.cache_helpers.get_default_generated_ir_path``: ``CUTE_DSL_CACHE_DIR``) and
+#: TVM-FFI's (``tvm_ffi.cpp.extension``: ``TVM_FFI_CACHE_DIR``).
 HARVEST_DIRS: dict[str, str] = {
     "VLLM_CACHE_ROOT": "vllm-cache",
     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "flashinfer-autotune",
     "DG_JIT_CACHE_DIR": "deep_gemm",
     "TRITON_CACHE_DIR": "triton",
+    "TILELANG_CACHE_DIR": "tilelang",
+    "CUTE_DSL_CACHE_DIR": "cute-dsl",
+    "TVM_FFI_CACHE_DIR": "tvm-ffi",
 }
 
 

@@ -267,3 +267,33 @@ class TritonCacheHarvester(DirectoryTarball):
 
     variable = "TRITON_CACHE_DIR"
     scratch_dir = ENGINE.harvest_dir(variable)
+
+
+@harvests(ArtifactKind.TILELANG_CACHE)
+class TileLangCacheHarvester(DirectoryTarball):
+    """TileLang's kernel cache (``TILELANG_CACHE_DIR``: ``tilelang.env.Environment.TILELANG_CACHE_DIR``,
+    default ``~/.tilelang/cache``), which vLLM 0.33/0.34's JIT warmup fills
+    (``vllm/model_executor/warmup/jit_warmup_tilelang_helper.py::compile_tilelang``)."""
+
+    variable = "TILELANG_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)
+
+
+@harvests(ArtifactKind.CUTE_DSL_CACHE)
+class CuteDslCacheHarvester(DirectoryTarball):
+    """The CuTe DSL's file cache (``CUTE_DSL_CACHE_DIR``: ``cutlass.base_dsl.cache_helpers.
+    get_default_generated_ir_path("CUTE_DSL")``; ``cute_dsl_<module hash>.mlir`` files written by
+    ``compile_backend``'s ``dump_cache_to_path``), which vLLM 0.33/0.34's CuTe DSL warmups fill
+    (``cutedsl_warmup.py``, ``jit_warmup_cutedsl_helper.py::compile_cutedsl``)."""
+
+    variable = "CUTE_DSL_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)
+
+
+@harvests(ArtifactKind.TVM_FFI_CACHE)
+class TvmFfiCacheHarvester(DirectoryTarball):
+    """TVM-FFI's build cache (``TVM_FFI_CACHE_DIR``, default ``~/.cache/tvm-ffi``: one
+    ``<name>_<source hash>/`` build directory per extension, ``tvm_ffi.cpp.extension.build``/``load``)."""
+
+    variable = "TVM_FFI_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)

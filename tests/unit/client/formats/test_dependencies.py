@@ -14,12 +14,13 @@ def test_each_kind_built_with_other_packages_is_named_with_each_difference():
     assert drift(node, dict(node)) == {}
     found = drift(node, {"torch": "2.12.0", "triton": "3.6.0", "apache-tvm-ffi": NOT_INSTALLED})
     assert found == {ArtifactKind.VLLM_COMPILE_CACHE: "torch: node 2.11.0, pod 2.12.0",
-                     ArtifactKind.FLASHINFER_JIT_MODULE: "apache-tvm-ffi: node 0.1.9, pod (not installed)"}
+                     ArtifactKind.FLASHINFER_JIT_MODULE: "apache-tvm-ffi: node 0.1.9, pod (not installed)",
+                     ArtifactKind.TVM_FFI_CACHE: "apache-tvm-ffi: node 0.1.9, pod (not installed)"}
     assert drift({"triton": "3.6.0"}, {"triton": "3.7.0"}) == {
         ArtifactKind.VLLM_COMPILE_CACHE: "triton: node 3.6.0, pod 3.7.0",
         ArtifactKind.TRITON_CACHE: "triton: node 3.6.0, pod 3.7.0"}
     assert drift(None, {}) == {} and drift("junk", {}) == {}  # a run recorded before: nothing to compare
-    assert set(installed_versions()) == {"torch", "triton", "apache-tvm-ffi"}
+    assert set(installed_versions()) == {"torch", "triton", "apache-tvm-ffi", "nvidia-cutlass-dsl", "tilelang"}
 
 
 def test_include_directories_a_module_names_and_the_pod_lacks(tmp_path):
