@@ -37,6 +37,10 @@ DISTRIBUTIONS: dict[str, tuple[ArtifactKind, ...]] = {
     name: tuple(kind for kind, facts in KINDS.items() if name in facts.depends_on)
     for name in sorted({name for facts in KINDS.values() for name in facts.depends_on})
 }
+#: The distributions whose versions name an image (:func:`image_of`): fixed, so that a kind
+#: added later that depends on another package (TileLang's cache on ``tilelang``, say) changes
+#: no image a run was recorded under; such a kind's own package is compared by :func:`drift`.
+IMAGE_DISTRIBUTIONS: tuple[str, ...] = ("apache-tvm-ffi", "torch", "triton")
 #: What a version is recorded as where the distribution is not installed.
 NOT_INSTALLED = "(not installed)"
 
@@ -58,14 +62,14 @@ def installed_versions() -> dict[str, str]:
 def image_of(versions: object) -> str | None:
     """The image of ``versions`` (a run's ``summary.dependencies``, or a pod's
     :func:`installed_versions`): 16 hex digits of a sha256 over the version of each of
-    :data:`DISTRIBUTIONS` they name (``name==version`` lines, sorted); ``None`` when ``versions``
+    :data:`IMAGE_DISTRIBUTIONS` they name (``name==version`` lines, sorted); ``None`` when ``versions``
     is not a dict or names none of them (a run recorded before versions were: of every image,
     as :func:`drift` finds nothing to compare)."""
     import hashlib
 
     if not isinstance(versions, dict):
         return None
-    lines = [f"{name}=={str(versions[name])[:64]}" for name in DISTRIBUTIONS if versions.get(name) is not None]
+    lines = [f"{name}=={str(versions[name])[:64]}" for name in IMAGE_DISTRIBUTIONS if versions.get(name) is not None]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16] if lines else None
 
 

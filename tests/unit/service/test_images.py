@@ -101,6 +101,17 @@ def test_the_image_is_the_versions_of_the_packages_kinds_depend_on():
     assert len(image_of(OLD)) == 16
 
 
+def test_a_package_a_later_kind_depends_on_changes_no_image():
+    """A run recorded before the TileLang and CuTe DSL caches were kinds names only torch,
+    Triton and TVM-FFI; a pod now also sends tilelang and nvidia-cutlass-dsl (installed or not):
+    the same image, so the pod still gets its image's run (the new kinds' packages are compared
+    kind by kind)."""
+    from tunecache.formats.dependencies import NOT_INSTALLED, installed_versions
+
+    assert {"tilelang", "nvidia-cutlass-dsl"} <= set(installed_versions())
+    assert image_of({**OLD, "tilelang": NOT_INSTALLED, "nvidia-cutlass-dsl": "4.8.1"}) == image_of(OLD)
+
+
 def test_a_lookups_versions_are_bounded():
     from pydantic import ValidationError
 
