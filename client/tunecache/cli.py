@@ -33,6 +33,7 @@ from tunecache.client.autotune_file import pushed_run
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
 from tunecache.client.http import JobConflictError, ServerError, TunecacheClient
+from tunecache.client.local_files import FileTooLarge, read_bounded
 from tunecache.client.layouts import FlashInferFile, FlashInferV2Store, VllmRankFiles, check_file_name
 from tunecache.client.pipeline import WARM_STATE, InstallTarget
 from tunecache.client.install import (
@@ -51,6 +52,7 @@ from tunecache.contract import (
     FLEET_PAGE_MAX,
     MAX_ID,
     MAX_AUTOTUNE_FILE_BYTES,
+    MAX_HF_CONFIG_BYTES,
     ArtifactKind,
     JobStatus,
     ReportSource,
@@ -83,6 +85,10 @@ from tunecache.cli_kit import (
 from tunecache.cli_client import client_for, client_settings
 from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_signing_key, load_trusted_keys, sign_run
 from tunecache.store import NoCompatibleTuning, TunecacheError
+
+#: The most ``retune --config`` reads of a model config file: its JSON, with the whitespace a
+#: written file has, of at most :data:`~tunecache.contract.MAX_HF_CONFIG_BYTES` as a job sends it.
+MAX_MODEL_CONFIG_FILE_BYTES = 4 * MAX_HF_CONFIG_BYTES
 
 #: Entry-point group through which other distributions add commands to ``tunecache``.
 
@@ -143,8 +149,11 @@ def push(
             fail(ExitCode.BAD_INPUT, f"{file} is {size:,} bytes; a FlashInfer autotune file is at most "
                                      f"{MAX_AUTOTUNE_FILE_BYTES:,} bytes (the most the service reads of one); "
                                      "nothing was uploaded")
-        data = file.read_bytes()
+        data = read_bounded(file, MAX_AUTOTUNE_FILE_BYTES)  # a pipe or a device reports no size to stat
         parsed = check_loadable(data, source=str(file))
+    except FileTooLarge:
+        fail(ExitCode.BAD_INPUT, f"{file} is over {MAX_AUTOTUNE_FILE_BYTES:,} bytes; a FlashInfer autotune file is "
+                                 "at most that (the most the service reads of one); nothing was uploaded")
     except OSError as exc:
         fail(ExitCode.BAD_INPUT, f"cannot read {file}: {exc.strerror}")
     except NotAnAutotuneFile as exc:
@@ -720,7 +729,10 @@ def retune(
     if config is not None:
         path = config / "config.json" if config.is_dir() else config
         try:
-            hf_config = json.loads(path.read_text())
+            hf_config = json.loads(read_bounded(path, MAX_MODEL_CONFIG_FILE_BYTES))
+        except FileTooLarge:
+            fail(ExitCode.BAD_INPUT, f"model config {path} is over {MAX_MODEL_CONFIG_FILE_BYTES:,} bytes; a job's model "
+                                     f"config is at most {MAX_HF_CONFIG_BYTES:,} bytes as JSON")
         except (OSError, ValueError) as exc:
             fail(ExitCode.BAD_INPUT, f"cannot read model config {path}: {exc}")
         if not isinstance(hf_config, dict):

@@ -13,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from tunecache.contract import ENVIRONMENT_FIELDS, EnvironmentMetadata, TuningKey
+from tunecache.client.local_files import FileTooLarge, read_bounded
+from tunecache.contract import ENVIRONMENT_FIELDS, MAX_AUTOTUNE_FILE_BYTES, EnvironmentMetadata, TuningKey
 from tunecache.formats.arch import arch_for_gpu_name, arch_from_capability
 from tunecache.formats.autotune_file import NotAnAutotuneFile, parse_autotune_file
 
@@ -48,7 +49,10 @@ def environment_from_file(path: Path) -> EnvironmentMetadata:
         EnvironmentUnavailable: unreadable, not JSON, or fields missing (named).
     """
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_AUTOTUNE_FILE_BYTES)  # a FlashInfer cache file at most; never a device whole
+    except FileTooLarge:
+        raise EnvironmentUnavailable(f"environment file {path} is over {MAX_AUTOTUNE_FILE_BYTES:,} bytes "
+                                     "(a FlashInfer autotune file is at most that)") from None
     except OSError as exc:
         raise EnvironmentUnavailable(f"cannot read environment file {path}: {exc.strerror}") from None
     try:

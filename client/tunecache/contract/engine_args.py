@@ -82,7 +82,8 @@ class Allowed:
     def _number_problem(self, value: Any, whole: bool) -> str | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return "must be a whole number" if whole else "must be a number"
-        if isinstance(value, float) and (not math.isfinite(value) or (whole and not value.is_integer())):
+        if isinstance(value, float) and (whole or not math.isfinite(value)):
+            # 8192.0 is refused too: vllm.LLM would get a float where its argument is an int
             return "must be a whole number" if whole else "must be a finite number"
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
             return f"is {value}: must be {_bounds(self)}"

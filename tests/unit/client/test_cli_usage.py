@@ -105,3 +105,19 @@ def test_each_commands_help_is_paragraphs_of_one_line():
     walk(typer.main.get_command(cli.app), "tunecache")
     walk(typer.main.get_command(server_commands), "tunecache")
     assert not wrapped, wrapped
+
+
+@pytest.mark.parametrize("args, said", [
+    (["push", "/dev/zero", "--server", "http://127.0.0.1:9", "--model", "m", "--max-num-batched-tokens", "8192"],
+     "/dev/zero is over 4,194,304 bytes"),
+    (["retune", "--server", "http://127.0.0.1:9", "--model", "m", "--max-num-batched-tokens", "8192",
+      "--gpu-name", "NVIDIA H200", "--config", "/dev/zero"], "model config /dev/zero is over"),
+    (["doctor", "--server", "http://127.0.0.1:9", "--model", "m", "--max-num-batched-tokens", "8192",
+      "--environment", "/dev/zero"], "environment file /dev/zero is over 4,194,304 bytes"),
+], ids=["push", "retune-config", "doctor-environment"])
+def test_a_file_that_never_ends_is_read_bounded_and_refused_in_one_line(capsys, args, said):
+    """A path naming a device or a pipe reports no size to ``stat``: ``push /dev/zero`` once read
+    until the machine ran out of memory. Each file a command reads is read at most to its limit."""
+    code, out, err = _run(capsys, *args)
+    assert code == ExitCode.BAD_INPUT == 7, err
+    assert said in err and len(err.splitlines()) == 1

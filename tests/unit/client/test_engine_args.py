@@ -22,3 +22,18 @@ def test_a_stored_dict_keeps_its_allowed_arguments_and_fields_only():
                                     {"compilation_config": "3"}, {"cudagraph_capture_sizes": list(range(1, 129))}])
 def test_nothing_is_kept_of_what_names_no_allowed_argument(stored):
     assert allowed_engine_args(stored) == {}
+
+
+@pytest.mark.parametrize("args, named", [
+    ({"max_model_len": 8192.0}, "engine_args.max_model_len"),
+    ({"compilation_config": {"cudagraph_capture_sizes": [1, 2.0]}}, "engine_args.compilation_config.cudagraph_capture_sizes"),
+])
+def test_a_whole_number_written_as_a_fraction_is_refused(args, named):
+    """``8192.0`` reached ``vllm.LLM`` as a float where vLLM's argument is an int."""
+    from tunecache.contract import EngineArgRefused, check_engine_args
+
+    with pytest.raises(EngineArgRefused) as refused:
+        check_engine_args(args)
+    assert named in str(refused.value) and "whole number" in str(refused.value)
+    assert check_engine_args({"max_model_len": 8192, "gpu_memory_utilization": 0.5}) == {
+        "max_model_len": 8192, "gpu_memory_utilization": 0.5}
