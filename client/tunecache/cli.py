@@ -600,7 +600,8 @@ def history(
         typer.echo("no tuning runs match")
         return
     rows = [("ID", "RECORDED (UTC)", "STATUS", "TRIGGER", "KEY", "FLASHINFER", "ENTRIES", "CURRENT")]
-    rows += [(str(r.id), _when(r.created_at), str(r.status), str(r.trigger), _key_text(r.key),
+    rows += [(str(r.id), _when(r.created_at), f"{r.status} (retired)" if r.retired_at else str(r.status), str(r.trigger),
+              _key_text(r.key),
               r.environment.flashinfer_version, "-" if r.entries is None else str(r.entries), "yes" if r.is_current else "")
              for r in runs]
     for line in _aligned(rows):

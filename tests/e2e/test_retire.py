@@ -33,6 +33,11 @@ def test_retire_takes_a_run_out_of_use_and_the_key_falls_back(server):
     run = as_admin.get(f"{server}/v1/tunings/{second}").json()
     assert run["retired_at"] is not None and run["is_current"] is False  # kept for history
     assert as_admin.get(f"{server}/v1/tunings").json()["total"] == 2
+    shown = tunecache("history", "--server", server, "--model", MODEL)  # the history says it, as the run's page
+    assert "succeeded (retired)" in next(line for line in shown.stdout.splitlines() if line.startswith(f"{second} ")), \
+        shown.stdout
+    page = httpx.get(f"{server}/runs/{second}")
+    assert page.status_code == 200 and 'id="retired"' in page.text and 'id="promote-form"' not in page.text
     again = tunecache("retire", str(second), "--server", server)  # idempotent, nothing moves
     assert again.returncode == 0 and _lookup(server).json()["id"] == first, again.stderr
 
