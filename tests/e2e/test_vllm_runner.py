@@ -45,6 +45,9 @@ def test_command_line_and_environment(tmp_path):
         "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "flashinfer-autotune"),
         "DG_JIT_CACHE_DIR": str(tmp_path / "deep_gemm"),
         "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+        "TILELANG_CACHE_DIR": str(tmp_path / "tilelang"),
+        "CUTE_DSL_CACHE_DIR": str(tmp_path / "cute-dsl"),
+        "TVM_FFI_CACHE_DIR": str(tmp_path / "tvm-ffi"),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
     fp8_command, _ = vllm_command(spec(quantization="fp8"), tmp_path / "b")
