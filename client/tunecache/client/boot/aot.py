@@ -34,7 +34,7 @@ from tunecache.client.boot.coordination import DEFAULT_INSTALL_DEADLINE_S
 from tunecache.client.boot.handoff import Handoff
 from tunecache.client.boot.staged import UNPACK_WAIT_S, unpack_staged, unpacked_dir
 from tunecache.engines.vllm.aot import (AOT_RECORD_FILE, COMPILE_ON_ONE_RANK, INDUCTOR_DIR, AotArtifacts, device_refusal,
-                                        env_differences, factor_differences, flatten_factors, placement_differences,
+                                        env_differences, factor_differences, placement_differences, rank_facts,
                                         system_differences)
 
 log = logging.getLogger("vllm.plugins.tunecache")
@@ -65,29 +65,23 @@ def pod_aot_facts(model: Any) -> PodAotFacts:
     has it, 0.34), ``vllm.envs.compile_factors()``, ``torch.cuda.current_device()`` (the index
     Inductor bakes into the artifact) and ``torch._dynamo.package.SystemInfo.current()``."""
     import dataclasses
-    import json
 
     import torch
     import vllm
     import vllm.envs as envs
 
-    config = model.vllm_config
-    parallel = config.parallel_config
-    dp_rank = getattr(parallel, "data_parallel_index", None)
-    if dp_rank is None:
-        dp_rank = getattr(parallel, "data_parallel_rank", 0)
-    factors = config.compile_factors() if callable(getattr(config, "compile_factors", None)) else {}
     on_gpu = bool(torch.cuda.is_available())
     try:
         from torch._dynamo.package import SystemInfo
 
-        system = json.loads(json.dumps(dataclasses.asdict(SystemInfo.current()), default=str))
+        system = dataclasses.asdict(SystemInfo.current())
     except Exception:  # a torch without it: nothing to compare
         system = {}
-    return PodAotFacts(vllm_version=str(vllm.__version__), rank=int(parallel.rank), dp_rank=int(dp_rank or 0),
-                       device_index=int(torch.cuda.current_device()) if on_gpu else None,
-                       compile_factors=flatten_factors(factors),
-                       env=json.loads(json.dumps(envs.compile_factors(), default=str)), system=system, on_gpu=on_gpu)
+    facts = rank_facts(model.vllm_config, envs.compile_factors(),
+                       int(torch.cuda.current_device()) if on_gpu else None, system)
+    return PodAotFacts(vllm_version=str(vllm.__version__), rank=facts["rank"], dp_rank=facts["dp_rank"],
+                       device_index=facts["device_index"], compile_factors=facts["compile_factors"],
+                       env=facts["env"], system=facts["system"], on_gpu=on_gpu)
 
 
 def before_aot_load(model: Any, path: str) -> str | None:

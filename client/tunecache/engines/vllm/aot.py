@@ -156,6 +156,26 @@ def flatten_factors(factors: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def rank_facts(config: Any, env_factors: Any, device_index: int | None, system: Any) -> dict[str, Any]:
+    """One rank's compile facts as JSON data, read alike by the tuner (recorded with the run:
+    :func:`tunecache.service.tuner.aot_harvest.aot_rank_facts`) and the pod (compared with them:
+    :func:`tunecache.client.boot.aot.pod_aot_facts`): from the compiled model's or worker's
+    ``vllm_config``, its ``parallel_config.rank`` and data-parallel index (``data_parallel_index``,
+    else ``data_parallel_rank``, as ``decorators.py`` names the rank directory) and, where the
+    release has it (0.34), ``VllmConfig.compile_factors()`` flattened (:func:`flatten_factors`);
+    with the caller's ``vllm.envs.compile_factors()`` (``env_factors``), CUDA device index and
+    ``torch._dynamo.package.SystemInfo`` as a dict (``system``), which need vLLM and torch."""
+    parallel = config.parallel_config
+    dp_rank = getattr(parallel, "data_parallel_index", None)
+    if dp_rank is None:
+        dp_rank = getattr(parallel, "data_parallel_rank", 0)
+    factors = config.compile_factors() if callable(getattr(config, "compile_factors", None)) else {}
+    return json.loads(json.dumps({
+        "rank": int(parallel.rank), "dp_rank": int(dp_rank or 0), "device_index": device_index,
+        "compile_factors": flatten_factors(factors), "env": env_factors, "system": system,
+    }, default=str))
+
+
 def factor_differences(node: dict[str, Any], pod: dict[str, Any]) -> tuple[list[str], list[str]]:
     """``(variant, placement)``: each flattened compile factor (:func:`flatten_factors`) that
     differs between the tuner's and the pod's, one line each; ``variant`` makes another graph

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.engines.vllm.aot import (AOT_DIR, AOT_RECORD_FILE, COMPILE_ON_ONE_RANK, MODEL_FILE, RANK_DIR,
-                                        AotArtifacts, AotRank, flatten_factors)
+                                        AotArtifacts, AotRank, rank_facts)
 
 
 def aot_rank_facts(worker: Any) -> dict[str, Any]:
@@ -28,28 +28,18 @@ def aot_rank_facts(worker: Any) -> dict[str, Any]:
     ``VllmConfig.compile_factors()`` (flattened), ``vllm.envs.compile_factors()`` and torch's
     ``torch._dynamo.package.SystemInfo.current()``: torch's and vLLM's own functions."""
     import dataclasses
-    import json
 
     import torch
     import vllm.envs as envs
 
-    config = worker.vllm_config
-    parallel = config.parallel_config
-    dp_rank = getattr(parallel, "data_parallel_index", None)
-    if dp_rank is None:
-        dp_rank = getattr(parallel, "data_parallel_rank", 0)
-    factors = config.compile_factors() if callable(getattr(config, "compile_factors", None)) else {}
     try:
         from torch._dynamo.package import SystemInfo
 
         system = dataclasses.asdict(SystemInfo.current())
     except Exception:
         system = {}
-    return json.loads(json.dumps({
-        "rank": int(parallel.rank), "dp_rank": int(dp_rank or 0),
-        "device_index": int(torch.cuda.current_device()) if torch.cuda.is_available() else None,
-        "compile_factors": flatten_factors(factors), "env": envs.compile_factors(), "system": system,
-    }, default=str))
+    return rank_facts(worker.vllm_config, envs.compile_factors(),
+                      int(torch.cuda.current_device()) if torch.cuda.is_available() else None, system)
 
 
 def _digest(path: Path) -> str:
