@@ -113,7 +113,7 @@ def options_key(options: KeyOptions, gpu_name: str | None = None) -> TuningKey:
                        dtype=options.dtype, quantization=options.quantization,
                        tensor_parallel_size=options.tensor_parallel_size,
                        data_parallel_size=options.data_parallel_size,
-                       expert_parallel_size=options.expert_parallel_size)
+                       expert_parallel_size=options.expert_parallel_size, engine=options.engine)
     except EnvironmentUnavailable as exc:
         fail(ExitCode.USAGE, str(exc))
     except ValidationError as exc:

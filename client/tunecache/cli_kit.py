@@ -64,7 +64,7 @@ from typing import Annotated, Any, Literal, NoReturn, Optional
 import typer
 from pydantic import ValidationError
 
-from tunecache.contract import DeploymentKey, expert_parallel_size
+from tunecache.contract import DEFAULT_ENGINE, DeploymentKey, expert_parallel_size
 from tunecache.store import (
     ArtifactCorrupt,
     InstallDeadlineExceeded,
@@ -140,6 +140,7 @@ QuantOpt = Annotated[str, typer.Option("--quantization", help="vLLM's --quantiza
 TpOpt = Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1, help="tensor-parallel size")]
 DpOpt = Annotated[int, typer.Option("--data-parallel-size", "-dp", min=1, help="vLLM's data-parallel size (it shards MoE layers)")]
 EpOpt = Annotated[bool, typer.Option("--enable-expert-parallel", help="vLLM's --enable-expert-parallel (experts split over tp x dp ranks)")]
+EngineOpt = Annotated[str, typer.Option("--engine", help="the inference engine the key is for (vllm)")]
 GpuNameOpt = Annotated[Optional[str], typer.Option("--gpu-name", help="GPU name (default: the environment's 'gpu')")]
 RequiredGpuNameOpt = Annotated[str, typer.Option("--gpu-name", help="GPU to tune for, e.g. 'NVIDIA H200'")]
 ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="GPU arch such as sm90 (default: detected)")]
@@ -204,6 +205,7 @@ class KeyOptions:
     enable_expert_parallel: bool = False
     gpu_name: str | None = None
     arch: str | None = None
+    engine: str = DEFAULT_ENGINE
 
     @property
     def expert_parallel_size(self) -> int:
@@ -244,6 +246,7 @@ def _key_parameters(gpu: GpuSource) -> list[inspect.Parameter]:
         option("tensor_parallel_size", TpOpt, 1),
         option("data_parallel_size", DpOpt, 1),
         option("enable_expert_parallel", EpOpt, False),
+        option("engine", EngineOpt, DEFAULT_ENGINE),
     ]
 
 

@@ -377,7 +377,10 @@ def canonical_manifest(
     status, trigger, node, timings, error and summary are **not** signed: a pod installs
     none of them, except (manifest 2) ``install_fields``: what of the summary decides what a
     pod installs (:func:`install_fields`). A field added to :class:`TuningKey` or
-    :class:`EnvironmentMetadata` changes every manifest, so it needs a new format.
+    :class:`EnvironmentMetadata` changes every manifest, so it needs a new format, unless
+    its default is left out as ``engine``'s is (:meth:`TuningKey.identity`): a key of
+    the default engine ``vllm`` signs the manifest it signed before keys named their
+    engine, and any other engine is signed by name.
     """
     listed = sorted(
         ({"kind": _kind_text(a.kind), "name": str(a.name), "sha256": str(a.sha256)} for a in artifacts),
@@ -385,7 +388,7 @@ def canonical_manifest(
     )
     document = {
         "format": MANIFEST_FORMATS[manifest],
-        "key": key.model_dump(mode="json"),
+        "key": key.identity(),
         "environment": environment.model_dump(mode="json"),
         "artifacts": listed,
         "signing_key_id": signing_key_id,

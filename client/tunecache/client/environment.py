@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tunecache.client.local_files import FileTooLarge, read_bounded
-from tunecache.contract import ENVIRONMENT_FIELDS, MAX_AUTOTUNE_FILE_BYTES, EnvironmentMetadata, TuningKey
+from tunecache.contract import DEFAULT_ENGINE, ENVIRONMENT_FIELDS, MAX_AUTOTUNE_FILE_BYTES, EnvironmentMetadata, TuningKey
 from tunecache.formats.arch import arch_for_gpu_name, arch_from_capability
 from tunecache.formats.autotune_file import NotAnAutotuneFile, parse_autotune_file
 
@@ -123,6 +123,7 @@ def pod_key(
     tensor_parallel_size: int = 1,
     data_parallel_size: int = 1,
     expert_parallel_size: int = 1,
+    engine: str = DEFAULT_ENGINE,
 ) -> TuningKey:
     """The key a pod asks for: its GPU (``gpu_name`` as torch names it, e.g. a detected
     environment's ``gpu``; ``arch`` by default from :func:`detect_arch`) and the
@@ -146,4 +147,5 @@ def pod_key(
         tensor_parallel_size=tensor_parallel_size,
         data_parallel_size=data_parallel_size,
         expert_parallel_size=expert_parallel_size,
+        engine=engine,
     )

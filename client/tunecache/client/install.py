@@ -47,7 +47,7 @@ def default_file_name(key: TuningKey) -> str:
     """``<model>_<gpu>_mnbt<N>_tp<T>_<hash>.json``: readable parts with unsafe characters
     replaced by ``-``, plus 8 hex digits of the whole key so distinct keys never share a name."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{key.model}_{key.gpu_name}").strip("-.")
-    digest = hashlib.sha256(key.model_dump_json().encode()).hexdigest()[:8]
+    digest = hashlib.sha256(key.identity_json().encode()).hexdigest()[:8]
     return f"{slug}_mnbt{key.max_num_batched_tokens}_tp{key.tensor_parallel_size}_{digest}.json"
 
 

@@ -16,7 +16,7 @@ import enum
 import hashlib
 import unicodedata
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
@@ -119,6 +119,17 @@ VLLM_QUANTIZATIONS = (
     "deepseek_v4_fp8", "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
     "mxfp8",
 )
+
+
+#: The engines a key can name (:attr:`DeploymentKey.engine`): each is one adaptor of
+#: :data:`tunecache.engines.ENGINES`, which names exactly these (a test checks). The contract
+#: keeps the names so that it stays pure; a second engine adds its name here and its adaptor
+#: package there.
+ENGINE_NAMES: tuple[str, ...] = ("vllm",)
+#: The engine of every key that names none (all keys recorded before keys named their engine).
+DEFAULT_ENGINE = "vllm"
+#: An engine's name, one of :data:`ENGINE_NAMES`.
+EngineName = Literal[ENGINE_NAMES]  # type: ignore[valid-type]
 
 
 #: A whole number as JSON Schema means it (no strings, booleans or fractions).
@@ -260,6 +271,7 @@ class DeploymentKey(BaseModel):
     tensor_parallel_size: WholeNumber = Field(default=1, gt=0, le=1024)
     data_parallel_size: WholeNumber = Field(default=1, gt=0, le=1024)
     expert_parallel_size: WholeNumber = Field(default=1, gt=0, le=1 << 20)
+    engine: EngineName = DEFAULT_ENGINE
 
     @model_validator(mode="after")
     def _expert_parallel_spans_tp_and_dp(self):
@@ -308,14 +320,32 @@ class TuningKey(DeploymentKey, GpuKey):
     * ``expert_parallel_size``: 1, or with vLLM's ``--enable-expert-parallel`` the
       number of ranks the experts are split over, tp x dp (x prefill-context parallel
       size): each rank then runs whole experts, a share of them.
+    * ``engine``: the inference engine the pod runs, one of :data:`ENGINE_NAMES` (default
+      ``"vllm"``); its adaptor (:data:`tunecache.engines.ENGINES`) knows the rest.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, from_attributes=True)
 
+    def _unnamed(self) -> set[str]:
+        """The fields a key's identity leaves out: ``engine`` where it is :data:`DEFAULT_ENGINE`,
+        so that every hash, file name and signed manifest of a key made before keys named their
+        engine stays what it was."""
+        return {"engine"} if self.engine == DEFAULT_ENGINE else set()
+
+    def identity(self) -> dict[str, Any]:
+        """The key's fields as JSON values, less ``engine`` where it is the default
+        (:meth:`_unnamed`): what :meth:`key_hash` and a run's signed manifest
+        (:func:`tunecache.signing.canonical_manifest`) are over."""
+        return self.model_dump(mode="json", exclude=self._unnamed())
+
+    def identity_json(self) -> str:
+        """:meth:`identity` as pydantic's compact JSON, in field order (file names hash it)."""
+        return self.model_dump_json(exclude=self._unnamed())
+
     def key_hash(self) -> str:
-        """sha256 (64 hex chars) of the canonical JSON of every key field: how pod reports
-        and the fleet view name a key without a row in the service's key table."""
-        canonical = json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
+        """sha256 (64 hex chars) of the canonical JSON of the key's :meth:`identity`: how pod
+        reports and the fleet view name a key without a row in the service's key table."""
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def deployment(self) -> DeploymentKey:

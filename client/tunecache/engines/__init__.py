@@ -11,7 +11,10 @@ from __future__ import annotations
 from tunecache.engines.base import EngineAdaptor
 from tunecache.engines.vllm.adaptor import VllmAdaptor
 
-#: Every engine tunecache knows, by the name keys give it.
+#: Every engine tunecache knows, by the name keys give it: exactly the contract's
+#: :data:`tunecache.contract.ENGINE_NAMES` (a key's ``engine``), each adaptor under its own
+#: :attr:`~tunecache.engines.base.EngineAdaptor.name`. Where to add an engine: its adaptor
+#: package here, its name there (docs/architecture.md).
 ENGINES: dict[str, EngineAdaptor] = {"vllm": VllmAdaptor()}
 
 

@@ -144,6 +144,8 @@ class TuningKeyRow(Base):
     tensor_parallel_size: Mapped[int] = mapped_column(Integer)
     data_parallel_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     expert_parallel_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    engine: Mapped[str] = mapped_column(String(32), default="vllm", server_default="vllm")
+    """The engine the key is for (:attr:`tunecache.contract.TuningKey.engine`)."""
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
@@ -425,6 +427,7 @@ class PodReport(Base):
     tensor_parallel_size: Mapped[int] = mapped_column(Integer)
     data_parallel_size: Mapped[int] = mapped_column(Integer)
     expert_parallel_size: Mapped[int] = mapped_column(Integer)
+    engine: Mapped[str] = mapped_column(String(32), default="vllm", server_default="vllm")
     environment_hash: Mapped[str] = mapped_column(String(64))
     environment: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     """The pod's FlashInfer environment, when the report carried it (misses)."""
