@@ -87,6 +87,9 @@ def _defined(source: bytes) -> set[str]:
                          if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)))
         elif isinstance(node, (ast.ImportFrom, ast.Import)):
             names.update(alias.asname or alias.name.split(".")[-1] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
     return names
 
 

@@ -126,6 +126,12 @@ def register() -> None:
         _wrap_warmup()
     except Exception as exc:  # another vLLM layout than 0.33's: vLLM boots as without tunecache
         log.warning("tunecache: not installing tunings: cannot hook vLLM's kernel_warmup (%s: %s)", type(exc).__name__, exc)
+    try:  # vllm preload's warmup-cache stores (0.34): tunecache is one
+        from tunecache.client.preload_store import register_store
+
+        register_store(_release)
+    except Exception as exc:
+        log.warning("tunecache: not a warmup-cache store of vllm preload (%s: %s)", type(exc).__name__, exc)
     if settings.jit:
         try:
             _wrap_engine_config()

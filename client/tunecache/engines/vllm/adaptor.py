@@ -34,6 +34,14 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
 AOT_HOOK_TARGETS: tuple[HookTarget, ...] = (
     HookTarget("aot_load", "vllm.compilation.decorators", "_try_load_aot_compiled_fn"),
 )
+#: What releases whose ``vllm preload`` takes warmup-cache stores add (0.34:
+#: :attr:`VllmRelease.warmup_cache_store`): the backends' table, where tunecache's store is one
+#: entry, and the function each spawned preload daemon runs (which loads no plugins), wrapped
+#: so that the daemon registers the store too (:mod:`tunecache.client.preload_store`).
+PRELOAD_HOOK_TARGETS: tuple[HookTarget, ...] = (
+    HookTarget("warmup_cache_stores", "vllm.model_executor.model_loader.weight_cache.artifact_store", "STORE_BACKENDS"),
+    HookTarget("preload_daemon", "vllm.model_executor.model_loader.weight_cache.daemon", "_run_daemon"),
+)
 
 #: Where the tuner points each of vLLM's caches while it runs vLLM's warmup, under its scratch
 #: directory: variable -> directory. ``VLLM_CACHE_ROOT`` holds ``torch_compile_cache/`` and
@@ -77,7 +85,8 @@ class VllmAdaptor(EngineAdaptor):
         return release.autotune_layout
 
     def hook_targets(self, release: VllmRelease) -> tuple[HookTarget, ...]:
-        return HOOK_TARGETS + (AOT_HOOK_TARGETS if release.aot_artifact else ())
+        return (HOOK_TARGETS + (AOT_HOOK_TARGETS if release.aot_artifact else ())
+                + (PRELOAD_HOOK_TARGETS if release.warmup_cache_store else ()))
 
     def hook_target(self, release: VllmRelease, role: str) -> HookTarget:
         """The hook target of ``release`` for ``role``.

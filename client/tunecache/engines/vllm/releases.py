@@ -51,6 +51,10 @@ class VllmRelease:
     """Whether its compile cache is the mega AOT artifact, placed at the path vLLM loads
     (:mod:`tunecache.client.boot.aot`; 0.33, 0.34), rather than directories named from the
     factors (0.25-0.32, :mod:`tunecache.client.boot.staged`)."""
+    warmup_cache_store: bool = False
+    """Whether its ``vllm preload`` takes shared warmup-cache stores (``--warmup-cache-stores``,
+    ``weight_cache/artifact_store.py::STORE_BACKENDS``; 0.34), so the plugin adds tunecache's
+    (:mod:`tunecache.client.preload_store`)."""
 
     @property
     def name(self) -> str:
@@ -69,6 +73,6 @@ RELEASES: dict[tuple[int, int], VllmRelease] = {r.minor: r for r in (
     VllmRelease((0, 31), "broadcast", True, "contract test"),
     VllmRelease((0, 32), "per-rank", True, "contract test"),
     VllmRelease((0, 33), "root", True, "contract test, stand-in", aot_artifact=True),
-    VllmRelease((0, 34), "root", True, "contract test, stand-in", aot_artifact=True),
+    VllmRelease((0, 34), "root", True, "contract test, stand-in", aot_artifact=True, warmup_cache_store=True),
 )}
 

@@ -1,0 +1,39 @@
+"""A vLLM release's own source, read from its wheel (never imported as a package, never
+committed): where the wheels are kept, a module's text, and pure top-level functions of it
+executed as they are (what a test builds "as that release's code does")."""
+
+from __future__ import annotations
+
+import ast
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+
+def wheels_dir() -> Path:
+    """``TUNECACHE_VLLM_WHEELS``, else ``~/.cache/tunecache-tests/vllm-wheels``."""
+    return Path(os.environ.get("TUNECACHE_VLLM_WHEELS") or Path.home() / ".cache" / "tunecache-tests" / "vllm-wheels")
+
+
+def wheel_source(version: str, path: str) -> str | None:
+    """The text of ``path`` (``vllm/...py``) in vLLM ``version``'s wheel; ``None``: no wheel here."""
+    found = sorted(wheels_dir().glob(f"vllm-{version}-*.whl"))
+    if not found:
+        return None
+    with zipfile.ZipFile(found[-1]) as wheel:
+        return wheel.read(path).decode()
+
+
+def pure_functions(source: str, names: list[str], constants: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The top-level functions ``names`` and assignments ``constants`` of ``source``, executed
+    as written (only those nodes: they must need nothing else of the module)."""
+    tree = ast.parse(source)
+    wanted = [node for node in tree.body
+              if (isinstance(node, ast.FunctionDef) and node.name in names)
+              or (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in constants for t in node.targets))]
+    namespace: dict[str, Any] = {}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), "<vllm wheel>", "exec"), namespace)
+    missing = [n for n in (*names, *constants) if n not in namespace]
+    assert not missing, f"not in the wheel's module: {missing}"
+    return namespace
