@@ -1,4 +1,4 @@
-"""0021: the key names its engine. Keys and reports stored before get ``vllm``; the key's
+"""The key names its engine in the database (0021) and the API. Keys and reports stored before get ``vllm``; the key's
 unique constraint takes the engine in; a downgrade refuses while another engine is named."""
 
 from __future__ import annotations
@@ -62,3 +62,24 @@ def test_stored_keys_and_reports_get_vllm_and_the_engine_joins_the_unique_key(da
     db.upgrade(engine)
     assert db.check_schema(engine) == db.head_revision()
     engine.dispose()
+
+
+def test_the_api_takes_the_keys_engine_and_names_an_unknown_one(app_client):
+    """A key without ``engine`` means vLLM's; ``engine`` is stored, read back and filtered on;
+    an engine tunecache has no adaptor for is a 422 naming the field."""
+    from tests.support.builders import lookup_body, upload
+
+    upload(app_client, CUDNN_FILE)
+    body = run_payload(CUDNN_FILE)
+    body["key"].pop("engine", None)
+    recorded = app_client.post("/v1/tunings", json=body)
+    assert recorded.status_code == 201 and recorded.json()["key"]["engine"] == "vllm", recorded.text
+    named = lookup_body()
+    assert named["key"]["engine"] == "vllm"
+    assert app_client.post("/v1/tunings/lookup", json=named).json()["id"] == recorded.json()["id"]
+    assert [r["id"] for r in app_client.get("/v1/tunings", params={"engine": "vllm"}).json()["items"]] == [
+        recorded.json()["id"]]
+    for refused in (app_client.post("/v1/tunings/lookup", json=lookup_body() | {
+                        "key": {**named["key"], "engine": "sglang"}}),
+                    app_client.get("/v1/tunings", params={"engine": "sglang"})):
+        assert refused.status_code == 422 and "engine" in refused.text, refused.text
