@@ -66,7 +66,9 @@ the first worker's report says what its lookup found (``looked_up``) and how lon
 install took; each other worker's, for the key and environment the first recorded, whether
 its own rank file holds the run (its seconds: its wait for the first worker and its check). Nothing here ever raises into vLLM; on any failure vLLM boots as
 without tunecache. With ``TUNECACHE_PUSH_BACK=1``, after a miss, rank 0 uploads its locally
-tuned rank file as a ``pod`` run (stored unverified; never made current).
+tuned rank file as a ``pod`` run (stored unverified; never made current). On a release whose
+``vllm preload`` takes warmup-cache stores (0.34), :func:`register` also makes tunecache one
+(:func:`tunecache.client.preload_store.register_store`).
 
 Settings: :class:`tunecache.client.settings.ClientSettings` (``TUNECACHE_URL``,
 ``TUNECACHE_DTYPE`` / ``TUNECACHE_QUANTIZATION`` for the key, ``TUNECACHE_JIT``,
