@@ -28,7 +28,7 @@ from typing import Annotated, Any, Optional
 import typer
 from pydantic import ValidationError
 
-from tunecache import cli_kit, cli_retire
+from tunecache import cli_export, cli_kit, cli_retire
 from tunecache.client.autotune_file import pushed_run
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
@@ -1023,6 +1023,7 @@ def keys_generate(
 
 
 cli_retire.register(app)
+cli_export.register(app)
 
 
 def load_command_plugins(target: typer.Typer = app) -> list[str]:
