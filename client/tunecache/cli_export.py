@@ -52,10 +52,13 @@ def _scratch(prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _bundle_errors(exc: Exception, oci_bundle) -> None:
-    """Exit 7 for a bundle that is not one or goes past a bound; else as the client's errors."""
+def _bundle_errors(exc: Exception, oci_bundle, oci_registry) -> None:
+    """Exit 7 for a bundle that is not one or goes past a bound, 13 for a registry that refuses
+    the credentials; else as the client's errors (a registry's error answer: 5)."""
     if isinstance(exc, oci_bundle.BadBundle):
         fail(ExitCode.BAD_INPUT, str(exc))
+    if isinstance(exc, oci_registry.RegistryRefused):
+        fail(ExitCode.NOT_AUTHORISED, str(exc))
     if isinstance(exc, OSError):
         fail(ExitCode.BAD_INPUT, f"{exc.filename or 'the bundle'}: {exc.strerror}")
     client_errors(exc)
@@ -93,7 +96,7 @@ def export(
         except bundle_transfer.UnsignedRun as exc:
             fail(ExitCode.UNTRUSTED_RUN, f"{exc}; nothing was exported")
         except Exception as exc:
-            _bundle_errors(exc, oci_bundle)
+            _bundle_errors(exc, oci_bundle, oci_registry)
         if not runs:
             fail(ExitCode.NO_COMPATIBLE_TUNING, "no current run matches: nothing was exported")
 
@@ -112,7 +115,7 @@ def export(
             except Exception as exc:
                 if layout is not None:
                     _remove_written(layout, fresh)
-                _bundle_errors(exc, oci_bundle)
+                _bundle_errors(exc, oci_bundle, oci_registry)
     where = f"layout {layout} (tag {tag})" if layout is not None else f"registry {registry}"
     typer.echo(f"exported {len(runs)} run{'s' if len(runs) != 1 else ''} ({written:,} bytes of artifacts) to {where}: "
                f"bundle {digest}")
@@ -149,7 +152,7 @@ def import_(
             entries = oci_bundle.read_layout(scratch if registry is not None else layout,
                                              None if registry is not None else tag)
         except Exception as exc:
-            _bundle_errors(exc, oci_bundle)
+            _bundle_errors(exc, oci_bundle, oci_registry)
         refused = []
         with client_for(server) as client:
             for entry in entries:

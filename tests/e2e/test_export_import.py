@@ -208,4 +208,5 @@ def test_a_registry_carries_signed_runs_that_a_pod_of_the_other_service_installs
     missing = tunecache("--token", target_token, "import", "--server", target, "--registry",
                         f"{registry}/tunecache/runs:no-such-tag", "--plain-http")
     assert missing.returncode == ExitCode.SERVER_ERROR, missing.stdout + missing.stderr
-    assert len(missing.stderr.strip().splitlines()) == 1
+    assert missing.stderr == (f"tunecache: error: registry of {registry}/tunecache/runs:no-such-tag: "
+                              "manifest unknown\n")  # the registry's own words, in one line

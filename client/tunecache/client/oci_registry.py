@@ -15,12 +15,14 @@ and :data:`~tunecache.client.oci_bundle.MAX_LAYOUT_FILES` together.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import oras.auth
 import oras.defaults
+import oras.logger
 import oras.provider
 import requests
 from oras.layout.layout import Layout, NewLayoutFromRegistry
@@ -35,15 +37,24 @@ from tunecache.client.oci_bundle import (
     BadBundle,
 )
 from tunecache.formats.tarball import max_unpack_bytes
-from tunecache.store import ServerError, ServerUnreachable, TunecacheError
+from tunecache.store import ServerUnreachable, TunecacheError
+
+# oras-py logs a registry's error messages itself; the command says them in its one line
+logging.getLogger(oras.logger.__name__).addHandler(logging.NullHandler())
+logging.getLogger(oras.logger.__name__).propagate = False
 
 #: Seconds to connect to a registry and between two reads of its answer.
 REGISTRY_TIMEOUT_S = 30.0
 _undecorated_request = oras.provider.Registry.do_request.__wrapped__
 
 
-class RegistryRefused(ServerError):
-    """The registry answered with an error (a 401/403 where its credentials are refused)."""
+class RegistryError(TunecacheError):
+    """The registry answered with an error; the message is one line naming the registry and
+    what it said."""
+
+
+class RegistryRefused(RegistryError):
+    """The registry refused the credentials (or their absence): 401/403."""
 
 
 class BoundedRegistry(oras.provider.Registry):
@@ -61,6 +72,17 @@ class BoundedRegistry(oras.provider.Registry):
         self.session.request = with_timeout  # type: ignore[method-assign]  # oras' auth shares this session
         self.blob_bytes = 0
         self.blob_files = 0
+        #: The messages of the registry's last error answer (OCI's ``errors[].message``).
+        self.errors: list[str] = []
+
+    def _parse_response_errors(self, response: requests.Response) -> None:
+        """Keep the registry's error messages for the one line the command says (oras-py logs them)."""
+        try:
+            errors = response.json().get("errors", [])
+            self.errors = [" ".join(str(e["message"]).split())[:200] for e in errors if isinstance(e, dict)
+                           and "message" in e][:3]
+        except (ValueError, AttributeError, TypeError):
+            self.errors = []
 
     def do_request(self, url: str, method: str = "GET", data: Any = None, headers: dict | None = None,
                    json: dict | None = None, stream: bool = False) -> requests.Response:
@@ -103,24 +125,28 @@ class BoundedRegistry(oras.provider.Registry):
 
 def _checked(response: requests.Response, what: str) -> None:
     if response.status_code in (401, 403):
-        raise RegistryRefused(response.status_code, f"the registry refused {what}: credentials missing or not "
-                                                    "allowed (docker login or oras login stores them)")
+        raise RegistryRefused(f"the registry refused {what} ({response.status_code}): credentials missing or not "
+                              "allowed (docker login or oras login stores them)")
     if response.status_code >= 400:
-        raise ServerError(response.status_code, f"the registry answered {response.status_code} for {what}")
+        raise RegistryError(f"the registry answered {response.status_code} for {what}")
 
 
-def _errors(reference: str, call):
+def _errors(reference: str, provider: BoundedRegistry, call):
     """Run ``call``; a registry's trouble becomes a :class:`tunecache.store.TunecacheError` of one line."""
     try:
         return call()
     except (requests.ConnectionError, requests.Timeout) as exc:
-        raise ServerUnreachable(f"registry of {reference}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        raise ServerUnreachable(f"registry of {reference} unreachable: {type(exc).__name__}") from None
     except oras.auth.AuthenticationException as exc:
-        raise RegistryRefused(401, f"registry of {reference}: {exc}") from None
+        raise RegistryRefused(f"registry of {reference}: {exc}") from None
     except TunecacheError:
         raise
     except (ValueError, requests.RequestException) as exc:  # oras-py's answer to an error status
-        raise ServerError(502, f"registry of {reference}: {' '.join(str(exc).split())[:300]}") from None
+        said = "; ".join(provider.errors) or " ".join(str(exc).split())[:300]
+        if isinstance(exc, ValueError) and "authentication" in str(exc):
+            raise RegistryRefused(f"registry of {reference}: credentials missing or not allowed "
+                                  "(docker login or oras login stores them)") from None
+        raise RegistryError(f"registry of {reference}: {said}") from None
 
 
 def split_reference(reference: str) -> tuple[str, str]:
@@ -144,11 +170,12 @@ def push_layout(root: Path, reference: str, plain_http: bool = False, tag: str =
     (``REGISTRY/REPOSITORY[:TAG]``) with oras-py.
 
     Raises:
-        ServerUnreachable, ServerError (RegistryRefused), BadBundle (a bad reference).
+        ServerUnreachable, RegistryError (RegistryRefused), BadBundle (a bad reference).
     """
     name, target_tag = split_reference(reference)
     provider = BoundedRegistry(plain_http=plain_http)
-    response = _errors(reference, lambda: Layout(str(root)).push_to_registry(provider, f"{name}:{target_tag}", tag=tag))
+    response = _errors(reference, provider,
+                       lambda: Layout(str(root)).push_to_registry(provider, f"{name}:{target_tag}", tag=tag))
     _checked(response, f"the bundle's index ({reference})")
 
 
@@ -157,7 +184,7 @@ def pull_layout(reference: str, root: Path, plain_http: bool = False) -> None:
     :data:`~tunecache.client.oci_bundle.DEFAULT_TAG` there) with oras-py, within the bounds.
 
     Raises:
-        ServerUnreachable, ServerError (RegistryRefused), BadBundle: what is there is not a
+        ServerUnreachable, RegistryError (RegistryRefused), BadBundle: what is there is not a
         bundle (no OCI image index, or one of over ``MAX_BUNDLE_RUNS`` runs) or goes past a bound.
     """
     name, tag = split_reference(reference)
@@ -171,4 +198,4 @@ def pull_layout(reference: str, root: Path, plain_http: bool = False) -> None:
             raise BadBundle(f"{reference} lists over {MAX_BUNDLE_RUNS} runs; a bundle holds at most that")
         NewLayoutFromRegistry(str(root), provider, f"{name}:{tag}", tag=DEFAULT_TAG)
 
-    _errors(reference, pull)
+    _errors(reference, provider, pull)
