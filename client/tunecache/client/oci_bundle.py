@@ -236,8 +236,8 @@ class _Reader:
             try:
                 info = directory.lstat() if directory != self.root else directory.stat()
             except OSError:
-                raise BadBundle(f"{root} is not an OCI image layout: {directory.relative_to(root) if directory != root else root} "
-                                "is missing") from None
+                missing = directory.relative_to(root) if directory != root else root
+                raise BadBundle(f"{root} is not an OCI image layout: {missing} is missing") from None
             if not stat.S_ISDIR(info.st_mode):
                 raise BadBundle(f"{root}: {directory.name} is not a directory (a link is refused)")
         files = 0
