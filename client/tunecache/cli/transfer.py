@@ -1,7 +1,7 @@
-"""``tunecache export`` and ``tunecache import``: signed runs carried to a service that has no
-route to the one they were tuned by, as an OCI image layout or through an OCI registry
-(:mod:`tunecache.client.bundle_transfer`); registered on the ``tunecache`` app by
-:func:`register`. Both need the client's ``oci`` extra (``pip install 'tunecache-client[oci]'``:
+"""What an operator carries between services (``tunecache export`` and ``tunecache import``):
+signed runs carried to a service that has no route to the one they were tuned by, as an OCI
+image layout or through an OCI registry (:mod:`tunecache.client.bundle_transfer`); registered
+on the ``tunecache`` app by :func:`register`. Both need the client's ``oci`` extra (``pip install 'tunecache-client[oci]'``:
 oras-py), imported only when one of them runs."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from tunecache.cli_client import client_for
+from tunecache.cli.client import client_for
 from tunecache.cli_kit import ExitCode, ServerOpt, client_errors, fail
 from tunecache.contract import MAX_ID
 from tunecache.store import TunecacheError
