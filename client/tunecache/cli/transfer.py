@@ -32,7 +32,7 @@ def _oci():
     try:
         from tunecache.client import bundle_transfer, oci_bundle, oci_registry
     except ImportError as exc:
-        fail(ExitCode.USAGE, f"export and import need oras-py ({exc.name} is not installed): "
+        fail(ExitCode.USAGE, f"export and import need oras-py ({(exc.name or 'oras').split('.')[0]} is not installed): "
                              "pip install 'tunecache-client[oci]'")
     return bundle_transfer, oci_bundle, oci_registry
 
