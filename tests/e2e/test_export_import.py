@@ -201,6 +201,15 @@ def test_a_registry_carries_signed_runs_that_a_pod_of_the_other_service_installs
     tags = httpx.get(f"http://{registry}/v2/tunecache/runs/tags/list").json()
     assert tags["tags"] == ["2026-12"]  # what the registry holds, asked of it directly
 
+    # the bounds hold while a bundle comes down: an artifact over TUNECACHE_MAX_UNPACK_BYTES stops the download
+    bounded = subprocess.run([shutil.which("tunecache"), "--token", target_token, "import", "--server", target,
+                              "--registry", reference, "--plain-http"], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "TUNECACHE_MAX_UNPACK_BYTES": "1000"})
+    assert bounded.returncode == ExitCode.BAD_INPUT, bounded.stdout + bounded.stderr
+    assert bounded.stderr.startswith("tunecache: error: blob sha256:") and "over TUNECACHE_MAX_UNPACK_BYTES (1,000)" \
+        in bounded.stderr
+    assert _runs(target, target_token) == []
+
     imported = tunecache("--token", target_token, "import", "--server", target, "--registry", reference, "--plain-http")
     assert imported.returncode == 0, imported.stderr
     _assert_carried(services, run, tmp_path / "pod")
