@@ -104,7 +104,9 @@ def test_a_layout_carries_signed_runs_that_a_pod_of_the_other_service_installs(s
 
     imported = tunecache("--token", target_token, "import", "--server", target, "--layout", str(layout))
     assert imported.returncode == 0, imported.stderr
-    assert "(current; signed by" in imported.stdout
+    size = CUDNN_FILE.stat().st_size  # the only artifact, which the other service lacked
+    assert f"(current; {size:,} bytes uploaded; signed by {run['signature']['key_id']})" in imported.stdout, \
+        imported.stdout
     _assert_carried(services, run, tmp_path / "pod")
 
     again = tunecache("--token", target_token, "import", "--server", target, "--layout", str(layout))

@@ -168,7 +168,9 @@ def import_(
                 run = imported.run
                 state = ("already current here, left as it is" if imported.already
                          else "current" if run.is_current else f"recorded, not current: {run.held}")
-                typer.echo(f"{source} -> run {run.id} ({state}; signed by {run.signature.key_id if run.signature else '-'})")
+                sent = "" if imported.already else f"; {imported.uploaded:,} bytes uploaded"
+                typer.echo(f"{source} -> run {run.id} ({state}{sent}; signed by "
+                           f"{run.signature.key_id if run.signature else '-'})")
     if refused:
         fail(ExitCode.UNTRUSTED_RUN, f"{len(refused)} of {len(entries)} runs refused: this service does not trust "
                                      "the keys that signed them (TUNECACHE_TRUSTED_KEYS on the server)")
