@@ -144,3 +144,22 @@ def test_a_record_that_is_not_a_run_is_refused(layout):
     with pytest.raises(BadBundle, match=r"record: run\.key\.max_num_batched_tokens: "):
         read_layout(layout)
     assert os.path.exists(layout / "index.json")
+
+
+def test_a_registry_that_cannot_be_reached_is_said_at_once(tmp_path):
+    """oras-py retries a failed request five times over about two minutes; the commands ask
+    once, and say in one line that the registry is unreachable (exit 4)."""
+    import socket
+    import time
+
+    from tunecache.client.oci_registry import pull_layout
+    from tunecache.store import ServerUnreachable
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(ServerUnreachable, match=rf"registry of 127.0.0.1:{port}/tunecache/runs:1 unreachable"):
+        pull_layout(f"127.0.0.1:{port}/tunecache/runs:1", tmp_path / "layout", plain_http=True)
+    assert time.monotonic() - started < 30  # not the retries' 3 + 5 + 11 + 29 + 83 seconds
+    assert not (tmp_path / "layout").exists()
