@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 import yaml
+from tests.support.images import dockerfile_targets, documented_builds, resolved
 from tests.support.paths import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
@@ -46,3 +47,17 @@ def test_compose_config_validates_offline():
     assert result.returncode == 0, result.stderr
     rendered = yaml.safe_load(result.stdout)
     assert rendered["services"]["tunecache"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+
+
+def test_compose_builds_the_tuner_target_under_the_name_the_guide_gives_it():
+    """The compose file's service is the GPU node's tuner: the Dockerfile's ``tuner`` target on
+    the vLLM image its name's release says, named as docs/kubernetes.md builds it (and as
+    deploy/kubernetes/tuner.yaml runs it), with its variable at its default and set."""
+    service = yaml.safe_load(COMPOSE.read_text())["services"]["tunecache"]
+    assert service["build"]["target"] == "tuner" and "tuner" in dockerfile_targets()
+    [tuner] = [build for build in documented_builds() if build.target == "tuner"]
+    assert resolved(service["image"], {}) == tuner.tag
+    assert resolved(service["build"]["args"]["BASE_IMAGE"], {}) == tuner.args["BASE_IMAGE"] == dockerfile_targets()["tuner"]
+    upgraded = {"VLLM_RELEASE": "v0.34.0"}  # one variable moves the base and the name together
+    assert resolved(service["image"], upgraded) == "tunecache-tuner:v0.34.0"
+    assert resolved(service["build"]["args"]["BASE_IMAGE"], upgraded) == "vllm/vllm-openai:v0.34.0"

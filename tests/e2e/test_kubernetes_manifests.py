@@ -23,6 +23,7 @@ import pytest
 import typer
 import yaml
 
+from tests.support.images import documented_builds, dockerfile_args, dockerfile_targets
 from tests.support.paths import ROOT
 from tunecache import cli
 from tunecache.client.settings import ClientSettings
@@ -277,3 +278,28 @@ def test_the_flashinfer_pins_are_the_wheels_own():
             checked += 1
     if not checked:
         pytest.skip(f"no vLLM wheel in {wheels} (TUNECACHE_VLLM_WHEELS)")
+
+
+def test_the_images_the_guide_builds_are_the_dockerfiles_targets_and_the_manifests_name_only_those():
+    """Two images, each a target of the Dockerfile, built by the guide's commands: the server
+    on a slim Python image (no vLLM on the CPU-only replicas), the tuner on the fleet's vLLM
+    image of the example pods' release; each manifest names the one built for it."""
+    targets = dockerfile_targets()
+    assert set(targets) == {"server", "tuner"}, targets
+    assert re.fullmatch(r"python:3\.\d+-slim", targets["server"]), targets["server"]
+    assert re.fullmatch(r"vllm/vllm-openai:v\d+\.\d+\.\d+", targets["tuner"]), targets["tuner"]
+    built = {build.target: build for build in documented_builds()}
+    assert set(built) == {"server", "tuner"}, built  # no build without a target (it would be the last one's)
+    assert {target: build.tag for target, build in built.items()} == {"server": IMAGE, "tuner": TUNER_IMAGE}
+    assert built["server"].args == {}
+    # the tuner is built on the vLLM release its name says, the Dockerfile's default one
+    assert built["tuner"].args == {"BASE_IMAGE": targets["tuner"]}
+    assert _release(targets["tuner"]) == _release(TUNER_IMAGE)
+    assert dockerfile_args()["BASE_IMAGE"] == targets["tuner"]
+    named = {}
+    for path, obj in _objects():
+        for _, container in _containers(obj):
+            named.setdefault(container["image"], set()).add(path.relative_to(MANIFESTS).as_posix())
+    ours = {image: files for image, files in named.items() if "tunecache" in image.split(":")[0].split("/")[-1]
+            and "vllm" not in image}
+    assert ours == {IMAGE: {"server.yaml", "examples/vllm-pod.yaml"}, TUNER_IMAGE: {"tuner.yaml"}}, named

@@ -82,6 +82,17 @@ def signature_check(run: TuningRunCreate | TuningRunRead, trusted_keys: Mapping[
     return None
 
 
+def untrusted_signature(run: TuningRunCreate, trusted_keys: Mapping[str, Any] | None) -> str | None:
+    """Why ``run`` may not be recorded where a trusted signature is required (a run carried
+    in from another service: ``POST /v1/tunings?trusted_signature=true``), or ``None``: its
+    signature checks against ``trusted_keys`` (:func:`signature_check`)."""
+    if not trusted_keys:
+        return ("this service has no trusted keys (TUNECACHE_TRUSTED_KEYS) to check the run's signature against: "
+                "give it the public key of the tuner node that signed it")
+    why = signature_check(run, trusted_keys)
+    return f"not signed by a key this service trusts (TUNECACHE_TRUSTED_KEYS): {why}" if why is not None else None
+
+
 # ----------------------------------------------------------------------- the policy
 
 

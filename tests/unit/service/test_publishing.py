@@ -269,3 +269,23 @@ def test_promoting_a_variant_run_moves_only_its_variants_pointer(session):
     newer = record(session, create(session))
     rolled_back, previous = publishing.promote_run(session, key_run.id, None)  # a roll back of the key's run
     assert rolled_back.is_current and previous == newer.id
+
+
+def test_an_imported_run_needs_a_signature_the_service_trusts(keys, tmp_path):
+    """``untrusted_signature`` (``POST /v1/tunings?trusted_signature=true``, ``tunecache import``):
+    a run signed by a trusted key passes; unsigned, another key's, or a service with no trusted
+    keys is refused, saying why."""
+    from tunecache.service.publishing import untrusted_signature
+    from tunecache.signing import generate_signing_key, load_signing_key
+
+    signing_key, trusted_keys = keys
+    stranger = load_signing_key(generate_signing_key(tmp_path / "stranger").private_path)
+    run = TuningRunCreate.model_validate(run_payload(CUDNN_FILE))
+    assert untrusted_signature(TuningRunCreate.model_validate(signed(run_payload(CUDNN_FILE), signing_key)),
+                               trusted_keys) is None
+    assert untrusted_signature(run, trusted_keys) == ("not signed by a key this service trusts "
+                                                      "(TUNECACHE_TRUSTED_KEYS): run is unsigned")
+    by_stranger = untrusted_signature(TuningRunCreate.model_validate(signed(run_payload(CUDNN_FILE), stranger)),
+                                      trusted_keys)
+    assert by_stranger.startswith("not signed by a key this service trusts (TUNECACHE_TRUSTED_KEYS): signed by key ")
+    assert untrusted_signature(run, None).startswith("this service has no trusted keys (TUNECACHE_TRUSTED_KEYS)")

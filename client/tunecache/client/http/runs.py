@@ -136,17 +136,22 @@ class RunsClient(Transport):
         """
         return self._answer(self._request("GET", f"/v1/tunings/{run_a}/diff/{run_b}"), TuningRunDiff)
 
-    def record_run(self, run: TuningRunCreate, force: bool = False) -> TuningRunRead:
+    def record_run(self, run: TuningRunCreate, force: bool = False, trusted_signature: bool = False) -> TuningRunRead:
         """``POST /v1/tunings``: record a run whose artifacts were uploaded first; ``force``
-        (admin): past the service's promotion policy. The answer's ``held`` says why a run
-        did not become current.
+        (admin): past the service's promotion policy; ``trusted_signature``: only if the run's
+        signature checks against the service's trusted keys (a run carried in from another
+        service), else 409 and nothing is stored. The answer's ``held`` says why a run did not
+        become current.
 
         Raises:
             ServerError: 422 naming the field, or the artifacts never uploaded; 403 ``force``
-                without an admin token; other errors.
+                without an admin token; 409 ``trusted_signature`` and the service does not
+                trust the signature; other errors.
             ServerUnreachable.
         """
-        response = self._request("POST", "/v1/tunings" + ("?force=true" if force else ""), content=run.model_dump_json(),
+        flags = [name for name, on in (("force", force), ("trusted_signature", trusted_signature)) if on]
+        response = self._request("POST", "/v1/tunings" + ("?" + "&".join(f"{f}=true" for f in flags) if flags else ""),
+                                 content=run.model_dump_json(),
                                  headers={"Content-Type": "application/json"})
         if response.status_code == 422:
             body = json_object(response) or {}

@@ -43,9 +43,14 @@ router = APIRouter(prefix="/tunings", tags=["tunings"])
 
 
 @router.post("", response_model=TuningRunRead, status_code=201,
-             responses={403: {"model": ErrorBody, "description": "force=true without an admin token"}})
+             responses={403: {"model": ErrorBody, "description": "force=true without an admin token"},
+                        409: {"model": ErrorBody, "description": "trusted_signature=true and the run is not signed by "
+                                                                 "a key this service trusts: nothing was recorded"}})
 def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller, request: Request,
                   force: Annotated[bool, Query(description="skip the promotion policy (admin only, audited)")] = False,
+                  trusted_signature: Annotated[bool, Query(
+                      description="record the run only if its signature checks against this service's trusted keys "
+                                  "(TUNECACHE_TRUSTED_KEYS), else 409 and nothing is recorded (tunecache import)")] = False,
                   ) -> Response:
     """Record one tuning run with its artifacts (uploaded before with ``PUT /v1/artifacts/{sha256}``).
 
@@ -61,9 +66,16 @@ def record_tuning(body: TuningRunCreate, session: SessionDep, caller: PushCaller
     were never uploaded (``missing`` lists their sha256), for a ``flashinfer_autotune_v1``
     artifact FlashInfer's loader could not load, and for a succeeded run whose environment
     has fields FlashInfer reported as ``"unknown"``; 403 for ``force`` without an admin token.
+    ``trusted_signature=true`` (``tunecache import``): a run whose signature does not check
+    against the service's trusted keys (or a service without any) is refused with 409 before
+    anything is stored; a run that checks is recorded as any other, its signature kept.
     """
     if force and not caller.scope.includes(Scope.ADMIN):
         raise HTTPException(403, detail="force=true (skipping the promotion policy) needs an admin token")
+    if trusted_signature:  # an imported run: its signature is checked here, before anything is stored
+        refused = publishing.untrusted_signature(body, state_of(request.app).trusted_keys)
+        if refused is not None:
+            raise HTTPException(409, detail=f"{refused}; nothing was recorded")
     try:  # ArtifactsMissing: 422 with "missing" (tunecache.service.errors)
         run = publishing.record_run(session, body, trusted=caller.scope.includes(Scope.TUNE), recorded_by=caller.name,
                                     trusted_keys=state_of(request.app).trusted_keys, force=force)
