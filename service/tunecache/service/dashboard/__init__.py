@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from tunecache.service.dashboard import operations
 from tunecache.service.dashboard.pages import router
 
 
@@ -24,5 +23,4 @@ def install(app: FastAPI) -> dict[int, str]:
     of each of its routes by the ``id`` of its endpoint, for ``tunecache_http_requests_total``'s
     ``route`` label."""
     app.include_router(router)
-    app.include_router(operations.router)
-    return {id(route.endpoint): route.path_format for route in (*router.routes, *operations.router.routes)}
+    return {id(route.endpoint): route.path_format for route in router.routes}

@@ -19,19 +19,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import HTTPException, Path, Query, Request
 from fastapi.responses import Response
 
 from tunecache.contract import MAX_ID, TOKEN_NAME_PATTERN
 from tunecache.service import audit, jobs, redaction, repository
 from tunecache.service.dashboard.figures import job_figure
-from tunecache.service.dashboard.render import DashboardRoute, page
+from tunecache.service.dashboard.render import page, router
 from tunecache.service.dashboard.security import AuditFormCaller, FormFields, PageCaller
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import AdminCaller
 from tunecache.service.state import state_of
-
-router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 
 #: Audit events per page.
 AUDIT_PAGE = 100

@@ -36,7 +36,7 @@ import json
 import shlex
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import HTTPException, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -56,10 +56,11 @@ from tunecache.contract import (
     decode_run_cursor,
 )
 from tunecache.service import jobs, publishing, redaction, reports, repository, run_diff, tokens
+from tunecache.service.dashboard import operations  # noqa: F401  (a job's page and the audit log: its routes)
 from tunecache.service.dashboard.chart import stage_chart
 from tunecache.service.dashboard.figures import fleet_figures, history_figures
 from tunecache.service.dashboard.queries import reports_page
-from tunecache.service.dashboard.render import STATIC, DashboardRoute, page
+from tunecache.service.dashboard.render import STATIC, page, router
 from tunecache.service.dashboard.security import (
     FormAdminCaller,
     PromoteFormCaller,
@@ -75,7 +76,6 @@ from tunecache.service.policy import PublicCaller
 from tunecache.service.state import state_of
 from tunecache.service.tokens import Caller
 
-router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 
 #: Rows of the fleet matrix, and of the wanted list, per page.
 FLEET_PAGE = 100
