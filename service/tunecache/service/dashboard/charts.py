@@ -29,7 +29,7 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 MAX_SERIES = 10
 MAX_BARS = 20
 #: Characters of a legend entry or a bar's label shown (the whole text is in its ``<title>``).
-LABEL_CHARS = 28
+LABEL_CHARS = 24
 
 
 @dataclass
@@ -75,10 +75,10 @@ def _svg_open(chart_id: str, kind: str, label: str, width: int, height: int, poi
 
 
 def line_chart(chart_id: str, label: str, series: Sequence[LineSeries], *, y_format: Callable[[float], str] = str,
-               x_ticks: Sequence[tuple[float, str]] = (), y_max: float | None = None, width: int = 760,
-               height: int = 240) -> Markup | None:
-    """A line chart of ``series`` (the first :data:`MAX_SERIES` that have a point), x from the
-    smallest to the largest x given, y from 0 to ``y_max`` (default: a round number at or above
+               x_ticks: Sequence[tuple[float, str]] = (), y_max: float | None = None,
+               x_range: tuple[float, float] | None = None, width: int = 760, height: int = 240) -> Markup | None:
+    """A line chart of ``series`` (the first :data:`MAX_SERIES` that have a point), x over
+    ``x_range`` (default: from the smallest to the largest x given), y from 0 to ``y_max`` (default: a round number at or above
     the largest y); ``x_ticks``: ``(x, text)`` under the axis; ``y_format`` writes the y
     axis' ticks. ``None`` when no series has a point (the page says so in words)."""
     drawn = []
@@ -89,10 +89,10 @@ def line_chart(chart_id: str, label: str, series: Sequence[LineSeries], *, y_for
     drawn = drawn[:MAX_SERIES]
     if not drawn:
         return None
-    left, right, top, bottom = 64, 190, 14, 34
+    left, right, top, bottom = 64, 200, 14, 34
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [x for _, kept in drawn for _, (x, _) in kept]
-    x0, x1 = min(xs), max(xs)
+    x0, x1 = x_range if x_range is not None and x_range[1] > x_range[0] else (min(xs), max(xs))
     y_top = y_max if y_max is not None and y_max > 0 else nice_ceiling(max(y for _, kept in drawn for _, (_, y) in kept))
 
     def x_of(x: float) -> float:
@@ -145,7 +145,7 @@ def bar_chart(chart_id: str, label: str, bars: Sequence[Bar], *, value_format: C
     kept = [b for b in bars if _finite(b.value) and b.value >= 0][:MAX_BARS]
     if not kept:
         return None
-    left, right, top, gap = 210, 90, 8, 6
+    left, right, top, gap = 230, 90, 8, 6
     height = top * 2 + len(kept) * (bar_height + gap)
     top_value = nice_ceiling(max(b.value for b in kept))
     plot_w = width - left - right
@@ -157,7 +157,7 @@ def bar_chart(chart_id: str, label: str, bars: Sequence[Bar], *, value_format: C
         out.append(f'<g class="bar" data-label="{escape(b.label)}" data-value="{_num(b.value)}">'
                    f'<title>{escape(title)}</title>'
                    f'<text x="{left - 8}" y="{y + bar_height * 0.7:.1f}" text-anchor="end" class="legend">'
-                   f'{escape(_short(b.label, 32))}</text>'
+                   f'{escape(_short(b.label, 34))}</text>'
                    f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar_height}" fill="{PALETTE[0]}"/>'
                    f'<text x="{left + w + 6:.1f}" y="{y + bar_height * 0.7:.1f}" class="tick">{escape(value_format(b.value))}</text></g>')
     out.append("</svg>")

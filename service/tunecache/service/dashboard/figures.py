@@ -91,9 +91,9 @@ def fleet_figures(session: Session, view: FleetView) -> FleetFigures:
     lines = [series("fleet", trend.fleet)] + [series(key_label(names[h]), trend.keys[h]) for h in busiest]
     span_h = (until - since).total_seconds() / 3600
     hit_rate = line_chart("hit-rate-chart", "hit rate over time, percent of pod boots that installed a run", lines,
-                          y_format=lambda v: f"{v:.0f} %", y_max=100.0,
-                          x_ticks=[(span_h / fleet_trends.BUCKETS / 2, f"{_stamp(since)} UTC"),
-                                   (span_h - span_h / fleet_trends.BUCKETS / 2, f"{_stamp(until)} UTC")])
+                          y_format=lambda v: f"{v:.0f} %", y_max=100.0, x_range=(0.0, span_h),
+                          x_ticks=[(0.0, f"{_stamp(since)} UTC"), (span_h / 2, f"{span_h / 2:g} h ago"),
+                                   (span_h, f"{_stamp(until)} UTC")])
 
     savings = fleet_trends.boot_seconds_saved(session, since)
     shown = [s for s in savings if s.seconds_saved > 0][:SAVING_BARS]
@@ -132,7 +132,9 @@ def is_pushed(run: TuningRunRead) -> bool:
 
 def history_figures(runs: Sequence[TuningRunRead]) -> dict[str, Any]:
     """Tuning time and entries per run of ``runs`` (one key's, any order), oldest first; the
-    x axis is the run's place in that order, each point labelled with its run."""
+    x axis is the run's place in that order, each point labelled with its run. With them:
+    ``pushed_runs``, the pushed runs among them that recorded no stage (the stage chart
+    draws nothing of them), and ``all_pushed``: every run is one."""
     ordered = sorted(runs, key=lambda r: (r.created_at, r.id))
     timed = [(i, r, tuning_seconds(r)) for i, r in enumerate(ordered)]
     timed = [(i, r, s) for i, r, s in timed if s is not None]
@@ -146,8 +148,10 @@ def history_figures(runs: Sequence[TuningRunRead]) -> dict[str, Any]:
         name="entries", points=[(i, r.entries) for i, r in counted],
         labels=[f"run {r.id}, {r.created_at:%Y-%m-%d %H:%M}" for _, r in counted])],
         y_format=lambda v: f"{v:g}", x_ticks=ticks)
-    return {"tuning_chart": tuning, "entries_chart": entries, "pushed_runs": sum(1 for r in ordered if is_pushed(r)),
-            "all_pushed": bool(ordered) and all(is_pushed(r) for r in ordered)}
+    unstaged = [r for r in ordered if not stage_seconds(r.summary)]
+    pushed = [r for r in unstaged if is_pushed(r)]
+    return {"tuning_chart": tuning, "entries_chart": entries, "pushed_runs": len(pushed),
+            "all_pushed": bool(ordered) and len(pushed) == len(ordered)}
 
 
 def job_figure(run: TuningRunRead | None) -> Markup | None:
