@@ -15,8 +15,10 @@ operator guide shows (``dashboard-<page>-<width>.png``).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -292,3 +294,58 @@ def test_the_audit_log_page_opens_for_an_admin_only(browser, fleet, tmp_path):  
     after = as_admin.get(f"{server}/v1/audit", timeout=30).json()["events"]
     assert [e["id"] for e in after] == [e["id"] for e in events]  # reading the log wrote nothing
     context.close()
+
+
+# ---------------------------------------------------------------- without a browser
+
+
+def _seed_reports(engine, run_ids: dict, count: int, start: int) -> None:
+    """``count`` boots' reports over the last day: installed at the floor, still compiling,
+    errors, misses and an engine variant without warm state, spread over the keys."""
+    environment = file_environment(CUDNN_FILE)
+    now = dt.datetime.now(dt.timezone.utc)
+    keys = list(run_ids)
+    with db.session_factory(engine).begin() as session:
+        for n in range(start, start + count):
+            key, kind = keys[n % len(keys)], n % 5
+            outcome = (ReportOutcome.ERROR, ReportOutcome.MISS)[kind - 3] if kind >= 3 else ReportOutcome.INSTALLED
+            fields = {"error_kind": "OSError"} if outcome is ReportOutcome.ERROR else {}
+            if outcome is ReportOutcome.INSTALLED:
+                fields.update(run_id=run_ids[key], compiled={"triton_kernels": kind})
+            if kind == 1:
+                fields.update(variant=f"{n % 40:016x}", variant_missing=True)
+            reports.record_report(session, PodReportCreate(
+                key=key, environment_hash=environment.environment_hash(), outcome=outcome, install_seconds=1.0,
+                environment=environment if outcome is ReportOutcome.MISS else None, pod=f"pod-{n}",
+                source=ReportSource.PLUGIN, boot_id=f"{n:016x}", **fields), received_at=now - dt.timedelta(minutes=n % 1400))
+
+
+def test_the_fleet_page_reads_as_many_statements_for_thousands_of_reports_as_for_a_hundred(engine, tmp_path):
+    """The pictures' reads are grouped in the database and bounded by the window, its
+    buckets and row limits: the fleet page's SQL statements do not grow with the reports or
+    the keys (its time: bench/dashboard_fleet.py)."""
+    from tests.e2e.test_dashboard import _client, _statements
+    from tests.support.builders import make_token
+
+    admin = {"Authorization": f"Bearer {make_token(engine, 'ops', 'admin')}"}
+    counts, drawn = [], []
+    with _client(engine, tmp_path) as client:
+        data = CUDNN_FILE.read_bytes()
+        assert client.put(f"/v1/artifacts/{hashlib.sha256(data).hexdigest()}", content=data, headers=admin).status_code == 201
+        run_ids = {}
+        for count, keys in ((100, 4), (2500, 40)):
+            for i in range(len(run_ids), keys):
+                key = h200_key(model=f"org/model-{i:03d}")
+                payload = run_payload(CUDNN_FILE, key, trigger="cli")
+                payload["summary"]["stages"] = _stages(gemm=30.0 + i)
+                answer = client.post("/v1/tunings?force=true", json=payload, headers=admin)
+                assert answer.status_code == 201, answer.text
+                run_ids[key] = answer.json()["id"]
+            _seed_reports(engine, run_ids, count, start=0 if count == 100 else 100)
+            client.get("/")  # warm: nothing cached differs between the two counts
+            counts.append(_statements(engine, client, "/"))
+            text = client.get("/").text
+            drawn.append([int(n) for n in re.findall(r'data-chart="\w+" data-points="(\d+)"', text)])
+    assert counts[0] == counts[1], counts
+    assert all(len(d) == 3 and all(d) for d in drawn), drawn  # hit rate, seconds saved, variants: each drawn
+    assert drawn[1][2] > drawn[0][2]  # more wanted variants among more reports (at most MAX_BARS bars)

@@ -60,7 +60,12 @@ def nice_ceiling(value: float) -> float:
 
 
 def _short(text: str, chars: int = LABEL_CHARS) -> str:
-    return text if len(text) <= chars else text[:chars - 1] + "…"
+    """``text`` in at most ``chars`` characters: its start and its end about an ellipsis
+    (labels that differ only at the end, as keys of one model, stay apart)."""
+    if len(text) <= chars:
+        return text
+    head = (chars - 1) // 2
+    return text[:head] + "…" + text[len(text) - (chars - 1 - head):]
 
 
 def _num(value: float) -> str:
@@ -157,7 +162,7 @@ def bar_chart(chart_id: str, label: str, bars: Sequence[Bar], *, value_format: C
         out.append(f'<g class="bar" data-label="{escape(b.label)}" data-value="{_num(b.value)}">'
                    f'<title>{escape(title)}</title>'
                    f'<text x="{left - 8}" y="{y + bar_height * 0.7:.1f}" text-anchor="end" class="legend">'
-                   f'{escape(_short(b.label, 34))}</text>'
+                   f'{escape(_short(b.label, 30))}</text>'
                    f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar_height}" fill="{PALETTE[0]}"/>'
                    f'<text x="{left + w + 6:.1f}" y="{y + bar_height * 0.7:.1f}" class="tick">{escape(value_format(b.value))}</text></g>')
     out.append("</svg>")
