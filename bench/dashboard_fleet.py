@@ -39,13 +39,13 @@ from sqlalchemy import delete, event
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.builders import file_environment, h200_key, run_payload  # noqa: E402
-from tests.support.paths import CUDNN_FILE  # noqa: E402
-from tunecache.contract import PodReportCreate, ReportOutcome, ReportSource, TuningRunCreate  # noqa: E402
-from tunecache.service import db, publishing, reports  # noqa: E402
-from tunecache.service.blobs import store_blob  # noqa: E402
-from tunecache.service.dashboard.figures import fleet_figures  # noqa: E402
-from tunecache.service.models import PodReport  # noqa: E402
+from tests.support.builders import file_environment, h200_key, run_payload
+from tests.support.paths import CUDNN_FILE
+from tunecache.contract import PodReportCreate, ReportOutcome, ReportSource, TuningRunCreate
+from tunecache.service import db, publishing, reports
+from tunecache.service.blobs import store_blob
+from tunecache.service.dashboard.figures import fleet_figures
+from tunecache.service.models import PodReport
 
 
 def seed(engine, keys: int, count: int) -> None:
