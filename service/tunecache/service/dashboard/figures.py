@@ -22,7 +22,7 @@ from typing import Any
 from markupsafe import Markup
 from sqlalchemy.orm import Session
 
-from tunecache.contract import FleetView, RunTrigger, TuningKey, TuningRunRead
+from tunecache.contract import KEY_FIELDS, FleetView, RunTrigger, TuningKey, TuningRunRead
 from tunecache.service import fleet_trends, reports
 from tunecache.service.dashboard.chart import stage_seconds
 from tunecache.service.dashboard.charts import Bar, LineSeries, bar_chart, line_chart
@@ -69,7 +69,7 @@ def _key_names(session: Session, view: FleetView, since: dt.datetime, hashes: li
     unknown = [h for h in hashes if h not in known]
     if unknown:
         for key_hash, *values in session.execute(reports.report_keys(since, unknown)):
-            known[key_hash] = reports._key(values)
+            known[key_hash] = TuningKey.model_validate(dict(zip(KEY_FIELDS, values)))
     return known
 
 
