@@ -163,19 +163,21 @@ def test_every_page_draws_its_data_and_fits_1280_1440_and_1920_px(browser, fleet
             assert page.goto(f"{server}{path}").status == 200, path
             assert page.locator("script").count() == 0
             _fits(page, f"{path} at {width} px")
+            lines = page.locator("td.model .model-name").evaluate_all(
+                "spans => spans.map(s => { const r = document.createRange(); r.selectNodeContents(s); "
+                "return new Set([...r.getClientRects()].map(c => Math.round(c.top))).size; })")
+            assert max(lines, default=0) <= 3, (path, width, lines)  # model names on at most three lines
             if name in ("fleet", others[width]):
                 _keep(page, tmp_path, f"{name}-{width}", keep=True)
 
-        # the fleet: the Wanted table's tune link in view, model names on at most three lines
+        # the fleet: the Wanted table's tune link in view, model names in both tables
         page.goto(f"{server}/")
         tune = page.locator("#wanted-list td.actions a", has_text="tune")
         assert tune.count() == 1 and tune.is_visible()
         box = tune.bounding_box()
         assert box["x"] + box["width"] <= width, (width, box)
-        lines = page.locator("td.model .model-name").evaluate_all(
-            "spans => spans.map(s => { const r = document.createRange(); r.selectNodeContents(s); "
-            "return new Set([...r.getClientRects()].map(c => Math.round(c.top))).size; })")
-        assert lines and max(lines) <= 3, (width, lines)
+        assert page.locator("#fleet-matrix td.model .model-name").count() == 4
+        assert page.locator("#wanted-list td.model .model-name").count() == 1
         # a 456-character environment field wraps inside the window
         page.goto(f"{server}/runs/{fleet['run_q']}")
         cell = page.locator("#environment td", has_text="cutlass-dsl-build-").bounding_box()
