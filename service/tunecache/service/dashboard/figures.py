@@ -139,7 +139,8 @@ def history_figures(runs: Sequence[TuningRunRead]) -> dict[str, Any]:
     timed = [(i, r, tuning_seconds(r)) for i, r in enumerate(ordered)]
     timed = [(i, r, s) for i, r, s in timed if s is not None]
     counted = [(i, r) for i, r in enumerate(ordered) if r.entries is not None]
-    ticks = [(0, f"run {ordered[0].id}"), (len(ordered) - 1, f"run {ordered[-1].id}")] if ordered else []
+    ticks = [(0, f"run {ordered[0].id}")] + ([(len(ordered) - 1, f"run {ordered[-1].id}")] if len(ordered) > 1 else []) \
+        if ordered else []
     tuning = line_chart("tuning-time-chart", "tuning seconds per run", [LineSeries(
         name="tuning time", points=[(i, s) for i, _, s in timed],
         labels=[f"run {r.id}, {r.created_at:%Y-%m-%d %H:%M}" for _, r, _ in timed])],
