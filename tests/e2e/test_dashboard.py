@@ -6,8 +6,8 @@ nodes send it: the fleet matrix and the wanted list, the stage-time chart with o
 recorded stage, the diff page marking a changed tactic as a regression, the re-tune button
 queuing a job with an admin token and refused without one (and from another site's page),
 model and pod names holding markup shown as text, and signing in when reads need a token.
-Screenshots go to the test's tmp dir; ``TUNECACHE_DASHBOARD_SCREENSHOT=docs/dashboard.png``
-also copies the fleet page's there (the operator guide's picture).
+Screenshots go to the test's tmp dir; ``TUNECACHE_DASHBOARD_SCREENSHOT=PATH``
+also copies the fleet page's there.
 
 Without a browser (always run): pages of 1,000 keys and every report once over their
 cursor pages, the same number of SQL statements for 3 keys as for 12 (no query per row),

@@ -27,8 +27,10 @@ DEVELOPMENT_VARIABLES: dict[str, FieldInfo] = {
     "TUNECACHE_CHROMIUM": Field(default="/usr/bin/chromium", description=(
         "the Chromium the dashboard's browser tests drive; they skip, naming the reason, where it is not installed")),
     "TUNECACHE_DASHBOARD_SCREENSHOT": Field(default=None, description=(
-        "a path the dashboard test copies its fleet page's screenshot to (the operator guide's "
-        "`docs/dashboard.png`)")),
+        "a path the dashboard test copies its fleet page's screenshot to")),
+    "TUNECACHE_DASHBOARD_SCREENSHOTS": Field(default=None, description=(
+        "a directory the dashboard's layout test keeps its pictures in, the fleet page and one other page at each "
+        "of 1280, 1440 and 1920 px (`docs`: the operator guide's `docs/dashboard-<page>-<width>.png`)")),
     "TUNECACHE_API_DOCS_SCREENSHOT": Field(default=None, description=(
         "a path the dashboard test copies the first screen of `/docs` to (`docs/api-docs-offline.png`)")),
     "TUNECACHE_BENCH_POSTGRES_URL": Field(default="postgresql+psycopg://postgres@127.0.0.1:5432/test", description=(

@@ -16,8 +16,8 @@ from tests.support.paths import FIXTURES
 from tunecache.contract import Scope
 from tunecache.service import dashboard
 from tunecache.service.app import MOUNTED_ROUTERS, create_app
-from tunecache.service.dashboard.security import (CSRF_COOKIE, FORM_ADMIN, PAGE_READ, PROMOTE_FORM_ADMIN, SESSION_COOKIE,
-                                                  form_csrf)
+from tunecache.service.dashboard.security import (AUDIT_FORM_ADMIN, CSRF_COOKIE, FORM_ADMIN, PAGE_READ, PROMOTE_FORM_ADMIN,
+                                                  SESSION_COOKIE, form_csrf)
 from tunecache.service.policy import PUBLIC, READ, CallerPolicy, requires
 from tunecache.service.settings import Settings
 
@@ -166,6 +166,10 @@ DASHBOARD_EXPECTED = {
     ("POST", "/sign-in"): PUBLIC,
     ("POST", "/sign-out"): PUBLIC,
     ("GET", "/static/{name}"): PUBLIC,
+    ("GET", "/jobs/{job_id}"): PAGE_READ,
+    ("GET", "/audit"): requires(Scope.ADMIN),
+    ("GET", "/audit/open"): PAGE_READ,
+    ("POST", "/audit"): AUDIT_FORM_ADMIN,
 }
 _KEY_QUERY = {"gpu_name": "NVIDIA H200", "arch": "sm90", "model": "m/dashboard", "max_num_batched_tokens": "8192"}
 
@@ -191,7 +195,7 @@ def _dashboard_request(client: TestClient, method: str, path: str, token: str | 
     client.cookies.clear()
     secret = "s" * 43
     client.cookies.set(CSRF_COOKIE, secret)
-    concrete = path.replace("{run_id}", "1").replace("{name}", "dashboard.css")
+    concrete = path.replace("{run_id}", "1").replace("{job_id}", "1").replace("{name}", "dashboard.css")
     if method == "GET":
         params = {"/diff": {"a": 1, "b": 2}, "/retune": _KEY_QUERY}.get(path, {})
         headers = {}
@@ -200,7 +204,8 @@ def _dashboard_request(client: TestClient, method: str, path: str, token: str | 
         elif token:
             headers["Authorization"] = f"Bearer {token}"
         return client.get(concrete, params=params, headers=headers, follow_redirects=False)
-    form = {"/retune": "retune", "/sign-in": "sign-in", "/sign-out": "sign-out", "/runs/{run_id}/promote": "promote"}[path]
+    form = {"/retune": "retune", "/sign-in": "sign-in", "/sign-out": "sign-out", "/runs/{run_id}/promote": "promote",
+            "/audit": "audit"}[path]
     fields = {**(_KEY_QUERY if path == "/retune" else {}), "csrf": form_csrf(secret, form), "token": token or ""}
     return client.post(concrete, data=fields, follow_redirects=False)
 
@@ -214,8 +219,12 @@ def _dashboard_expected(policy: CallerPolicy, method: str, path: str, presented:
         return None if presented is Scope.READ else 403
     if policy is PUBLIC:
         return None
-    if policy in (FORM_ADMIN, PROMOTE_FORM_ADMIN):
+    if policy in (FORM_ADMIN, PROMOTE_FORM_ADMIN, AUDIT_FORM_ADMIN):
         if presented in (None, "invalid", "revoked"):
+            return 401
+        return None if presented is Scope.ADMIN else 403
+    if policy is requires(Scope.ADMIN):  # the audit log: a bearer header only (a cookie never holds an admin token)
+        if transport == "cookie" or presented in (None, "invalid", "revoked"):
             return 401
         return None if presented is Scope.ADMIN else 403
     if transport == "cookie" and not reads_need_token:

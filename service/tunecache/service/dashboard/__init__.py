@@ -3,7 +3,9 @@ on), charts as inline SVG drawn on the server, no script and no front-end build.
 
 Pages: the fleet matrix and the wanted list (``/``), the run history with the tuning time
 per stage (``/history``), pod install reports (``/reports``), tuning jobs (``/jobs``), a run
-(``/runs/{id}``), a run diff (``/diff?a=&b=``) and a key's re-tune form (``/retune``). Each
+(``/runs/{id}``), a run diff (``/diff?a=&b=``), a key's re-tune form (``/retune``), a job
+(``/jobs/{id}``) and the audit log (``/audit``, admin only:
+:mod:`~tunecache.service.dashboard.operations`). The pictures: :mod:`~tunecache.service.dashboard.figures`. Each
 route declares its caller policy (:mod:`~tunecache.service.dashboard.security`; the table:
 :mod:`~tunecache.service.dashboard.pages`) and stays out of the OpenAPI document, which
 remains the API's.

@@ -6,10 +6,10 @@ shows one bounded page of its list:
 =========================  ======================  =============================================
 route                      policy                  page
 =========================  ======================  =============================================
-``GET /``                  read (page)             fleet matrix and wanted list (``reports.fleet_view``)
-``GET /history``           read (page)             run history, filtered like ``GET /v1/tunings``, and the stage-time chart
+``GET /``                  read (page)             fleet matrix, wanted list (``reports.fleet_view``) and pictures
+``GET /history``           read (page)             run history, filtered like ``GET /v1/tunings``, and its charts
 ``GET /reports``           read (page)             pod install reports, newest first
-``GET /jobs``              read (page)             tuning jobs, newest first (``jobs.list_jobs``)
+``GET /jobs``              read (page)             tuning jobs, newest first (``jobs.list_jobs``); a job: operations.py
 ``GET /runs/{run_id}``     read (page)             one run
 ``GET /diff``              read (page)             ``?a=&b=``: the run diff (``run_diff.diff_stored_runs``)
 ``GET /retune``            read (page)             a key's re-tune form and its ``tunecache retune`` command
@@ -36,7 +36,7 @@ import json
 import shlex
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import HTTPException, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -56,9 +56,11 @@ from tunecache.contract import (
     decode_run_cursor,
 )
 from tunecache.service import jobs, publishing, redaction, reports, repository, run_diff, tokens
+from tunecache.service.dashboard import operations  # noqa: F401  (a job's page and the audit log: its routes)
 from tunecache.service.dashboard.chart import stage_chart
+from tunecache.service.dashboard.figures import fleet_figures, history_figures
 from tunecache.service.dashboard.queries import reports_page
-from tunecache.service.dashboard.render import STATIC, DashboardRoute, page
+from tunecache.service.dashboard.render import STATIC, page, router
 from tunecache.service.dashboard.security import (
     FormAdminCaller,
     PromoteFormCaller,
@@ -74,7 +76,6 @@ from tunecache.service.policy import PublicCaller
 from tunecache.service.state import state_of
 from tunecache.service.tokens import Caller
 
-router = APIRouter(route_class=DashboardRoute, include_in_schema=False)
 
 #: Rows of the fleet matrix, and of the wanted list, per page.
 FLEET_PAGE = 100
@@ -139,7 +140,7 @@ def fleet_page(
     view = redaction.fleet_for_readers(reports.fleet_view(
         session, hours, limit=FLEET_PAGE, offset=(page_number - 1) * FLEET_PAGE, wanted_limit=FLEET_PAGE,
         wanted_offset=(wanted_page - 1) * FLEET_PAGE, contains=q))
-    return page(request, "fleet.html", view=view, q=q, hours=hours,
+    return page(request, "fleet.html", view=view, q=q, hours=hours, figures=fleet_figures(session, view),
                 keys=view.keys, keys_total=view.total_keys,
                 keys_page=page_number, keys_pages=max(1, -(-view.total_keys // FLEET_PAGE)),
                 wanted=view.wanted, wanted_total=view.total_wanted,
@@ -175,7 +176,7 @@ def history_page(request: Request, session: SessionDep, caller: PageCaller) -> R
     return page(request, "history.html", history=history, filters=filters, params=params, fields=HISTORY_FILTERS,
                 statuses=[s.value for s in RunStatus], triggers=[t.value for t in RunTrigger],
                 chart=stage_chart(chart_runs), chart_key=chart_key, chart_limit=CHART_RUNS, csv_params=csv_params,
-                key_params=_key_params)
+                key_params=_key_params, **history_figures(chart_runs))
 
 
 # ---------------------------------------------------------------------------- reports

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
@@ -195,3 +195,8 @@ class DashboardRoute(APIRoute):
         if handlers is not None and "app" in scope:
             scope["starlette.exception_handlers"] = _html_handlers(scope["app"], handlers)
         await super().handle(scope, receive, send)
+
+
+#: The dashboard's routes (:mod:`~tunecache.service.dashboard.pages` and
+#: :mod:`~tunecache.service.dashboard.operations` add theirs), outside the OpenAPI document.
+router = APIRouter(route_class=DashboardRoute, include_in_schema=False)

@@ -40,7 +40,7 @@ from fastapi import Depends, HTTPException, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials
 
 from tunecache.contract import Scope
-from tunecache.service import policy
+from tunecache.service import policy, tokens
 from tunecache.service.deps import SessionDep
 from tunecache.service.policy import CallerPolicy, Credentials
 from tunecache.service.tokens import Caller
@@ -185,13 +185,43 @@ class _FormAdmin(CallerPolicy):
         yield from policy.requires(Scope.ADMIN)(request, session, credentials)
 
 
+class _FormAdminRead(CallerPolicy):
+    """A page only an admin reads (the audit log) asked for with a form: the CSRF check of
+    the form ``form``, then the admin token pasted in its ``token`` field, checked against the
+    database as the API's ``admin`` policy does. Nothing is written, so nothing is audited
+    (as ``GET /v1/audit``: reading the log is not logged)."""
+
+    scope = Scope.ADMIN
+
+    def __init__(self, form: str):
+        self.form = form
+
+    def __call__(self, request: Request, fields: FormFields) -> Caller:
+        check_csrf(request, fields, self.form)
+        token = fields.get("token", "").strip()
+        if not token:
+            raise HTTPException(401, detail=f"{request.url.path} needs a token with scope admin: paste one in the "
+                                            f"form's token field", headers={"WWW-Authenticate": "Bearer"})
+        with state_of(request.app).sessions.begin() as session:
+            caller = tokens.authenticate(session, token)
+        if caller is None:
+            raise HTTPException(401, detail="that token is not valid (unknown, revoked or malformed); this page needs a "
+                                            "token with scope admin", headers={"WWW-Authenticate": "Bearer"})
+        if caller.scope is None or not caller.scope.includes(Scope.ADMIN):
+            raise HTTPException(403, detail=f"token {caller.name!r} has scope {caller.scope}; {request.url.path} "
+                                            f"needs admin")
+        return caller
+
+
 PAGE_READ = _PageRead()
+AUDIT_FORM_ADMIN = _FormAdminRead("audit")
 FORM_ADMIN = _FormAdmin("retune")
 PROMOTE_FORM_ADMIN = _FormAdmin("promote")
 
 PageCaller = Annotated[Caller, Depends(PAGE_READ)]
 FormAdminCaller = Annotated[Caller, Depends(FORM_ADMIN, scope="function")]
 PromoteFormCaller = Annotated[Caller, Depends(PROMOTE_FORM_ADMIN, scope="function")]
+AuditFormCaller = Annotated[Caller, Depends(AUDIT_FORM_ADMIN)]
 
 
 def set_session(request: Request, response: Response, token: str) -> None:
