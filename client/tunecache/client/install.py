@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict
 
 from tunecache.client.atomic import all_or_nothing
+from tunecache.client.unpack import staging_scope
 from tunecache.formats.dependencies import drift, image_of, installed_versions
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import remember_installed
@@ -280,8 +281,9 @@ InstalledTuning = InstallResult
 
 def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
     """Install a fetched run at ``target``, all or nothing: every destination is staged first
-    (artifacts checked, paths resolved, this pod's FlashInfer workspace compared with the
-    run's; nothing written), then each is written in :class:`InstallTarget`'s order, the
+    (paths resolved, this pod's FlashInfer workspace compared with the run's, each tarball
+    unpacked in one pass beside its place with every entry checked: nothing is where anything
+    reads it yet, :mod:`tunecache.client.unpack`), then each is written in :class:`InstallTarget`'s order, the
     tactics last; when a write fails (a full volume), what the others put in place is taken
     back and what they replaced returns (:func:`tunecache.client.atomic.all_or_nothing`).
 
@@ -291,12 +293,14 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
             unsafe entries; ImportError: FlashInfer's v2 store without FlashInfer;
             BadJitArtifact; OSError when writing fails (nothing half-written is left).
     """
-    commits = [destination.stage(fetched) for destination in target.destinations()]
     written: dict[str, Any] = {}
-    with all_or_nothing():  # a write that fails (a full volume) takes back what the others put in place
-        for commit in commits:
-            fields_set = commit()
-            written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
+    with staging_scope():  # what the destinations unpacked and did not rename in goes, whatever happens
+        commits = [destination.stage(fetched) for destination in target.destinations()]
+        with all_or_nothing():  # a write that fails (a full volume) takes back what the others put in place
+            for commit in commits:
+                fields_set = commit()
+                written.update(fields_set,
+                               warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
     if fetched.signed_by is not None and fetched.run.signature is not None and fetched.verified_for is not None:
         remember_installed(*fetched.verified_for, fetched.run.signature.signed_at,
                            image=image_of(fetched.run.summary.get("dependencies")))

@@ -44,6 +44,7 @@ from tunecache.client.warm_state import (
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportOutcome, TuningKey, kinds_where
 from tunecache.engines import engine_for
 from tunecache.engines.vllm.compile_cache import FACTORS_FILE, CompileFactors, PodCompileFactors, variant_differences
+from tunecache.formats.tarball import TarSource
 from tunecache.signing import load_trusted_keys
 
 log = logging.getLogger("vllm.plugins.tunecache")
@@ -123,21 +124,26 @@ def unpacked_dir(staged: Path) -> Path:
     return staged.with_name(staged.name.removesuffix(".tar.gz") + f"-{boot_id()}")
 
 
-def unpack_staged(staged: Path, data: bytes) -> None:
+def unpack_staged(staged: Path, data: TarSource) -> None:
     """In the engine's main process, on a thread: unpack ``data`` (checked as every warm-state
     tarball is) into :func:`unpacked_dir`, staged beside it and renamed when whole; on a
     failure, ``<dir>.failed`` says why (the workers then unpack the tarball themselves).
     What earlier boots left there is removed first (:func:`_remove_stale`). Never raises."""
+    import shutil
     import tempfile
 
-    from tunecache.client.warm_state import _open_checked
+    from tunecache.client.unpack import unpack
+    from tunecache.client.warm_state import BadWarmStateArtifact
 
     target = unpacked_dir(staged)
     try:
         remove_stale(staged.parent.glob(staged.name.removesuffix(".tar.gz") + "-*"))
         staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=staged.parent))
-        with _open_checked(data, "vllm_compile_cache") as tar:
-            tar.extractall(staging, filter="data")
+        try:
+            unpack(data, staging, "vllm_compile_cache", BadWarmStateArtifact)  # one pass
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         staging.rename(target)
     except Exception as exc:  # the workers unpack it themselves
         try:
@@ -211,7 +217,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
             data = None
             node = CompileFactors.model_validate_json((unpacked / FACTORS_FILE).read_bytes())
         else:
-            unpacked, data = None, path.read_bytes()
+            unpacked, data = None, path
             node = read_compile_factors(data)
         if node is None:
             raise ValueError("the run's compile cache records no factors")
