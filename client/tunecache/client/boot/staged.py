@@ -72,11 +72,11 @@ class _Staged:
 
 #: Fetches an engine variant's compile cache: ``(run id, tarball)``, or ``None`` when the
 #: service has no run of that variant (:func:`fetch_variant_compile_cache`).
-VariantFetch = Callable[[str], "tuple[int, bytes] | None"]
+VariantFetch = Callable[[str], "tuple[int, TarSource] | None"]
 
 
 def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: EnvironmentMetadata,
-                                variant: str) -> tuple[int, bytes] | None:
+                                variant: str) -> tuple[int, TarSource] | None:
     """The compile cache of engine variant ``variant``'s current run, as :func:`fetch_tuning`
     fetches a run (the lookup with the variant, the signature over this pod's key and
     environment, the variant's own rollback memory, the sha256), its kinds that are ``of_variant``
@@ -167,7 +167,7 @@ def _wait_unpacked(staged: Path) -> Path | None:
     return None
 
 
-def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tuple[int, bytes] | None:
+def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tuple[int, TarSource] | None:
     """The compile cache of ``variant`` for this engine: fetched once per boot (by the first
     worker, under the staged cache's lock) and kept beside the staged one for the boot's other
     workers (named by the boot: a later boot asks the service again); ``None`` when the service
@@ -180,7 +180,7 @@ def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tu
     for found in sorted(glob.glob(os.path.join(glob.escape(str(staged.parent)), glob.escape(prefix) + "*.tar.gz"))):
         run = Path(found).name[len(prefix):-len(".tar.gz")]
         if run.isdigit():
-            return int(run), Path(found).read_bytes()
+            return int(run), Path(found)
     missing = staged.parent / f"compile-cache-variant-{variant}-{boot_id()}.missing"
     if missing.exists() or fetch is None:
         return None

@@ -1,14 +1,15 @@
 """The deadline of a download that measures progress, not a total.
 
 A warm state's artifacts are big (a FlashInfer fused-MoE JIT module alone is hundreds of MB), so
-the time a download takes says more about the wire than about the server: a total cut a moving
-download off. While an artifact's body arrives, a :class:`StallWatch` asks for progress instead:
-in every window of ``TUNECACHE_STALL_TIMEOUT`` seconds (10 by default) at least
-``TUNECACHE_MIN_DOWNLOAD_RATE`` bytes per second of it (64 KiB/s by default) must arrive, else
-the download is stalled and its connection is shut down (a server that sends nothing, or trickles
-a byte now and then, holds a pod no longer than that). The time a body spends arriving is not
-counted against the install deadline (``TUNECACHE_INSTALL_DEADLINE``), which still bounds the
-lookup and each download's wait for its answer (:meth:`tunecache.client.http.transport.Transport._exchange`).
+the time a download takes says more about the wire than about the server, and one total for the
+whole install cut moving downloads off. The install deadline (``TUNECACHE_INSTALL_DEADLINE``)
+now counts the time an install waits, not the time its bytes move: while an artifact's body
+arrives at ``TUNECACHE_MIN_DOWNLOAD_RATE`` bytes per second or more (64 KiB/s by default,
+measured over the last ``TUNECACHE_STALL_TIMEOUT`` seconds, 10 by default), that time is given
+back to the deadline (and to the request's total timeout). A server that does not answer, or
+answers slower than that, still meets the deadline as before; and a body that stalls (fewer
+bytes than that rate asks in a whole window) is cut off at once (:class:`DownloadStalled`,
+retried while the deadline allows), whatever is left of the deadline.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tunecache.formats.tarball import positive_whole_setting
@@ -73,8 +74,10 @@ def min_download_rate() -> int:
 
 
 class StallWatch:
-    """Watches one body as it arrives (:meth:`saw` each part); :meth:`guard` shuts its connection
-    down when a window passes with too few bytes. ``received`` and ``seconds`` say what came."""
+    """Watches one body as it arrives (:meth:`saw` each part) with the window and rate of the
+    settings; :meth:`guard` gives back to the deadline the time the body moves at the rate, and
+    shuts its connection down when it stalls or the deadline comes. ``received`` and
+    ``seconds`` say what came."""
 
     def __init__(self, window_s: float | None = None, min_rate: int | None = None):
         self.window_s = stall_timeout_s() if window_s is None else window_s
@@ -82,60 +85,76 @@ class StallWatch:
         self.received = 0
         self.started = time.monotonic()
         self.stalled: str | None = None
-        self._window_start = self.started
-        self._in_window = 0
+        self._samples: list[tuple[float, int]] = [(self.started, 0)]  # (time, received): the last window's
         self._lock = threading.Lock()
 
     @property
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
+    def begin(self) -> None:
+        """The body starts arriving now."""
+        self.started = time.monotonic()
+        self._samples = [(self.started, self.received)]
+
     def saw(self, size: int) -> None:
         """``size`` more bytes arrived.
 
         Raises:
-            DownloadStalled: the watch found the body stalled (a transport without a socket)."""
+            DownloadStalled: the body stalled (found by :meth:`tick`)."""
         with self._lock:
             self.received += size
-            self._in_window += size
-        if self.stalled is None:
-            self._check(time.monotonic())
         if self.stalled is not None:
             raise DownloadStalled(self.stalled)
 
-    def _check(self, now: float) -> bool:
-        """Close the window when it is over; ``True`` when it held too few bytes."""
+    def rate(self, now: float) -> float:
+        """Bytes per second over the last window (since the body began, within its first)."""
         with self._lock:
-            if now - self._window_start < self.window_s:
-                return False
-            need = max(1, int(self.min_rate * self.window_s))
-            if self._in_window < need:
-                self.stalled = (f"download stalled: {self._in_window:,} bytes in the last {self.window_s:g} s, "
-                                f"at least {need:,} wanted (TUNECACHE_STALL_TIMEOUT, TUNECACHE_MIN_DOWNLOAD_RATE); "
-                                f"{self.received:,} bytes had arrived in {now - self.started:.1f} s")
-                return True
-            self._window_start, self._in_window = now, 0
-            return False
+            self._samples.append((now, self.received))
+            while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
+                self._samples.pop(0)
+            since, then = self._samples[0]
+            return (self.received - then) / max(now - since, 1e-6)
 
-    def guard(self, response: Any) -> "_Guard":
-        """While the body of ``response`` (httpx, streamed) is read: a thread that shuts its
-        socket down once :meth:`_check` finds a window with too few bytes (a read blocked on a
+    def tick(self, now: float) -> bool:
+        """Whether the body moves at the rate now; sets :attr:`stalled` once a whole window
+        passed with fewer bytes than the rate asks."""
+        rate = self.rate(now)
+        if rate >= self.min_rate:
+            return True
+        if now - self._samples[0][0] >= self.window_s and self.stalled is None:
+            self.stalled = (f"download stalled: {rate * self.window_s:,.0f} bytes in the last {self.window_s:g} s, "
+                            f"at least {self.min_rate * self.window_s:,.0f} wanted (TUNECACHE_STALL_TIMEOUT, "
+                            f"TUNECACHE_MIN_DOWNLOAD_RATE); {self.received:,} bytes had arrived in "
+                            f"{now - self.started:.1f} s")
+        return False
+
+    def guard(self, response: Any, credit: Callable[[float], float]) -> "_Guard":
+        """While the body of ``response`` (httpx, streamed) is read: a thread that, every
+        fraction of a second, gives the time back while the body moves at the rate
+        (``credit(seconds)``, which returns when the deadline now is, monotonic seconds), and
+        shuts the socket down when the body stalls or that deadline comes (a read blocked on a
         silent server then ends at once)."""
         stream = response.extensions.get("network_stream")
         sock = stream.get_extra_info("socket") if stream is not None else None
-        return _Guard(self, sock if isinstance(sock, socket.socket) else None)
+        return _Guard(self, sock if isinstance(sock, socket.socket) else None, credit)
 
 
 class _Guard:
-    def __init__(self, watch: StallWatch, sock: socket.socket | None):
-        self.watch, self.sock = watch, sock
+    def __init__(self, watch: StallWatch, sock: socket.socket | None, credit: Callable[[float], float]):
+        self.watch, self.sock, self.credit = watch, sock, credit
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tunecache-stall-watch", daemon=True)
 
     def _run(self) -> None:
-        tick = min(0.25, self.watch.window_s / 4)
+        tick = min(0.1, self.watch.window_s / 10)
+        last = time.monotonic()
         while not self._done.wait(tick):
-            if self.watch._check(time.monotonic()):
+            now = time.monotonic()
+            moving = self.watch.tick(now)
+            end = self.credit(now - last if moving else 0.0)
+            last = now
+            if self.watch.stalled is not None or now >= end:
                 if self.sock is not None:
                     _shut_down(self.sock)
                 return

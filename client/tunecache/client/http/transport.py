@@ -314,10 +314,9 @@ class Transport:
         the service's, never sent to anyone else.
 
         ``watch``: an artifact's body, read under a deadline that measures progress
-        (:mod:`tunecache.client.http.stall`): once the answer's headers are in, the body is cut
-        off only when it stalls, never by the install deadline or the request's total timeout,
-        and the seconds it took to arrive are added to both (they bound the waiting, not the
-        bytes moving).
+        (:mod:`tunecache.client.http.stall`): the seconds it moves at the rate are given back
+        to the install deadline and the request's total timeout (they bound the waiting, not
+        the bytes moving); it is cut off when it stalls.
 
         Raises:
             Transient: an httpx error (classified), worth another attempt.
@@ -348,23 +347,24 @@ class Transport:
 
     def _read_watched(self, response: httpx.Response, read: Callable[[httpx.Response, float], Any],
                       watch: StallWatch) -> Any:
-        """``read(response, inf)`` under ``watch`` (:meth:`_exchange`): each read may wait a
-        window, and the time the body took is given back to the install deadline and the
-        request's total timeout."""
+        """``read(response, inf)`` under ``watch`` (:meth:`_exchange`): the time the body moves
+        at the rate is given back to the install deadline and the request's total timeout; it
+        is cut off when it stalls or the (moved) deadline comes."""
         timeouts = response.request.extensions.get("timeout")
         if isinstance(timeouts, dict):  # read by the transport as the body starts to arrive
             timeouts["read"] = watch.window_s + 1
-        began = time.monotonic()
-        watch.started = watch._window_start = began
-        try:
-            with watch.guard(response):
-                return read(response, float("inf"))
-        finally:
-            took = time.monotonic() - began
+        watch.begin()
+
+        def credit(seconds: float) -> float:
             if self._deadline is not None:
-                self._deadline += took
+                self._deadline += seconds
             if self._request_end is not None:
-                self._request_end += took
+                self._request_end += seconds
+            return min(self._deadline if self._deadline is not None else float("inf"),
+                       self._request_end if self._request_end is not None else float("inf"))
+
+        with watch.guard(response, credit):
+            return read(response, float("inf"))
 
     def _wait(self, state: RetryCallState) -> float:
         """Seconds before the next attempt: full-jitter exponential backoff (up to 0.5 s,
@@ -439,7 +439,8 @@ class Transport:
                                      f"({'TUNECACHE_MAX_UNPACK_BYTES' if max_bytes is not None else 'TUNECACHE_MAX_ANSWER_BYTES'})")
             if watch is not None:
                 watch.saw(len(part))
-            elif time.monotonic() > deadline:
+            if time.monotonic() > (deadline if watch is None else min(self._deadline or float("inf"),
+                                                                      self._request_end or float("inf"))):
                 if self._deadline_passed():
                     raise self._deadline_error(response.request.method, response.request.url.path, answered=True)
                 raise self._total_timeout_error(answered=True)
