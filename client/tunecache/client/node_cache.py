@@ -52,9 +52,9 @@ class Transfer:
     def line(self) -> str:
         """One line for the install's report: bytes, seconds and rate."""
         rate = self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
-        said = f"downloaded {self.bytes / 1e6:,.1f} MB in {self.seconds:.2f} s ({rate:,.0f} MB/s)"
+        said = f"downloaded {self.bytes / 1e6:,.1f} MB in {self.seconds:.2f} s ({rate:,.1f} MB/s)"
         if self.from_cache:
-            said += f"; {self.from_cache} artifacts ({self.cached_bytes / 1e6:,.1f} MB) from the node cache"
+            said += f"; {self.from_cache} of {self.artifacts} from the node cache ({self.cached_bytes / 1e6:,.1f} MB)"
         return said
 
 
