@@ -143,7 +143,8 @@ def timed_pull(url: str, model: str, where: Path, **env: str) -> tuple[float, in
     """Seconds, peak RSS (KiB) and exit code of one pull."""
     command, base = pull_command(url, model, where)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", PEAK, *command], env={**base, **env}, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", PEAK, *command], env={**base, **env}, capture_output=True, text=True,
+                          check=True)
     seconds = time.perf_counter() - started
     peak, code = done.stdout.split()
     return seconds, int(peak), int(code)
@@ -232,8 +233,8 @@ def main() -> None:
             env = {"TUNECACHE_NODE_CACHE_DIR": str(node)} if shared else {}
             started = time.perf_counter()
             with ThreadPoolExecutor(args.pods) as pool:
-                runs = list(pool.map(lambda i: timed_pull(url, models[case], work / f"storm-{shared}-{i}", **env),
-                                     range(args.pods)))
+                runs = list(pool.map(lambda i, shared=shared, env=env: timed_pull(
+                    url, models[case], work / f"storm-{shared}-{i}", **env), range(args.pods)))
             wall = time.perf_counter() - started
             gave_up = sum(code != 0 for _, _, code in runs)
             results[f"pods_{'node_cache' if shared else 'plain'}"] = {

@@ -7,7 +7,6 @@ import contextlib
 from pathlib import Path
 
 from pydantic import ValidationError
-
 from tunecache.engines.vllm.compile_cache import FACTORS_FILE, CompileFactors
 from tunecache.formats.tarball import TarSource, stream_bounded
 

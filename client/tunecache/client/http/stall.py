@@ -129,7 +129,7 @@ class StallWatch:
                             f"{now - self.started:.1f} s")
         return False
 
-    def guard(self, response: Any, credit: Callable[[float], float]) -> "_Guard":
+    def guard(self, response: Any, credit: Callable[[float], float]) -> _Guard:
         """While the body of ``response`` (httpx, streamed) is read: a thread that, every
         fraction of a second, gives the time back while the body moves at the rate
         (``credit(seconds)``, which returns when the deadline now is, monotonic seconds), and
