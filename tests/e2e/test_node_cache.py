@@ -78,3 +78,29 @@ def test_the_least_recently_used_entries_are_evicted_past_the_bound(server, tmp_
     with TunecacheClient(server) as client:
         assert fetch_artifact(client, shas[1], None, small).read_bytes() == blobs[1]
     assert not list((tmp_path / "small" / "sha256").iterdir()) and not list((tmp_path / "small" / "tmp").iterdir())
+
+
+def test_an_installs_artifacts_download_several_at_once_in_their_order(server, pacer, tmp_path, monkeypatch):  # noqa: F811
+    """Three artifacts whose bodies each take about 1 s through the pacing relay: four at once
+    (the default) fetch them in about 1 s, one at a time in about 3 s; the files come back in the
+    order asked, and the tally adds them up."""
+    from tunecache.client.http import TunecacheClient
+    from tunecache.client.node_cache import Transfer, fetch_artifacts
+
+    handler, url = pacer
+    handler.part, handler.every_s = 2048, 0.1
+    blobs = [os.urandom(20_000) for _ in range(3)]
+    shas = [hashlib.sha256(blob).hexdigest() for blob in blobs]
+    for sha, blob in zip(shas, blobs):
+        assert as_admin.put(f"{server}/v1/artifacts/{sha}", content=blob, timeout=30).status_code in (200, 201)
+    took = {}
+    for downloads in ("4", "1"):
+        monkeypatch.setenv("TUNECACHE_DOWNLOADS", downloads)
+        transfer = Transfer()
+        started = time.monotonic()
+        with TunecacheClient(url) as client, client.deadline_scope():
+            files = fetch_artifacts(client, shas, transfer)
+        took[downloads] = time.monotonic() - started
+        assert [f.read_bytes() for f in files] == blobs
+        assert (transfer.artifacts, transfer.bytes) == (3, 60_000)
+    assert took["4"] < 2.2 < 2.8 < took["1"], took

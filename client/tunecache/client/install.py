@@ -25,7 +25,7 @@ from tunecache.formats.dependencies import drift, image_of, installed_versions
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import remember_installed
 from tunecache.client.artifact_file import ArtifactFile
-from tunecache.client.node_cache import NodeCache, Transfer, fetch_artifact
+from tunecache.client.node_cache import NodeCache, Transfer, fetch_artifact, fetch_artifacts
 from tunecache.client.journal import recover_interrupted
 from tunecache.client.layouts import FlashInferFile
 from tunecache.client.pipeline import InstallTarget
@@ -191,12 +191,17 @@ def fetch_tuning(
 
         data = fetched(artifact.sha256).read_bytes()
         jit_artifacts = run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE) if jit else []
-        modules = tuple(fetched(a.sha256) for a in jit_artifacts)  # each checked as it is unpacked, before any is placed
         dg = run.artifact(ArtifactKind.DEEP_GEMM_JIT_CACHE) if deep_gemm else None
-        warm = {kind: fetched(a.sha256) for kind in (warm_state_kinds if warm_state else ())
-                if (a := run.artifact(kind)) is not None}
+        warm_artifacts = {kind: a for kind in (warm_state_kinds if warm_state else ())
+                          if (a := run.artifact(kind)) is not None}
+        # the rest several at once (TUNECACHE_DOWNLOADS); each checked as it is unpacked, before any is placed
+        files = fetch_artifacts(client, [a.sha256 for a in [*jit_artifacts, *([dg] if dg else []),
+                                                            *warm_artifacts.values()]], transfer, cache)
+        modules, files = tuple(files[:len(jit_artifacts)]), files[len(jit_artifacts):]
+        deep_gemm_file = files.pop(0) if dg else None
+        warm = dict(zip(warm_artifacts, files))
         return FetchedTuning(
-            run=run, autotune=data, jit_modules=modules, deep_gemm=fetched(dg.sha256) if dg else None,
+            run=run, autotune=data, jit_modules=modules, deep_gemm=deep_gemm_file,
             signed_by=signed_by, executable_refused=refused, warm_state=warm,
             verified_for=(key, environment) if signed_by is not None else None,
             drift=drift(run.summary.get("dependencies"), here), transfer=transfer,

@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from tunecache.client.artifact_file import ArtifactFile, held, spool_file
 from tunecache.client.http.stall import StallWatch
 from tunecache.formats.tarball import positive_whole_setting
 
+#: Default of ``TUNECACHE_DOWNLOADS``: artifacts of one install downloaded at once.
+DEFAULT_DOWNLOADS = 4
 #: Default of ``TUNECACHE_NODE_CACHE_MAX_BYTES``: 50 GiB.
 DEFAULT_NODE_CACHE_MAX_BYTES = 50 << 30
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -48,6 +51,13 @@ class Transfer:
     artifacts: int = 0
     from_cache: int = 0
     cached_bytes: int = 0
+
+    def add(self, other: Transfer) -> None:
+        self.bytes += other.bytes
+        self.seconds += other.seconds
+        self.artifacts += other.artifacts
+        self.from_cache += other.from_cache
+        self.cached_bytes += other.cached_bytes
 
     def line(self) -> str:
         """One line for the install's report: bytes, seconds and rate."""
@@ -210,6 +220,45 @@ def _spooled(client: Any, sha256: str, watch: StallWatch) -> ArtifactFile:
     with spool_file() as f:
         size = client.download_artifact_to(sha256, f, watch)
         return held(f, sha256, size)
+
+
+def fetch_artifacts(client: Any, shas: list[str], transfer: Transfer | None = None,
+                    cache: NodeCache | None = None) -> list[ArtifactFile]:
+    """:func:`fetch_artifact` of each of ``shas``, in their order, at most
+    ``TUNECACHE_DOWNLOADS`` at once (4 by default; each on a client of its own,
+    :meth:`~tunecache.client.http.artifacts.ArtifactsClient.download_sibling`).
+
+    Raises:
+        the first error of :func:`fetch_artifact` (after the downloads under way are done)."""
+    workers = min(positive_whole_setting("TUNECACHE_DOWNLOADS", DEFAULT_DOWNLOADS), len(shas))
+    if workers <= 1 or not hasattr(client, "download_sibling"):
+        return [fetch_artifact(client, sha, transfer, cache) for sha in shas]
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock, clients = threading.Lock(), [client.download_sibling() for _ in range(workers)]
+    free = list(clients)
+
+    def one(sha: str) -> ArtifactFile:
+        with lock:
+            mine = free.pop()
+        tally = Transfer()
+        try:
+            return fetch_artifact(mine, sha, tally, cache)
+        finally:
+            with lock:
+                free.append(mine)
+                if transfer is not None:
+                    transfer.add(tally)
+
+    began = time.monotonic()
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="tunecache-download") as pool:
+            return list(pool.map(one, shas))
+    finally:
+        for sibling in clients:
+            sibling.close()
+        if transfer is not None and transfer.seconds:
+            transfer.seconds = min(transfer.seconds, time.monotonic() - began)  # wall time, not the sum
 
 
 def fetch_artifact(client: Any, sha256: str, transfer: Transfer | None = None,

@@ -49,6 +49,9 @@ POD_VARIABLES: dict[str, FieldInfo] = {
         "bytes per second below which an artifact's body is not moving: the seconds a body arrives at this rate or "
         "faster are not counted against `TUNECACHE_INSTALL_DEADLINE`, so a large download that keeps moving is never "
         "cut off by it. Not a positive whole number: the default")),
+    "TUNECACHE_DOWNLOADS": Field(default=4, gt=0, description=(
+        "how many of an install's artifacts are downloaded at once (each streamed to a file, never whole in memory; "
+        "1: one after another). Not a positive whole number: the default")),
     "TUNECACHE_NODE_CACHE_DIR": Field(default=None, json_schema_extra={"shown_default": "unset: no node cache",
                                                                        "accepted": "path"}, description=(
         "a directory shared by the pods of a node (e.g. a `hostPath` mounted into each): verified artifacts are kept "

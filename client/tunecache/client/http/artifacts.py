@@ -144,6 +144,18 @@ class ArtifactsClient(Transport):
 
         return self._retrying(once)
 
+    def download_sibling(self) -> "ArtifactsClient":
+        """A client for one more download at once from another thread: this client's server,
+        token, TLS, timeouts and attempts, inside the same install deadline (as it stands now;
+        the time its own bodies move is given back to its copy). The caller closes it."""
+        t = self._timeout
+        sibling = type(self)(self.base_url, connect_timeout_s=t.connect, read_timeout_s=self.read_timeout_s,
+                             total_timeout_s=self.total_timeout_s, attempts=self.attempts,
+                             max_retry_after_s=self.max_retry_after_s, install_deadline_s=self.install_deadline_s,
+                             **({"reports": False} if hasattr(self, "reports") else {}), **self._connection_options)
+        sibling._deadline, sibling._deadline_s = self._deadline, self._deadline_s
+        return sibling
+
     def _redirect_target(self, response: httpx.Response, sha256: str) -> httpx.URL:
         """Where a redirect of an artifact download points (resolved against the service's
         URL).
