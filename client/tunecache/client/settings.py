@@ -52,15 +52,6 @@ POD_VARIABLES: dict[str, FieldInfo] = {
     "TUNECACHE_DOWNLOADS": Field(default=4, gt=0, description=(
         "how many of an install's artifacts are downloaded at once (each streamed to a file, never whole in memory; "
         "1: one after another). Not a positive whole number: the default")),
-    "TUNECACHE_NODE_CACHE_DIR": Field(default=None, json_schema_extra={"shown_default": "unset: no node cache",
-                                                                       "accepted": "path"}, description=(
-        "a directory shared by the pods of a node (e.g. a `hostPath` mounted into each): verified artifacts are kept "
-        "there by sha256, so the node downloads each once and the other pods install from disk; entries are renamed "
-        "in whole after their sha256 checks, hashed again before use (a corrupt one is downloaded anew) "
-        "(`tunecache.client.node_cache`). One the pod cannot write is not used")),
-    "TUNECACHE_NODE_CACHE_MAX_BYTES": Field(default=50 << 30, gt=0, description=(
-        "the most bytes the node cache keeps: admitting an artifact evicts the least recently used others past it; "
-        "an artifact larger than it is not kept. Not a positive whole number: the default")),
     "TUNECACHE_BOOT_ID": Field(default=None, json_schema_extra={
         "shown_default": "a random id, made once per process start",
         "accepted": "8-64 letters, digits, `-`, `_`, `.`"}, description=(
@@ -146,6 +137,15 @@ class ClientSettings(BaseSettings):
         "may take in all, not counting the seconds an artifact's body arrives at `TUNECACHE_MIN_DOWNLOAD_RATE` or "
         "faster; past it the install gives up and writes nothing, and the pod boots as without tunecache "
         "(`pull`: exit 4)"))
+    node_cache_dir: Path | None = Field(default=None, json_schema_extra={"shown_default": "unset: no node cache"},
+                                        description=(
+        "a directory shared by the pods of a node (e.g. a `hostPath` mounted into each): verified artifacts are kept "
+        "there by sha256, so the node downloads each once and the other pods install from disk; entries are renamed "
+        "in whole after their sha256 checks, hashed again before use (a corrupt one is downloaded anew) "
+        "(`tunecache.client.node_cache`). One the pod cannot write is not used"))
+    node_cache_max_bytes: int = Field(default=50 << 30, gt=0, description=(
+        "the most bytes the node cache keeps: admitting an artifact evicts the least recently used others past it; "
+        "an artifact larger than it is not kept"))
     jit: bool = Field(default=True, description="plugin: also install the run's FlashInfer JIT modules")
     push_back: bool = Field(default=False, description=(
         "plugin: upload a pod's own tuning after a miss (stored unverified)"))

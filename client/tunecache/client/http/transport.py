@@ -439,8 +439,9 @@ class Transport:
                                      f"({'TUNECACHE_MAX_UNPACK_BYTES' if max_bytes is not None else 'TUNECACHE_MAX_ANSWER_BYTES'})")
             if watch is not None:
                 watch.saw(len(part))
+            # watched: the guard gives moving time back every tick, so its last tick's worth is allowed
             if time.monotonic() > (deadline if watch is None else min(self._deadline or float("inf"),
-                                                                      self._request_end or float("inf"))):
+                                                                      self._request_end or float("inf")) + 1.0):
                 if self._deadline_passed():
                     raise self._deadline_error(response.request.method, response.request.url.path, answered=True)
                 raise self._total_timeout_error(answered=True)
