@@ -241,6 +241,8 @@ def pull(
         typer.echo(f"tunecache: warm state installed: {done}", err=True)
         if installed.compile_cache_skipped:
             typer.echo(f"tunecache: {installed.compile_cache_skipped}", err=True)
+    if installed.transfer:
+        typer.echo(f"tunecache: artifacts {installed.transfer}", err=True)
     for path in installed.paths:
         typer.echo(str(path))
 

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tunecache.client.journal import all_or_nothing, current, exchange, note_added, referenced, remove, staging_dir
 
@@ -151,9 +152,10 @@ def _sweep_old(target: Path) -> None:
                 remove(path)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes | Any) -> None:
     """Write ``data`` to a temporary file beside ``path`` and rename it into place, so a
-    reader sees the old file or the whole new one, never a partial one (mode 0644).
+    reader sees the old file or the whole new one, never a partial one (mode 0644). ``data``:
+    bytes, or anything with an ``open()`` of them (a downloaded artifact, copied in blocks).
 
     Raises:
         OSError: the file cannot be written (nothing is left behind).
@@ -164,7 +166,11 @@ def write_atomically(path: Path, data: bytes) -> None:
     old = None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                f.write(data)
+            else:
+                with data.open() as source:
+                    shutil.copyfileobj(source, f, 1 << 20)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; the pod's vLLM user must read it

@@ -20,15 +20,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict
 
 from tunecache.client.atomic import all_or_nothing
+from tunecache.client.unpack import staging_scope
 from tunecache.formats.dependencies import drift, image_of, installed_versions
 from tunecache.client.http import TunecacheClient
 from tunecache.client.installed import remember_installed
+from tunecache.client.artifact_file import ArtifactFile
+from tunecache.client.node_cache import NodeCache, Transfer, fetch_artifact, fetch_artifacts
 from tunecache.client.journal import recover_interrupted
 from tunecache.client.layouts import FlashInferFile
 from tunecache.client.pipeline import InstallTarget
 from tunecache.client.run_trust import trusted_signer
 from tunecache.client.report import installing, outcome_of, worth_reporting
-from tunecache.formats.jit_module import check_jit_module
+from tunecache.formats.tarball import TarSource
 from tunecache.contract import (
     KINDS,
     ArtifactKind,
@@ -59,20 +62,24 @@ class FetchedTuning:
 
     run: TuningRunRead
     autotune: bytes
-    jit_modules: tuple[bytes, ...] = ()
-    deep_gemm: bytes | None = None
+    jit_modules: tuple[TarSource, ...] = ()
+    """The run's FlashInfer JIT module tarballs (:class:`~tunecache.client.artifact_file.ArtifactFile`
+    once downloaded: files held open, never whole in memory)."""
+    deep_gemm: TarSource | None = None
     """The run's DeepGEMM JIT cache tarball, when it has one and it was asked for."""
     signed_by: str | None = None
     """Id of the trusted key whose signature over the run's manifest checked, if any."""
     executable_refused: str | None = None
     """Why JIT modules / the DeepGEMM cache were asked for but not fetched (the run's
     signature was not checked: no trusted keys are set)."""
-    warm_state: Mapping[ArtifactKind, bytes] = field(default_factory=dict)
+    warm_state: Mapping[ArtifactKind, TarSource] = field(default_factory=dict)
     """The run's other warm-state tarballs fetched, by kind (:data:`WARM_STATE_KINDS`)."""
     verified_for: tuple[TuningKey, EnvironmentMetadata] | None = None
     """The key and environment the run's signature was checked against (this pod's own, as
     it asked): what :func:`install` remembers the install under, never the key or
     environment the server's answer names (a proxy can rewrite those)."""
+    transfer: Transfer | None = None
+    """What the artifacts took to arrive (bytes, seconds, those from the node cache)."""
     drift: Mapping[ArtifactKind, str] = field(default_factory=dict)
     """The kinds built with other package versions than this pod's, each with the differences
     (:func:`tunecache.formats.dependencies.drift`): not installed."""
@@ -124,9 +131,15 @@ def fetch_tuning(
     Deadline: the lookup and every download share one install deadline, opened here once
     per install: ``deadline_s`` seconds from the call, or (``None``) the client's
     ``install_deadline_s`` (``TUNECACHE_INSTALL_DEADLINE`` for a client made with
-    :meth:`TunecacheClient.from_settings`; see :meth:`TunecacheClient.deadline_scope`).
-    Everything is fetched before anything is written, so when it passes nothing has been
-    installed.
+    :meth:`TunecacheClient.from_settings`; see :meth:`TunecacheClient.deadline_scope`); the
+    seconds an artifact's body spends arriving are not counted, it is held to a deadline that
+    measures progress instead (:mod:`tunecache.client.http.stall`). Everything is fetched
+    before anything is written, so when either passes nothing has been installed.
+
+    Artifacts are streamed to files as they arrive, each hashed on the way
+    (:func:`tunecache.client.node_cache.fetch_artifact`: from the node's cache,
+    ``TUNECACHE_NODE_CACHE_DIR``, where it has them), never whole in memory; ``transfer`` of
+    the result says what they took.
 
     ``variant``: the pod's engine variant, asked of the server (the variant's current run
     where it has one, else the key's); a run of that variant is checked against the pod's
@@ -144,8 +157,8 @@ def fetch_tuning(
         (:mod:`tunecache.client.http`); InstallDeadlineExceeded (a ServerUnreachable) when
         the install deadline passed first; ``TunecacheError`` if the run has no FlashInfer file;
         UntrustedRun (:mod:`tunecache.signing`): trusted keys are set and the run is
-        unsigned, signed by another key, or its manifest does not match; BadJitArtifact when
-        a JIT module's tarball is unusable (checked before any install).
+        unsigned, signed by another key, or its manifest does not match; BadJitArtifact comes
+        from :func:`install`, which checks each module as it unpacks it, before any is placed.
     """
     recover_interrupted()  # an install killed midway is finished or undone before anything else
     with client.deadline_scope(deadline_s):
@@ -171,19 +184,27 @@ def fetch_tuning(
         artifact = run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE)
         if artifact is None:
             raise TunecacheError(f"tuning run {run.id} has no {ArtifactKind.FLASHINFER_AUTOTUNE} artifact")
-        data = client.download_artifact(artifact.sha256)
+        transfer, cache = Transfer(), NodeCache.from_environment()
+
+        def fetched(sha256: str) -> ArtifactFile:
+            return fetch_artifact(client, sha256, transfer, cache)
+
+        data = fetched(artifact.sha256).read_bytes()
         jit_artifacts = run.artifacts_of(ArtifactKind.FLASHINFER_JIT_MODULE) if jit else []
-        modules = tuple(client.download_artifact(a.sha256) for a in jit_artifacts)
-        for module in modules:  # every module checked before any is installed
-            check_jit_module(module)
         dg = run.artifact(ArtifactKind.DEEP_GEMM_JIT_CACHE) if deep_gemm else None
-        warm = {kind: client.download_artifact(a.sha256) for kind in (warm_state_kinds if warm_state else ())
-                if (a := run.artifact(kind)) is not None}
+        warm_artifacts = {kind: a for kind in (warm_state_kinds if warm_state else ())
+                          if (a := run.artifact(kind)) is not None}
+        # the rest several at once (TUNECACHE_DOWNLOADS); each checked as it is unpacked, before any is placed
+        files = fetch_artifacts(client, [a.sha256 for a in [*jit_artifacts, *([dg] if dg else []),
+                                                            *warm_artifacts.values()]], transfer, cache)
+        modules, files = tuple(files[:len(jit_artifacts)]), files[len(jit_artifacts):]
+        deep_gemm_file = files.pop(0) if dg else None
+        warm = dict(zip(warm_artifacts, files))
         return FetchedTuning(
-            run=run, autotune=data, jit_modules=modules, deep_gemm=client.download_artifact(dg.sha256) if dg else None,
+            run=run, autotune=data, jit_modules=modules, deep_gemm=deep_gemm_file,
             signed_by=signed_by, executable_refused=refused, warm_state=warm,
             verified_for=(key, environment) if signed_by is not None else None,
-            drift=drift(run.summary.get("dependencies"), here),
+            drift=drift(run.summary.get("dependencies"), here), transfer=transfer,
         )
 
 
@@ -242,6 +263,9 @@ class InstallResult(BaseModel):
     triton_cache_dir: Path | None = None
     signed_by: str | None = None
     """Id of the trusted key whose signature over the run checked (``None``: not checked)."""
+    transfer: str | None = None
+    """What the run's artifacts took to arrive: bytes, seconds and rate, and those the node's
+    cache had (:meth:`tunecache.client.node_cache.Transfer.line`)."""
     reason: str | None = None
     """Miss or error: one line saying why nothing was installed."""
     error_kind: str | None = None
@@ -280,8 +304,9 @@ InstalledTuning = InstallResult
 
 def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
     """Install a fetched run at ``target``, all or nothing: every destination is staged first
-    (artifacts checked, paths resolved, this pod's FlashInfer workspace compared with the
-    run's; nothing written), then each is written in :class:`InstallTarget`'s order, the
+    (paths resolved, this pod's FlashInfer workspace compared with the run's, each tarball
+    unpacked in one pass beside its place with every entry checked: nothing is where anything
+    reads it yet, :mod:`tunecache.client.unpack`), then each is written in :class:`InstallTarget`'s order, the
     tactics last; when a write fails (a full volume), what the others put in place is taken
     back and what they replaced returns (:func:`tunecache.client.atomic.all_or_nothing`).
 
@@ -291,9 +316,12 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
             unsafe entries; ImportError: FlashInfer's v2 store without FlashInfer;
             BadJitArtifact; OSError when writing fails (nothing half-written is left).
     """
-    commits = [destination.stage(fetched) for destination in target.destinations()]
     written: dict[str, Any] = {}
-    with all_or_nothing():  # a write that fails (a full volume) takes back what the others put in place
+    # What the destinations unpacked and did not rename in goes, whatever happens (and is in the
+    # journal, for a pull killed midway); a write that fails (a full volume) takes back what the
+    # others put in place.
+    with staging_scope(), all_or_nothing():
+        commits = [destination.stage(fetched) for destination in target.destinations()]
         for commit in commits:
             fields_set = commit()
             written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
@@ -302,7 +330,8 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
                            image=image_of(fetched.run.summary.get("dependencies")))
     return InstallResult(outcome=ReportOutcome.INSTALLED, run_id=fetched.run.id, entries=fetched.run.entries,
                          sha256=fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE).sha256,
-                         signed_by=fetched.signed_by, missing_kinds=getattr(fetched, "drifted", tuple)(), **written)
+                         signed_by=fetched.signed_by, missing_kinds=getattr(fetched, "drifted", tuple)(),
+                         transfer=fetched.transfer.line() if getattr(fetched, "transfer", None) else None, **written)
 
 
 def fetch_and_install(

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tunecache.client.destinations import Commit, Destination, registers
-from tunecache.client.warm_state import _open_checked, merge_entries
+from tunecache.client.unpack import discard, unpack_beside
+from tunecache.client.warm_state import BadWarmStateArtifact, rename_entries
 from tunecache.contract import ArtifactKind
 
 
@@ -124,10 +125,13 @@ class JitCache(Destination):
         if differs:
             return lambda: {"warm_state": (f"{self.label} cache not installed, built with other packages ({differs})",)}
         directory = self.directory()
-        _open_checked(data, kind.value).close()  # checked before anything is written
+        staging = unpack_beside(data, directory, kind.value, BadWarmStateArtifact)  # one pass, every entry checked
 
         def commit() -> dict[str, Any]:
-            files = merge_entries(data, kind.value, directory, _files)
+            try:
+                files = rename_entries(staging, directory, _files(staging))
+            finally:
+                discard(staging)
             return {"warm_state": (f"{self.label} cache ({len(files)} files)",)}
 
         return commit

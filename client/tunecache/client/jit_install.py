@@ -24,7 +24,7 @@ FlashInfer at it (each vLLM worker, before its model loads).
 
 from __future__ import annotations
 
-import os
+import contextlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,15 +33,16 @@ from typing import Any, NamedTuple
 from tunecache.client.atomic import directory_lock, staging_dir, swap_into_place
 from tunecache.client.destinations import Commit, Destination, registers
 from tunecache.contract import ArtifactKind, TuningRunRead
+from tunecache.client.unpack import discard, unpack_beside
 from tunecache.formats.jit_module import (
     JIT_PLACEMENT_FIELDS,
     JIT_VALIDITY_FIELDS,
-    MTIME_NS_HEADER,
     BadJitArtifact,
-    check_jit_module,
+    jit_entry_module,
     jit_environment,
+    one_module,
 )
-from tunecache.formats.tarball import open_bounded
+from tunecache.formats.tarball import TarSource
 
 #: The directory :func:`build_aot_dir` makes inside the pod's FlashInfer workspace.
 AOT_DIR_NAME = "tunecache-aot"
@@ -145,11 +146,46 @@ def flashinfer_workspace() -> FlashInferWorkspace | None:
     return FlashInferWorkspace(path, subdir)
 
 
-def install_jit_module(data: bytes, workspace: Path) -> str:
+def unpack_jit_module(data: TarSource, workspace: Path) -> tuple[str, Path]:
+    """Unpack one module's tarball in one pass into a staging directory inside ``workspace``
+    (:func:`tunecache.client.unpack.unpack`), each entry checked as it arrives
+    (:func:`tunecache.formats.jit_module.jit_entry_module`, the refusals of
+    :func:`~tunecache.formats.jit_module.check_jit_module`), files keeping their modification
+    times to the nanosecond; returns ``(module name, staging directory)``.
+
+    Raises:
+        BadJitArtifact: the tarball is not one module's files (nothing is left behind).
+    """
+    modules: set[str] = set()
+    staging = unpack_beside(data, workspace, "JIT", BadJitArtifact,
+                            check=lambda member: modules.add(jit_entry_module(member)))
+    try:
+        return one_module(modules), staging
+    except BaseException:
+        discard(staging)
+        raise
+
+
+def place_jit_module(module: str, staging: Path, workspace: Path) -> None:
+    """Rename an unpacked module's directories (:func:`unpack_jit_module`) into ``workspace``,
+    each swapped in whole under the workspace's lock; the staging directory goes."""
+    try:
+        with directory_lock(workspace):  # the pod's other workers install the same modules
+            for top in ("cached_ops", "generated"):
+                unpacked = staging / top / module
+                if unpacked.is_dir():
+                    (workspace / top).mkdir(exist_ok=True)
+                    swap_into_place(unpacked, workspace / top / module)
+    finally:
+        discard(staging)
+
+
+def install_jit_module(data: TarSource, workspace: Path) -> str:
     """Unpack one module's tarball into ``workspace``; returns the module name.
 
-    The module's directories are unpacked beside their targets and renamed into place,
-    so FlashInfer never sees half a module; files keep their modification times to the
+    The module's directories are unpacked beside their targets in one pass
+    (:func:`unpack_jit_module`) and renamed into place (:func:`place_jit_module`), so
+    FlashInfer never sees half a module; files keep their modification times to the
     nanosecond, as ninja compares them (a rounded time makes ninja rebuild the module).
     Several processes may install into one workspace at once (a pod's workers): the swaps
     are serialized (:func:`tunecache.client.atomic.directory_lock`) and each succeeds.
@@ -157,25 +193,8 @@ def install_jit_module(data: bytes, workspace: Path) -> str:
     Raises:
         BadJitArtifact: the tarball is not one module's files.
     """
-    module = check_jit_module(data)
-    with open_bounded(data, "JIT", BadJitArtifact) as tar:
-        workspace.mkdir(parents=True, exist_ok=True)
-        staging = staging_dir(workspace)
-        try:
-            tar.extractall(staging, filter="data")
-            # Exact times, deepest entries first so a directory's own time is set last.
-            for member in sorted(tar.getmembers(), key=lambda m: m.name, reverse=True):
-                if MTIME_NS_HEADER in member.pax_headers:
-                    ns = int(member.pax_headers[MTIME_NS_HEADER])
-                    os.utime(staging / member.name, ns=(ns, ns))
-            with directory_lock(workspace):  # the pod's other workers install the same modules
-                for top in ("cached_ops", "generated"):
-                    unpacked = staging / top / module
-                    if unpacked.is_dir():
-                        (workspace / top).mkdir(exist_ok=True)
-                        swap_into_place(unpacked, workspace / top / module)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    module, staging = unpack_jit_module(data, workspace)
+    place_jit_module(module, staging, workspace)
     return module
 
 
@@ -216,7 +235,7 @@ class JitWorkspace(Destination):
         if not fetched.jit_modules:
             return None, fetched.executable_refused
         if self.path is not None:
-            return Path(self.path), self._missing_includes(fetched)
+            return Path(self.path), None
         count = len(fetched.jit_modules)
         differs = getattr(fetched, "drift", {}).get(ArtifactKind.FLASHINFER_JIT_MODULE)
         if differs:
@@ -232,22 +251,37 @@ class JitWorkspace(Destination):
             mismatches.insert(0, f"workspace_subdir: node {shown(fetched.workspace_subdir)}, here {own.subdir}")
         if mismatches:
             return None, f"{count} FlashInfer JIT modules not installed, built elsewhere: " + "; ".join(mismatches)
-        return own.path, None if self.loads_as_aot else self._missing_includes(fetched)
+        return own.path, None
 
-    def _missing_includes(self, fetched: Any) -> str | None:
-        """Why the modules are not installed when one's ``build.ninja`` names an include
-        directory this pod lacks (ninja, which loads a module not loaded through the AOT path,
-        would fail on it or build again); ``None``: none does."""
-        from tunecache.formats.dependencies import missing_include_dirs
-        from tunecache.formats.jit_module import BadJitArtifact, check_jit_module
-        from tunecache.formats.tarball import open_bounded
+    def _checks_includes(self) -> bool:
+        """Whether the modules load through ninja here (a directory the pod named, or not
+        through the AOT path), so an include directory their ``build.ninja`` names must exist."""
+        return self.path is not None or not self.loads_as_aot
 
-        for blob in fetched.jit_modules:
-            module = check_jit_module(blob)
-            with open_bounded(blob, "JIT", BadJitArtifact) as tar:
-                missing = missing_include_dirs(tar, module)
+    @staticmethod
+    def _drop(staged: list[tuple[str, Path]], workspace: Path, existed: bool) -> None:
+        """Remove what :meth:`stage` unpacked (and the workspace, when it made it)."""
+        for _, staging in staged:
+            discard(staging)
+        if not existed:
+            with contextlib.suppress(OSError):
+                workspace.rmdir()
+
+    @staticmethod
+    def _missing_includes(staged: list[tuple[str, Path]], count: int) -> str | None:
+        """Why the modules are not installed when one's ``build.ninja`` (read from its unpacked
+        files) names an include directory this pod lacks (ninja, which loads a module not loaded
+        through the AOT path, would fail on it or build again); ``None``: none does."""
+        from tunecache.formats.dependencies import include_dirs_missing
+
+        for module, staging in staged:
+            ninja = staging / "cached_ops" / module / "build.ninja"
+            if not ninja.is_file():
+                continue
+            with ninja.open("rb") as f:
+                missing = include_dirs_missing(f.read(1 << 20).decode(errors="replace"))
             if missing:
-                return (f"{len(fetched.jit_modules)} FlashInfer JIT modules not installed: module {module}'s build.ninja "
+                return (f"{count} FlashInfer JIT modules not installed: module {module}'s build.ninja "
                         f"names include directories this pod lacks: {', '.join(shown(m) for m in missing[:3])}")
         return None
 
@@ -282,10 +316,29 @@ class JitWorkspace(Destination):
 
         image = image_aot_dir() if self.loads_as_aot and workspace else None
 
+        why, staged = skipped, []
+        if workspace is not None:  # every module unpacked and checked before anything is written
+            existed = workspace.exists()
+            try:
+                for blob in fetched.jit_modules:
+                    staged.append(unpack_jit_module(blob, workspace))
+                why = self._missing_includes(staged, len(staged)) if self._checks_includes() else None
+            except BaseException:
+                self._drop(staged, workspace, existed)
+                raise
+            if why is not None:
+                self._drop(staged, workspace, existed)
+                staged = []
+
         def commit() -> dict[str, Any]:
-            modules = tuple(install_jit_module(blob, workspace) for blob in fetched.jit_modules) if workspace else ()
+            modules = tuple(module for module, _ in staged)
+            try:
+                for module, staging in staged:
+                    place_jit_module(module, staging, workspace)
+            finally:
+                self._drop(staged, workspace, True)
             aot = build_aot_dir(workspace, modules, image) if self.loads_as_aot and modules else None
-            return {"jit_modules": modules, "jit_workspace": workspace, "jit_skipped": skipped,
+            return {"jit_modules": modules, "jit_workspace": workspace if why is None else None, "jit_skipped": why,
                     "jit_not_installed": max(0, asked - len(modules)), "jit_aot_dir": aot}
 
         return commit

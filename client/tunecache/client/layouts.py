@@ -24,14 +24,14 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from tunecache.client.atomic import directory_lock, note_added, staging_dir, swap_into_place, write_atomically
 from tunecache.client.destinations import Commit, Destination, registers
 from tunecache.contract import ArtifactKind
 from tunecache.engines.vllm.paths import deep_gemm_cache_dir, flashinfer_v2_root, vllm_autotune_root
-from tunecache.formats.tarball import max_unpack_files, open_bounded
+from tunecache.formats.tarball import TarSource, max_unpack_files
 
 
 
@@ -111,7 +111,7 @@ def install_v2_store(data: bytes, root: Path) -> Path:
 
 
 
-def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
+def install_deep_gemm_cache(data: TarSource, cache_dir: Path) -> list[str]:
     """Merge the kernels of a DeepGEMM JIT cache tarball (``deep_gemm_jit_cache`` artifact:
     ``cache/kernel.<name>.<hash>/`` directories, as DeepGEMM's ``Compiler::build`` writes
     them) into ``cache_dir/cache/``.
@@ -130,32 +130,27 @@ def install_deep_gemm_cache(data: bytes, cache_dir: Path) -> list[str]:
             past the unpack bounds (:func:`tunecache.formats.tarball.open_bounded`).
         OSError: writing failed (kernels already renamed in stay: each is whole).
     """
-    with open_bounded(data, "DeepGEMM cache", ValueError) as tar:
-        for member in tar.getmembers():
-            path = PurePosixPath(member.name)
-            if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
-                raise ValueError(f"unsafe entry in DeepGEMM cache artifact: {member.name!r}")
-        kernels = cache_dir / "cache"
-        kernels.mkdir(parents=True, exist_ok=True)
-        staging = staging_dir(kernels)
-        try:
-            tar.extractall(staging, filter="data")
-            installed = []
-            found = staging / "cache"
-            for kernel in sorted(found.iterdir()) if found.is_dir() else []:
-                if not (kernel.is_dir() and kernel.name.startswith("kernel.")) or (kernels / kernel.name).exists():
-                    continue
-                kernel.chmod(0o755)
-                note_added(kernels / kernel.name, kernel)
-                try:
-                    kernel.rename(kernels / kernel.name)
-                except OSError:
-                    if not (kernels / kernel.name).is_dir():  # not another process's identical kernel
-                        raise
-                    continue
-                installed.append(kernel.name)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    from tunecache.client.unpack import discard, unpack_beside
+
+    kernels = cache_dir / "cache"  # one pass: each entry checked as it arrives, nothing renamed in before all are
+    staging = unpack_beside(data, kernels, "DeepGEMM cache", ValueError)
+    try:
+        installed = []
+        found = staging / "cache"
+        for kernel in sorted(found.iterdir()) if found.is_dir() else []:
+            if not (kernel.is_dir() and kernel.name.startswith("kernel.")) or (kernels / kernel.name).exists():
+                continue
+            kernel.chmod(0o755)
+            note_added(kernels / kernel.name, kernel)
+            try:
+                kernel.rename(kernels / kernel.name)
+            except OSError:
+                if not (kernels / kernel.name).is_dir():  # not another process's identical kernel
+                    raise
+                continue
+            installed.append(kernel.name)
+    finally:
+        discard(staging)
     return installed
 
 

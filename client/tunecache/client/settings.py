@@ -41,6 +41,17 @@ POD_VARIABLES: dict[str, FieldInfo] = {
         "the most entries a tarball (or a FlashInfer v2 store) may make; the defaults are far above what a warm "
         "state holds (an 8B model's compile cache is about 23 MB in about 150 files). Not a positive whole number: "
         "the default")),
+    "TUNECACHE_STALL_TIMEOUT": Field(default=10, gt=0, description=(
+        "seconds of the window an artifact's body is measured over: a body that brings fewer bytes in a whole window "
+        "than `TUNECACHE_MIN_DOWNLOAD_RATE` asks is stalled and cut off at once (retried while the install deadline "
+        "allows; `pull`: exit 4) (`tunecache.client.http.stall`). Not a positive whole number: the default")),
+    "TUNECACHE_MIN_DOWNLOAD_RATE": Field(default=64 * 1024, gt=0, description=(
+        "bytes per second below which an artifact's body is not moving: the seconds a body arrives at this rate or "
+        "faster are not counted against `TUNECACHE_INSTALL_DEADLINE`, so a large download that keeps moving is never "
+        "cut off by it. Not a positive whole number: the default")),
+    "TUNECACHE_DOWNLOADS": Field(default=4, gt=0, description=(
+        "how many of an install's artifacts are downloaded at once (each streamed to a file, never whole in memory; "
+        "1: one after another). Not a positive whole number: the default")),
     "TUNECACHE_BOOT_ID": Field(default=None, json_schema_extra={
         "shown_default": "a random id, made once per process start",
         "accepted": "8-64 letters, digits, `-`, `_`, `.`"}, description=(
@@ -123,8 +134,18 @@ class ClientSettings(BaseSettings):
         "the most seconds a server's `Retry-After` is waited for"))
     install_deadline: float = Field(default=30.0, gt=0, le=3600, description=(
         "seconds one install (the lookup and every artifact download together: `pull`, the Python API, the plugin) "
-        "may take in all; past it the install gives up and writes nothing, and the pod boots as without tunecache "
+        "may take in all, not counting the seconds an artifact's body arrives at `TUNECACHE_MIN_DOWNLOAD_RATE` or "
+        "faster; past it the install gives up and writes nothing, and the pod boots as without tunecache "
         "(`pull`: exit 4)"))
+    node_cache_dir: Path | None = Field(default=None, json_schema_extra={"shown_default": "unset: no node cache"},
+                                        description=(
+        "a directory shared by the pods of a node (e.g. a `hostPath` mounted into each): verified artifacts are kept "
+        "there by sha256, so the node downloads each once and the other pods install from disk; entries are renamed "
+        "in whole after their sha256 checks, hashed again before use (a corrupt one is downloaded anew) "
+        "(`tunecache.client.node_cache`). One the pod cannot write is not used"))
+    node_cache_max_bytes: int = Field(default=50 << 30, gt=0, description=(
+        "the most bytes the node cache keeps: admitting an artifact evicts the least recently used others past it; "
+        "an artifact larger than it is not kept"))
     jit: bool = Field(default=True, description="plugin: also install the run's FlashInfer JIT modules")
     push_back: bool = Field(default=False, description=(
         "plugin: upload a pod's own tuning after a miss (stored unverified)"))

@@ -32,18 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pydantic import ValidationError
-
 from tunecache.client.destinations import Commit, Destination, registers
 from tunecache.contract import ArtifactKind
 from tunecache.engines.vllm.paths import vllm_cache_root
-from tunecache.formats.tarball import open_bounded
+from tunecache.formats.tarball import TarSource, open_bounded
 from tunecache.engines import engine_for
-from tunecache.engines.vllm.compile_cache import FACTORS_FILE, CompileFactors, PodCompileFactors
-
-
-class BadWarmStateArtifact(ValueError):
-    """A warm-state tarball that cannot be installed (unsafe entries, not a gzipped tarball)."""
+from tunecache.client.warm_tarballs import (  # noqa: F401 (BadWarmStateArtifact, read_compile_factors: kept here)
+    BadWarmStateArtifact,
+    read_compile_factors,
+    staged_factors,
+)
+from tunecache.engines.vllm.compile_cache import CompileFactors, PodCompileFactors
 
 
 def relocate_compile_dirs(compiled: Path, installed: list[str]) -> str | None:
@@ -53,8 +52,6 @@ def relocate_compile_dirs(compiled: Path, installed: list[str]) -> str | None:
     each index rewritten whole. A directory whose index names an artifact that is in neither
     place is removed again (vLLM would fail its start opening it; without it vLLM compiles).
     Returns why one was removed (``None``: none)."""
-    import shutil
-
     from tunecache.client.atomic import write_atomically
     from tunecache.engines.vllm.compile_cache import COMPILE_INDEX, relocate_compile_index
 
@@ -177,7 +174,7 @@ def inductor_triton_dir(device: int = 0) -> Path | None:
     return Path(os.path.abspath(root)) / "triton" / str(device)
 
 
-def _open_checked(data: bytes, what: str) -> tarfile.TarFile:
+def _open_checked(data: TarSource, what: str) -> tarfile.TarFile:
     """The tarball within the unpack bounds (:func:`tunecache.formats.tarball.open_bounded`),
     every entry checked (raises :class:`BadWarmStateArtifact`)."""
     tar = open_bounded(data, what, BadWarmStateArtifact)
@@ -208,25 +205,23 @@ def fix_triton_groups(staged: Path, final: Path) -> int:
     return count
 
 
-def merge_entries(data: bytes, what: str, destination: Path, renames: Callable[[Path], dict[str, str]],
+def merge_entries(data: TarSource, what: str, destination: Path, renames: Callable[[Path], dict[str, str]],
                   replace: bool = False) -> list[str]:
-    """Unpack ``data`` beside ``destination`` and rename in each entry ``renames(staged)``
+    """Unpack ``data`` beside ``destination`` in one pass (:func:`tunecache.client.unpack.unpack`)
+    and rename in each entry ``renames(staged)``
     gives (:func:`rename_entries`; ``replace``: also over an entry of the same name). Returns
     the entries installed.
 
     Raises:
         BadWarmStateArtifact; OSError when writing fails (entries already renamed in stay: each is whole).
     """
-    from tunecache.client.atomic import staging_dir
+    from tunecache.client.unpack import discard, unpack_beside
 
-    with _open_checked(data, what) as tar:
-        destination.mkdir(parents=True, exist_ok=True)
-        staging = staging_dir(destination)
-        try:
-            tar.extractall(staging, filter="data")
-            return rename_entries(staging, destination, renames(staging), replace)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    staging = unpack_beside(data, destination, what, BadWarmStateArtifact)  # one pass, each entry checked
+    try:
+        return rename_entries(staging, destination, renames(staging), replace)
+    finally:
+        discard(staging)
 
 
 def rename_entries(unpacked: Path, destination: Path, renames: dict[str, str], replace: bool = False) -> list[str]:
@@ -270,27 +265,6 @@ def rename_entries(unpacked: Path, destination: Path, renames: dict[str, str], r
 
 def _children(staging: Path) -> dict[str, str]:
     return {p.name: p.name for p in staging.iterdir() if not p.name.startswith(".")}
-
-
-def read_compile_factors(data: bytes) -> CompileFactors | None:
-    """The node's factors inside a ``vllm_compile_cache`` tarball (``None``: none recorded).
-
-    Raises:
-        BadWarmStateArtifact: not a gzipped tarball, unsafe entries, or unreadable factors.
-    """
-    with _open_checked(data, "vllm_compile_cache") as tar:
-        try:
-            member = tar.getmember(FACTORS_FILE)
-        except KeyError:
-            return None
-        raw = tar.extractfile(member)
-        try:
-            return CompileFactors.model_validate_json(raw.read() if raw else b"")
-        except ValidationError as exc:  # one line, each field named
-            why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg']}" for e in exc.errors()[:5])
-            raise BadWarmStateArtifact(f"the compile cache's {FACTORS_FILE} is unreadable: {why}") from None
-        except ValueError as exc:
-            raise BadWarmStateArtifact(f"the compile cache's {FACTORS_FILE} is unreadable: {exc}") from None
 
 
 def _vllm_here() -> tuple[str | None, dict[str, Any] | None]:
@@ -387,16 +361,33 @@ class VllmCacheRoot(Destination):
         return compile_cache_verdict(run)
 
     def stage(self, fetched: Any) -> Commit:
+        """Unpack the run's model-inspection files and compile cache beside their places (one
+        pass each, every entry checked: a refused tarball raises here, before anything is
+        written), the compile cache's factors read from what was unpacked."""
+        from tunecache.client.unpack import discard, unpack_beside
+
         root = Path(self.root) if self.root is not None else vllm_cache_root()
         infos = fetched.warm_state.get(ArtifactKind.VLLM_MODELINFOS) if self.modelinfos else None
         compiled = fetched.warm_state.get(ArtifactKind.VLLM_COMPILE_CACHE) if self.compile_cache else None
         renames: dict[str, str] | None = None
-        skipped = None
+        skipped = node = None
         differs = getattr(fetched, "drift", {}).get(ArtifactKind.VLLM_COMPILE_CACHE)
         if compiled is not None and differs:
             compiled, skipped = None, f"compile cache not installed, built with other packages: {differs}"
+        staged_infos = staged = None
+        try:
+            if infos is not None:
+                staged_infos = unpack_beside(infos, root / "modelinfos", "vllm_modelinfos", BadWarmStateArtifact)
+            if compiled is not None:
+                staged = unpack_beside(compiled, root / "torch_compile_cache", "vllm_compile_cache",
+                                       BadWarmStateArtifact)
+                node = staged_factors(staged)
+        except BaseException:
+            for staging in (staged_infos, staged):
+                if staging is not None:
+                    discard(staging)
+            raise
         if compiled is not None:
-            node = read_compile_factors(compiled)
             if node is None:
                 skipped = "the run's compile cache records no factors (a tuner before this version)"
             elif self.pod_factors is None:
@@ -407,21 +398,27 @@ class VllmCacheRoot(Destination):
                     skipped = "compile cache not installed, vLLM would not use it: " + "; ".join(lines)
                 else:
                     renames = engine_for("vllm").compile_cache_names(node, self.pod_factors)
-        if infos is not None:  # checked before anything is written
-            _open_checked(infos, "vllm_modelinfos").close()
+            if not renames and staged is not None:  # left out: nothing of it is written
+                discard(staged)
+                staged = None
 
         def commit() -> dict[str, Any]:
             done: list[str] = []
-            if infos is not None:
-                files = merge_entries(infos, "vllm_modelinfos", root / "modelinfos", _children, replace=True)
-                done.append(f"modelinfos ({len(files)} files)")
-            skipped_now = skipped
-            if renames:
-                dirs = merge_entries(compiled, "vllm_compile_cache", root / "torch_compile_cache", lambda _: renames,
-                                     replace=True)
-                skipped_now = relocate_compile_dirs(root / "torch_compile_cache", dirs) or skipped
-                moved = relocate_node_paths(root / "torch_compile_cache", dirs, node, self.pod_factors, renames)
-                done.append(f"compile cache ({len(dirs)} of {len(renames)} directories{'; ' + moved if moved else ''})")
+            try:
+                if staged_infos is not None:
+                    files = rename_entries(staged_infos, root / "modelinfos", _children(staged_infos), replace=True)
+                    done.append(f"modelinfos ({len(files)} files)")
+                skipped_now = skipped
+                if renames and staged is not None:
+                    dirs = rename_entries(staged, root / "torch_compile_cache", renames, replace=True)
+                    skipped_now = relocate_compile_dirs(root / "torch_compile_cache", dirs) or skipped
+                    moved = relocate_node_paths(root / "torch_compile_cache", dirs, node, self.pod_factors, renames)
+                    done.append(f"compile cache ({len(dirs)} of {len(renames)} directories"
+                                f"{'; ' + moved if moved else ''})")
+            finally:
+                for staging in (staged_infos, staged):
+                    if staging is not None:
+                        discard(staging)
             return {"warm_state": tuple(done), "compile_cache_skipped": skipped_now, "vllm_cache_root": root}
 
         return commit
@@ -451,12 +448,17 @@ class TritonCache(Destination):
             directories = [Path(self.path)]
         else:
             directories = [triton_cache_dir(), *filter(None, [inductor_triton_dir()])]
-        _open_checked(data, "triton_cache").close()
+        from tunecache.client.unpack import discard, unpack_beside
+
+        staged = [(unpack_beside(data, directory, "triton_cache", BadWarmStateArtifact), directory)
+                  for directory in directories]  # one pass each, every entry checked before anything is written
 
         def commit() -> dict[str, Any]:
-            kernels = merge_entries(data, "triton_cache", directories[0], _children)
-            for also in directories[1:]:
-                merge_entries(data, "triton_cache", also, _children)
+            try:
+                kernels = [rename_entries(staging, directory, _children(staging)) for staging, directory in staged][0]
+            finally:
+                for staging, _ in staged:
+                    discard(staging)
             return {"warm_state": (f"Triton cache ({len(kernels)} kernels)",), "triton_cache_dir": directories[0]}
 
         return commit

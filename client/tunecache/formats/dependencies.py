@@ -106,9 +106,17 @@ def missing_include_dirs(tar: tarfile.TarFile, module: str, exists: Callable[[st
     except KeyError:
         return []
     raw = tar.extractfile(member)
-    text = raw.read(1 << 20).decode(errors="replace") if raw else ""
+    return include_dirs_missing(raw.read(1 << 20).decode(errors="replace") if raw else "", check)
+
+
+def include_dirs_missing(build_ninja: str, exists: Callable[[str], bool] | None = None) -> list[str]:
+    """The absolute include directories a module's ``build.ninja`` text names that do not
+    exist here (``exists``: how to ask), in order (:func:`missing_include_dirs`)."""
+    import os
+
+    check = exists or os.path.isdir
     missing: list[str] = []
-    for directory in _INCLUDE.findall(text):
+    for directory in _INCLUDE.findall(build_ninja):
         directory = directory.strip("'\"")
         if Path(directory).is_absolute() and directory not in missing and not check(directory):
             missing.append(directory)

@@ -24,7 +24,7 @@ import os
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from tunecache.formats.tarball import open_bounded
+from tunecache.formats.tarball import TarSource, open_bounded
 
 #: pax header holding an entry's exact modification time in nanoseconds.
 MTIME_NS_HEADER = "TUNECACHE.mtime_ns"
@@ -115,27 +115,42 @@ def _valid_mtime_ns(value: str) -> bool:
     return value.isascii() and value.isdigit() and len(value) <= 19 and int(value) < 2**63
 
 
-def _module_of(tar: tarfile.TarFile) -> str:
-    modules = set()
-    for member in tar.getmembers():
-        path = PurePosixPath(member.name)
-        if path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
-            raise BadJitArtifact(f"unsafe path in JIT artifact: {member.name!r}")
-        if path.parts[0] not in ("cached_ops", "generated"):
-            raise BadJitArtifact(f"unexpected top-level directory in JIT artifact: {member.name!r}")
-        if not (member.isfile() or member.isdir()):
-            raise BadJitArtifact(f"JIT artifact holds a link or special file: {member.name!r}")
-        mtime_ns = member.pax_headers.get(MTIME_NS_HEADER)
-        if mtime_ns is not None and not _valid_mtime_ns(mtime_ns):
-            raise BadJitArtifact(f"JIT artifact entry {member.name!r}: {MTIME_NS_HEADER} is not a whole number of "
-                                 f"nanoseconds from 0 to 2**63-1: {mtime_ns[:40]!r}")
-        modules.add(path.parts[1])
+def jit_entry_module(member: tarfile.TarInfo) -> str:
+    """The module an entry of a JIT tarball belongs to, after checking the entry (its path is
+    one module's, it is a file or a directory, its :data:`MTIME_NS_HEADER` is valid).
+
+    Raises:
+        BadJitArtifact: naming the entry and what is wrong with it.
+    """
+    path = PurePosixPath(member.name)
+    if path.is_absolute() or ".." in path.parts or len(path.parts) < 2:
+        raise BadJitArtifact(f"unsafe path in JIT artifact: {member.name!r}")
+    if path.parts[0] not in ("cached_ops", "generated"):
+        raise BadJitArtifact(f"unexpected top-level directory in JIT artifact: {member.name!r}")
+    if not (member.isfile() or member.isdir()):
+        raise BadJitArtifact(f"JIT artifact holds a link or special file: {member.name!r}")
+    mtime_ns = member.pax_headers.get(MTIME_NS_HEADER)
+    if mtime_ns is not None and not _valid_mtime_ns(mtime_ns):
+        raise BadJitArtifact(f"JIT artifact entry {member.name!r}: {MTIME_NS_HEADER} is not a whole number of "
+                             f"nanoseconds from 0 to 2**63-1: {mtime_ns[:40]!r}")
+    return path.parts[1]
+
+
+def one_module(modules: set[str]) -> str:
+    """The one module a JIT tarball's entries belong to.
+
+    Raises:
+        BadJitArtifact: none, or more than one."""
     if len(modules) != 1:
         raise BadJitArtifact(f"a JIT artifact must hold exactly one module, found {sorted(modules)}")
-    return modules.pop()
+    return next(iter(modules))
 
 
-def check_jit_module(data: bytes) -> str:
+def _module_of(tar: tarfile.TarFile) -> str:
+    return one_module({jit_entry_module(member) for member in tar.getmembers()})
+
+
+def check_jit_module(data: TarSource) -> str:
     """The module name of a JIT tarball, after checking every entry (nothing is written).
 
     Raises:

@@ -12,9 +12,39 @@ model's compile cache is about 23 MB in about 150 files; a FlashInfer JIT module
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import tarfile
+import zlib
+from collections.abc import Iterator
+from typing import IO, Any, Union
+
+#: What a run's tarball is read from: its bytes, a file's path, or an object whose ``open()``
+#: gives a binary file of them (a downloaded artifact, :class:`tunecache.client.artifact_file.ArtifactFile`).
+TarSource = Union[bytes, "os.PathLike[str]", Any]
+
+
+def open_source(source: TarSource) -> IO[bytes]:
+    """A binary file of ``source``'s bytes (:data:`TarSource`), read from its start."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return io.BytesIO(source)
+    if isinstance(source, (str, os.PathLike)):
+        return open(source, "rb")
+    return source.open()
+
+
+class _OwningTarFile(tarfile.TarFile):
+    """A ``TarFile`` that closes the file it was opened over (:func:`open_source`'s) with itself."""
+
+    _source: IO[bytes] | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._source is not None:
+                self._source.close()
 
 #: Default of ``TUNECACHE_MAX_UNPACK_BYTES``: the most one tarball may unpack to.
 DEFAULT_MAX_UNPACK_BYTES = 1 << 30
@@ -66,8 +96,8 @@ def max_unpack_files() -> int:
     return positive_whole_setting("TUNECACHE_MAX_UNPACK_FILES", DEFAULT_MAX_UNPACK_FILES)
 
 
-def open_bounded(data: bytes, what: str, error: type[ValueError]) -> tarfile.TarFile:
-    """``data`` opened as a gzip'd tar with every member's header read (``getmembers()``
+def open_bounded(data: TarSource, what: str, error: type[ValueError]) -> tarfile.TarFile:
+    """``data`` (:data:`TarSource`: read from disk when it is a file, never whole in memory) opened as a gzip'd tar with every member's header read (``getmembers()``
     then reads nothing more), within the bounds above.
 
     Raises:
@@ -76,8 +106,10 @@ def open_bounded(data: bytes, what: str, error: type[ValueError]) -> tarfile.Tar
     limit_bytes, limit_files = max_unpack_bytes(), max_unpack_files()
     tar = None
     total = count = 0
+    source = open_source(data)
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz", tarinfo=_BoundedTarInfo)
+        tar = _OwningTarFile.open(fileobj=source, mode="r:gz", tarinfo=_BoundedTarInfo)
+        tar._source = source
         while (member := tar.next()) is not None:
             count += 1
             total += max(member.size, 0)
@@ -88,9 +120,44 @@ def open_bounded(data: bytes, what: str, error: type[ValueError]) -> tarfile.Tar
     except BaseException as exc:
         if tar is not None:
             tar.close()
+        source.close()
         if isinstance(exc, _ExtendedHeaderTooLarge):
             raise error(f"{what} artifact holds {exc}") from None
         if isinstance(exc, (tarfile.TarError, OSError, EOFError)):
             raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None
         raise
     return tar
+
+
+def stream_bounded(data: TarSource, what: str, error: type[ValueError]) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]:
+    """Each entry of ``data`` (a gzip'd tar) with the tarball it is read from, in one pass
+    (tarfile's stream mode ``r|gz``: the gzip is inflated once, front to back, never whole in
+    memory), within the same bounds as :func:`open_bounded`, each checked at its header before
+    its data is decompressed. The caller reads or extracts an entry before asking for the next.
+
+    Raises:
+        error: not a gzip'd tar, or past a bound (the message names ``what`` and the bound's setting).
+    """
+    limit_bytes, limit_files = max_unpack_bytes(), max_unpack_files()
+    total = count = 0
+    with open_source(data) as source:
+        try:
+            with tarfile.open(fileobj=source, mode="r|gz", tarinfo=_BoundedTarInfo) as tar:
+                while (member := tar.next()) is not None:
+                    count += 1
+                    total += max(member.size, 0)
+                    if count > limit_files:
+                        raise error(f"{what} artifact holds more than {limit_files:,} entries "
+                                    "(TUNECACHE_MAX_UNPACK_FILES)")
+                    if total > limit_bytes:
+                        raise error(f"{what} artifact unpacks to more than {limit_bytes:,} bytes "
+                                    "(TUNECACHE_MAX_UNPACK_BYTES)")
+                    yield tar, member
+        except _ExtendedHeaderTooLarge as exc:
+            raise error(f"{what} artifact holds {exc}") from None
+        except (tarfile.TarError, EOFError, zlib.error) as exc:
+            raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None
+        except OSError as exc:
+            if isinstance(exc, (gzip.BadGzipFile,)) or exc.errno is None:
+                raise error(f"{what} artifact is not a gzipped tarball: {exc}") from None
+            raise

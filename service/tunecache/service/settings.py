@@ -82,6 +82,9 @@ class _OldVariableNames(PydanticBaseSettingsSource):
         return values
 
 
+#: Default of ``TUNECACHE_MAX_UPLOAD_BYTES``: 4 GiB, above the largest artifact a tuner makes.
+DEFAULT_MAX_UPLOAD_BYTES = 4 << 30
+
 class Settings(BaseSettings):
     """Configuration of one service process, read from ``TUNECACHE_<FIELD>`` variables.
 
@@ -102,8 +105,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=_default_data_dir, json_schema_extra={
         "shown_default": "`$XDG_DATA_HOME/tunecache` or `~/.local/share/tunecache`"}, description=(
         "where the default SQLite file lives, and the node's `admin.token` and artifact mirror (`artifact-cache`)"))
-    max_upload_bytes: int = Field(default=256 * 1024 * 1024, gt=0, description=(
-        "largest request body accepted (an artifact upload); above it: 413"))
+    max_upload_bytes: int = Field(default=DEFAULT_MAX_UPLOAD_BYTES, gt=0, description=(
+        "largest request body accepted (an artifact upload), checked as it streams to the spool; above it: 413. The "
+        "default fits the largest artifacts a tuner makes: one FlashInfer JIT module's tarball (its `.so` and "
+        "objects) of a fused-MoE or wide-head-dim kernel family is hundreds of MB, a whole architecture's "
+        "ahead-of-time module set about 2 GB; pods unpack at most `TUNECACHE_MAX_UNPACK_BYTES` of it"))
     host: str = Field(default="127.0.0.1", description="where `tunecache serve` listens (`serve --host`)")
     port: int = Field(default=8321, gt=0, lt=65536, description=(
         "the port `tunecache serve` listens on (`serve --port`); a value that is not a port (Kubernetes' "

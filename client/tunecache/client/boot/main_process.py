@@ -135,5 +135,7 @@ class WarmBoot:
             parts.append(f"compile cache not installed, built with other packages "
                          f"({self.fetched.drift[ArtifactKind.VLLM_COMPILE_CACHE]})")
         skipped = f"; {self.result.jit_skipped}" if self.result.jit_skipped else ""
+        if self.result.transfer:
+            parts.append(f"artifacts {self.result.transfer}")
         log.info("tunecache: warm state of run %s installed for %s in %.1f s: %s%s%s", self.fetched.run.id,
                  self.key.model if self.key else "?", took, ", ".join(parts), skipped, note)

@@ -44,6 +44,7 @@ from tunecache.client.warm_state import (
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, ReportOutcome, TuningKey, kinds_where
 from tunecache.engines import engine_for
 from tunecache.engines.vllm.compile_cache import FACTORS_FILE, CompileFactors, PodCompileFactors, variant_differences
+from tunecache.formats.tarball import TarSource
 from tunecache.signing import load_trusted_keys
 
 log = logging.getLogger("vllm.plugins.tunecache")
@@ -71,11 +72,11 @@ class _Staged:
 
 #: Fetches an engine variant's compile cache: ``(run id, tarball)``, or ``None`` when the
 #: service has no run of that variant (:func:`fetch_variant_compile_cache`).
-VariantFetch = Callable[[str], "tuple[int, bytes] | None"]
+VariantFetch = Callable[[str], "tuple[int, TarSource] | None"]
 
 
 def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: EnvironmentMetadata,
-                                variant: str) -> tuple[int, bytes] | None:
+                                variant: str) -> tuple[int, TarSource] | None:
     """The compile cache of engine variant ``variant``'s current run, as :func:`fetch_tuning`
     fetches a run (the lookup with the variant, the signature over this pod's key and
     environment, the variant's own rollback memory, the sha256), its kinds that are ``of_variant``
@@ -123,21 +124,26 @@ def unpacked_dir(staged: Path) -> Path:
     return staged.with_name(staged.name.removesuffix(".tar.gz") + f"-{boot_id()}")
 
 
-def unpack_staged(staged: Path, data: bytes) -> None:
+def unpack_staged(staged: Path, data: TarSource) -> None:
     """In the engine's main process, on a thread: unpack ``data`` (checked as every warm-state
     tarball is) into :func:`unpacked_dir`, staged beside it and renamed when whole; on a
     failure, ``<dir>.failed`` says why (the workers then unpack the tarball themselves).
     What earlier boots left there is removed first (:func:`_remove_stale`). Never raises."""
+    import shutil
     import tempfile
 
-    from tunecache.client.warm_state import _open_checked
+    from tunecache.client.unpack import unpack
+    from tunecache.client.warm_state import BadWarmStateArtifact
 
     target = unpacked_dir(staged)
     try:
         remove_stale(staged.parent.glob(staged.name.removesuffix(".tar.gz") + "-*"))
         staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=staged.parent))
-        with _open_checked(data, "vllm_compile_cache") as tar:
-            tar.extractall(staging, filter="data")
+        try:
+            unpack(data, staging, "vllm_compile_cache", BadWarmStateArtifact)  # one pass
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         staging.rename(target)
     except Exception as exc:  # the workers unpack it themselves
         try:
@@ -161,7 +167,7 @@ def _wait_unpacked(staged: Path) -> Path | None:
     return None
 
 
-def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tuple[int, bytes] | None:
+def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tuple[int, TarSource] | None:
     """The compile cache of ``variant`` for this engine: fetched once per boot (by the first
     worker, under the staged cache's lock) and kept beside the staged one for the boot's other
     workers (named by the boot: a later boot asks the service again); ``None`` when the service
@@ -174,7 +180,7 @@ def _variant_cache(staged: Path, variant: str, fetch: VariantFetch | None) -> tu
     for found in sorted(glob.glob(os.path.join(glob.escape(str(staged.parent)), glob.escape(prefix) + "*.tar.gz"))):
         run = Path(found).name[len(prefix):-len(".tar.gz")]
         if run.isdigit():
-            return int(run), Path(found).read_bytes()
+            return int(run), Path(found)
     missing = staged.parent / f"compile-cache-variant-{variant}-{boot_id()}.missing"
     if missing.exists() or fetch is None:
         return None
@@ -211,7 +217,7 @@ def install_staged_compile_cache(pod_factors: Callable[[CompileFactors], PodComp
             data = None
             node = CompileFactors.model_validate_json((unpacked / FACTORS_FILE).read_bytes())
         else:
-            unpacked, data = None, path.read_bytes()
+            unpacked, data = None, path
             node = read_compile_factors(data)
         if node is None:
             raise ValueError("the run's compile cache records no factors")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import IO
 
 import httpx
 from pydantic import ValidationError
 
 from tunecache.client.http.answers import answer_detail, body_detail
+from tunecache.client.http.stall import StallWatch
 from tunecache.client.http.transport import RETRY_STATUSES, Transient, Transport, transient_status
 from tunecache.contract import ArtifactStored, Health
 from tunecache.formats.tarball import max_unpack_bytes
@@ -77,6 +79,82 @@ class ArtifactsClient(Transport):
             return data
 
         return self._retrying(once)
+
+    def download_artifact_to(self, sha256: str, out: IO[bytes], watch: StallWatch | None = None) -> int:
+        """``GET /v1/artifacts/{sha256}`` streamed into the file ``out`` as it arrives (never
+        whole in memory), hashed on the way; returns its size. As :meth:`download_artifact`
+        (the redirect, retries: ``out`` is emptied before each attempt) except for its
+        deadline: the body is held to a deadline that measures progress, not a total
+        (:mod:`tunecache.client.http.stall`; ``watch`` counts what arrived).
+
+        Raises:
+            ArtifactCorrupt, DownloadTruncated (``out`` then holds bytes nothing may use);
+            DownloadStalled: the body stopped moving; InstallDeadlineExceeded: no answer
+            before the install deadline; ServerUnreachable, ServerError.
+        """
+        where = f"/v1/artifacts/{sha256}"
+        limit = max_unpack_bytes()
+
+        def once() -> int:
+            digest = hashlib.sha256()
+            out.seek(0)
+            out.truncate()
+            attempt = StallWatch(watch.window_s, watch.min_rate) if watch is not None else StallWatch()
+
+            def sink(part: bytes) -> None:
+                digest.update(part)
+                out.write(part)
+
+            def read(response: httpx.Response, deadline: float) -> str | None:
+                if response.status_code in RETRY_STATUSES:
+                    raise transient_status(response, body_detail(self._read_body(response, deadline)))
+                if response.is_error:
+                    raise self.error_of(response.status_code, body_detail(self._read_body(response, deadline)))
+                self._read_body(response, deadline, sink=sink, max_bytes=limit, watch=attempt, keep=False)
+                return response.headers.get("content-length")
+
+            def read_or_redirect(response: httpx.Response, deadline: float) -> str | None | httpx.URL:
+                if response.status_code in _REDIRECT_STATUSES:
+                    return self._redirect_target(response, sha256)
+                return read(response, deadline)
+
+            def read_from_store(response: httpx.Response, deadline: float) -> str | None:
+                if response.status_code in _REDIRECT_STATUSES:
+                    raise ServerError(response.status_code, f"the artifact store redirected {sha256} again: not followed")
+                if response.is_error:
+                    body = self._read_body(response, deadline, max_bytes=64 * 1024)
+                    raise Transient(ServerError(response.status_code, f"artifact store answered {response.status_code} "
+                                                                      f"for {sha256}: {body[:200].decode(errors='replace')}"))
+                return read(response, deadline)
+
+            try:
+                expected = self._exchange("GET", where, read_or_redirect, watch=attempt)
+                if isinstance(expected, httpx.URL):
+                    expected = self._exchange("GET", where, read_from_store, elsewhere=expected, watch=attempt)
+            finally:
+                if watch is not None:
+                    watch.received += attempt.received
+            size = out.tell()
+            if expected is not None and size != int(expected):
+                raise Transient(DownloadTruncated(f"artifact {sha256}: received {size} of {expected} bytes"))
+            if digest.hexdigest() != sha256:
+                raise ArtifactCorrupt(f"artifact {sha256} arrived as {size} bytes hashing to {digest.hexdigest()}")
+            out.flush()
+            return size
+
+        return self._retrying(once)
+
+    def download_sibling(self) -> "ArtifactsClient":
+        """A client for one more download at once from another thread: this client's server,
+        token, TLS, timeouts and attempts, inside the same install deadline (as it stands now;
+        the time its own bodies move is given back to its copy). The caller closes it."""
+        t = self._timeout
+        sibling = type(self)(self.base_url, connect_timeout_s=t.connect, read_timeout_s=self.read_timeout_s,
+                             total_timeout_s=self.total_timeout_s, attempts=self.attempts,
+                             max_retry_after_s=self.max_retry_after_s, install_deadline_s=self.install_deadline_s,
+                             **({"reports": False} if hasattr(self, "reports") else {}), **self._connection_options)
+        sibling._deadline, sibling._deadline_s = self._deadline, self._deadline_s
+        return sibling
 
     def _redirect_target(self, response: httpx.Response, sha256: str) -> httpx.URL:
         """Where a redirect of an artifact download points (resolved against the service's

@@ -14,16 +14,16 @@ A pod's install (:func:`tunecache.client.install.fetch_tuning`: the lookup and e
 artifact download) also has one deadline for the whole, ``install_deadline_s``
 (``TUNECACHE_INSTALL_DEADLINE``, 30 s): every request in it shares that deadline
 (:meth:`Transport.deadline_scope`), and when it passes the install gives up with
-:class:`InstallDeadlineExceeded` before anything is written.
+:class:`InstallDeadlineExceeded` before anything is written. The seconds an artifact's body
+spends arriving are not counted against it: a body is held to a deadline that measures its
+progress instead (:mod:`tunecache.client.http.stall`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
-import socket
 import ssl
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from tunecache.client.http.answers import answer_detail, retry_after_seconds
+from tunecache.client.http.stall import DownloadStalled, StallWatch, cut_at_deadline
 from tunecache.formats.tarball import positive_whole_setting
 from tunecache.store import (
     DownloadTruncated,
@@ -103,14 +104,6 @@ class _NoTimeToRetry(Exception):
         self.why = why
 
 
-def _shut_down(sock: socket.socket) -> None:
-    """Shut a connection's socket down (from another thread: a blocked read returns at once)."""
-    try:
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:  # already closed
-        pass
-
-
 def transient_status(response: httpx.Response, detail: Any) -> Transient:
     """A retry-worthy status as a :class:`Transient`, with the seconds its ``Retry-After`` asks."""
     return Transient(ServerError(response.status_code, detail), retry_after_seconds(response.headers.get("retry-after")))
@@ -127,25 +120,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-@contextlib.contextmanager
-def _cut_at_deadline(response: httpx.Response, end: float) -> Iterator[None]:
-    """While a body is read, shut its connection down when ``end`` comes (the attempt's:
-    the install deadline or the request's total timeout): httpx's read timeout counts
-    per read, so a read begun before then could otherwise wait a whole read timeout past it."""
-    stream = response.extensions.get("network_stream")
-    sock = stream.get_extra_info("socket") if stream is not None else None
-    if not isinstance(sock, socket.socket):  # not a socket (test transports)
-        yield
-        return
-    timer = threading.Timer(max(0.0, end - time.monotonic()), _shut_down, (sock,))
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
 
 
 def _classified(exc: httpx.HTTPError, where: str, read_timeout_s: float) -> TunecacheError:
@@ -330,7 +304,7 @@ class Transport:
         return Transient(_classified(exc, where or f"tunecache server {self.base_url}", self.read_timeout_s))
 
     def _exchange(self, method: str, path: str, read: Callable[[httpx.Response, float], Any], *,
-                  elsewhere: httpx.URL | None = None, **kwargs: Any) -> Any:
+                  elsewhere: httpx.URL | None = None, watch: StallWatch | None = None, **kwargs: Any) -> Any:
         """One attempt: send the request (timeouts clipped to the install deadline) and
         return ``read(response, end)`` of the streamed response, ``end`` being when the
         attempt must be over (monotonic seconds).
@@ -338,6 +312,11 @@ class Transport:
         ``elsewhere``: an absolute http(s) URL of another host (an object store's presigned
         URL) asked instead of ``path``, without the token: the ``Authorization`` header is
         the service's, never sent to anyone else.
+
+        ``watch``: an artifact's body, read under a deadline that measures progress
+        (:mod:`tunecache.client.http.stall`): the seconds it moves at the rate are given back
+        to the install deadline and the request's total timeout (they bound the waiting, not
+        the bytes moving); it is cut off when it stalls.
 
         Raises:
             Transient: an httpx error (classified), worth another attempt.
@@ -356,11 +335,36 @@ class Transport:
                 streamed = contextlib.closing(self._http.send(request, stream=True))
             with streamed as response:
                 answered = True
-                with _cut_at_deadline(response, end):
-                    return read(response, end)
+                if watch is None:
+                    with cut_at_deadline(response, end):
+                        return read(response, end)
+                return self._read_watched(response, read, watch)
         except httpx.HTTPError as exc:
+            if watch is not None and watch.stalled is not None:
+                raise Transient(DownloadStalled(watch.stalled)) from None
             where = f"artifact store {elsewhere.scheme}://{elsewhere.netloc.decode()}" if elsewhere is not None else None
             raise self._failed(exc, method, path, end, answered, where) from None
+
+    def _read_watched(self, response: httpx.Response, read: Callable[[httpx.Response, float], Any],
+                      watch: StallWatch) -> Any:
+        """``read(response, inf)`` under ``watch`` (:meth:`_exchange`): the time the body moves
+        at the rate is given back to the install deadline and the request's total timeout; it
+        is cut off when it stalls or the (moved) deadline comes."""
+        timeouts = response.request.extensions.get("timeout")
+        if isinstance(timeouts, dict):  # read by the transport as the body starts to arrive
+            timeouts["read"] = watch.window_s + 1
+        watch.begin()
+
+        def credit(seconds: float) -> float:
+            if self._deadline is not None:
+                self._deadline += seconds
+            if self._request_end is not None:
+                self._request_end += seconds
+            return min(self._deadline if self._deadline is not None else float("inf"),
+                       self._request_end if self._request_end is not None else float("inf"))
+
+        with watch.guard(response, credit):
+            return read(response, float("inf"))
 
     def _wait(self, state: RetryCallState) -> float:
         """Seconds before the next attempt: full-jitter exponential backoff (up to 0.5 s,
@@ -411,11 +415,14 @@ class Transport:
         finally:
             self._request_end = outer
 
-    def _read_body(self, response: httpx.Response, deadline: float, sink=None, max_bytes: int | None = None) -> bytes:
+    def _read_body(self, response: httpx.Response, deadline: float, sink=None, max_bytes: int | None = None,
+                   watch: StallWatch | None = None, keep: bool = True) -> bytes:
         """Read a streamed body before ``deadline`` (monotonic seconds: the attempt's end,
         the install deadline's if sooner); ``sink`` sees each part. At most ``max_bytes``
         (as decoded: a gzip'd answer is counted as it expands; default
-        :func:`max_answer_bytes`) are read.
+        :func:`max_answer_bytes`) are read. ``watch``: each part is counted by it (a stalled
+        body raises :class:`~tunecache.client.http.stall.DownloadStalled`); ``keep=False``:
+        the parts go to ``sink`` only and ``b""`` is returned (a body streamed to a file).
 
         Raises:
             InstallDeadlineExceeded: the install deadline came first.
@@ -430,13 +437,18 @@ class Transport:
                 raise AnswerTooLarge(f"tunecache server {self.base_url} sent more than {limit:,} bytes for "
                                      f"{response.request.method} {response.request.url.path} "
                                      f"({'TUNECACHE_MAX_UNPACK_BYTES' if max_bytes is not None else 'TUNECACHE_MAX_ANSWER_BYTES'})")
-            if time.monotonic() > deadline:
+            if watch is not None:
+                watch.saw(len(part))
+            # watched: the guard gives moving time back every tick, so its last tick's worth is allowed
+            if time.monotonic() > (deadline if watch is None else min(self._deadline or float("inf"),
+                                                                      self._request_end or float("inf")) + 1.0):
                 if self._deadline_passed():
                     raise self._deadline_error(response.request.method, response.request.url.path, answered=True)
                 raise self._total_timeout_error(answered=True)
             if sink is not None:
                 sink(part)
-            parts.append(part)
+            if keep:
+                parts.append(part)
         return b"".join(parts)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
