@@ -64,6 +64,7 @@ from typing import Annotated, Any, Literal, NoReturn, Optional
 import typer
 from pydantic import ValidationError
 
+from tunecache import cli_config
 from tunecache.contract import DeploymentKey, expert_parallel_size
 from tunecache.store import (
     ArtifactCorrupt,
@@ -132,7 +133,27 @@ def fail(code: ExitCode, message: str) -> NoReturn:
     raise Failed(code, message)
 
 
-ServerOpt = Annotated[str, typer.Option("--server", envvar="TUNECACHE_URL", help="tunecache server URL")]
+def _default_server() -> str:
+    """``--server``'s default (:func:`tunecache.cli_config.default_server`); a config file
+    that cannot be used is one line and exit 2."""
+    try:
+        return cli_config.default_server()
+    except cli_config.ConfigError as exc:
+        fail(ExitCode.USAGE, str(exc))
+
+
+def _server_given(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
+    """Record where ``--server`` came from (:func:`tunecache.cli_config.server_given`); click's
+    "missing option" usage error when no source gave one."""
+    source = ctx.get_parameter_source(param.name)
+    if cli_config.server_given(getattr(source, "name", "DEFAULT"), value) is None:
+        raise _click_errors.MissingParameter(ctx=ctx, param=param)
+    return value
+
+
+ServerOpt = Annotated[str, typer.Option(
+    "--server", envvar="TUNECACHE_URL", default_factory=_default_server, callback=_server_given, show_default=False,
+    help="tunecache server URL (default: the config file's server, else the tunecache serve on this machine)")]
 ModelOpt = Annotated[str, typer.Option("--model", help="model name as given to vLLM (--model)")]
 MnbtOpt = Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="vLLM's max_num_batched_tokens")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="vLLM's --dtype ('auto': as the checkpoint says)")]
