@@ -28,7 +28,7 @@ from typing import Annotated, Any, Optional
 import typer
 from pydantic import ValidationError
 
-from tunecache import cli_kit, cli_retire
+from tunecache import cli_jobs, cli_kit, cli_retire, cli_show, cli_status
 from tunecache.client.autotune_file import pushed_run
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable, parse_autotune_file
 from tunecache.client.environment import EnvironmentUnavailable, detect_environment, environment_from_file, pod_key
@@ -83,6 +83,7 @@ from tunecache.cli_kit import (
     with_options,
 )
 from tunecache.cli_client import client_for, client_settings
+from tunecache.transfer_progress import QuietOpt, transfer_progress
 from tunecache.signing import SigningError, UntrustedRun, generate_signing_key, load_signing_key, load_trusted_keys, sign_run
 from tunecache.store import NoCompatibleTuning, TunecacheError
 
@@ -138,6 +139,7 @@ def push(
     trigger: Annotated[str, typer.Option(help="'upload', or 'pod' for a pod's own tuning (stored unverified)")] = "upload",
     force: Annotated[bool, typer.Option("--force", help="make it current past the service's promotion policy "
                                         "(admin token; audited)")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Upload a FlashInfer autotune cache file; its environment is read from its _metadata.
 
@@ -178,7 +180,8 @@ def push(
             fail(ExitCode.BAD_INPUT, f"{file} is {len(data):,} bytes; the server takes uploads of at most {limit:,} "
                                      "bytes (its TUNECACHE_MAX_UPLOAD_BYTES); nothing was uploaded")
         try:
-            client.upload_artifact(data)
+            with transfer_progress(client, "pushing", quiet):
+                client.upload_artifact(data)
             run = client.record_run(record, force=force)
         except Exception as exc:
             client_errors(exc)
@@ -226,6 +229,7 @@ def pull(
                                                             "VLLM_CACHE_ROOT, else vLLM's default)")] = None,
     triton_cache_dir: Annotated[Optional[Path], typer.Option(help="--warm-state: Triton's cache (default: "
                                                              "TRITON_CACHE_DIR, else Triton's default)")] = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Fetch the tuning matching this GPU and environment and install it where FlashInfer or vLLM read it.
 
@@ -273,7 +277,8 @@ def pull(
         ArtifactKind.VLLM_COMPILE_CACHE: vllm_cache_root, ArtifactKind.VLLM_MODELINFOS: vllm_cache_root})
     with client_for(server, settings) as client:
         try:  # reported to the server when done, in the background (TUNECACHE_REPORT=0: not)
-            installed = fetch_and_install(client, key, env, target, trusted, ReportSource.CLI)
+            with transfer_progress(client, "pulling", quiet):
+                installed = fetch_and_install(client, key, env, target, trusted, ReportSource.CLI)
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
         except UntrustedRun as exc:
@@ -563,13 +568,17 @@ def history(
     cursor: Annotated[Optional[str], typer.Option("--cursor", help="continue after a page (the cursor it printed)")] = None,
     all_pages: Annotated[bool, typer.Option("--all", help="every matching run, page after page")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="every matching run as CSV (header first) on stdout")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="the page (with --all: every page) as the API's "
+                                          "TuningRunPage JSON")] = False,
 ) -> None:
     """The tuning history, newest first: id, recorded, status, trigger, key, FlashInfer version, entries, current.
 
-    Filters combine: key fields, --env FIELD=VALUE for any FlashInfer environment field, --status, --trigger, --since/--until, --current-only. One page of --limit runs, then the cursor of the next (--cursor); --all prints every page; --csv streams every matching run as the server's CSV export.
+    Filters combine: key fields, --env FIELD=VALUE for any FlashInfer environment field, --status, --trigger, --since/--until, --current-only. One page of --limit runs, then the cursor of the next (--cursor); --all prints every page; --csv streams every matching run as the server's CSV export; --json prints the page (or every page) as JSON.
 
     Exit 0; 2 for a bad option (named); 4 server unreachable; 5 server error; 13 not authorised.
     """
+    if as_csv and as_json:
+        fail(ExitCode.USAGE, "--csv and --json are two forms of one list: give one")
     params: dict[str, object] = {
         **key_filters, "status": status, "trigger": trigger,
         "since": time_option("--since", since), "until": time_option("--until", until), "current_only": current_only,
@@ -596,6 +605,9 @@ def history(
         except TunecacheError as exc:
             client_errors(exc)
     runs = [run for page in pages for run in page.items]
+    if as_json:
+        typer.echo(pages[-1].model_copy(update={"items": runs}).model_dump_json(indent=2))
+        return
     if not runs:
         typer.echo("no tuning runs match")
         return
@@ -1023,6 +1035,9 @@ def keys_generate(
 
 
 cli_retire.register(app)
+cli_status.register(app)
+cli_jobs.register(app, job_app)
+cli_show.register(app)
 
 
 def load_command_plugins(target: typer.Typer = app) -> list[str]:

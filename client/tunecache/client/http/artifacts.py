@@ -10,7 +10,7 @@ import httpx
 from pydantic import ValidationError
 
 from tunecache.client.http.answers import answer_detail, body_detail
-from tunecache.client.http.transport import RETRY_STATUSES, Transient, Transport, transient_status
+from tunecache.client.http.transport import RETRY_STATUSES, Transient, TransferCallback, Transport, transient_status
 from tunecache.contract import ArtifactStored, Health
 from tunecache.formats.tarball import max_unpack_bytes
 from tunecache.store import ArtifactCorrupt, DownloadTruncated, ServerError, file_sha256
@@ -49,7 +49,7 @@ class ArtifactsClient(Transport):
                 if response.is_error:
                     raise self.error_of(response.status_code, body_detail(self._read_body(response, deadline)))
                 return response.headers.get("content-length"), self._read_body(response, deadline, sink=digest.update,
-                                                                               max_bytes=max_unpack_bytes())
+                                                                               max_bytes=max_unpack_bytes(), transfer=True)
 
             def read_or_redirect(response: httpx.Response, deadline: float) -> tuple[str | None, bytes] | httpx.URL:
                 if response.status_code in _REDIRECT_STATUSES:
@@ -147,4 +147,23 @@ class ArtifactsClient(Transport):
             ServerUnreachable, ServerError.
         """
         digest = hashlib.sha256(data).hexdigest()
-        return self._answer(self._request("PUT", f"/v1/artifacts/{digest}", content=data), ArtifactStored)
+        content = data if self.on_transfer is None else _TellingBytes(data, self.on_transfer)
+        return self._answer(self._request("PUT", f"/v1/artifacts/{digest}", content=content,
+                                          headers={"Content-Length": str(len(data))}), ArtifactStored)
+
+
+class _TellingBytes:
+    """Bytes to upload, sent in parts, each part told to ``told`` (:data:`TransferCallback`);
+    iterable again for a retried attempt."""
+
+    PART = 256 * 1024
+
+    def __init__(self, data: bytes, told: TransferCallback) -> None:
+        self._data, self._told = data, told
+
+    def __iter__(self):
+        view = memoryview(self._data)
+        self._told(0, len(view))
+        for at in range(0, len(view), self.PART):
+            yield bytes(view[at:at + self.PART])
+            self._told(min(at + self.PART, len(view)), len(view))

@@ -7,7 +7,6 @@ from pydantic import ValidationError
 from tunecache.client.http.answers import answer_detail
 from tunecache.client.http.transport import Transport
 from tunecache.contract import Scope, TokenCreate, TokenCreated, TokenRead
-from tunecache.contract.tokens import WhoAmI
 from tunecache.store import TunecacheError
 
 
@@ -38,13 +37,3 @@ class TokensClient(Transport):
     def revoke_token(self, name: str) -> TokenRead:
         """``DELETE /v1/tokens/{name}`` (admin). Raises ServerError (404: no such token)."""
         return self._answer(self._request("DELETE", f"/v1/tokens/{name}"), TokenRead)
-
-    def whoami(self) -> WhoAmI:
-        """``GET /v1/whoami`` (anyone): the name and scope the service reads the token sent as
-        (``anonymous`` for none, or one it does not know), and its version.
-
-        Raises:
-            ServerError: 404 from a server older than the route.
-            ServerUnreachable.
-        """
-        return self._answer(self._request("GET", "/v1/whoami"), WhoAmI)
