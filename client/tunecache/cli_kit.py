@@ -15,18 +15,21 @@ Exit codes (also in docs/pods.md):
 ====  =====================================================================
 0     success (``pull``: tuning installed)
 1     unexpected error
-2     usage error (bad or missing option)
+2     usage error (bad or missing option; a config file that cannot be used)
 3     no compatible tuning on the server (``pull``); the closest ones are printed
-4     server unreachable (connection refused, DNS, timeout), or ``pull``: the install
+4     server unreachable (connection refused, DNS, timeout; with no server given, the local
+      service's recorded address does not prove it is that service), or ``pull``: the install
       deadline (``TUNECACHE_INSTALL_DEADLINE``) passed; nothing was installed
 5     the server answered with an error (4xx/5xx other than a lookup miss)
 6     downloaded artifact corrupt (sha256 mismatch); nothing was installed
 7     bad input file (not a FlashInfer autotune file, unreadable environment file,
       bad model config; ``push``: a file over the size limit, nothing uploaded)
-8     tuning failed (``tune``): the tuner process reported an error, died, or timed out
+8     tuning failed (``tune``): the tuner process reported an error, died, or timed out;
+      ``job wait``: the job failed
 9     database not usable (schema out of date: run ``tunecache db upgrade``; unreachable;
       bad URL)
-10    ``retune --wait``: the job did not finish within ``--wait-timeout`` (it goes on)
+10    ``retune --wait``, ``job wait``: the job did not finish within ``--wait-timeout``
+      (``--timeout``; it goes on)
 11    ``serve`` could not start listening (address in use, bad host)
 12    a local write failed: ``pull``'s install could not be written (disk full,
       permissions; nothing was left half-written), or any command's stdout (``> /dev/full``;
@@ -39,10 +42,13 @@ Exit codes (also in docs/pods.md):
       id and each difference are printed); ``job cancel``: the job already succeeded or
       failed; ``promote``: the run cannot be current (failed, a pod's, or not signed by a
       key the service trusts)
-16    ``retune --wait``: the job was cancelled (``tunecache job cancel``) before it finished
+16    ``retune --wait``, ``job wait``: the job was cancelled (``tunecache job cancel``) before
+      it finished
 17    ``retune --require-worker``: no live GPU worker for the key's GPU; nothing was queued
 18    ``diff --fail-on-regression``: a changed entry is slower beyond its recorded margin
 ====  =====================================================================
+
+``status`` exits with the code of its first failed check (:mod:`tunecache.cli_status`).
 """
 
 from __future__ import annotations
