@@ -14,7 +14,7 @@ A flag or a variable always wins over the file: ``--server`` then ``TUNECACHE_UR
 the file's directory. With no server given anywhere, a command takes the address of the
 ``tunecache serve`` on this machine that recorded where it listens in its data dir
 (:mod:`tunecache.formats.local_token`), and only once that service has proved it holds its
-admin token (:func:`tunecache.cli_client.client_for`): a stale record whose port another
+admin token (:func:`tunecache.cli.client.client_for`): a stale record whose port another
 program now holds is never talked to.
 
 Part of the command kit (stdlib, the contract and :mod:`tunecache.formats` only): the
@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import tomllib
 from pathlib import Path
+
+import typer
 
 from tunecache.formats.local_token import default_data_dir, read_record, token_files
 
@@ -178,6 +181,30 @@ def server_given(source_name: str, value: str) -> Origin | None:
     else:
         _server_origin = _default_origin if _default_origin and _default_origin.url == value else Origin(value, "default")
     return _server_origin
+
+
+def default_server_option() -> str:
+    """``--server``'s default (:func:`default_server`); a config file that cannot be used is
+    one line and exit 2, as the kit's ``fail`` says one (it is read while the command line is
+    parsed)."""
+    try:
+        return default_server()
+    except ConfigError as exc:
+        typer.echo(f"tunecache: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def server_given_option(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
+    """``--server``'s callback: record where it came from (:func:`server_given`); click's
+    "missing option" usage error when no source gave one."""
+    source = ctx.get_parameter_source(param.name)
+    if server_given(getattr(source, "name", "DEFAULT"), value) is None:
+        raise sys.modules[typer.BadParameter.__module__].MissingParameter(ctx=ctx, param=param)
+    return value
+
+
+#: How ``--server`` takes its default (:data:`tunecache.cli_kit.ServerOpt`): the options of its ``typer.Option``.
+SERVER_DEFAULT = {"default_factory": default_server_option, "callback": server_given_option, "show_default": False}
 
 
 def server_origin() -> Origin | None:

@@ -15,21 +15,18 @@ Exit codes (also in docs/pods.md):
 ====  =====================================================================
 0     success (``pull``: tuning installed)
 1     unexpected error
-2     usage error (bad or missing option; a config file that cannot be used)
+2     usage error (bad or missing option)
 3     no compatible tuning on the server (``pull``); the closest ones are printed
-4     server unreachable (connection refused, DNS, timeout; with no server given, the local
-      service's recorded address does not prove it is that service), or ``pull``: the install
+4     server unreachable (connection refused, DNS, timeout), or ``pull``: the install
       deadline (``TUNECACHE_INSTALL_DEADLINE``) passed; nothing was installed
 5     the server answered with an error (4xx/5xx other than a lookup miss)
 6     downloaded artifact corrupt (sha256 mismatch); nothing was installed
 7     bad input file (not a FlashInfer autotune file, unreadable environment file,
       bad model config; ``push``: a file over the size limit, nothing uploaded)
-8     tuning failed (``tune``): the tuner process reported an error, died, or timed out;
-      ``job wait``: the job failed
+8     tuning failed (``tune``): the tuner process reported an error, died, or timed out
 9     database not usable (schema out of date: run ``tunecache db upgrade``; unreachable;
       bad URL)
-10    ``retune --wait``, ``job wait``: the job did not finish within ``--wait-timeout``
-      (``--timeout``; it goes on)
+10    ``retune --wait``: the job did not finish within ``--wait-timeout`` (it goes on)
 11    ``serve`` could not start listening (address in use, bad host)
 12    a local write failed: ``pull``'s install could not be written (disk full,
       permissions; nothing was left half-written), or any command's stdout (``> /dev/full``;
@@ -42,13 +39,10 @@ Exit codes (also in docs/pods.md):
       id and each difference are printed); ``job cancel``: the job already succeeded or
       failed; ``promote``: the run cannot be current (failed, a pod's, or not signed by a
       key the service trusts)
-16    ``retune --wait``, ``job wait``: the job was cancelled (``tunecache job cancel``) before
-      it finished
+16    ``retune --wait``: the job was cancelled (``tunecache job cancel``) before it finished
 17    ``retune --require-worker``: no live GPU worker for the key's GPU; nothing was queued
 18    ``diff --fail-on-regression``: a changed entry is slower beyond its recorded margin
 ====  =====================================================================
-
-``status`` exits with the code of its first failed check (:mod:`tunecache.cli_status`).
 """
 
 from __future__ import annotations
@@ -139,27 +133,8 @@ def fail(code: ExitCode, message: str) -> NoReturn:
     raise Failed(code, message)
 
 
-def _default_server() -> str:
-    """``--server``'s default (:func:`tunecache.cli_config.default_server`); a config file
-    that cannot be used is one line and exit 2."""
-    try:
-        return cli_config.default_server()
-    except cli_config.ConfigError as exc:
-        fail(ExitCode.USAGE, str(exc))
-
-
-def _server_given(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
-    """Record where ``--server`` came from (:func:`tunecache.cli_config.server_given`); click's
-    "missing option" usage error when no source gave one."""
-    source = ctx.get_parameter_source(param.name)
-    if cli_config.server_given(getattr(source, "name", "DEFAULT"), value) is None:
-        raise _click_errors.MissingParameter(ctx=ctx, param=param)
-    return value
-
-
-ServerOpt = Annotated[str, typer.Option(
-    "--server", envvar="TUNECACHE_URL", default_factory=_default_server, callback=_server_given, show_default=False,
-    help="tunecache server URL (default: the config file's server, else the tunecache serve on this machine)")]
+ServerOpt = Annotated[str, typer.Option("--server", envvar="TUNECACHE_URL", **cli_config.SERVER_DEFAULT, help=(
+    "tunecache server URL (default: the config file's server, else the tunecache serve on this machine)"))]
 ModelOpt = Annotated[str, typer.Option("--model", help="model name as given to vLLM (--model)")]
 MnbtOpt = Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="vLLM's max_num_batched_tokens")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="vLLM's --dtype ('auto': as the checkpoint says)")]

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from tunecache.cli_client import client_for
+from tunecache.cli.client import client_for
 from tunecache.cli_kit import ServerOpt, client_errors
-from tunecache.cli_text import aligned, key_text, printable, when
+from tunecache.cli.text import aligned, key_text, printable, when
 from tunecache.contract import MAX_ID, TuningRunRead
 from tunecache.store import TunecacheError
 

@@ -139,7 +139,7 @@ def _source(variable: str, key: str, config: cli_config.ConfigFile | None) -> st
 
 def _server_checks(checks: _Checks, server: str, timeout: float, config) -> None:
     """reachable, health, server version and token."""
-    from tunecache.cli_client import client_settings, client_for
+    from tunecache.cli.client import client_settings, client_for
     from tunecache.store import ServerError, ServerUnreachable, TunecacheError
 
     settings = client_settings().model_copy(update={
@@ -182,7 +182,7 @@ def _server_checks(checks: _Checks, server: str, timeout: float, config) -> None
 
 
 def _trusted_keys_line(checks: _Checks, config) -> None:
-    from tunecache.cli_client import client_settings
+    from tunecache.cli.client import client_settings
     from tunecache.signing import SigningError, load_trusted_keys
 
     value = client_settings().trusted_keys

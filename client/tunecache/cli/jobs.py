@@ -8,9 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from tunecache.cli_client import client_for
+from tunecache.cli.admin import job_app
+from tunecache.cli.client import client_for
 from tunecache.cli_kit import ExitCode, ServerOpt, client_errors, fail
-from tunecache.cli_text import age, aligned, key_text, printable, when
+from tunecache.cli.text import age, aligned, key_text, printable, when
 from tunecache.contract import MAX_ID, JobStatus, TuningJobRead
 from tunecache.store import TunecacheError
 
@@ -191,8 +192,9 @@ def audit(
         typer.echo(f"next page: --before {page.next_before}", err=True)
 
 
-def register(app: typer.Typer, job_app: typer.Typer) -> None:
-    """Add ``job list``, ``job show``, ``job wait`` to ``job_app`` and ``workers``, ``audit`` to ``app``."""
+def register(app: typer.Typer) -> None:
+    """Add ``job list``, ``job show``, ``job wait`` to the ``job`` commands
+    (:data:`tunecache.cli.admin.job_app`), and ``workers`` and ``audit`` to ``app``."""
     job_app.command("list")(job_list)
     job_app.command("show")(job_show)
     job_app.command("wait")(job_wait)

@@ -1,7 +1,7 @@
 """The pod commands' HTTP client, as every command that takes ``--server URL`` opens it: the
 client's settings with ``tunecache --token`` and the config file's (:mod:`tunecache.cli_config`),
-and one line and an exit code for a bad setting. Shared by :mod:`tunecache.cli` and the command
-modules beside it (:mod:`tunecache.cli_retire`)."""
+and one line and an exit code for a bad setting. Shared by the command modules of
+:mod:`tunecache.cli` (pod, fleet, admin, and the operator's: status, jobs, show)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Text of the operator commands' tables (``job list``, ``workers``, ``audit``, ``show``):
+"""Text of the commands' tables (``history``, ``fleet``, ``job list``, ``workers``, ``audit``, ``show``):
 aligned columns of text from the service with its control characters escaped, keys in one
 cell, times and ages."""
 
