@@ -11,16 +11,14 @@ import os
 import socket
 import subprocess
 import threading
-import time
 
-import httpx
 import pytest
 import yaml
 
 from tests.support.cli import MODEL, tunecache_executable
 from tests.support.jobs import H200, stand_in_tuner
 from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG, ROOT
-from tests.support.serve import as_admin, push_run, start_server, stop_server
+from tests.support.serve import push_run, start_server, stop_server
 from tunecache import cli
 from tunecache.cli_kit import ExitCode
 from tunecache.client.environment import environment_from_file
