@@ -99,7 +99,8 @@ def test_the_config_file_gives_server_token_file_and_trusted_keys_and_flags_win(
         f"tunecache: error: config file {config}: unknown key 'profile' (known: server, token_file, trusted_keys)"]
 
 
-def test_without_a_server_a_command_takes_the_local_service_only_once_it_proves_itself(capsys, database_url, tmp_path):
+def test_without_a_server_a_command_takes_the_local_service_only_once_it_proves_itself(capsys, engine, database_url,
+                                                                                      tmp_path):
     process, url = start_server(database_url, tmp_path, "local")  # records where it listens; the token shared
     try:
         push_run(url)
