@@ -33,12 +33,18 @@ def _check_local_service(server: str, settings) -> None:
     origin = cli_config.server_origin()
     if origin is None or origin.local is None or origin.url != server:
         return
+    import ssl
+
     import httpx
 
     from tunecache.client.local_token import local_admin_token
     from tunecache.client.settings import PROOF_TIMEOUT_S
 
-    local = local_admin_token(server, origin.local.token_file.parent, verify=True, timeout=httpx.Timeout(
+    try:  # a service with its own certificate: the CA bundle the client verifies it with
+        verify = ssl.create_default_context(cafile=str(settings.ca_bundle)) if settings.ca_bundle is not None else True
+    except (ssl.SSLError, OSError):
+        verify = True  # the client made with these settings says what is wrong with the bundle
+    local = local_admin_token(server, origin.local.token_file.parent, verify=verify, timeout=httpx.Timeout(
         min(settings.read_timeout, PROOF_TIMEOUT_S), connect=min(settings.connect_timeout, PROOF_TIMEOUT_S)))
     if local.token is None:
         fail(ExitCode.SERVER_UNREACHABLE, f"no --server given, and the tunecache serve recorded in "
