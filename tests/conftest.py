@@ -45,6 +45,8 @@ def _private_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNECACHE_DATA_DIR", str(tmp_path / "tunecache-data"))
     # and what pods installed before (tunecache.client.installed) is this test's own
     monkeypatch.setenv("TUNECACHE_STATE_DIR", str(tmp_path / "pod-state"))
+    # and the command's config file (tunecache.cli_config) is this test's own, none unless it writes one
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     # and its tuners' GPU lock (tunecache.service.tuner.guard) is its own: tests in parallel hold "one GPU" each
     monkeypatch.setenv("TUNECACHE_GPU_LOCK_DIR", str(tmp_path / "gpu-locks"))
     # Tests that post many jobs from one address are not about the rate limit

@@ -64,6 +64,7 @@ from typing import Annotated, Any, Literal, NoReturn, Optional
 import typer
 from pydantic import ValidationError
 
+from tunecache import cli_config
 from tunecache.contract import DEFAULT_ENGINE, DeploymentKey, expert_parallel_size
 from tunecache.store import (
     ArtifactCorrupt,
@@ -132,7 +133,8 @@ def fail(code: ExitCode, message: str) -> NoReturn:
     raise Failed(code, message)
 
 
-ServerOpt = Annotated[str, typer.Option("--server", envvar="TUNECACHE_URL", help="tunecache server URL")]
+ServerOpt = Annotated[str, typer.Option("--server", envvar="TUNECACHE_URL", **cli_config.SERVER_DEFAULT, help=(
+    "tunecache server URL (default: the config file's server, else the tunecache serve on this machine)"))]
 ModelOpt = Annotated[str, typer.Option("--model", help="model name as given to vLLM (--model)")]
 MnbtOpt = Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="vLLM's max_num_batched_tokens")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="vLLM's --dtype ('auto': as the checkpoint says)")]

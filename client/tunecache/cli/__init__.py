@@ -6,9 +6,12 @@ command kit (:mod:`tunecache.cli_kit`: the root app, exit codes, shared options)
 - :mod:`tunecache.cli.pod`: what a pod runs (``push``, ``pull``, ``doctor``);
 - :mod:`tunecache.cli.fleet`: what an operator reads of the fleet (``diff``, ``history``, ``fleet``);
 - :mod:`tunecache.cli.admin`: what an admin changes (``retune``, ``job``, ``promote``, ``pin``,
-  ``unpin``, ``token``, ``keys``, ``retire``).
+  ``unpin``, ``token``, ``keys``, ``retire``);
 - :mod:`tunecache.cli.transfer`: what an operator carries between services (``export``,
-  ``import``).
+  ``import``);
+- the operator's checks and reads: :mod:`tunecache.cli.status` (``status``, ``env``),
+  :mod:`tunecache.cli.jobs` (``job list``, ``job show``, ``job wait``, ``workers``, ``audit``),
+  :mod:`tunecache.cli.show` (``show``, ``completion``).
 
 This module assembles them into :data:`app`. Other distributions add commands through the
 ``tunecache.cli`` entry-point group: each entry is a function that takes the typer app and
@@ -25,7 +28,7 @@ from importlib.metadata import entry_points
 import typer
 
 from tunecache import cli_kit
-from tunecache.cli import admin, fleet, pod, transfer
+from tunecache.cli import admin, fleet, jobs, pod, show, status, transfer
 from tunecache.cli.client import client_for  # the tunecache.server_store entry point's name
 
 __all__ = ["COMMAND_PLUGINS_GROUP", "app", "client_for", "load_command_plugins", "main", "run"]
@@ -34,7 +37,7 @@ __all__ = ["COMMAND_PLUGINS_GROUP", "app", "client_for", "load_command_plugins",
 COMMAND_PLUGINS_GROUP = "tunecache.cli"
 
 app = cli_kit.new_app()
-for audience in (pod, fleet, admin, transfer):  # the order of `tunecache --help`
+for audience in (pod, fleet, admin, status, jobs, show, transfer):  # the order of `tunecache --help`
     audience.register(app)
 
 

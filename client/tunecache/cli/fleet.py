@@ -3,7 +3,7 @@ reads of the whole fleet: the runs recorded, what pods have and want, how two ru
 registered on the ``tunecache`` app by :func:`register`.
 
 Their tables print text from the service, some of it from anonymous pod reports, with its
-control characters escaped (:func:`_printable`).
+control characters escaped (:func:`tunecache.cli.text.printable`).
 """
 
 import datetime as dt
@@ -17,6 +17,7 @@ import typer
 from pydantic import ValidationError
 
 from tunecache.cli.client import client_for
+from tunecache.cli.text import age, aligned, key_text, when
 from tunecache.cli_kit import ExitCode, ServerOpt, client_errors, fail, with_options
 from tunecache.client.http import ServerError
 from tunecache.contract import (
@@ -111,51 +112,6 @@ def diff(
                                   f"{s.regressions} entr{'y' if s.regressions == 1 else 'ies'}")
 
 
-#: Control characters (C0, DEL, C1: what a terminal acts on, ESC and CSI among them) as
-#: ``\xNN``: text in the tables of ``history`` and ``fleet`` comes from the service, and
-#: some of it from anonymous pod reports.
-_CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
-
-
-def _printable(text: str) -> str:
-    """``text`` with its control characters escaped (:data:`_CONTROL_ESCAPES`), so that
-    printing it cannot move the cursor, retitle the terminal or hide what follows."""
-    return text.translate(_CONTROL_ESCAPES)
-
-
-def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
-    """Rows of cells as text lines, each column as wide as its widest cell; control
-    characters in a cell are escaped (:func:`_printable`)."""
-    rows = [tuple(_printable(cell) for cell in row) for row in rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-
-
-def _key_text(key: TuningKey) -> str:
-    """A key in one cell: model, GPU, max_num_batched_tokens, tp, and what else is not the default."""
-    extra = [f"{name}={getattr(key, name)}" for name, default in (("dtype", "auto"), ("quantization", "auto"),
-                                                                  ("data_parallel_size", 1), ("expert_parallel_size", 1))
-             if getattr(key, name) != default]
-    return " ".join([key.model, f"{key.gpu_name} ({key.arch})", f"mnbt={key.max_num_batched_tokens}",
-                     f"tp={key.tensor_parallel_size}", *extra])
-
-
-def _age(seconds: float) -> str:
-    """``45s``, ``12m``, ``5h 3m``, ``2d 4h``."""
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    if seconds < 86400:
-        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
-    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
-
-
-def _when(value: dt.datetime | None) -> str:
-    return "-" if value is None else value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
 def time_option(option: str, value: str | None) -> dt.datetime | None:
     """``--since``/``--until``: an ISO 8601 time (UTC when it names no zone) or an age back
     from now (``90m``, ``24h``, ``7d``, ``30s``); exit 2 naming the option otherwise."""
@@ -226,13 +182,17 @@ def history(
     cursor: Annotated[Optional[str], typer.Option("--cursor", help="continue after a page (the cursor it printed)")] = None,
     all_pages: Annotated[bool, typer.Option("--all", help="every matching run, page after page")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="every matching run as CSV (header first) on stdout")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="the page (with --all: every page) as the API's "
+                                          "TuningRunPage JSON")] = False,
 ) -> None:
     """The tuning history, newest first: id, recorded, status, trigger, key, FlashInfer version, entries, current.
 
-    Filters combine: key fields, --env FIELD=VALUE for any FlashInfer environment field, --status, --trigger, --since/--until, --current-only. One page of --limit runs, then the cursor of the next (--cursor); --all prints every page; --csv streams every matching run as the server's CSV export.
+    Filters combine: key fields, --env FIELD=VALUE for any FlashInfer environment field, --status, --trigger, --since/--until, --current-only. One page of --limit runs, then the cursor of the next (--cursor); --all prints every page; --csv streams every matching run as the server's CSV export; --json prints the page (or every page) as JSON.
 
     Exit 0; 2 for a bad option (named); 4 server unreachable; 5 server error; 13 not authorised.
     """
+    if as_csv and as_json:
+        fail(ExitCode.USAGE, "--csv and --json are two forms of one list: give one")
     params: dict[str, object] = {
         **key_filters, "status": status, "trigger": trigger,
         "since": time_option("--since", since), "until": time_option("--until", until), "current_only": current_only,
@@ -259,15 +219,18 @@ def history(
         except TunecacheError as exc:
             client_errors(exc)
     runs = [run for page in pages for run in page.items]
+    if as_json:
+        typer.echo(pages[-1].model_copy(update={"items": runs}).model_dump_json(indent=2))
+        return
     if not runs:
         typer.echo("no tuning runs match")
         return
     rows = [("ID", "RECORDED (UTC)", "STATUS", "TRIGGER", "KEY", "FLASHINFER", "ENTRIES", "CURRENT")]
-    rows += [(str(r.id), _when(r.created_at), f"{r.status} (retired)" if r.retired_at else str(r.status), str(r.trigger),
-              _key_text(r.key),
+    rows += [(str(r.id), when(r.created_at), f"{r.status} (retired)" if r.retired_at else str(r.status), str(r.trigger),
+              key_text(r.key),
               r.environment.flashinfer_version, "-" if r.entries is None else str(r.entries), "yes" if r.is_current else "")
              for r in runs]
-    for line in _aligned(rows):
+    for line in aligned(rows):
         typer.echo(line)
     last = pages[-1]
     more = f"; next page: --cursor {last.next_cursor}" if last.next_cursor else ""
@@ -300,7 +263,7 @@ def fleet(
     if as_json:
         typer.echo(view.model_dump_json(indent=2))
         return
-    typer.echo(f"fleet over the last {view.hours:g} h (since {_when(view.since)}): "
+    typer.echo(f"fleet over the last {view.hours:g} h (since {when(view.since)}): "
                f"{_shown(len(view.keys), view.offset, view.total_keys, 'key')}, "
                f"{_shown(len(view.wanted), view.wanted_offset, view.total_wanted, 'wanted tuning')}")
     rows = [("KEY", "RUN", "AGE", "ENTRIES", "TRIGGER", "FLASHINFER", "REPORTS", "HIT RATE", "MISSES", "ERRORS")]
@@ -308,13 +271,13 @@ def fleet(
         rate = "-" if k.hit_rate is None else f"{k.hit_rate * 100:.0f}%"
         counts = (str(k.reports), rate, str(k.missed), str(k.errors))
         if not k.current:
-            rows.append((_key_text(k.key), "none", "-", "-", "-", "-", *counts))
+            rows.append((key_text(k.key), "none", "-", "-", "-", "-", *counts))
         for i, run in enumerate(k.current):
-            rows.append((_key_text(k.key) if i == 0 else "", str(run.run_id), _age(run.age_s),
+            rows.append((key_text(k.key) if i == 0 else "", str(run.run_id), age(run.age_s),
                          "-" if run.entries is None else str(run.entries), str(run.trigger), run.flashinfer_version,
                          *(counts if i == 0 else ("", "", "", ""))))
     if view.keys:
-        for line in _aligned(rows):
+        for line in aligned(rows):
             typer.echo(line)
     else:
         typer.echo(f"no keys past {view.offset} of {view.total_keys}" if view.total_keys
@@ -327,9 +290,9 @@ def fleet(
             env_text = (f"flashinfer {w.environment.flashinfer_version}, cuda {w.environment.cuda_version}"
                         if w.environment else w.environment_hash[:12])
             differs = "; ".join(str(d) for d in w.differences) or "-"
-            rows.append((_key_text(w.key), env_text, str(w.sources), str(w.pods), str(w.reports), _when(w.last_asked_at),
+            rows.append((key_text(w.key), env_text, str(w.sources), str(w.pods), str(w.reports), when(w.last_asked_at),
                          "-" if w.closest_run_id is None else f"run {w.closest_run_id}", differs))
-        for line in _aligned(rows):
+        for line in aligned(rows):
             typer.echo(line)
     elif view.total_wanted:
         typer.echo(f"wanted: none past {view.wanted_offset} of {view.total_wanted}")

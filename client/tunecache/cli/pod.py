@@ -31,6 +31,7 @@ from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable
 from tunecache.formats.jit_module import BadJitArtifact
 from tunecache.signing import SigningError, UntrustedRun, load_trusted_keys
 from tunecache.store import NoCompatibleTuning
+from tunecache.transfer_progress import QuietOpt, transfer_progress
 
 
 def register(app: typer.Typer) -> None:
@@ -78,6 +79,7 @@ def push(
     trigger: Annotated[str, typer.Option(help="'upload', or 'pod' for a pod's own tuning (stored unverified)")] = "upload",
     force: Annotated[bool, typer.Option("--force", help="make it current past the service's promotion policy "
                                         "(admin token; audited)")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Upload a FlashInfer autotune cache file; its environment is read from its _metadata.
 
@@ -118,7 +120,8 @@ def push(
             fail(ExitCode.BAD_INPUT, f"{file} is {len(data):,} bytes; the server takes uploads of at most {limit:,} "
                                      "bytes (its TUNECACHE_MAX_UPLOAD_BYTES); nothing was uploaded")
         try:
-            client.upload_artifact(data)
+            with transfer_progress(client, "pushing", quiet):
+                client.upload_artifact(data)
             run = client.record_run(record, force=force)
         except Exception as exc:
             client_errors(exc)
@@ -165,6 +168,7 @@ def pull(
                                                             "VLLM_CACHE_ROOT, else vLLM's default)")] = None,
     triton_cache_dir: Annotated[Optional[Path], typer.Option(help="--warm-state: Triton's cache (default: "
                                                              "TRITON_CACHE_DIR, else Triton's default)")] = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Fetch the tuning matching this GPU and environment and install it where FlashInfer or vLLM read it.
 
@@ -212,7 +216,8 @@ def pull(
         ArtifactKind.VLLM_COMPILE_CACHE: vllm_cache_root, ArtifactKind.VLLM_MODELINFOS: vllm_cache_root})
     with client_for(server, settings) as client:
         try:  # reported to the server when done, in the background (TUNECACHE_REPORT=0: not)
-            installed = fetch_and_install(client, key, env, target, trusted, ReportSource.CLI)
+            with transfer_progress(client, "pulling", quiet):
+                installed = fetch_and_install(client, key, env, target, trusted, ReportSource.CLI)
         except NoCompatibleTuning as exc:
             fail(ExitCode.NO_COMPATIBLE_TUNING, exc.explain())
         except UntrustedRun as exc:

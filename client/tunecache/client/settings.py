@@ -107,9 +107,9 @@ def _is_local(url: str) -> bool:
 def default_token_file() -> Path:
     """``admin.token`` in the data dir of a ``tunecache serve`` on this machine
     (``$TUNECACHE_DATA_DIR``, else ``$XDG_DATA_HOME/tunecache`` or ``~/.local/share/tunecache``)."""
-    data_dir = os.environ.get("TUNECACHE_DATA_DIR") or os.path.join(
-        os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"), "tunecache")
-    return Path(data_dir) / "admin.token"
+    from tunecache.formats.local_token import ADMIN_TOKEN, default_data_dir
+
+    return default_data_dir() / ADMIN_TOKEN
 
 
 class ClientSettings(BaseSettings):

@@ -75,6 +75,21 @@ class TokenProof(BaseModel):
     proof: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+class WhoAmI(BaseModel):
+    """Answer of ``GET /v1/whoami``: who the service takes the caller for, and which service it is.
+
+    ``name`` and ``scope`` of the token sent; ``anonymous`` and no scope without one, or for
+    a token the service does not know (unknown, revoked, malformed): it is then read as none."""
+
+    name: str = Field(max_length=64)
+    scope: Scope | None = None
+    server_version: str = Field(max_length=64, description="the service's tunecache-server version")
+
+    @property
+    def anonymous(self) -> bool:
+        return self.scope is None
+
+
 def token_proof(secret_sha256: str, challenge: str, host: str, port: int) -> str:
     """What a service proves it holds a token with, without the token travelling: HMAC-SHA256
     keyed with the sha256 (hex) of the token's secret (all the service stores of it) over the

@@ -54,6 +54,14 @@ class LocalAdminToken(BaseModel):
     listeners: list[Listener] = Field(max_length=MAX_LISTENERS, description="where it listens, newest last")
 
 
+def default_data_dir() -> Path:
+    """The data dir of a ``tunecache serve`` on this machine, as the service and its clients
+    read it: ``$TUNECACHE_DATA_DIR``, else ``$XDG_DATA_HOME/tunecache`` or
+    ``~/.local/share/tunecache``."""
+    return Path(os.environ.get("TUNECACHE_DATA_DIR") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share"), "tunecache"))
+
+
 def record_path(token_file: Path) -> Path:
     """The record beside ``token_file`` (``admin.token`` -> ``admin.token.json``)."""
     return token_file.with_name(token_file.name + ".json")

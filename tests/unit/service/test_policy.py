@@ -55,6 +55,8 @@ EXPECTED = {
     # proves the service holds a token without it travelling (a local client asks before it
     # sends the local admin token: tunecache.client.local_token)
     ("GET", "/v1/token-proof"): PUBLIC,
+    # who the caller's own token is (tunecache status)
+    ("GET", "/v1/whoami"): PUBLIC,
     ("GET", "/v1/audit"): requires(Scope.ADMIN),
     ("GET", "/metrics"): READ,
 }

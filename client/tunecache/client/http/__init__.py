@@ -10,8 +10,8 @@ each a :class:`~tunecache.client.http.transport.Transport` with that resource's 
 :mod:`~tunecache.client.http.runs` (lookup, history, record, promote, pin),
 :mod:`~tunecache.client.http.artifacts`, :mod:`~tunecache.client.http.reports` (the fleet
 view and install reports), :mod:`~tunecache.client.http.jobs`,
-:mod:`~tunecache.client.http.workers`, :mod:`~tunecache.client.http.tokens` and
-:mod:`~tunecache.client.http.audit`. :class:`TunecacheClient` is all of them over one
+:mod:`~tunecache.client.http.workers`, :mod:`~tunecache.client.http.tokens`,
+:mod:`~tunecache.client.http.audit` and :mod:`~tunecache.client.http.service` (health, whoami). :class:`TunecacheClient` is all of them over one
 connection, and what every caller uses.
 """
 
@@ -24,6 +24,7 @@ from tunecache.client.http.audit import AuditClient
 from tunecache.client.http.jobs import JobsClient
 from tunecache.client.http.reports import ReportsClient, reports_enabled_by_environment
 from tunecache.client.http.runs import RunsClient
+from tunecache.client.http.service import ServiceClient
 from tunecache.client.http.tokens import TokensClient
 from tunecache.client.http.answers import retry_after_seconds
 from tunecache.client.http.transport import (
@@ -61,7 +62,8 @@ __all__ = [
 ]
 
 
-class TunecacheClient(RunsClient, ArtifactsClient, ReportsClient, JobsClient, WorkersClient, TokensClient, AuditClient):
+class TunecacheClient(RunsClient, ArtifactsClient, ReportsClient, JobsClient, WorkersClient, TokensClient, AuditClient,
+                      ServiceClient):
     """Talks to one tunecache server, every API resource over one connection; implements
     :class:`tunecache.store.TuningStore`.
 

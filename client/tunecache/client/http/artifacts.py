@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from tunecache.client.http.answers import answer_detail, body_detail
 from tunecache.client.http.stall import StallWatch
-from tunecache.client.http.transport import RETRY_STATUSES, Transient, Transport, transient_status
+from tunecache.client.http.transport import RETRY_STATUSES, Transient, TransferCallback, Transport, transient_status
 from tunecache.contract import ArtifactStored, Health
 from tunecache.formats.tarball import max_unpack_bytes
 from tunecache.store import ArtifactCorrupt, DownloadTruncated, ServerError, file_sha256
@@ -51,7 +51,7 @@ class ArtifactsClient(Transport):
                 if response.is_error:
                     raise self.error_of(response.status_code, body_detail(self._read_body(response, deadline)))
                 return response.headers.get("content-length"), self._read_body(response, deadline, sink=digest.update,
-                                                                               max_bytes=max_unpack_bytes())
+                                                                               max_bytes=max_unpack_bytes(), transfer=True)
 
             def read_or_redirect(response: httpx.Response, deadline: float) -> tuple[str | None, bytes] | httpx.URL:
                 if response.status_code in _REDIRECT_STATUSES:
@@ -110,7 +110,8 @@ class ArtifactsClient(Transport):
                     raise transient_status(response, body_detail(self._read_body(response, deadline)))
                 if response.is_error:
                     raise self.error_of(response.status_code, body_detail(self._read_body(response, deadline)))
-                self._read_body(response, deadline, sink=sink, max_bytes=limit, watch=attempt, keep=False)
+                self._read_body(response, deadline, sink=sink, max_bytes=limit, watch=attempt, keep=False,
+                                transfer=True)
                 return response.headers.get("content-length")
 
             def read_or_redirect(response: httpx.Response, deadline: float) -> str | None | httpx.URL:
@@ -154,6 +155,7 @@ class ArtifactsClient(Transport):
                              max_retry_after_s=self.max_retry_after_s, install_deadline_s=self.install_deadline_s,
                              **({"reports": False} if hasattr(self, "reports") else {}), **self._connection_options)
         sibling._deadline, sibling._deadline_s = self._deadline, self._deadline_s
+        sibling.on_transfer = self.on_transfer  # one progress for every download of the install
         return sibling
 
     def _redirect_target(self, response: httpx.Response, sha256: str) -> httpx.URL:
@@ -225,4 +227,23 @@ class ArtifactsClient(Transport):
             ServerUnreachable, ServerError.
         """
         digest = hashlib.sha256(data).hexdigest()
-        return self._answer(self._request("PUT", f"/v1/artifacts/{digest}", content=data), ArtifactStored)
+        content = data if self.on_transfer is None else _TellingBytes(data, self.on_transfer)
+        return self._answer(self._request("PUT", f"/v1/artifacts/{digest}", content=content,
+                                          headers={"Content-Length": str(len(data))}), ArtifactStored)
+
+
+class _TellingBytes:
+    """Bytes to upload, sent in parts, each part told to ``told`` (:data:`TransferCallback`);
+    iterable again for a retried attempt."""
+
+    PART = 256 * 1024
+
+    def __init__(self, data: bytes, told: TransferCallback) -> None:
+        self._data, self._told = data, told
+
+    def __iter__(self):
+        view = memoryview(self._data)
+        self._told(0, len(view))
+        for at in range(0, len(view), self.PART):
+            yield bytes(view[at:at + self.PART])
+            self._told(min(at + self.PART, len(view)), len(view))

@@ -6,7 +6,7 @@ from pydantic import ValidationError
 
 from tunecache.client.http.answers import answer_detail
 from tunecache.client.http.transport import Transport
-from tunecache.contract import JobConflict, TuningJobCreate, TuningJobRead
+from tunecache.contract import JobConflict, JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead
 from tunecache.store import JobConflictError, ServerError
 
 
@@ -30,6 +30,11 @@ class JobsClient(Transport):
                 raise ServerError(409, answer_detail(response)) from None
             raise JobConflictError(conflict)
         return self._answer(response, TuningJobRead)
+
+    def list_jobs(self, status: JobStatus | None = None, limit: int = 50, offset: int = 0) -> TuningJobPage:
+        """``GET /v1/tuning-jobs``: a page of jobs, newest first (of ``status`` when given)."""
+        params = {"limit": limit, "offset": offset} | ({"status": str(status)} if status is not None else {})
+        return self._answer(self._request("GET", "/v1/tuning-jobs", params=params), TuningJobPage)
 
     def get_job(self, job_id: int) -> TuningJobRead:
         """``GET /v1/tuning-jobs/{id}``: status, stage, step/total, log tail, timings."""

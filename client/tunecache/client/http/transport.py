@@ -82,6 +82,18 @@ def max_answer_bytes() -> int:
     return positive_whole_setting("TUNECACHE_MAX_ANSWER_BYTES", DEFAULT_MAX_ANSWER_BYTES)
 
 
+#: What a client tells of one artifact transfer as it goes (:attr:`Transport.on_transfer`):
+#: ``(bytes done, bytes in all)``, ``(0, total)`` when it starts; ``total`` is ``None`` where
+#: the other side does not say. A retried transfer starts again at 0.
+TransferCallback = Callable[[int, int | None], None]
+
+
+def _content_length(response: httpx.Response) -> int | None:
+    """The body's announced size (``None``: not announced, or not a number)."""
+    value = response.headers.get("content-length", "")
+    return int(value) if value.isdigit() else None
+
+
 class Transient(Exception):
     """A failure worth another attempt; carries the error to raise when attempts run out,
     and the seconds the server asked to wait (``Retry-After``), if it did."""
@@ -204,6 +216,9 @@ class Transport:
         self._connection_options: dict[str, Any] = dict(token=token, token_source=token_source, ca_bundle=ca_bundle,
                                                         allow_insecure=allow_insecure, transport=transport)
         self.token_source = token_source or ("a token given" if token else "no token")
+        #: Told of each artifact's bytes as they are received or sent (:data:`TransferCallback`);
+        #: ``None``: nobody is. Set by whoever shows progress (``tunecache pull``, ``push``).
+        self.on_transfer: TransferCallback | None = None
         self.attempts = max(1, attempts)
         self.read_timeout_s = read_timeout_s
         self.total_timeout_s = total_timeout_s
@@ -416,13 +431,14 @@ class Transport:
             self._request_end = outer
 
     def _read_body(self, response: httpx.Response, deadline: float, sink=None, max_bytes: int | None = None,
-                   watch: StallWatch | None = None, keep: bool = True) -> bytes:
+                   watch: StallWatch | None = None, keep: bool = True, transfer: bool = False) -> bytes:
         """Read a streamed body before ``deadline`` (monotonic seconds: the attempt's end,
         the install deadline's if sooner); ``sink`` sees each part. At most ``max_bytes``
         (as decoded: a gzip'd answer is counted as it expands; default
         :func:`max_answer_bytes`) are read. ``watch``: each part is counted by it (a stalled
         body raises :class:`~tunecache.client.http.stall.DownloadStalled`); ``keep=False``:
         the parts go to ``sink`` only and ``b""`` is returned (a body streamed to a file).
+        ``transfer``: :attr:`on_transfer` is told of the body's bytes as they arrive.
 
         Raises:
             InstallDeadlineExceeded: the install deadline came first.
@@ -431,6 +447,9 @@ class Transport:
         """
         limit = max_answer_bytes() if max_bytes is None else max_bytes
         parts, size = [], 0
+        told = self.on_transfer if transfer else None
+        if told is not None:
+            told(0, _content_length(response))
         for part in response.iter_bytes():
             size += len(part)
             if size > limit:
@@ -447,6 +466,8 @@ class Transport:
                 raise self._total_timeout_error(answered=True)
             if sink is not None:
                 sink(part)
+            if told is not None:
+                told(size, _content_length(response))
             if keep:
                 parts.append(part)
         return b"".join(parts)

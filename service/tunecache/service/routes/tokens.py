@@ -7,13 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
 from tunecache.contract import TOKEN_NAME_PATTERN, ErrorBody, TokenCreate, TokenCreated, TokenRead
-from tunecache.contract.tokens import CHALLENGE_PATTERN, TOKEN_ID_PATTERN, TokenProof
+from tunecache.contract.tokens import CHALLENGE_PATTERN, TOKEN_ID_PATTERN, TokenProof, WhoAmI
 from tunecache.service import tokens
 from tunecache.service.deps import SessionDep, SettingsDep
 from tunecache.service.policy import AdminCaller, PublicCaller
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
-#: ``/v1/token-proof``: beside ``/v1/tokens/{name}``, whose names it would shadow.
+#: ``/v1/token-proof`` and ``/v1/whoami``: beside ``/v1/tokens/{name}``, whose names they would shadow.
 proof_router = APIRouter(tags=["tokens"])
 
 TokenName = Annotated[str, Path(pattern=TOKEN_NAME_PATTERN, description="the token's name")]
@@ -50,6 +50,15 @@ def prove_token(
     the admin token that ``tunecache serve`` wrote there, so that token goes to that service
     only, never to another listener or another service (``tunecache.client.local_token``)."""
     return TokenProof(proof=tokens.prove_token(session, token_id, challenge, settings.host, settings.port))
+
+
+@proof_router.get("/whoami", response_model=WhoAmI)
+def whoami(caller: PublicCaller, request: Request) -> WhoAmI:
+    """Who the service takes the caller for: the name and scope of the token sent, or
+    ``anonymous`` (no token, or one it does not know: unknown, revoked, malformed), and the
+    service's version. Open to anyone, who learns nothing but what their own token is
+    (``tunecache status`` asks it)."""
+    return WhoAmI(name=caller.name, scope=caller.scope, server_version=str(request.app.version)[:64])
 
 
 @router.get("", response_model=list[TokenRead])
