@@ -14,7 +14,8 @@
 
 Like :mod:`tunecache.service.repository`, functions take a session whose transaction
 the caller owns (the request's transaction, or one ``with sessions.begin()`` per job-worker
-step: claim, heartbeat, finish) and return the contract's read models; none commits.
+step: claim, heartbeat, and the job's end, which :func:`finish` records in the transaction
+that records its run) and return the contract's read models; none commits.
 """
 
 from __future__ import annotations

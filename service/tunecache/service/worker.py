@@ -7,8 +7,9 @@ lease and stores its progress; if the lease is lost the result is dropped; if th
 cancelled (``DELETE /v1/tuning-jobs/{id}``) the tuner's child is terminated and the job
 recorded ``cancelled``, with no run. The worker itself beats too (the ``workers`` table),
 so that clients can tell whether any live worker will take a job for its GPU. Each step
-(claim, heartbeat, finish) is one transaction of its own; the result is recorded through
-:class:`tunecache.service.store.SqlTuningStore`, as ``tunecache tune --database`` records it.
+(claim, heartbeat, the job's end) is one transaction of its own; the run a job made and the
+job's end are one transaction (:class:`JobEnd`), so a worker that dies between them leaves
+neither and its job is tuned again, with one run in the end.
 """
 
 from __future__ import annotations
@@ -32,8 +33,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunecache.contract import RunTrigger, RunVerification, StageChanged, StageProgress, TunerError, TunerEvent
-from tunecache.service import jobs
+from tunecache.contract import (
+    RunTrigger,
+    RunVerification,
+    StageChanged,
+    StageProgress,
+    TunerError,
+    TunerEvent,
+    TuningRunCreate,
+    TuningRunRead,
+)
+from tunecache.service import jobs, publishing
 from tunecache.service import metrics
 from tunecache.service.store import SqlTuningStore
 from tunecache.service.tuner.model_config import ModelConfigUnavailable, load_job_model_config
@@ -146,6 +156,65 @@ def image_vllm_version() -> str | None:
         return version("vllm")
     except PackageNotFoundError:
         return None
+
+
+class LeaseLost(RuntimeError):
+    """The worker no longer holds its job (its lease expired and another worker claimed it)
+    when it came to record the job's end: nothing of its result is recorded."""
+
+
+class JobEnd:
+    """How a job's result is recorded: the :class:`~tunecache.store.TuningStore` the tuning
+    records through (:meth:`TunerResult.record <tunecache.service.tuner.process.TunerResult.record>`),
+    whose :meth:`record_run` records the run and marks the job finished with it (succeeded,
+    or failed with ``error``) in one transaction. A worker that dies between the two thus
+    leaves neither: its job is claimed again and ends with the run of its next tuning, never
+    with a run recorded beside it.
+
+    Args:
+        store: the database's store (the artifacts' bytes are uploaded through it, each in a
+            transaction of its own, before the run is recorded).
+        job_id, worker: the job and the worker that holds it.
+        error: the job's error (a failed tuning), ``None`` for a succeeded one.
+        log_tail: the tuner's last lines, kept on the job.
+    """
+
+    def __init__(self, store: SqlTuningStore, job_id: int, worker: str, *, error: str | None = None,
+                 log_tail: str | None = None):
+        self.store = store
+        self.job_id = job_id
+        self.worker = worker
+        self.error = error
+        self.log_tail = log_tail
+
+    def upload_file(self, path: Path, again: bool = False) -> str:
+        return self.store.upload_file(path, again)
+
+    def record_run(self, run: TuningRunCreate) -> TuningRunRead:
+        """Record ``run`` (:func:`tunecache.service.publishing.record_run`) and the job's end
+        with it, in one transaction.
+
+        Raises:
+            LeaseLost: the worker no longer holds the job (nothing is recorded).
+            ArtifactsMissing, IndeterminateEnvironment: as ``record_run`` (nothing is recorded).
+        """
+        with self.store.sessions.begin() as session:
+            recorded = publishing.record_run(session, run, trusted_keys=self.store.trusted_keys)
+            self._finish(session, recorded.id)
+        return recorded
+
+    def without_run(self) -> None:
+        """Record the job's end with no run (a tuner that failed before it knew its GPU).
+
+        Raises:
+            LeaseLost: the worker no longer holds the job.
+        """
+        with self.store.sessions.begin() as session:
+            self._finish(session, None)
+
+    def _finish(self, session: Session, run_id: int | None) -> None:
+        if not jobs.finish(session, self.job_id, self.worker, run_id=run_id, error=self.error, log_tail=self.log_tail):
+            raise LeaseLost(f"job {self.job_id} is no longer held by {self.worker}")
 
 
 class JobWorker:
@@ -387,20 +456,23 @@ class JobWorker:
                 metrics.observe_job("cancelled", time.monotonic() - started)
                 return
             store = SqlTuningStore(self.sessions, trusted_keys=self.trusted_keys)
-            if failure is not None:
-                record = failure.run_record(spec, RunTrigger.HTTP, self.name)
-                run_id = store.record_run(record).id if record is not None else None
-                tail = "\n".join([progress.get("log_tail") or "", failure.log_tail]).strip()
-                with self.sessions.begin() as session:
-                    jobs.finish(session, job_id, self.name, run_id=run_id, error=failure.message, log_tail=tail)
-                metrics.observe_job("failed", time.monotonic() - started)
-            else:
-                run = result.record(store, spec, RunTrigger.HTTP, self.name, self.signing_key)
-                with self.sessions.begin() as session:
-                    jobs.finish(session, job_id, self.name, run_id=run.id, log_tail=progress.get("log_tail"))
-                metrics.observe_job("succeeded", time.monotonic() - started)
-                if spec.warmup == "vllm" and self.verify is not None:
-                    self._verify(store, run.id, spec, work / "verification")
+            try:
+                if failure is not None:
+                    record = failure.run_record(spec, RunTrigger.HTTP, self.name)
+                    tail = "\n".join([progress.get("log_tail") or "", failure.log_tail]).strip()
+                    end = JobEnd(store, job_id, self.name, error=failure.message, log_tail=tail)
+                    end.record_run(record) if record is not None else end.without_run()
+                    metrics.observe_job("failed", time.monotonic() - started)
+                    return
+                end = JobEnd(store, job_id, self.name, log_tail=progress.get("log_tail"))
+                run = result.record(end, spec, RunTrigger.HTTP, self.name, self.signing_key)
+            except LeaseLost as exc:
+                log.warning("worker %s: %s; its result is dropped", self.name, exc)
+                metrics.observe_job("lost", time.monotonic() - started)
+                return
+            metrics.observe_job("succeeded", time.monotonic() - started)
+            if spec.warmup == "vllm" and self.verify is not None:
+                self._verify(store, run.id, spec, work / "verification")
 
     def _verify(self, store: SqlTuningStore, run_id: int, spec: TuneSpec, scratch: Path) -> None:
         """The recorded vLLM warmup's verification boot, stored with its run. Never raises: a
