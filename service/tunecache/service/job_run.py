@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.contract import (
+    JobOptions,
     RunTrigger,
     RunVerification,
     StageChanged,
@@ -176,10 +177,11 @@ class JobRun:
         self.lease_lost = threading.Event()
         self._tuned = threading.Event()
 
-    def run(self, key: TuningKey, hf_config: dict[str, Any] | None, options: dict[str, Any]) -> None:
+    def run(self, key: TuningKey, hf_config: dict[str, Any] | None, stored_options: dict[str, Any]) -> None:
         """Tune the job's ``key`` with its stored ``hf_config`` (the node's model config
-        directory's when ``None``) and ``options``, and record its end."""
-        spec = self._spec(key, hf_config, options)
+        directory's when ``None``) and options (:class:`~tunecache.contract.JobOptions` as
+        stored), and record its end."""
+        spec = self._spec(key, hf_config, stored_options)
         if spec is not None:
             self._tune(spec)
 
@@ -193,7 +195,8 @@ class JobRun:
         except LeaseLost as exc:
             log.warning("worker %s: %s", self.settings.worker, exc)
 
-    def _spec(self, key: TuningKey, hf_config: dict[str, Any] | None, options: dict[str, Any]) -> TuneSpec | None:
+    def _spec(self, key: TuningKey, hf_config: dict[str, Any] | None,
+              stored_options: dict[str, Any]) -> TuneSpec | None:
         """The job's tuner spec, or ``None`` when it has none (the job is then failed)."""
         settings = self.settings
         try:
@@ -203,13 +206,16 @@ class JobRun:
             self._fail(str(exc), exc.detail if exc.detail != str(exc) else "")
             return None
         try:
-            return TuneSpec(deployment=key.deployment(), hf_config=config, gemm_backends=options.get("gemm_backends"),
-                            stages=options.get("stages"), warmup=options.get("warmup") or "stages",
-                            engine_args=options.get("engine_args") or {})
+            options = JobOptions.model_validate(stored_options)
+            return TuneSpec(deployment=key.deployment(), hf_config=config, gemm_backends=options.gemm_backends,
+                            stages=options.stages, warmup=options.warmup, engine_args=options.engine_args or {})
         except ValidationError as exc:
             # a row stored before a rule of the contract (an engine argument the allow-list now
-            # refuses: tunecache.contract.engine_args) or written past the API: nothing runs
-            self._fail(str(exc.errors()[0]["msg"]).removeprefix("Value error, "))
+            # refuses: tunecache.contract.engine_args; an option it does not know) or written
+            # past the API: nothing runs
+            problem = exc.errors()[0]
+            message, where = str(problem["msg"]).removeprefix("Value error, "), ".".join(map(str, problem["loc"]))
+            self._fail(message if not where or message.startswith(where) else f"{where}: {message}")
             return None
 
     def _store(self) -> SqlTuningStore:
