@@ -25,7 +25,7 @@ Each run holds:
   with the sizes printed beside them.
 
 Then the node's pods download the new runs' artifacts: each is mirrored into the artifact
-files (:meth:`tunecache.service.hot_path.ArtifactFiles.mirror`), as the first download on a
+files (:meth:`tunecache.service.artifact_files.ArtifactFiles.mirror`), as the first download on a
 node does.
 
 Each database gets two stores, one after the other in the same bench run:
@@ -39,7 +39,7 @@ Each database gets two stores, one after the other in the same bench run:
 The simulated clock: ``repository.utcnow`` and ``blobs.utcnow`` are replaced by a clock at
 the night's date (runs' and blobs' ``created_at``), and the pass gets its ``now``. The mirror
 orders its files by their access time on the real clock (written in night order), and the
-"used within the last minute" protection is off here (``hot_path.IN_USE_S = 0``: in the
+"used within the last minute" protection is off here (``artifact_files.IN_USE_S = 0``: in the
 service a file is at most a minute younger than its use; here a whole year is written in
 minutes).
 
@@ -78,8 +78,8 @@ from sqlalchemy import create_engine, func, insert, select, text, update
 
 from tunecache.contract import ArtifactKind, TuningKey, TuningRunCreate
 from tunecache.formats.autotune_file import parse_autotune_file
-from tunecache.service import blobs, db, hot_path, publishing, repository
-from tunecache.service.hot_path import ArtifactFiles
+from tunecache.service import artifact_files, blobs, db, publishing, repository
+from tunecache.service.artifact_files import ArtifactFiles
 from tunecache.service.models import (ArtifactBlob, ArtifactChunk, CurrentTuning, RunArtifact, TuningGeneration,
                                       TuningRun)
 from tunecache.service.retention import RetentionPolicy, run_pass
@@ -286,7 +286,7 @@ def main() -> None:
     parser.add_argument("--no-vacuum", action="store_true", help="on PostgreSQL, no VACUUM after each night")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    hot_path.IN_USE_S = 0.0  # see the module's docstring
+    artifact_files.IN_USE_S = 0.0  # see the module's docstring
     policy = RetentionPolicy(keep=args.keep, grace=dt.timedelta(hours=1), mirror_max_bytes=args.mirror_max_bytes)
     print(f"{args.nights} nights x {args.keys} keys = {args.nights * args.keys:,} runs per store; each run: the "
           f"{len(AUTOTUNE_FILE.read_bytes()):,} B autotune file (the same every night) and {args.modules} JIT module(s) "

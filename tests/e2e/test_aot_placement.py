@@ -32,10 +32,10 @@ def push_aot_run(server, tmp_path, signing_key, ranks, **env) -> int:
     shutil.rmtree(scratch)  # gone, as a tuning job's scratch is
     assert summary["aot"]["ranks"][0]["device_index"] == ranks[0]
     payload = run_payload(CUDNN_FILE, h200_key())
-    for blob in [CUDNN_FILE.read_bytes()] + [(out / a["path"]).read_bytes() for a in artifacts]:
+    for blob in [CUDNN_FILE.read_bytes()] + [(out / a.path).read_bytes() for a in artifacts]:
         assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code in (200, 201)
-    payload["artifacts"] += [{"kind": a["kind"], "name": a["name"], "media_type": a["media_type"],
-                              "sha256": hashlib.sha256((out / a["path"]).read_bytes()).hexdigest()} for a in artifacts]
+    payload["artifacts"] += [{"kind": a.kind, "name": a.name, "media_type": a.media_type,
+                              "sha256": hashlib.sha256((out / a.path).read_bytes()).hexdigest()} for a in artifacts]
     payload["summary"]["vllm_compile"] = summary
     answer = as_admin.post(f"{server}/v1/tunings", json=signed(payload, signing_key))
     assert answer.status_code == 201, answer.text

@@ -200,10 +200,10 @@ def test_vllm_025_single_file_and_the_jit_modules_built_during_the_run(tmp_path,
     harvested = run_vllm_warmup(spec(tensor_parallel_size=1), tmp_path / "scratch", out)
     assert harvested["ranks"] == [(0, 0)]
     assert harvested["autotune_file"].read_bytes() == CUDNN_FILE.read_bytes()
-    assert [a["module"] for a in harvested["jit"]] == ["batch_prefill_with_kv_cache_fa2"]
-    [jit] = [a for a in harvested["artifacts"] if a["kind"] == ArtifactKind.FLASHINFER_JIT_MODULE]
-    assert jit["name"] == "flashinfer-jit/batch_prefill_with_kv_cache_fa2.tar.gz"
-    with tarfile.open(out / jit["path"]) as tar:
+    assert [a.module for a in harvested["jit"]] == ["batch_prefill_with_kv_cache_fa2"]
+    [jit] = [a for a in harvested["artifacts"] if a.kind == ArtifactKind.FLASHINFER_JIT_MODULE]
+    assert jit.name == "flashinfer-jit/batch_prefill_with_kv_cache_fa2.tar.gz"
+    with tarfile.open(out / jit.path) as tar:
         assert tar.extractfile("cached_ops/batch_prefill_with_kv_cache_fa2/batch_prefill_with_kv_cache_fa2.so").read() \
             == b"ELF built now"
 
@@ -223,14 +223,14 @@ def test_harvest_per_rank_files_v2_store_and_deep_gemm(tmp_path):
     harvested = harvest_vllm_cache(scratch, out)
     assert harvested["ranks"] == [(0, 0), (0, 1)]
     assert harvested["autotune_file"].read_bytes() == CUDNN_FILE.read_bytes()  # rank 0 is the run's file
-    kinds = {a["name"]: a["kind"] for a in harvested["artifacts"]}
+    kinds = {a.name: a.kind for a in harvested["artifacts"]}
     assert kinds == {
         f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank0.json": ArtifactKind.VLLM_RANK_FILE,
         f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank1.json": ArtifactKind.VLLM_RANK_FILE,
         "deep-gemm-jit-cache.tar.gz": ArtifactKind.DEEP_GEMM_JIT_CACHE,
     }
     for artifact in harvested["artifacts"]:
-        assert (out / artifact["path"]).is_file()
+        assert (out / artifact.path).is_file()
     with tarfile.open(out / "deep-gemm-jit-cache.tar.gz") as tar:
         assert tar.getnames() == ["cache/kernel.abc/kernel.cubin"]
 
@@ -246,8 +246,8 @@ def test_harvest_a_v2_store_written_by_flashinfer(tmp_path):
     harvested = harvest_vllm_cache(tmp_path / "scratch", out)
     assert harvested["autotune_file"] is None and harvested["ranks"] == []
     [v2] = harvested["artifacts"]
-    assert v2["kind"] == ArtifactKind.FLASHINFER_V2_STORE
-    with tarfile.open(out / v2["path"]) as tar:
+    assert v2.kind == ArtifactKind.FLASHINFER_V2_STORE
+    with tarfile.open(out / v2.path) as tar:
         names = tar.getnames()
     assert f"{store.env_hash}/manifest.json" in names
     assert sum(n.startswith(f"{store.env_hash}/entries/") for n in names) == 42

@@ -44,10 +44,10 @@ def push_warm_run(server, tmp_path, signing_key, **overrides) -> int:
     shutil.rmtree(scratch)  # gone, as a tuning job's scratch is: pods never read the node's paths
     assert summary["names_checked"] == {"backbone": True, "aot": True}
     payload = run_payload(CUDNN_FILE, h200_key(), variant=VariantFactors.model_validate(summary["variant_factors"]).variant)
-    for blob in [CUDNN_FILE.read_bytes()] + [(out / a["path"]).read_bytes() for a in artifacts]:
+    for blob in [CUDNN_FILE.read_bytes()] + [(out / a.path).read_bytes() for a in artifacts]:
         assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code in (200, 201)
-    payload["artifacts"] += [{"kind": a["kind"], "name": a["name"], "media_type": a["media_type"],
-                              "sha256": hashlib.sha256((out / a["path"]).read_bytes()).hexdigest()} for a in artifacts]
+    payload["artifacts"] += [{"kind": a.kind, "name": a.name, "media_type": a.media_type,
+                              "sha256": hashlib.sha256((out / a.path).read_bytes()).hexdigest()} for a in artifacts]
     payload["summary"]["vllm_compile"] = summary
     if overrides.get("dependencies"):  # the package versions the tuner recorded
         payload["summary"]["dependencies"] = overrides["dependencies"]
@@ -238,10 +238,10 @@ def test_pull_warm_state_installs_the_tilelang_cute_dsl_and_tvm_ffi_caches(serve
     out.mkdir()
     artifacts, _ = harvest_warm_state(tuner_scratch(tmp_path), out)
     payload = run_payload(CUDNN_FILE, h200_key())
-    for blob in [CUDNN_FILE.read_bytes()] + [(out / a["path"]).read_bytes() for a in artifacts]:
+    for blob in [CUDNN_FILE.read_bytes()] + [(out / a.path).read_bytes() for a in artifacts]:
         assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code in (200, 201)
-    payload["artifacts"] += [{"kind": a["kind"], "name": a["name"], "media_type": a["media_type"],
-                              "sha256": hashlib.sha256((out / a["path"]).read_bytes()).hexdigest()} for a in artifacts]
+    payload["artifacts"] += [{"kind": a.kind, "name": a.name, "media_type": a.media_type,
+                              "sha256": hashlib.sha256((out / a.path).read_bytes()).hexdigest()} for a in artifacts]
     assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
     for variable in VARIABLES:
         monkeypatch.delenv(variable, raising=False)

@@ -101,8 +101,8 @@ def two_runs(server, tmp_path, signing_key) -> dict[str, dict]:
     out.mkdir()
     artifacts, summary = harvest_warm_state(scratch, out)
     shutil.rmtree(scratch)
-    spec = lambda a: {k: a[k] for k in ("kind", "name", "media_type")}  # noqa: E731
-    warm = [(spec(a), (out / a["path"]).read_bytes()) for a in artifacts]
+    spec = lambda a: a.model_dump(mode="json", include={"kind", "name", "media_type"})  # noqa: E731
+    warm = [(spec(a), (out / a.path).read_bytes()) for a in artifacts]
     document = json.loads(CUDNN_FILE.read_bytes())
     del document[[k for k in document if not k.startswith("_")][0]]
     fewer = json.dumps(document).encode()  # the same environment, one entry fewer

@@ -15,7 +15,7 @@ one module per role:
   :class:`LookupRequest`, :class:`TuningRunQuery` (with the history's cursors),
   :class:`TuningRunRead`, :class:`TuningRunPage`, :class:`LookupMiss`,
   :class:`ArtifactStored`, :class:`RunSignature`, :class:`TuningRunDiff` (a run diff);
-* :mod:`.jobs`: :class:`JobStatus`, :class:`TuningJobCreate`, :class:`TuningJobRead`,
+* :mod:`.jobs`: :class:`JobStatus`, :class:`TuningJobCreate` (and the :class:`JobOptions` a job keeps), :class:`TuningJobRead`,
   :class:`TuningJobPage`, :class:`JobConflict`, :class:`WorkerList`, :class:`Health`;
 * :mod:`.reports`: :class:`PodReportCreate` (a pod's install report) and :class:`FleetView`
   (the fleet matrix and the tunings pods want);
@@ -103,6 +103,7 @@ from tunecache.contract.jobs import (
     Health,
     JobConflict,
     JobOptionDifference,
+    JobOptions,
     JobStatus,
     MAX_HF_CONFIG_BYTES,
     TuningJobCreate,
@@ -245,6 +246,7 @@ __all__ = [
     "TunerEvent",
     "TunerFinished",
     "TunerStarted",
+    "JobOptions",
     "TuningJobCreate",
     "TuningJobPage",
     "TuningJobRead",

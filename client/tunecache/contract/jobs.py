@@ -57,6 +57,52 @@ def not_a_model_config(config: dict[str, Any]) -> str | None:
     return "is not a model's config.json (it has neither model_type nor architectures)"
 
 
+def _known_gemm_backends(backends: list[str] | None) -> list[str] | None:
+    unknown = [b for b in backends or () if b not in GEMM_BACKENDS]
+    if unknown:
+        raise ValueError(f"{', '.join(map(repr, unknown))}: not a FlashInfer GEMM backend "
+                         f"({', '.join(sorted(GEMM_BACKENDS))})")
+    return backends
+
+
+#: A GEMM backend's name as a job may give it.
+GemmBackendName = Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]
+#: A vLLM release as a job may name it.
+VllmVersion = Annotated[str, Field(pattern=r"^[0-9][0-9A-Za-z.+_-]{0,63}$")]
+
+
+class JobOptions(BaseModel):
+    """How a job is tuned, beside its key and model config: what a job keeps
+    (``tuning_jobs.options``) and its worker tunes with, each field as
+    :class:`TuningJobCreate` takes it. Unknown fields are refused, as are values the contract
+    refuses now (a row stored before a rule, or written past the API: its job fails, naming it).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    gemm_backends: list[GemmBackendName] | None = Field(default=None, max_length=8)
+    stages: list[TunableStage] | None = Field(default=None, min_length=1, max_length=8)
+    warmup: Literal["stages", "vllm"] = "stages"
+    engine_args: EngineArgs | None = None
+    vllm_version: VllmVersion | None = None
+
+    @field_validator("warmup", mode="before")
+    @classmethod
+    def _stored_default(cls, warmup: str | None) -> str:
+        return warmup or "stages"  # rows stored before the vLLM warmup hold null
+
+    @field_validator("gemm_backends")
+    @classmethod
+    def _known_backends(cls, backends: list[str] | None) -> list[str] | None:
+        return _known_gemm_backends(backends)
+
+    @model_validator(mode="after")
+    def _variant_needs_vllm(self) -> "JobOptions":
+        if self.engine_args and self.warmup != "vllm":
+            raise ValueError("engine_args name an engine variant, which only warmup 'vllm' tunes")
+        return self
+
+
 class TuningJobCreate(BaseModel):
     """Body of ``POST /v1/tuning-jobs``: tune this key on a GPU node that has its GPU.
 
@@ -71,7 +117,7 @@ class TuningJobCreate(BaseModel):
 
     key: TuningKey
     hf_config: dict[str, Any] | None = None
-    gemm_backends: list[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]] | None = Field(default=None, max_length=8)
+    gemm_backends: list[GemmBackendName] | None = Field(default=None, max_length=8)
     """FlashInfer GEMM backends to tune (default: the tuner's per-arch choice)."""
     stages: list[TunableStage] | None = Field(default=None, min_length=1, max_length=8)
     """Run only these tuner stages (default: every stage that applies to the model)."""
@@ -82,7 +128,7 @@ class TuningJobCreate(BaseModel):
     """The engine variant to tune (``vllm.LLM`` arguments over the node's
     ``TUNECACHE_VLLM_ENGINE_ARGS``, e.g. ``{"max_model_len": 8192}``; only those the allow-list
     takes: :mod:`tunecache.contract.engine_args`); needs ``warmup="vllm"``."""
-    vllm_version: Annotated[str, Field(pattern=r"^[0-9][0-9A-Za-z.+_-]{0,63}$")] | None = None
+    vllm_version: VllmVersion | None = None
     """Only a job worker whose image has this vLLM takes it (``"0.26.0"``): a fleet's upgrade
     tuned before the first pod of the new image boots (``None``: any worker of the GPU)."""
 
@@ -101,11 +147,7 @@ class TuningJobCreate(BaseModel):
     @field_validator("gemm_backends")
     @classmethod
     def _known_backends(cls, backends: list[str] | None) -> list[str] | None:
-        unknown = [b for b in backends or () if b not in GEMM_BACKENDS]
-        if unknown:
-            raise ValueError(f"{', '.join(map(repr, unknown))}: not a FlashInfer GEMM backend "
-                             f"({', '.join(sorted(GEMM_BACKENDS))})")
-        return backends
+        return _known_gemm_backends(backends)
 
     @model_validator(mode="after")
     def _matchable(self) -> "TuningJobCreate":
@@ -114,6 +156,11 @@ class TuningJobCreate(BaseModel):
         if self.engine_args and self.warmup != "vllm":
             raise ValueError("engine_args name an engine variant, which only warmup 'vllm' tunes")
         return self
+
+    def options(self) -> JobOptions:
+        """The options the job keeps."""
+        return JobOptions(gemm_backends=self.gemm_backends, stages=self.stages, warmup=self.warmup,
+                          engine_args=self.engine_args, vllm_version=self.vllm_version)
 
 
 class WorkerStatus(BaseModel):

@@ -6,35 +6,22 @@ worker, ...; its parts from the settings by :mod:`tunecache.service.assembly`) a
 
 from __future__ import annotations
 
-import gc
 import importlib.metadata
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import anyio
-import anyio.to_thread
-from cachetools import TTLCache
 from fastapi import FastAPI
-from starlette.routing import Route, compile_path
 from sqlalchemy import Engine
-
-from tunecache.service import artifact_store, assembly, db, metrics, policy, run_diff
-from tunecache.service import api_docs, dashboard
-from tunecache.service.client_address import TrustedProxyHeaders
-from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
-from tunecache.service.hot_path import ArtifactFiles, GenerationConnection, GenerationReader, LookupCache, SingleFlight
-from tunecache.service.limits import AllowedHosts, LoadShedding, RateLimit, RequestBodyGuard
-from tunecache.service.report_bounds import ReportFilter, SourceGate
-from tunecache.service.report_intake import ReportIntake
-from tunecache.service.report_retention import Pruner
-from tunecache.service.retention import Maintenance
-from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
-from tunecache.service.routes import metrics as metrics_route
+from starlette.routing import Route, compile_path
 
 from tunecache.contract import MAX_REPORT_BYTES
+from tunecache.service import api_docs, assembly, dashboard, metrics, policy
+from tunecache.service.client_address import TrustedProxyHeaders
+from tunecache.service.errors import COMMON_ERRORS, install_error_handlers
+from tunecache.service.limits import AllowedHosts, LoadShedding, RequestBodyGuard
+from tunecache.service.routes import artifacts, audit, health, jobs, reports, tokens, tunings
+from tunecache.service.routes import metrics as metrics_route
 from tunecache.service.settings import Settings
-from tunecache.service.state import ServiceState
 
 #: Every router of the API, mounted under ``/v1``; each of their routes declares a caller
 #: policy (:mod:`tunecache.service.policy`).
@@ -57,82 +44,14 @@ def _server_version() -> str:
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     """Build the app. On startup it refuses to run on a database whose schema is not at
     the head revision (:class:`tunecache.service.db.SchemaOutOfDate`), then starts the
-    GPU job worker per ``settings.job_worker``."""
+    GPU job worker per ``settings.job_worker`` (:func:`tunecache.service.assembly.build_state`)."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        own_engine = engine is None
-        the_engine = engine or db.engine_for(settings)
-        # Sync routes run on this many threads, each with a database connection of its own.
-        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
-        trusted_keys = assembly.server_trusted_keys(settings)
-        worker = lock = generation_connection = report_intake = maintenance = None
-        try:
-            db.check_schema(the_engine)
-            sessions = db.session_factory(the_engine)
-            # every session carries the artifact stores (tunecache.service.artifact_store.stores_of)
-            artifact_stores = artifact_store.stores_for_url(settings.artifact_store)
-            sessions.configure(info={"artifact_stores": artifact_stores})
-            report_intake = ReportIntake(
-                sessions, settings.report_flush_seconds, settings.report_intake_max,
-                ReportFilter(settings.report_boots_per_key, settings.report_new_keys),
-                after_batch=assembly.auto_tune_variants(settings))
-            report_intake.start()
-
-            generation_connection = GenerationConnection(the_engine)
-            # its one read at a time runs in a thread of its own, on a connection opened now (not
-            # taken from the pool later, when the routes' threads may hold every connection)
-            generation_reader = GenerationReader(generation_connection.read, limiter=anyio.CapacityLimiter(1))
-            await anyio.to_thread.run_sync(generation_connection.read)
-            gc.freeze()  # what startup allocated is never collected: shorter GC pauses under load
-            lock = None if settings.job_worker == "off" else assembly.worker_lock(settings)
-            worker, worker_status = assembly.start_worker(settings, sessions, trusted_keys, lock)
-            metrics.set_job_worker(worker is not None)
-            artifact_files = ArtifactFiles(settings.artifact_cache_dir)
-            # runs past TUNECACHE_RUN_RETENTION, unreferenced blobs, the mirror past its cap: in a thread, never a request
-            maintenance = Maintenance(sessions, artifact_files, assembly.retention_policy(settings),
-                                      settings.retention_interval_seconds, lock_path=settings.data_dir / "retention.lock")
-            maintenance.start()
-            app.state.tunecache = ServiceState(
-                settings=settings,
-                engine=the_engine,
-                sessions=sessions,
-                artifact_stores=artifact_stores,
-                generation_reader=generation_reader,
-                lookup_cache=LookupCache(settings.lookup_cache_entries),
-                token_cache=TTLCache(maxsize=4096, ttl=settings.token_cache_seconds),
-                trusted_keys=trusted_keys,
-                artifact_files=artifact_files,
-                artifact_mirrors=SingleFlight(),
-                # Mirrored artifact files are read in threads of their own, never behind database work.
-                file_threads=anyio.CapacityLimiter(settings.file_threads),
-                diff_slots=threading.BoundedSemaphore(run_diff.DIFFS_AT_ONCE),
-                job_requests=RateLimit(settings.job_request_rate, "tuning-job requests"),
-                report_gate=SourceGate(settings.report_source_max),
-                report_pruner=Pruner(),
-                report_intake=report_intake,
-                health_probes=SingleFlight(),
-                health_threads=anyio.CapacityLimiter(1),  # the one probe in flight (routes/health.py)
-                worker_status=worker_status,
-                worker_lock=lock,
-                maintenance=maintenance,
-            )
+        async with assembly.build_state(settings, engine) as state:
+            app.state.tunecache = state
             yield
-        finally:
-            if maintenance is not None:
-                await anyio.to_thread.run_sync(maintenance.stop)
-            if worker is not None:
-                worker.stop()
-            if report_intake is not None:
-                await anyio.to_thread.run_sync(report_intake.stop)
-            if generation_connection is not None:
-                generation_connection.close()
-            if lock is not None:
-                lock.close()
-            if own_engine:
-                the_engine.dispose()
-            metrics.process_exiting()
 
     app = FastAPI(
         title="tunecache",
@@ -146,23 +65,30 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     path_methods = [(compile_path(prefix + route.path)[0], frozenset(route.methods))
                     for prefix, router in (*MOUNTED_ROUTERS, ("", dashboard.router)) for route in router.routes]
     install_error_handlers(app, path_methods, retry_after_s=settings.retry_after_seconds)
-    app.add_middleware(RequestBodyGuard, max_upload_bytes=settings.max_upload_bytes, max_json_bytes=settings.max_json_bytes,
-                       max_report_bytes=MAX_REPORT_BYTES, timeout_s=settings.body_timeout_seconds)
-    # Added late, so it runs early: a saturated process answers 503 before doing any work.
-    app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_seconds)
     for prefix, router in MOUNTED_ROUTERS:
         app.include_router(router, prefix=prefix, responses=COMMON_ERRORS)
     dashboard_templates = dashboard.install(app)  # the web dashboard at / (HTML; not in the OpenAPI document)
     docs_templates = api_docs.install(app)  # /docs and /redoc with their files, open to anyone as /openapi.json
+    _add_middleware(app, settings, _route_templates(app) | dashboard_templates | docs_templates)
+    _document_optional_tokens(app, settings)
+    return app
+
+
+def _add_middleware(app: FastAPI, settings: Settings, templates: dict[int, str]) -> None:
+    """The middleware every request passes, outermost last (the last added runs first):
+    the request counter (``templates``: each route's path template), the trusted proxies'
+    headers, the allowed hosts, load shedding, the body guard."""
+    app.add_middleware(RequestBodyGuard, max_upload_bytes=settings.max_upload_bytes, max_json_bytes=settings.max_json_bytes,
+                       max_report_bytes=MAX_REPORT_BYTES, timeout_s=settings.body_timeout_seconds)
+    # Added late, so it runs early: a saturated process answers 503 before doing any work.
+    app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_seconds)
     # Before any work: a Host the service does not answer to (DNS rebinding) gets 400.
     if settings.allowed_host_list != ["*"]:
         app.add_middleware(AllowedHosts, allowed_hosts=settings.allowed_host_list)
     # Before anything reads a request's client or scheme: believe X-Forwarded-* from the named proxies only.
     app.add_middleware(TrustedProxyHeaders, proxies=settings.trusted_proxy_list)
     # Outermost: counts every answer, the 503s of load shedding too (one increment each).
-    app.add_middleware(metrics.RequestCounter, templates=_route_templates(app) | dashboard_templates | docs_templates)
-    _document_optional_tokens(app, settings)
-    return app
+    app.add_middleware(metrics.RequestCounter, templates=templates)
 
 
 def _route_templates(app: FastAPI) -> dict[int, str]:

@@ -372,7 +372,7 @@ def prune(
     from pydantic import ValidationError
 
     from tunecache.service import db
-    from tunecache.service.hot_path import ArtifactFiles
+    from tunecache.service.artifact_files import ArtifactFiles
     from tunecache.service.assembly import retention_policy
     from tunecache.service.retention import run_pass
     from tunecache.service.settings import Settings, variable_name

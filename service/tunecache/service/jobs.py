@@ -14,7 +14,8 @@
 
 Like :mod:`tunecache.service.repository`, functions take a session whose transaction
 the caller owns (the request's transaction, or one ``with sessions.begin()`` per job-worker
-step: claim, heartbeat, finish) and return the contract's read models; none commits.
+step: claim, heartbeat, and the job's end, which :func:`finish` records in the transaction
+that records its run) and return the contract's read models; none commits.
 """
 
 from __future__ import annotations
@@ -117,9 +118,9 @@ def _option_values(hf_config: dict[str, Any] | None, options: dict[str, Any] | N
 
 
 def _options(request: TuningJobCreate) -> dict[str, Any]:
-    """The tuner options a job keeps (``tuning_jobs.options``)."""
-    return {"gemm_backends": request.gemm_backends, "stages": request.stages, "warmup": request.warmup,
-            "engine_args": request.engine_args, "vllm_version": request.vllm_version}
+    """The tuner options a job keeps (``tuning_jobs.options``: :class:`~tunecache.contract.JobOptions`
+    as JSON; its worker validates them again, :func:`job_spec_inputs`)."""
+    return request.options().model_dump(mode="json")
 
 
 def _conflict(active: TuningJob, request: TuningJobCreate) -> JobConflict | None:
@@ -431,7 +432,9 @@ def get_job(session: Session, job_id: int) -> TuningJobRead | None:
 
 
 def job_spec_inputs(session: Session, job_id: int) -> tuple[TuningKey, dict[str, Any] | None, dict[str, Any]]:
-    """What a worker needs to build the tuner spec of a job: key, HF config, tuner options."""
+    """What a worker needs to build the tuner spec of a job: key, HF config, and the tuner
+    options as stored (the worker validates them, :class:`~tunecache.contract.JobOptions`:
+    a row that the contract refuses now fails its job, naming why, and runs nothing)."""
     job = session.get(TuningJob, job_id)
     if job is None:
         raise LookupError(f"no tuning job {job_id}")

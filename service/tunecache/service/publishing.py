@@ -12,13 +12,16 @@ orchestration policies: each rule sees the :class:`Proposal` (a run proposed as 
 run of its key and environment) and may alter it (its trigger, whether the key's pointer
 moves, what is stored of its signature), or decide (a :class:`Verdict`: current, or not
 and why), which ends the evaluation. A proposal no rule decided on becomes current.
+
+The rules are pure: what they read of the database (the run current now and its FlashInfer
+file: a :class:`PublishingContext`) is loaded before they run (:func:`load_context`) and
+travels with the proposal, so a rule is a function of its proposal alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -110,14 +113,33 @@ class Verdict:
 CURRENT = Verdict(current=True)
 
 
+@dataclass(frozen=True)
+class PublishingContext:
+    """What the rules read of the database, loaded before they run (:func:`load_context`)."""
+
+    #: The current run of the proposal's key and environment now (before it), or ``None``.
+    current: TuningRunRead | None = None
+    #: The bytes of that run's FlashInfer autotune file, or ``None`` (no current run, it has no
+    #: such file stored, or they were not loaded: a promotion's rules read none).
+    current_file: bytes | None = None
+
+
+def load_context(session: Session, place: RunPlace, *, with_file: bool = True) -> PublishingContext:
+    """The :class:`PublishingContext` of a run proposed at ``place``: its key and environment's
+    current run, and (``with_file``) that run's FlashInfer file."""
+    current = repository.current_run(session, place.key_id, place.environment_id)
+    artifact = current.artifact(ArtifactKind.FLASHINFER_AUTOTUNE) if current is not None and with_file else None
+    return PublishingContext(current, artifact_store.read_blob(session, artifact.sha256) if artifact is not None else None)
+
+
 @dataclass(eq=False)
 class Proposal:
     """A run proposed as the current run of its key and environment, as the rules read it.
 
     Rules may alter ``trigger``, ``current_of_key``, ``signature_verified`` and ``run`` (a
-    new signature); the rest is what was asked."""
+    new signature); the rest is what was asked, and what the database held
+    (``context``)."""
 
-    session: Session
     #: The run: as sent (recorded), or as stored (promoted).
     run: TuningRunCreate | TuningRunRead
     #: Where it can be current.
@@ -142,18 +164,19 @@ class Proposal:
     signature_verified: bool | None = None
     #: Why its signature does not check against the trusted keys (``None``: it does, or none were checked).
     unsigned_why: str | None = None
+    #: What the database held when it was proposed.
+    context: PublishingContext = field(default_factory=PublishingContext)
 
-    @cached_property
+    @property
     def current(self) -> TuningRunRead | None:
         """The current run of its key and environment now (before this one), or ``None``."""
-        return repository.current_run(self.session, self.place.key_id, self.place.environment_id)
+        return self.context.current
 
-    @cached_property
+    @property
     def current_file(self) -> bytes | None:
-        """The bytes of the current run's FlashInfer autotune file, or ``None`` (no current
-        run, or it has no such file stored)."""
-        artifact = self.current.artifact(ArtifactKind.FLASHINFER_AUTOTUNE) if self.current is not None else None
-        return artifact_store.read_blob(self.session, artifact.sha256) if artifact is not None else None
+        """The bytes of the current run's FlashInfer autotune file, or ``None``
+        (:attr:`PublishingContext.current_file`)."""
+        return self.context.current_file
 
 
 #: A rule: alters the proposal, and returns a :class:`Verdict` when it decides (else ``None``).
@@ -397,8 +420,8 @@ def record_run(session: Session, run: TuningRunCreate, *, trusted: bool = True,
     autotune_file = _autotune_file(session, run, sizes)
     env_row = repository.get_or_create_environment(session, run.environment)
     place = RunPlace(key_row.id, env_row.id, run.variant, image_of(run.summary.get("dependencies")))
-    proposal = Proposal(session, run, place, trusted_keys, autotune_file=autotune_file, trusted_recorder=trusted,
-                        forced=force)
+    proposal = Proposal(run, place, trusted_keys, autotune_file=autotune_file, trusted_recorder=trusted,
+                        forced=force, context=load_context(session, place))
     verdict = decide(RECORD_POLICY, proposal)
     run_id = repository.insert_run(session, run, place, sizes, trigger=proposal.trigger, held=verdict.reason,
                                    signature_verified=proposal.signature_verified, recorded_by=recorded_by)
@@ -428,8 +451,8 @@ def promote_run(session: Session, run_id: int, trusted_keys: Mapping[str, Any] |
     if place is None:
         raise RunNotFound(f"no tuning run {run_id}")
     stored = repository.get_run(session, run_id)
-    proposal = Proposal(session, stored, place, trusted_keys, run_id=run_id, new_signature=signature,
-                        signature_verified=stored.signature_verified)
+    proposal = Proposal(stored, place, trusted_keys, run_id=run_id, new_signature=signature,
+                        signature_verified=stored.signature_verified, context=load_context(session, place, with_file=False))
     verdict = decide(PROMOTE_POLICY, proposal)
     if not verdict.current:
         raise PromotionRefused(verdict.reason)

@@ -17,7 +17,7 @@ Three parts, each safe to run at any time and from several processes at once:
   a recording anyway (a foreign key violation, a lock timeout) is skipped until the next
   pass. A recording that comes after a committed deletion gets 422 naming the blob, which
   its uploader uploads again.
-* :meth:`tunecache.service.hot_path.ArtifactFiles.trim`: the node's artifact mirror loses
+* :meth:`tunecache.service.artifact_files.ArtifactFiles.trim`: the node's artifact mirror loses
   the files of collected blobs, and past ``TUNECACHE_MIRROR_MAX_BYTES`` its least recently
   used files (a file used within the last minute stays: a download may be about to open
   it; one already open is read to its end, POSIX keeps an unlinked file's bytes while it
@@ -44,7 +44,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.service import artifact_store
-from tunecache.service.hot_path import ArtifactFiles, Trimmed
+from tunecache.service.artifact_files import ArtifactFiles, Trimmed
 from tunecache.service.models import (ArtifactBlob, CurrentImage, CurrentTuning, CurrentVariant, RunArtifact, TuningJob, TuningRun,
                                       utcnow)
 
@@ -313,7 +313,7 @@ def _try_pass_lock(session: Session) -> bool:
 def run_pass(sessions: sessionmaker[Session], files: ArtifactFiles | None, policy: RetentionPolicy,
              now: dt.datetime | None = None, dry_run: bool = False) -> PassReport:
     """One pass: :func:`prune_runs` and :func:`collect_blobs` (each in a transaction of its
-    own), then the mirror's :meth:`~tunecache.service.hot_path.ArtifactFiles.trim` (``files``
+    own), then the mirror's :meth:`~tunecache.service.artifact_files.ArtifactFiles.trim` (``files``
     ``None``: no mirror here). ``dry_run`` deletes nothing and reports what would go (the
     blobs of runs it would delete are not counted: they are collected a pass later)."""
     report = PassReport()

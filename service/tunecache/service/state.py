@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
     from tunecache.contract import WorkerStatus
     from tunecache.service.artifact_store import ArtifactStores
-    from tunecache.service.hot_path import ArtifactFiles, GenerationReader, LookupCache, SingleFlight
+    from tunecache.service.artifact_files import ArtifactFiles
+    from tunecache.service.lookup_cache import GenerationReader, LookupCache
+    from tunecache.service.single_flight import SingleFlight
     from tunecache.service.limits import RateLimit
     from tunecache.service.report_bounds import SourceGate
     from tunecache.service.report_intake import ReportIntake

@@ -1,55 +1,37 @@
 """The job worker: claims tuning jobs for this node's GPU and runs them, one at a time.
 
-It runs as a thread of the service process on a GPU node. The tuning itself runs in a
-child process (:func:`tunecache.service.tuner.process.run_tuner`) with a timeout, so the
-API keeps serving whatever the tuner does. While it runs, a heartbeat renews the job's
-lease and stores its progress; if the lease is lost the result is dropped; if the job is
-cancelled (``DELETE /v1/tuning-jobs/{id}``) the tuner's child is terminated and the job
-recorded ``cancelled``, with no run. The worker itself beats too (the ``workers`` table),
-so that clients can tell whether any live worker will take a job for its GPU. Each step
-(claim, heartbeat, finish) is one transaction of its own; the result is recorded through
-:class:`tunecache.service.store.SqlTuningStore`, as ``tunecache tune --database`` records it.
+It runs as a thread of the service process on a GPU node: the claim loop. Each job it claims
+is run to its end by a :class:`tunecache.service.job_run.JobRun` (the tuner in a child
+process with a timeout, so the API keeps serving whatever the tuner does; the job's lease and
+progress; a cancellation; the run and the job's end recorded in one transaction). The worker
+itself beats too (the ``workers`` table), so that clients can tell whether any live worker
+will take a job for its GPU. Each step (claim, heartbeat, the job's end) is one transaction
+of its own.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tunecache.contract import RunTrigger, RunVerification, StageChanged, StageProgress, TunerError, TunerEvent
 from tunecache.service import jobs
-from tunecache.service import metrics
-from tunecache.service.store import SqlTuningStore
-from tunecache.service.tuner.model_config import ModelConfigUnavailable, load_job_model_config
-from tunecache.service.tuner.process import TunerCancelled, TunerFailed, TunerResult, run_tuner
-from tunecache.service.tuner.stages import TuneSpec
+from tunecache.service.job_run import JobRun, RunSettings, Tuner, Verifier
+from tunecache.service.tuner.process import run_tuner
+from tunecache.service.work_dirs import process_alive, remove_abandoned_work_dirs
 
 log = logging.getLogger("tunecache.worker")
 
-#: Seconds within which a running job's progress is written to the database.
-PROGRESS_FLUSH_S = 1.0
-
 #: Seconds between a worker's heartbeats (``workers.last_seen``), by default.
 WORKER_HEARTBEAT_S = 15.0
-
-#: run_tuner's signature: (spec, work_dir, timeout_s, on_event, cancel=threading.Event) -> TunerResult.
-Tuner = Callable[..., TunerResult]
 
 
 @dataclass(frozen=True)
@@ -82,61 +64,6 @@ def detect_gpu() -> tuple[GpuIdentity | None, str]:
     return GpuIdentity(name, arch), ""
 
 
-#: In each job's work directory: the file its worker holds an exclusive ``flock`` on while
-#: the job runs; a directory whose lock can be taken was left by a worker that died.
-WORK_DIR_LOCK = ".tunecache-worker.lock"
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def job_work_dir(work_root: Path | None, job_id: int) -> Iterator[Path]:
-    """A new work directory for ``job_id`` under ``work_root`` (the system's temporary
-    directory by default), locked (:data:`WORK_DIR_LOCK`) while in use and removed after."""
-    path = Path(tempfile.mkdtemp(prefix=f"tunecache-job-{job_id}-", dir=work_root))
-    fd = os.open(path / WORK_DIR_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-        os.close(fd)
-
-
-def remove_abandoned_work_dirs(work_root: Path | None) -> list[Path]:
-    """Remove the job work directories under ``work_root`` whose worker process is gone
-    (their :data:`WORK_DIR_LOCK` can be taken); those of live workers are left alone, and so
-    is anything without the lock file. Returns what was removed."""
-    removed = []
-    for path in Path(work_root or tempfile.gettempdir()).glob("tunecache-job-*"):
-        try:
-            fd = os.open(path / WORK_DIR_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:  # not one of ours, or already gone
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # a live worker's
-            os.close(fd)
-            continue
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-        finally:
-            os.close(fd)
-    if removed:
-        log.warning("removed the work directories of dead workers: %s", ", ".join(str(p) for p in removed))
-    return removed
-
-
 def image_vllm_version() -> str | None:
     """The vLLM installed where this worker runs (its tuner's, ``importlib.metadata``; vLLM is
     not imported), or ``None``."""
@@ -149,7 +76,8 @@ def image_vllm_version() -> str | None:
 
 
 class JobWorker:
-    """Claims and runs tuning jobs for one GPU.
+    """The claim loop of one GPU: claims its tuning jobs, one at a time, and runs each to its end
+    (:class:`tunecache.service.job_run.JobRun`).
 
     Args:
         sessions: session factory of the service's database.
@@ -192,10 +120,10 @@ class JobWorker:
         work_root: Path | None = None,
         model_config_dir: Path | None = None,
         signing_key: Ed25519PrivateKey | None = None,
-        trusted_keys: dict | None = None,
+        trusted_keys: Mapping[str, Any] | None = None,
         tuner: Tuner = run_tuner,
         heartbeat_s: float = WORKER_HEARTBEAT_S,
-        verify: Callable[[TuneSpec, Path], RunVerification] | None = None,
+        verify: Verifier | None = None,
     ):
         self.sessions = sessions
         self.gpu = gpu
@@ -288,128 +216,12 @@ class JobWorker:
                 return False
             key, hf_config, options = jobs.job_spec_inputs(session, job.id)
         log.info("worker %s: running job %d for %s", self.name, job.id, key.model)
-        try:
-            config = hf_config if hf_config is not None else load_job_model_config(self.model_config_dir, key.model)
-        except ModelConfigUnavailable as exc:
-            # the job (and GET /v1/tuning-jobs) gets the public message; paths and OS errors stay in this log
-            log.warning("worker %s: job %d failed: %s%s", self.name, job.id, exc,
-                        f" ({exc.detail})" if exc.detail != str(exc) else "")
-            with self.sessions.begin() as session:
-                jobs.finish(session, job.id, self.name, error=str(exc))
-            return True
-        try:
-            spec = TuneSpec(
-                deployment=key.deployment(),
-                hf_config=config,
-                gemm_backends=options.get("gemm_backends"),
-                stages=options.get("stages"),
-                warmup=options.get("warmup") or "stages",
-                engine_args=options.get("engine_args") or {},
-            )
-        except ValidationError as exc:
-            # a row stored before a rule of the contract (an engine argument the allow-list now
-            # refuses: tunecache.contract.engine_args) or written past the API: nothing runs
-            error = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-            log.warning("worker %s: job %d failed: %s", self.name, job.id, error)
-            with self.sessions.begin() as session:
-                jobs.finish(session, job.id, self.name, error=error)
-            return True
-        self._run_job(job.id, spec)
+        JobRun(self.run_settings(), job.id).run(key, hf_config, options)
         return True
 
-    def _run_job(self, job_id: int, spec: TuneSpec) -> None:
-        started = time.monotonic()  # for tunecache_job_duration_seconds
-        progress: dict[str, Any] = {}
-        lines: list[str] = []
-        lease_lost = threading.Event()
-        cancel = threading.Event()  # set when the job is cancelled: the tuner stops its child
-        done = threading.Event()
-
-        def on_event(event: TunerEvent) -> None:
-            if isinstance(event, StageChanged):
-                progress.update(stage=event.stage.value, step=None, total=None)
-                lines.append(f"stage {event.stage}: {event.status}" + (f" ({event.reason})" if event.reason else ""))
-                if event.status == "done" and event.seconds is not None:
-                    metrics.observe_stage(event.stage.value, event.seconds)
-            elif isinstance(event, StageProgress):
-                progress.update(stage=event.stage.value, step=event.step, total=event.total)
-                lines.append(f"{event.stage} {event.step}/{event.total} {event.detail}")
-            elif isinstance(event, TunerError):
-                lines.append(f"error: {event.message}")
-            progress["log_tail"] = "\n".join(lines[-50:])
-
-        def heartbeat() -> None:
-            # Progress reaches the database within PROGRESS_FLUSH_S; the lease is renewed
-            # at least every third of its length; a cancellation is seen within PROGRESS_FLUSH_S.
-            written: dict[str, Any] = {}
-            renewed = time.monotonic()
-            while not done.wait(min(self.lease_s / 3, PROGRESS_FLUSH_S)):
-                if not cancel.is_set():
-                    with self.sessions.begin() as session:
-                        if jobs.cancel_requested(session, job_id):
-                            cancel.set()
-                snapshot = dict(progress)
-                if snapshot == written and time.monotonic() - renewed < self.lease_s / 3:
-                    continue
-                with self.sessions.begin() as session:
-                    held = jobs.heartbeat(session, job_id, self.name, self.lease_s, snapshot)
-                if not held:
-                    lease_lost.set()
-                    return
-                written, renewed = snapshot, time.monotonic()
-
-        beat = threading.Thread(target=heartbeat, daemon=True)
-        beat.start()
-        with job_work_dir(self.work_root, job_id) as work:
-            try:
-                result = self.tuner(spec, work, self.job_timeout_s, on_event, cancel=cancel)
-                failure = None
-            except TunerCancelled:
-                cancel.set()
-                result = failure = None
-            except TunerFailed as exc:
-                result, failure = None, exc
-            finally:
-                done.set()
-                beat.join()
-            if lease_lost.is_set():
-                log.warning("worker %s: lease of job %d was lost; its result is dropped", self.name, job_id)
-                metrics.observe_job("lost", time.monotonic() - started)
-                return
-            if not cancel.is_set():  # a last look: a cancel may have come after the heartbeat's
-                with self.sessions.begin() as session:
-                    if jobs.cancel_requested(session, job_id):
-                        cancel.set()
-            if cancel.is_set():
-                log.info("worker %s: job %d cancelled; tuner stopped, nothing recorded", self.name, job_id)
-                with self.sessions.begin() as session:
-                    jobs.finish_cancelled(session, job_id, self.name, log_tail=progress.get("log_tail"))
-                metrics.observe_job("cancelled", time.monotonic() - started)
-                return
-            store = SqlTuningStore(self.sessions, trusted_keys=self.trusted_keys)
-            if failure is not None:
-                record = failure.run_record(spec, RunTrigger.HTTP, self.name)
-                run_id = store.record_run(record).id if record is not None else None
-                tail = "\n".join([progress.get("log_tail") or "", failure.log_tail]).strip()
-                with self.sessions.begin() as session:
-                    jobs.finish(session, job_id, self.name, run_id=run_id, error=failure.message, log_tail=tail)
-                metrics.observe_job("failed", time.monotonic() - started)
-            else:
-                run = result.record(store, spec, RunTrigger.HTTP, self.name, self.signing_key)
-                with self.sessions.begin() as session:
-                    jobs.finish(session, job_id, self.name, run_id=run.id, log_tail=progress.get("log_tail"))
-                metrics.observe_job("succeeded", time.monotonic() - started)
-                if spec.warmup == "vllm" and self.verify is not None:
-                    self._verify(store, run.id, spec, work / "verification")
-
-    def _verify(self, store: SqlTuningStore, run_id: int, spec: TuneSpec, scratch: Path) -> None:
-        """The recorded vLLM warmup's verification boot, stored with its run. Never raises: a
-        boot that failed is the verification's finding, a verifier that failed is logged."""
-        from tunecache.service.tuner.verification import shown
-
-        try:
-            verification = self.verify(spec, scratch)
-            store.record_verification(run_id, verification)
-            log.info("worker %s: run %d: %s", self.name, run_id, shown(verification))
-        except Exception as exc:
-            log.warning("worker %s: run %d not verified: %s: %s", self.name, run_id, type(exc).__name__, exc)
+    def run_settings(self) -> RunSettings:
+        """What the runs of this worker's jobs share (its arguments as they are now)."""
+        return RunSettings(sessions=self.sessions, worker=self.name, lease_s=self.lease_s,
+                           job_timeout_s=self.job_timeout_s, tuner=self.tuner, work_root=self.work_root,
+                           model_config_dir=self.model_config_dir, signing_key=self.signing_key,
+                           trusted_keys=self.trusted_keys, verify=self.verify)

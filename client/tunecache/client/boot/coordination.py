@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -52,6 +52,9 @@ from tunecache.contract import ENVIRONMENT_FIELDS, ArtifactKind, EnvironmentMeta
 from tunecache.formats.autotune_file import check_loadable
 from tunecache.signing import load_trusted_keys
 from tunecache.store import ServerUnreachable, TunecacheError
+
+if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not with the plugin)
+    from tunecache.client.settings import ClientSettings
 
 #: Under vLLM's own ``vllm`` logger, so these lines appear in vLLM's log, in its format.
 log = logging.getLogger("vllm.plugins.tunecache")
@@ -73,7 +76,7 @@ class PodInstall:
 
     outcome: ReportOutcome
     rank: int | None = None
-    settings: Any = None
+    settings: ClientSettings | None = None
     baked: Path | None = None
 
 
@@ -145,7 +148,7 @@ class PodRecord(BaseModel):
     written_at: float | None = None
 
 
-def install_deadline(settings: Any) -> float:
+def install_deadline(settings: ClientSettings) -> float:
     """Seconds from a worker's first hook within which its pod's install must have fetched
     everything: ``TUNECACHE_INSTALL_DEADLINE`` where the settings have it, else 30."""
     value = getattr(settings, "install_deadline", None)
@@ -155,7 +158,7 @@ def install_deadline(settings: Any) -> float:
         return DEFAULT_INSTALL_DEADLINE_S
 
 
-def install_for_pod(worker: Worker, settings: Any) -> PodInstall:
+def install_for_pod(worker: Worker, settings: ClientSettings) -> PodInstall:
     """This worker's part of its pod's install. Never raises; logs one line.
 
     Under the pod's lock: the first worker of this boot (no record of its instance) looks
@@ -218,7 +221,7 @@ def _commit_window(pod: Pod) -> Iterator[None]:
         yield
 
 
-def _give_up(pod: Pod, settings: Any, started: float, deadline: float) -> PodInstall:
+def _give_up(pod: Pod, settings: ClientSettings, started: float, deadline: float) -> PodInstall:
     """After this worker's wait for the pod's first worker ran out: under the commit lock,
     follow the first worker's record if it put the run in place meanwhile; else mark the boot
     abandoned (:attr:`Pod.abandoned`), so that the first installs nothing either: every rank
@@ -235,7 +238,7 @@ def _give_up(pod: Pod, settings: Any, started: float, deadline: float) -> PodIns
     return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
 
 
-def _in_place(pod: Pod, worker: Worker, settings: Any, unwritable: OSError) -> PodInstall:
+def _in_place(pod: Pod, worker: Worker, settings: ClientSettings, unwritable: OSError) -> PodInstall:
     """The pod's cache root cannot be written (``unwritable``: the lock beside the tunings
     could not be made), so nothing can be installed there and nothing is looked up: say in
     one line what vLLM will do with what is already there (an image may bake the tunings
@@ -290,7 +293,7 @@ def _in_place(pod: Pod, worker: Worker, settings: Any, unwritable: OSError) -> P
         return PodInstall(ReportOutcome.ERROR, pod.rank, settings)
 
 
-def _install_as_first(pod: Pod, worker: Worker, settings: Any, started: float, deadline: float) -> PodInstall:
+def _install_as_first(pod: Pod, worker: Worker, settings: ClientSettings, started: float, deadline: float) -> PodInstall:
     """Look up once for the pod, fetch, install every rank's file (all or none), the JIT
     modules and the DeepGEMM cache; record the outcome for the pod's other workers. Call it
     holding the pod's lock. Never raises."""
@@ -376,7 +379,7 @@ def _fetch(client: TunecacheClient, key: TuningKey, environment: EnvironmentMeta
                                    f"fetched: {exc}; nothing was installed, so that the boot keeps to one run") from None
 
 
-def _follow(pod: Pod, record: PodRecord, settings: Any, started: float | None = None) -> PodInstall:
+def _follow(pod: Pod, record: PodRecord, settings: ClientSettings, started: float | None = None) -> PodInstall:
     """Take what the pod's first worker recorded: check this rank's file holds the run's
     bytes and put the run's DeepGEMM cache on this process's ``DG_JIT_CACHE_DIR``; no
     lookup. Reports this worker's own outcome (``looked_up`` false). Never raises."""
@@ -421,7 +424,7 @@ def _follow(pod: Pod, record: PodRecord, settings: Any, started: float | None = 
         return PodInstall(failed.outcome, pod.rank, settings)
 
 
-def pod_environment(settings: Any) -> EnvironmentMetadata:
+def pod_environment(settings: ClientSettings) -> EnvironmentMetadata:
     """This pod's FlashInfer environment: ``TUNECACHE_ENVIRONMENT_FILE`` when set (for pods whose
     FlashInfer cannot detect its own), else FlashInfer's (:func:`tunecache.client.environment.detect_environment`)."""
     from tunecache.client.environment import detect_environment, environment_from_file

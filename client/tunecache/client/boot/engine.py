@@ -12,7 +12,11 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not with the plugin)
+    from tunecache.client.settings import ClientSettings
+    from tunecache.contract import EnvironmentMetadata, TuningKey
 
 
 def pod_compile_factors(config: Any, node: Any):
@@ -89,7 +93,7 @@ def cuda_answered_by_nvml() -> Iterator[None]:
             setattr(torch.cuda, name, function)
 
 
-def main_process_environment(settings: Any):
+def main_process_environment(settings: ClientSettings):
     """This pod's FlashInfer environment in the engine's main process:
     ``TUNECACHE_ENVIRONMENT_FILE`` when set, else FlashInfer's own
     ``flashinfer.autotuner._collect_metadata()``, called under :func:`cuda_answered_by_nvml`
@@ -104,7 +108,7 @@ def main_process_environment(settings: Any):
     return EnvironmentMetadata.from_flashinfer_metadata(_collect_metadata())  # under cuda_answered_by_nvml()
 
 
-def engine_args_key(engine_args: Any, environment: Any, settings: Any):
+def engine_args_key(engine_args: Any, environment: EnvironmentMetadata, settings: ClientSettings) -> TuningKey:
     """The pod's key from vLLM's ``EngineArgs`` as given (before vLLM fills its defaults)."""
     served = getattr(engine_args, "served_model_name", None)
     if isinstance(served, (list, tuple)):
@@ -115,7 +119,7 @@ def engine_args_key(engine_args: Any, environment: Any, settings: Any):
                 getattr(engine_args, "prefill_context_parallel_size", 1))
 
 
-def config_key(config: Any, environment: Any, settings: Any):
+def config_key(config: Any, environment: EnvironmentMetadata, settings: ClientSettings) -> TuningKey:
     """The pod's key from vLLM's ``VllmConfig`` (as :meth:`VllmWorker.key`)."""
     parallel = config.parallel_config
     return _key(environment, settings, _model_name(config.model_config), config.scheduler_config.max_num_batched_tokens,
@@ -124,7 +128,8 @@ def config_key(config: Any, environment: Any, settings: Any):
                 getattr(parallel, "prefill_context_parallel_size", 1))
 
 
-def _key(environment: Any, settings: Any, model: str, max_num_batched_tokens: int, tp: int, dp: int, ep: bool, pcp: int):
+def _key(environment: EnvironmentMetadata, settings: ClientSettings, model: str, max_num_batched_tokens: int, tp: int, dp: int,
+         ep: bool, pcp: int) -> TuningKey:
     from tunecache.client.environment import pod_key
     from tunecache.contract import expert_parallel_size
 
@@ -145,7 +150,7 @@ class VllmWorker:
 
     runner: Any
     """vLLM's model runner (``runner.vllm_config``)."""
-    settings: Any
+    settings: ClientSettings
     """This worker's :class:`tunecache.client.settings.ClientSettings` (the key's dtype and quantization)."""
     release: Any = None
     """This process's vLLM release (:class:`tunecache.engines.vllm.releases.VllmRelease`): its autotune
@@ -202,7 +207,7 @@ class VllmWorker:
         return Pod(root=root, config_hash=config_hash, rank=rank, instance=_instance_id(config), file_names=names,
                    rank_file=root / config_hash / own)
 
-    def key(self, environment: Any):
+    def key(self, environment: EnvironmentMetadata) -> TuningKey:
         """The pod's :class:`tunecache.contract.TuningKey`: ``environment``'s GPU, the served
         model, vLLM's ``max_num_batched_tokens`` and parallelism (``ParallelConfig``)."""
         return config_key(self.runner.vllm_config, environment, self.settings)

@@ -82,11 +82,14 @@ import logging
 import socket
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunecache.client.boot.engine import (VllmWorker, config_key, cuda_answered_by_nvml, engine_args_key, engine_args_of,
                                          main_process_environment, pod_compile_factors)
 from tunecache.engines import engine_for
+
+if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not with the plugin)
+    from tunecache.client.settings import ClientSettings
 
 #: Under vLLM's own ``vllm`` logger, whose handler vLLM configures (``vllm/logger.py``:
 #: ``DEFAULT_LOGGING_CONFIG``, ``propagate: False``; the root logger has none), so the
@@ -459,7 +462,7 @@ def _settings_safely():
         return None
 
 
-def _push_back_safely(runner: Any, settings: Any) -> None:
+def _push_back_safely(runner: Any, settings: ClientSettings) -> None:
     """Upload this worker's locally tuned rank file (vLLM wrote it after tuning on a miss) as an
     unverified ``pod`` run. Never raises."""
     from tunecache.client.autotune_file import pushed_run

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tunecache.client.atomic import write_atomically
 from tunecache.client.boot.coordination import install_deadline
@@ -33,6 +33,9 @@ from tunecache.client.pipeline import BOOT_KINDS, InstallTarget
 from tunecache.engines.vllm.paths import vllm_cache_root
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey
 from tunecache.signing import load_trusted_keys
+
+if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not with the plugin)
+    from tunecache.client.settings import ClientSettings
 
 log = logging.getLogger("vllm.plugins.tunecache")
 
@@ -47,7 +50,7 @@ class WarmBoot:
     among them, in the engine core, so only a worker's config gives the names its vLLM will
     look for). Logs one line; nothing here raises."""
 
-    settings: Any
+    settings: ClientSettings
     started: float
     key: TuningKey | None = None
     fetched: FetchedTuning | None = None
@@ -57,7 +60,7 @@ class WarmBoot:
     """Why this vLLM gets no compile cache (:mod:`tunecache.engines.vllm.releases`); ``None``: it does."""
 
     @classmethod
-    def before(cls, settings: Any, key: TuningKey | None, environment: EnvironmentMetadata | None,
+    def before(cls, settings: ClientSettings, key: TuningKey | None, environment: EnvironmentMetadata | None,
                no_compile_cache: str | None = None) -> WarmBoot:
         boot = cls(settings, time.monotonic(), key, no_compile_cache=no_compile_cache)
         if key is not None and environment is not None:

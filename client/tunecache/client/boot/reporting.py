@@ -15,12 +15,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunecache.client.boot.handoff import Handoff
 from tunecache.client.http import TunecacheClient
 from tunecache.client.install import InstallResult
 from tunecache.contract import EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
+
+if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not with the plugin)
+    from tunecache.client.settings import ClientSettings
 
 log = logging.getLogger("vllm.plugins.tunecache")
 
@@ -62,7 +65,7 @@ def installed_from(result: InstallResult) -> list[int]:
     return list(dict.fromkeys(run for run in runs if run is not None))
 
 
-def report_install(key: TuningKey | None, environment: EnvironmentMetadata | None, settings: Any,
+def report_install(key: TuningKey | None, environment: EnvironmentMetadata | None, settings: ClientSettings,
                    client: TunecacheClient | None, started: float | None, rank: int, looked_up: bool,
                    result: InstallResult) -> None:
     """Send this worker's install report (:mod:`tunecache.client.report`) in the background,
@@ -102,7 +105,7 @@ def send_held_reports(compiled: dict | None) -> None:
         _send(*report, compiled)
 
 
-def _send(key: TuningKey, environment: EnvironmentMetadata, settings: Any, client: TunecacheClient | None,
+def _send(key: TuningKey, environment: EnvironmentMetadata, settings: ClientSettings, client: TunecacheClient | None,
           seconds: float, rank: int, looked_up: bool, result: InstallResult, compiled: dict | None = None) -> None:
     fields = result.report_fields() or {}
     if compiled is not None:

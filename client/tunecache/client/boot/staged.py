@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tunecache.client.atomic import file_lock, remove_stale, write_atomically
 from tunecache.client.boot.coordination import DEFAULT_INSTALL_DEADLINE_S, install_deadline
@@ -46,6 +46,9 @@ from tunecache.engines import engine_for
 from tunecache.engines.vllm.compile_cache import FACTORS_FILE, CompileFactors, PodCompileFactors, variant_differences
 from tunecache.formats.tarball import TarSource
 from tunecache.signing import load_trusted_keys
+
+if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not with the plugin)
+    from tunecache.client.settings import ClientSettings
 
 log = logging.getLogger("vllm.plugins.tunecache")
 
@@ -75,7 +78,7 @@ class _Staged:
 VariantFetch = Callable[[str], "tuple[int, TarSource] | None"]
 
 
-def fetch_variant_compile_cache(settings: Any, key: TuningKey, environment: EnvironmentMetadata,
+def fetch_variant_compile_cache(settings: ClientSettings, key: TuningKey, environment: EnvironmentMetadata,
                                 variant: str) -> tuple[int, TarSource] | None:
     """The compile cache of engine variant ``variant``'s current run, as :func:`fetch_tuning`
     fetches a run (the lookup with the variant, the signature over this pod's key and

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from tunecache.contract import SHA256_PATTERN, ArtifactStored, ErrorBody
 from tunecache.service import artifact_store, blobs
 from tunecache.service.deps import SessionDep
-from tunecache.service.hot_path import ArtifactFiles
+from tunecache.service.artifact_files import ArtifactFiles
 from tunecache.service.metrics import ArtifactFileResponse, ArtifactResponse, ArtifactStreamingResponse
 from tunecache.service.policy import PushCaller, ReadCaller
 from tunecache.service.state import state_of
@@ -136,7 +136,7 @@ async def upload_artifact(sha256: Sha256, request: Request, session: SessionDep,
 async def download_artifact(sha256: Sha256, request: Request, _caller: ReadCaller) -> Response:
     """The bytes stored under ``sha256``.
 
-    Served from the node's mirror (:class:`~tunecache.service.hot_path.ArtifactFiles`:
+    Served from the node's mirror (:class:`~tunecache.service.artifact_files.ArtifactFiles`:
     small artifacts from memory, others from their file), filled from the database on
     first use (once for all the requests that ask for it meanwhile), so no database
     connection is held while a pod reads. ``ETag`` is the

@@ -53,7 +53,7 @@ async def health(request: Request, caller: PublicCaller) -> Health:
     "schema_revision": "0006", "worker": {"enabled": true, "gpu_name": "NVIDIA H200",
     "arch": "sm90", ...}, "max_upload_bytes": 268435456}`` (the upload limit, which ``tunecache
     push`` reads before it uploads). The database check is the read of the tuning generation that
-    lookups share (:class:`~tunecache.service.hot_path.GenerationReader`: one at a time, on
+    lookups share (:class:`~tunecache.service.lookup_cache.GenerationReader`: one at a time, on
     a connection and in a thread of its own, so a node whose threads are all busy is not
     called degraded); a read that does not finish in time goes on without the request.
     """

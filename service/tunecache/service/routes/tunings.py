@@ -204,7 +204,7 @@ async def lookup_tuning(body: LookupRequest, request: Request, _caller: ReadCall
     "key", "environment_hash", "differences": [{"field", "stored", "yours"}]}]}``.
 
     The hot path of a boot: answered from the process's
-    :class:`~tunecache.service.hot_path.LookupCache` while the tuning generation (read by
+    :class:`~tunecache.service.lookup_cache.LookupCache` while the tuning generation (read by
     a query that began after this request did, shared with the requests beside it) has
     not moved; otherwise computed in a transaction of its own, once for all the requests
     that miss on the same key and environment at the same time. A database that does not

@@ -11,7 +11,7 @@ to the original stdout as JSON lines, one :data:`tunecache.contract.TunerEvent` 
     {"event": "started", "gpu_name": "NVIDIA H200", "arch": "sm90", "environment": {...}}
     {"event": "stage", "stage": "gemm", "status": "running"|"skipped"|"done", ...}
     {"event": "progress", "stage": "gemm", "step": 3, "total": 8, "detail": "..."}
-    {"event": "result", "summary": {...}}
+    {"event": "result", "summary": {...}}    (a TunerSummary: tunecache.service.tuner.result)
     {"event": "error", "message": "..."}
 
 Exit status 0 on success, 1 on a failure it could report. A CUDA fault that kills the
@@ -42,6 +42,7 @@ from tunecache.formats.dependencies import installed_versions
 from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage
 from tunecache.service.tuner.harvest import DeepGemmCacheHarvester, FlashInferFileHarvester
 from tunecache.service.tuner.guard import die_with_parent, hold_gpu_lock
+from tunecache.service.tuner.result import TunerSummary
 from tunecache.service.tuner.stages import STAGES, TunerStage, TuneSpec
 
 #: emit(event): write one event to the parent.
@@ -59,7 +60,7 @@ def _events_stream() -> TextIO:
     return events
 
 
-def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
+def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> TunerSummary:
     import torch
 
     import flashinfer
@@ -100,23 +101,19 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> dict[str, Any]:
     jit = harvest_flashinfer_jit(out_dir)
     deep_gemm = DeepGemmCacheHarvester().harvest_directory(deep_gemm_cache, out_dir)
     emit(StageChanged(stage=Stage.HARVEST, status="done", seconds=round(time.perf_counter() - harvest_started, 3),
-                      modules=[a["module"] for a in jit]))
-    return {
-        "gpu_name": gpu_name,
-        "arch": arch,
-        "environment": parsed.environment.model_dump(),
-        "entries": parsed.entries,
-        "tuning_seconds": tuning_seconds,
-        "stages": stages,
-        "jit_modules": [a["module"] for a in jit],
-        "flashinfer_jit": workspace_layout(),
-        "dependencies": installed_versions(),
-        "artifacts": [
-            FlashInferFileHarvester().artifact(AUTOTUNE_FILE),
-            *({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in jit),
-            *deep_gemm,
-        ],
-    }
+                      modules=[a.module for a in jit]))
+    return TunerSummary(
+        gpu_name=gpu_name,
+        arch=arch,
+        environment=parsed.environment,
+        entries=parsed.entries,
+        tuning_seconds=tuning_seconds,
+        stages=stages,
+        jit_modules=[a.module for a in jit],
+        flashinfer_jit=workspace_layout(),
+        dependencies=installed_versions(),
+        artifacts=[FlashInferFileHarvester().artifact(AUTOTUNE_FILE), *(a.description() for a in jit), *deep_gemm],
+    )
 
 
 def _run_stage(stage: TunerStage, spec: TuneSpec, arch: str, stages: dict[str, Any], emit: Emit) -> None:
@@ -141,7 +138,7 @@ def _run_stage(stage: TunerStage, spec: TuneSpec, arch: str, stages: dict[str, A
     emit(StageChanged(stage=stage.name, status="done", seconds=seconds))
 
 
-def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str) -> dict[str, Any]:
+def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str) -> TunerSummary:
     """The ``vllm`` warmup: vLLM's kernel_warmup in its own process, then its caches harvested."""
     from tunecache.formats.autotune_file import parse_autotune_file
     from tunecache.service.tuner.jit_artifacts import workspace_layout
@@ -155,22 +152,19 @@ def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str
     cache = out_dir / AUTOTUNE_FILE
     cache.write_bytes(harvested["autotune_file"].read_bytes())
     parsed = parse_autotune_file(cache.read_bytes(), source=str(cache))
-    return {
-        "gpu_name": gpu_name,
-        "arch": arch,
-        "environment": parsed.environment.model_dump(),
-        "entries": parsed.entries,
-        "tuning_seconds": seconds,
-        "stages": {Stage.VLLM.value: {"status": "done", "seconds": seconds, "ranks": harvested["ranks"]}},
-        "jit_modules": [a["module"] for a in harvested["jit"]],
-        "flashinfer_jit": workspace_layout() if harvested["jit"] else {},
-        "dependencies": installed_versions(),
-        "vllm_compile": harvested["vllm_compile"],
-        "artifacts": [
-            FlashInferFileHarvester().artifact(AUTOTUNE_FILE),
-            *harvested["artifacts"],
-        ],
-    }
+    return TunerSummary(
+        gpu_name=gpu_name,
+        arch=arch,
+        environment=parsed.environment,
+        entries=parsed.entries,
+        tuning_seconds=seconds,
+        stages={Stage.VLLM.value: {"status": "done", "seconds": seconds, "ranks": harvested["ranks"]}},
+        jit_modules=[a.module for a in harvested["jit"]],
+        flashinfer_jit=workspace_layout() if harvested["jit"] else {},
+        dependencies=installed_versions(),
+        vllm_compile=harvested["vllm_compile"],
+        artifacts=[FlashInferFileHarvester().artifact(AUTOTUNE_FILE), *harvested["artifacts"]],
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -189,8 +183,9 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         emit(TunerError(message=f"{type(exc).__name__}: {exc}"))
         return 1
-    (out_dir / RESULT_FILE).write_text(json.dumps(summary, indent=2))
-    emit(TunerFinished(summary=summary))
+    result = summary.model_dump(mode="json", exclude_unset=True)
+    (out_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
+    emit(TunerFinished(summary=result))
     return 0
 
 

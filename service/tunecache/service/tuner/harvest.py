@@ -4,8 +4,9 @@ registered against the contract's kinds (:data:`tunecache.contract.KINDS`).
 A harvester is one kind's tuner-side half: where the vLLM warmup points the tool that writes
 the kind (:meth:`Harvester.environment`: the variable and the directory under the warmup's
 scratch, :func:`tunecache.service.tuner.vllm_warmup.vllm_command`), and how what it wrote
-becomes artifact descriptions in the run's output directory
-(``{"kind", "name", "media_type", "path"}``, ``path`` relative to it; :meth:`Harvester.artifact`).
+becomes artifacts in the run's output directory
+(:class:`~tunecache.service.tuner.result.HarvestedArtifact`: kind, name, media type and
+``path`` relative to it; :meth:`Harvester.artifact`).
 A kind that is one directory stored as one tarball is a :class:`DirectoryTarball` with its
 directory and variable; the warm-state kinds harvest alike (:meth:`Harvester.harvest`), so
 the vLLM warmup iterates them (:func:`tunecache.service.tuner.vllm_warmup.harvest_warm_state`).
@@ -27,12 +28,13 @@ from tunecache.contract import ArtifactKind
 from tunecache.engines import engine_for
 from tunecache.engines.vllm.compile_cache import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
 from tunecache.engines.vllm.compile_paths import node_path_files
+from tunecache.service.tuner.result import HarvestedArtifact
 
 #: The engine whose warmup the tuner runs: where it points the engine's caches is its adaptor's.
 ENGINE = engine_for("vllm")
 
-#: An artifact description: ``kind``, ``name``, ``media_type``, ``path`` (relative to the output directory).
-Artifact = dict[str, Any]
+#: What a harvester returns for each artifact it wrote.
+Artifact = HarvestedArtifact
 
 
 class Harvester:
@@ -46,10 +48,10 @@ class Harvester:
         return {}
 
     def artifact(self, name: str | None = None, path: str | None = None) -> Artifact:
-        """The description of an artifact of this kind named ``name`` (default: the kind's
-        ``artifact_name``), its bytes at ``path`` in the output directory (default: ``name``)."""
+        """An artifact of this kind named ``name`` (default: the kind's ``artifact_name``),
+        its bytes at ``path`` in the output directory (default: ``name``)."""
         name = name or self.kind.facts.artifact_name
-        return {"kind": self.kind.value, "name": name, "media_type": self.kind.media_type, "path": path or name}
+        return HarvestedArtifact(kind=self.kind, name=name, media_type=self.kind.media_type, path=path or name)
 
     def harvest(self, scratch: Path, out_dir: Path) -> tuple[list[Artifact], dict[str, Any]]:
         """What the vLLM warmup's tool wrote under ``scratch``, as artifacts written to
@@ -145,8 +147,9 @@ class FlashInferJitHarvester(Harvester):
     warmup's to say); each named ``flashinfer-jit/<module>.tar.gz``."""
 
     def module_artifact(self, module: str) -> Artifact:
-        """The description of module ``module``'s tarball (at ``jit/<module>.tar.gz``), with its ``module``."""
-        return {**self.artifact(f"flashinfer-jit/{module}.tar.gz", f"jit/{module}.tar.gz"), "module": module}
+        """Module ``module``'s tarball (at ``jit/<module>.tar.gz``), with its ``module``."""
+        return self.artifact(f"flashinfer-jit/{module}.tar.gz", f"jit/{module}.tar.gz").model_copy(
+            update={"module": module})
 
 
 @harvests(ArtifactKind.DEEP_GEMM_JIT_CACHE)

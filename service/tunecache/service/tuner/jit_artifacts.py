@@ -10,10 +10,10 @@ so a node's cache of other models' modules is not shipped with this key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from tunecache.formats.jit_module import jit_environment, module_tarball
 from tunecache.service.tuner.harvest import FlashInferJitHarvester
+from tunecache.service.tuner.result import HarvestedArtifact
 
 
 def used_jit_modules(workspace: Path) -> list[str]:
@@ -40,13 +40,12 @@ def built_since(workspace: Path, since_ns: int) -> list[str]:
     return sorted(names)
 
 
-def harvest_flashinfer_jit(out_dir: Path, modules: list[str] | None = None) -> list[dict[str, Any]]:
+def harvest_flashinfer_jit(out_dir: Path, modules: list[str] | None = None) -> list[HarvestedArtifact]:
     """Write one tarball per JIT module under ``out_dir/jit/``: ``modules`` (names in this
     process's FlashInfer workspace), by default those this process used
     (:func:`used_jit_modules`).
 
-    Returns artifact descriptions ``{"kind", "name", "media_type", "path", "module"}``
-    (``path`` relative to ``out_dir``).
+    Returns the artifacts, each with its ``module`` (``path`` relative to ``out_dir``).
     """
     from flashinfer.jit import env as jit_env
 

@@ -36,6 +36,7 @@ from tunecache.contract import (
     TuningRunRead,
 )
 from tunecache.service.tuner.guard import PARENT_PID_VARIABLE
+from tunecache.service.tuner.result import TunerSummary
 from tunecache.service.tuner.stages import TuneSpec
 from tunecache.signing import sign_run
 from tunecache.store import TuningStore, file_sha256
@@ -120,6 +121,16 @@ class TunerResult:
                        if signing_key is not None else None),
             variant=self.variant,
         )
+
+    @classmethod
+    def of(cls, summary: TunerSummary, work_dir: Path, started_at: dt.datetime | None = None,
+           finished_at: dt.datetime | None = None) -> TunerResult:
+        """The result of a child's :class:`TunerSummary`, its artifacts' bytes under ``work_dir``."""
+        artifacts = [(ArtifactCreate(kind=a.kind, name=a.name, media_type=a.media_type,
+                                     sha256=file_sha256(work_dir / a.path)), work_dir / a.path)
+                     for a in summary.artifacts]
+        return cls(gpu_name=summary.gpu_name, arch=summary.arch, environment=summary.environment,
+                   summary=summary.run_summary(), artifacts=artifacts, started_at=started_at, finished_at=finished_at)
 
     @property
     def variant(self) -> str | None:
@@ -265,19 +276,10 @@ def run_tuner(
             raise failed(error)
         how = f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
         raise failed(f"tuner process died with {how}")
-    summary = result.summary
-    artifacts = [
-        (ArtifactCreate(kind=a["kind"], name=a["name"], media_type=a["media_type"], sha256=file_sha256(work_dir / a["path"])),
-         work_dir / a["path"])
-        for a in summary["artifacts"]
-    ]
-    return TunerResult(
-        gpu_name=summary["gpu_name"],
-        arch=summary["arch"],
-        environment=EnvironmentMetadata.model_validate(summary["environment"]),
-        summary={k: summary[k] for k in ("entries", "tuning_seconds", "stages", "jit_modules", "flashinfer_jit",
-                                          "vllm_compile", "dependencies") if k in summary},
-        artifacts=artifacts,
-        started_at=started_at,
-        finished_at=finished_at,
-    )
+    try:
+        summary = TunerSummary.model_validate(result.summary)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(map(str, problem["loc"]))
+        raise failed(f"the tuner's result is not one this service reads: {where}: {problem['msg']}") from None
+    return TunerResult.of(summary, work_dir, started_at, finished_at)

@@ -345,8 +345,8 @@ def run_vllm_warmup(spec: TuneSpec, scratch: Path, out_dir: Path, python: str = 
     harvested["jit"] = _harvest_jit(scratch, out_dir, started_ns)
     warm_state, harvested["vllm_compile"] = harvest_warm_state(scratch, out_dir)
     harvested["artifacts"].extend(warm_state)
-    harvested["artifacts"].extend({k: a[k] for k in ("kind", "name", "media_type", "path")} for a in harvested["jit"])
-    has_v2 = any(a["kind"] == ArtifactKind.FLASHINFER_V2_STORE.value for a in harvested["artifacts"])
+    harvested["artifacts"].extend(a.description() for a in harvested["jit"])
+    has_v2 = any(a.kind is ArtifactKind.FLASHINFER_V2_STORE for a in harvested["artifacts"])
     if harvested["autotune_file"] is None and not has_v2 and spec.deployment.tensor_parallel_size == 1:
         # A single-process engine writes its file (0.25) or v2 store (0.33) only when it tuned an
         # op: nothing means nothing was tunable (e.g. a bf16 dense model on sm90). The run keeps
@@ -375,7 +375,7 @@ def _untuned_autotune_file(out_dir: Path) -> Path:
     return path
 
 
-def _harvest_jit(scratch: Path, out_dir: Path, started_ns: int) -> list[dict[str, Any]]:
+def _harvest_jit(scratch: Path, out_dir: Path, started_ns: int) -> list[Artifact]:
     """The FlashInfer JIT modules vLLM's engine used (listed by the script) or that were
     built in this node's workspace since ``started_ns``, as artifacts
     (:func:`tunecache.service.tuner.jit_artifacts.harvest_flashinfer_jit`); ``[]`` where

@@ -57,7 +57,7 @@ def test_node_paths_in_a_relocated_compile_cache_are_rewritten_or_reported(tmp_p
         f"torch_aot_compile/{aot}/inductor_cache/triton/0/HASHA/__grp__triton_poi_fused_0.json": TEXT,
         f"torch_aot_compile/{aot}/rank_0_0/model": LOADS,
     }
-    fetched = SimpleNamespace(warm_state={ArtifactKind(a["kind"]): (out / a["path"]).read_bytes() for a in artifacts})
+    fetched = SimpleNamespace(warm_state={ArtifactKind(a.kind): (out / a.path).read_bytes() for a in artifacts})
     import shutil
 
     shutil.rmtree(scratch)  # the tuner's work directory is gone before any pod boots

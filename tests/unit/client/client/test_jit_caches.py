@@ -49,7 +49,7 @@ def fetched_of(tmp_path: Path) -> tuple[list[dict], SimpleNamespace]:
     out.mkdir()
     artifacts, _ = harvest_warm_state(tuner_scratch(tmp_path), out)
     run = SimpleNamespace(id=7, entries=0, artifact=lambda kind: SimpleNamespace(sha256="0" * 64))
-    return artifacts, SimpleNamespace(warm_state={ArtifactKind(a["kind"]): (out / a["path"]).read_bytes()
+    return artifacts, SimpleNamespace(warm_state={ArtifactKind(a.kind): (out / a.path).read_bytes()
                                                   for a in artifacts}, run=run, signed_by=None, drift={})
 
 
@@ -66,7 +66,7 @@ def other_pod(tmp_path, monkeypatch) -> Path:
 
 def test_each_cache_is_harvested_from_where_the_tuner_points_its_package(tmp_path):
     artifacts, _ = fetched_of(tmp_path)
-    assert [(a["kind"], a["name"]) for a in artifacts if ArtifactKind(a["kind"]) in KINDS] == [
+    assert [(a.kind, a.name) for a in artifacts if ArtifactKind(a.kind) in KINDS] == [
         ("tilelang_cache", "tilelang-cache.tar.gz"), ("cute_dsl_cache", "cute-dsl-cache.tar.gz"),
         ("tvm_ffi_cache", "tvm-ffi-cache.tar.gz")]
     for kind in KINDS:  # compiled code: only from a signed run, left out where its package differs

@@ -69,7 +69,7 @@ def harvested(tmp_path: Path):
     out = tmp_path / "out"
     out.mkdir()
     artifacts, summary = harvest_warm_state(scratch, out)
-    fetched = SimpleNamespace(warm_state={ArtifactKind(a["kind"]): (out / a["path"]).read_bytes() for a in artifacts})
+    fetched = SimpleNamespace(warm_state={ArtifactKind(a.kind): (out / a.path).read_bytes() for a in artifacts})
     return artifacts, summary, fetched, backbone, aot
 
 
@@ -82,7 +82,7 @@ def pod(config_hash: str = "p" * 64, **changes) -> PodCompileFactors:
 
 def test_the_harvest_stores_each_kind_with_the_factors_signed_inside(tmp_path):
     artifacts, summary, fetched, backbone, aot = harvested(tmp_path)
-    assert [(a["kind"], a["name"]) for a in artifacts] == [
+    assert [(a.kind, a.name) for a in artifacts] == [
         ("vllm_compile_cache", "vllm-compile-cache.tar.gz"), ("vllm_modelinfos", "vllm-modelinfos.tar.gz"),
         ("triton_cache", "triton-cache.tar.gz")]
     factors = read_compile_factors(fetched.warm_state[ArtifactKind.VLLM_COMPILE_CACHE])

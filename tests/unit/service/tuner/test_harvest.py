@@ -30,10 +30,11 @@ def test_a_kind_has_one_harvester():
 
 
 def test_artifact_descriptions_are_the_ones_recorded(tmp_path):
-    assert FlashInferJitHarvester().module_artifact("m") == {
+    assert FlashInferJitHarvester().module_artifact("m").model_dump(mode="json", exclude_none=True) == {
         "kind": "flashinfer_jit_module", "name": "flashinfer-jit/m.tar.gz", "media_type": "application/gzip",
         "path": "jit/m.tar.gz", "module": "m"}
-    assert HARVESTERS[ArtifactKind.FLASHINFER_AUTOTUNE]().artifact("autotune.json") == {
+    assert HARVESTERS[ArtifactKind.FLASHINFER_AUTOTUNE]().artifact("autotune.json").model_dump(
+        mode="json", exclude_none=True) == {
         "kind": "flashinfer_autotune_v1", "name": "autotune.json", "media_type": "application/json",
         "path": "autotune.json"}
     tarballs = {kind for kind, cls in HARVESTERS.items() if issubclass(cls, DirectoryTarball)}
@@ -53,7 +54,7 @@ def test_a_directory_kind_is_one_tarball_and_nothing_when_its_tool_wrote_nothing
     (scratch / "triton" / "abc").mkdir()
     (scratch / "triton" / "abc" / "k.cubin").write_bytes(b"x")
     artifacts, summary = harvester.harvest(scratch, out)
-    assert (artifacts, summary) == ([{"kind": "triton_cache", "name": "triton-cache.tar.gz",
+    assert ([a.model_dump(mode="json", exclude_none=True) for a in artifacts], summary) == ([{"kind": "triton_cache", "name": "triton-cache.tar.gz",
                                       "media_type": "application/gzip", "path": "triton-cache.tar.gz"}], {})
     with tarfile.open(out / "triton-cache.tar.gz") as tar:
         assert tar.getnames() == ["abc/k.cubin"]
