@@ -6,7 +6,7 @@ import hashlib
 
 from tests.support.paths import CUDNN_FILE
 from tests.support.serve import admin_token
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 
 # What this module tests is the client's HTTP: its server runs on SQLite only (tests/conftest.py).
 SERVER_DATABASE_INCIDENTAL = True

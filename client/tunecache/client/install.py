@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tunecache.client.atomic import all_or_nothing
 from tunecache.formats.dependencies import drift, image_of, installed_versions
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.client.installed import remember_installed
 from tunecache.client.journal import recover_interrupted
 from tunecache.client.layouts import FlashInferFile
@@ -141,7 +141,7 @@ def fetch_tuning(
 
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
-        (:mod:`tunecache.client.http`); InstallDeadlineExceeded (a ServerUnreachable) when
+        (:mod:`tunecache.store.http`); InstallDeadlineExceeded (a ServerUnreachable) when
         the install deadline passed first; ``TunecacheError`` if the run has no FlashInfer file;
         UntrustedRun (:mod:`tunecache.signing`): trusted keys are set and the run is
         unsigned, signed by another key, or its manifest does not match; BadJitArtifact when

@@ -9,8 +9,8 @@ calls :func:`register`), so installing ``tunecache-server`` adds them to the sam
 ``tunecache`` command; ``python -m tunecache.service`` runs them alone. These modules import
 only typer and the kit at load time; the service's own dependencies (uvicorn, SQLAlchemy,
 the tuner) are imported by the command that needs them, so the pod commands start as fast
-with the server installed as without it. ``tune --server`` records through the store the
-kit opens for a server (:func:`tunecache.cli_kit.server_store`: the client's HTTP client).
+with the server installed as without it. ``tune --server`` records through the HTTP store
+the kit opens for a server (:func:`tunecache.cli_kit.server_store`: :mod:`tunecache.store.http`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 from pydantic import ValidationError
 
-from tunecache.client.http.answers import answer_detail, body_detail
-from tunecache.client.http.transport import RETRY_STATUSES, Transient, Transport, transient_status
+from tunecache.store.http.answers import answer_detail, body_detail
+from tunecache.store.http.transport import RETRY_STATUSES, Transient, Transport, transient_status
 from tunecache.contract import ArtifactStored, Health
 from tunecache.formats.tarball import max_unpack_bytes
 from tunecache.store import ArtifactCorrupt, DownloadTruncated, ServerError, file_sha256

@@ -1,5 +1,5 @@
 """The transport of the HTTP client (httpx): one connection pool to one tunecache server,
-and what every request of every API resource shares (:mod:`tunecache.client.http` composes
+and what every request of every API resource shares (:mod:`tunecache.store.http` composes
 the resources' clients over it). Errors are the stores' (:mod:`tunecache.store`).
 
 A pod must never hang or crash at boot because of tunecache, so every request has a
@@ -33,7 +33,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from tunecache.client.http.answers import answer_detail, retry_after_seconds
+from tunecache.store.http.answers import answer_detail, retry_after_seconds
 from tunecache.formats.tarball import positive_whole_setting
 from tunecache.store import (
     DownloadTruncated,

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from tunecache.client.http.answers import answer_detail, body_detail, json_object
-from tunecache.client.http.transport import Transient, Transport
+from tunecache.store.http.answers import answer_detail, body_detail, json_object
+from tunecache.store.http.transport import Transient, Transport
 from tunecache.contract import (
     EnvironmentMetadata,
     LookupMiss,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from tunecache.client.http.answers import answer_detail
-from tunecache.client.http.transport import Transport
+from tunecache.store.http.answers import answer_detail
+from tunecache.store.http.transport import Transport
 from tunecache.contract import Scope, TokenCreate, TokenCreated, TokenRead
 from tunecache.store import TunecacheError
 

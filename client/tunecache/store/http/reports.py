@@ -7,8 +7,8 @@ import os
 
 from pydantic import TypeAdapter, ValidationError
 
-from tunecache.client.http.answers import answer_detail
-from tunecache.client.http.transport import DEFAULT_REPORT_TIMEOUT_S, Transport
+from tunecache.store.http.answers import answer_detail
+from tunecache.store.http.transport import DEFAULT_REPORT_TIMEOUT_S, Transport
 from tunecache.contract import FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, FleetView, PodReportCreate
 
 
@@ -33,7 +33,7 @@ class ReportsClient(Transport):
         reports: whether installs made with this client report to the server (see
             :mod:`tunecache.client.report`); ``None``: as ``TUNECACHE_REPORT`` says.
         report_timeout_s: seconds one report may take in all (2 s).
-        connection: the :class:`~tunecache.client.http.transport.Transport`'s options.
+        connection: the :class:`~tunecache.store.http.transport.Transport`'s options.
     """
 
     def __init__(self, base_url: str, *, reports: bool | None = None,

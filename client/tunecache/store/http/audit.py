@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunecache.client.http.transport import Transport
+from tunecache.store.http.transport import Transport
 from tunecache.contract import AuditPage
 
 
