@@ -66,7 +66,6 @@ from tunecache.contract import DeploymentKey, expert_parallel_size
 from tunecache.store import ArtifactCorrupt, InstallDeadlineExceeded, ServerError, ServerUnreachable, TunecacheError, TuningStore
 
 
-
 class ExitCode(enum.IntEnum):
     OK = 0
     UNEXPECTED = 1
@@ -352,8 +351,9 @@ def new_app() -> typer.Typer:
 
 
 def connection_settings(settings_class: type | None = None):
-    """The environment's HTTP store settings (``settings_class``, default :class:`~tunecache.store.http.
-    settings.ConnectionSettings`) with ``--token``; exit 2 naming a bad one, 13 for an empty token."""
+    """The environment's settings of the HTTP store (``settings_class``, default
+    :class:`~tunecache.store.http.settings.ConnectionSettings`) with ``--token``; exit 2 naming
+    a bad one, 13 for an empty token."""
     from tunecache.store.http.settings import EMPTY_TOKEN, ConnectionSettings, load_settings
 
     try:

@@ -1,7 +1,8 @@
 """Import boundaries (import-linter, contracts in pyproject.toml): the client never imports
 the service or the server's packages, the contract is pure data, the service never imports
 the pod code (``tunecache.client``) or the pod commands (``tunecache.cli``), the command kit
-(``tunecache.cli_kit``) imports neither, ``tunecache.formats`` and ``tunecache.engines`` are pure, and inside the service
+(``tunecache.cli_kit``) imports neither, nor does the store both distributions import
+(``tunecache.store``), ``tunecache.formats`` and ``tunecache.engines`` are pure, and inside the service
 the dashboard calls no route handler, publishing and storage call nothing above them, and
 the settings import nothing they would build; no import is left out of a contract (no
 ``ignore_imports``)."""
