@@ -71,7 +71,7 @@ def replay(args: argparse.Namespace) -> None:
 def install(args: argparse.Namespace) -> None:
     """As a pod: fetch the current run with DeepGEMM's cache, verify, unpack; one JSON line."""
     from tunecache.client.environment import detect_environment, pod_key
-    from tunecache.client.http import TunecacheClient
+    from tunecache.store.http import TunecacheClient
     from tunecache.client.install import fetch_tuning
     from tunecache.client.layouts import install_deep_gemm_cache
     from tunecache.signing import load_trusted_keys

@@ -4,11 +4,10 @@ shared option types, and the exit codes of the stores' errors.
 
 It imports none of the pod code (``tunecache.client``; an import-linter contract in
 ``pyproject.toml`` says so), so the server's commands (:mod:`tunecache.service.cli`) are
-built with it without loading the pod's HTTP client or installs. The pod commands are
+built with it without loading the pod's installs. The pod commands are
 :mod:`tunecache.cli`, which also loads the commands of other distributions through the
-``tunecache.cli`` entry-point group. A command with ``--server URL`` that records into
-the server gets the pod's HTTP client as a :class:`tunecache.store.TuningStore` through
-:func:`server_store` (the ``tunecache.server_store`` entry point), never by name.
+``tunecache.cli`` entry-point group. A command with ``--server URL`` opens the HTTP store
+(:mod:`tunecache.store.http`, which both distributions import) with :func:`server_store`.
 
 Exit codes (also in docs/pods.md):
 
@@ -58,7 +57,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import Annotated, Any, Literal, NoReturn, Optional
 
 import typer
@@ -66,19 +64,7 @@ from pydantic import ValidationError
 
 from tunecache import cli_config
 from tunecache.contract import DEFAULT_ENGINE, DeploymentKey, expert_parallel_size
-from tunecache.store import (
-    ArtifactCorrupt,
-    InstallDeadlineExceeded,
-    ServerError,
-    ServerUnreachable,
-    TunecacheError,
-    TuningStore,
-)
-
-#: Entry-point group of what opens the store behind a command's ``--server URL``: one
-#: function ``(url) -> TuningStore`` (tunecache-client's: its HTTP client with the client's
-#: settings and ``--token``).
-SERVER_STORE_GROUP = "tunecache.server_store"
+from tunecache.store import ArtifactCorrupt, InstallDeadlineExceeded, ServerError, ServerUnreachable, TunecacheError, TuningStore
 
 
 class ExitCode(enum.IntEnum):
@@ -369,15 +355,36 @@ def new_app() -> typer.Typer:
     return app
 
 
-def server_store(server: str) -> TuningStore:
-    """The store of the tunecache server at ``server`` (a command's ``--server URL``): what the
-    :data:`SERVER_STORE_GROUP` entry point opens (tunecache-client's HTTP client, with the
-    client's settings and ``--token``; it exits 2 or 13 on a bad setting itself). Exit 2 when
-    no distribution installed one."""
-    for entry in entry_points(group=SERVER_STORE_GROUP):
-        return entry.load()(server)
-    fail(ExitCode.USAGE, f"--server needs tunecache-client's HTTP client, and no {SERVER_STORE_GROUP} entry point "
-                         "is installed (install tunecache-client with its metadata)")
+def connection_settings(settings_class: type | None = None):
+    """The environment's settings of the HTTP store (``settings_class``, default
+    :class:`~tunecache.store.http.settings.ConnectionSettings`) with ``--token`` and what the
+    config file gives where no variable does (:mod:`tunecache.cli_config`); exit 2 naming a bad
+    one or a config file that cannot be used, 13 for an empty token."""
+    from tunecache.store.http.settings import EMPTY_TOKEN, ConnectionSettings, load_settings
+
+    settings_class = settings_class or ConnectionSettings
+    try:
+        overrides = {name: value for name, value in cli_config.setting_overrides().items()
+                     if name in settings_class.model_fields}
+    except cli_config.ConfigError as exc:
+        fail(ExitCode.USAGE, str(exc))
+    try:
+        return load_settings(settings_class, token=given_token(), **overrides)
+    except ValueError as exc:
+        empty = f"{'--token' if given_token() == '' else 'TUNECACHE_TOKEN'} {EMPTY_TOKEN}"
+        fail(*((ExitCode.NOT_AUTHORISED, empty) if EMPTY_TOKEN in str(exc) else (ExitCode.USAGE, str(exc))))
+
+
+def server_store(server: str, settings=None) -> TuningStore:
+    """The HTTP store (:class:`tunecache.store.http.TunecacheClient`) of the server at ``server`` with
+    ``settings`` (default: :func:`connection_settings`); exit 2 for a bad setting, 13 for a token in clear text."""
+    from tunecache.store.http import InsecureTransport, TunecacheClient
+
+    try:
+        return TunecacheClient.from_settings(settings or connection_settings(), server)
+    except ValueError as exc:
+        fail(ExitCode.NOT_AUTHORISED if isinstance(exc, InsecureTransport) else ExitCode.USAGE, str(exc))
+
 
 #: The exceptions of the click that typer runs on: click itself, or (typer 0.29 on) the copy
 #: typer carries as ``typer._click``; found through ``typer.BadParameter``, one of them.

@@ -4,7 +4,7 @@ artifact transfers (done, rate, time left) and a job's stage while ``job wait`` 
 rich's progress bar (:mod:`rich.progress`, which the CLI's stack brings) on stderr, shown once
 the work has taken :data:`SHOW_AFTER_S`; nothing at all on a pipe, in a log, or with
 ``--quiet``, so that scripts read the commands' output as before. Transfers are told through
-the HTTP client's :data:`~tunecache.client.http.transport.TransferCallback` (bytes done and
+the HTTP client's :data:`~tunecache.store.http.transport.TransferCallback` (bytes done and
 in all, per artifact), whatever reads or writes the bytes.
 """
 
@@ -92,7 +92,7 @@ class TransferProgress(DelayedProgress):
         self.transfers = 0
 
     def __call__(self, done: int, total: int | None) -> None:
-        """One transfer's ``done`` of ``total`` bytes (:data:`~tunecache.client.http.transport.TransferCallback`),
+        """One transfer's ``done`` of ``total`` bytes (:data:`~tunecache.store.http.transport.TransferCallback`),
         told from the thread that moves it."""
         with self._lock:
             me = threading.get_ident()

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tunecache.client.http import KEEPALIVE_EXPIRY_S
+from tunecache.store.http import KEEPALIVE_EXPIRY_S
 
 from tests.support.cli import tunecache
 from tests.support.serve import as_admin, push_run, start_server, stop_server

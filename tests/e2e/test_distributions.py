@@ -69,8 +69,8 @@ def _requirement_names(requires: list[str]) -> set[str]:
 def test_client_wheel_holds_the_pod_side_only(wheels):
     names, metadata, entry_points = _wheel(wheels["tunecache_client"])
     assert metadata["Name"] == "tunecache-client"
-    assert {"tunecache/contract/__init__.py", "tunecache/contract/identity.py", "tunecache/store.py", "tunecache/cli.py", "tunecache/cli_kit.py", "tunecache/client/boot/hooks.py"} <= names
-    assert {"tunecache/client/http/__init__.py", "tunecache/client/http/transport.py", "tunecache/client/http/runs.py"} <= names
+    assert {"tunecache/contract/__init__.py", "tunecache/contract/identity.py", "tunecache/store/__init__.py", "tunecache/store/base.py", "tunecache/cli/__init__.py", "tunecache/cli/__main__.py", "tunecache/cli_kit.py", "tunecache/client/boot/hooks.py"} <= names
+    assert {"tunecache/store/http/__init__.py", "tunecache/store/http/transport.py", "tunecache/store/http/runs.py"} <= names
     # the formats both sides read ship with the pod side; the server uses them from here
     assert {"tunecache/formats/__init__.py", "tunecache/formats/autotune_file.py", "tunecache/formats/jit_module.py"} <= names
     assert not [n for n in names if n.startswith("tunecache/service")]
@@ -78,14 +78,14 @@ def test_client_wheel_holds_the_pod_side_only(wheels):
     assert not _requirement_names(metadata["Requires-Dist"]) & SERVER_PACKAGES
     assert "tunecache = tunecache.cli:main" in entry_points
     assert "[vllm.general_plugins]" in entry_points
-    assert "[tunecache.server_store]" in entry_points and "http = tunecache.cli:client_for" in entry_points
+    assert "tunecache.server_store" not in entry_points  # the server opens the HTTP store of tunecache.store itself
 
 
 def test_server_wheel_builds_on_the_client(wheels):
     names, metadata, entry_points = _wheel(wheels["tunecache_server"])
     assert metadata["Name"] == "tunecache-server"
     assert "tunecache-client==0.2.0" in metadata["Requires-Dist"]
-    assert {"tunecache/service/app.py", "tunecache/service/cli.py", "tunecache/service/migrations/env.py"} <= names
+    assert {"tunecache/service/app.py", "tunecache/service/cli/__init__.py", "tunecache/service/migrations/env.py"} <= names
     assert not [n for n in names if n.startswith(("tunecache/client", "tunecache/contract", "tunecache/cli",
                                                   "tunecache/formats"))]
     assert "tunecache/__init__.py" not in names

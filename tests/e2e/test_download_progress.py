@@ -1,4 +1,4 @@
-"""The install deadline measures progress (``tunecache.client.http.stall``): a body that stalls
+"""The install deadline measures progress (``tunecache.store.http.stall``): a body that stalls
 ends the install at once with exit 4, whatever is left of the deadline; a slow body that keeps
 moving is not cut off by the deadline. Real sockets, a real ``tunecache serve`` behind a small
 relay that paces the artifact bodies, and the real CLI."""
@@ -113,8 +113,8 @@ def test_a_slow_body_that_keeps_moving_completes_past_the_deadline(pacer, tmp_pa
 def test_a_client_streams_a_stalled_body_to_a_file_and_gives_up_with_the_stall(tmp_path, monkeypatch):
     """The API the pull uses, against a raw socket server that sends headers and 8 bytes, then
     nothing: DownloadStalled after the window, never the bytes."""
-    from tunecache.client.http import TunecacheClient
-    from tunecache.client.http.stall import DownloadStalled
+    from tunecache.store.http import TunecacheClient
+    from tunecache.store.http.stall import DownloadStalled
     from tunecache.client.node_cache import fetch_artifact
 
     monkeypatch.setenv("TUNECACHE_STALL_TIMEOUT", "1")

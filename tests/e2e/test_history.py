@@ -22,7 +22,7 @@ from tests.support.cli import tunecache
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tests.support.serve import as_admin
 from tests.support.builders import file_environment, h200_key, plan_of, run_payload
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.contract import (
     KEY_FIELDS,
     RUN_CSV_COLUMNS,

@@ -235,7 +235,7 @@ def test_the_lookup_and_the_download_share_one_deadline(server, proxy, tmp_path)
 def test_a_body_that_stops_after_a_trickle_is_cut_at_the_deadline(tmp_path):
     """A server that trickles and then goes silent: each read may wait the read timeout
     (30 s), but the install deadline still ends the download on time."""
-    from tunecache.client.http import InstallDeadlineExceeded, TunecacheClient
+    from tunecache.store.http import InstallDeadlineExceeded, TunecacheClient
 
     data = b"x" * 1000
     sha = hashlib.sha256(data).hexdigest()
@@ -270,7 +270,7 @@ def test_a_body_that_stops_after_a_trickle_is_cut_at_the_deadline(tmp_path):
 def test_no_retry_is_started_that_could_not_end_before_the_deadline():
     """A 503 asking to come back in 20 s, with 3 s of deadline: the pod gives up at once
     with the server's error (exit 5 in the CLI), naming the deadline, instead of sleeping."""
-    from tunecache.client.http import ServerError, TunecacheClient
+    from tunecache.store.http import ServerError, TunecacheClient
 
     class Busy(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -305,7 +305,7 @@ def test_no_retry_is_started_that_could_not_end_before_the_deadline():
 
 
 def test_the_deadline_comes_from_the_settings():
-    from tunecache.client.http import TunecacheClient
+    from tunecache.store.http import TunecacheClient
     from tunecache.client.settings import ClientSettings
 
     assert ClientSettings().install_deadline == DEFAULT_DEADLINE_S

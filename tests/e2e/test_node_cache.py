@@ -54,7 +54,7 @@ def test_pods_of_a_node_download_each_artifact_once_and_a_corrupt_entry_again(se
 def test_the_least_recently_used_entries_are_evicted_past_the_bound(server, tmp_path):
     """Three artifacts of 100 kB in a cache of 250 kB: fetching the third evicts the one used
     longest ago (the second: the first was used again since), never the one being admitted."""
-    from tunecache.client.http import TunecacheClient
+    from tunecache.store.http import TunecacheClient
     from tunecache.client.node_cache import NodeCache, Transfer, fetch_artifact
 
     blobs = [os.urandom(100_000) for _ in range(3)]
@@ -84,7 +84,7 @@ def test_an_installs_artifacts_download_several_at_once_in_their_order(server, p
     """Three artifacts whose bodies each take about 1 s through the pacing relay: four at once
     (the default) fetch them in about 1 s, one at a time in about 3 s; the files come back in the
     order asked, and the tally adds them up."""
-    from tunecache.client.http import TunecacheClient
+    from tunecache.store.http import TunecacheClient
     from tunecache.client.node_cache import Transfer, fetch_artifacts
 
     handler, url = pacer

@@ -27,7 +27,7 @@ from tests.support.cli import tunecache_executable
 from tests.support.paths import CUDNN_FILE
 from tests.support.s3 import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, weed_binary
 from tests.support.serve import admin_token, push_run, start_server, stop_server
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 
 
 @pytest.fixture(scope="session")
@@ -200,7 +200,7 @@ def test_the_client_follows_a_redirect_to_http_only_and_never_sends_its_token_th
     client follows to an http(s) URL, without its token, checks the bytes' sha256, and
     refuses other schemes; a store's refusal (an expired URL) is retried, then reported.
     Before: the client took the 307's empty body for the artifact (ArtifactCorrupt)."""
-    from tunecache.client.http import ServerError
+    from tunecache.store.http import ServerError
 
     data = b"artifact bytes" * 100
     good, ftp, expired = hashlib.sha256(data).hexdigest(), "1" * 64, "2" * 64

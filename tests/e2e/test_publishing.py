@@ -285,7 +285,7 @@ def test_the_rollback_memory_keeps_what_was_verified_not_the_key_an_answer_names
 
     import httpx
 
-    from tunecache.client.http import TunecacheClient
+    from tunecache.store.http import TunecacheClient
     from tunecache.client.install import fetch_tuning, install
     from tunecache.client.layouts import FlashInferFile
     from tunecache.client.pipeline import InstallTarget
@@ -364,7 +364,7 @@ def test_an_undated_format_1_signature_installs_the_tactics_and_no_code(node_sig
 
     from tests.support.builders import file_environment
     from tests.support.jit import deep_gemm_tarball
-    from tunecache.client.http import TunecacheClient
+    from tunecache.store.http import TunecacheClient
     from tunecache.client.install import fetch_tuning
     from tunecache.contract import RunSignature, TuningRunCreate
     from tunecache.signing import canonical_manifest, format_public_key, key_id, load_trusted_keys

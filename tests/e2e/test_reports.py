@@ -26,7 +26,7 @@ from tests.support.builders import file_environment, h200_key, stored_reports
 from tests.support.cli import MODEL, pull, push
 from tests.support.serve import scrape
 from tunecache.client import report as reporting
-from tunecache.client.http import InstallDeadlineExceeded, ServerError, ServerUnreachable, TunecacheClient
+from tunecache.store.http import InstallDeadlineExceeded, ServerError, ServerUnreachable, TunecacheClient
 from tunecache.client.install import pull_autotune_file
 from tunecache.contract import (
     MAX_REPORT_BYTES,

@@ -27,7 +27,7 @@ from tests.support.paths import CUDNN_FILE
 from tests.support.cli import tunecache_executable
 from tests.support.serve import (Scrape, admin_token, as_admin, free_port, push_run, share_admin_token, start_server,
                                  stop_server)
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.contract import EnvironmentMetadata, TuningKey, TuningRunCreate
 from tunecache.service import db
 

@@ -14,7 +14,7 @@ from tests.support.cli import MODEL
 from tests.support.paths import CUDNN_FILE
 from tests.support.serve import admin_headers, push_run
 from tunecache import cli
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.transfer_progress import TransferProgress, transfer_progress
 
 

@@ -124,7 +124,7 @@ def test_a_verification_boot_installs_the_stored_run_as_a_pod_would_and_says_whe
     """What ``tune --warmup vllm`` does after it recorded its run: a new engine process with
     every cache empty, the plugin fetching the run from the service (trusting the node's
     own key), its attestation stored with the run."""
-    from tunecache.client.http import TunecacheClient
+    from tunecache.store.http import TunecacheClient
     from tunecache.service.tuner.stages import TuneSpec
     from tunecache.service.tuner.verification import shown, verify_run
     from tunecache.signing import format_public_key

@@ -81,7 +81,7 @@ def test_a_retired_variable_is_named_by_the_setting_that_replaced_it():
 
 
 def test_declared_defaults_are_the_codes():
-    from tunecache.client.http import DEFAULT_MAX_ANSWER_BYTES, max_answer_bytes
+    from tunecache.store.http import DEFAULT_MAX_ANSWER_BYTES, max_answer_bytes
     from tunecache.client.settings import POD_VARIABLES
     from tunecache.formats.tarball import max_unpack_bytes, max_unpack_files
 

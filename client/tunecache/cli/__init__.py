@@ -29,9 +29,8 @@ import typer
 
 from tunecache import cli_kit
 from tunecache.cli import admin, fleet, jobs, pod, show, status, transfer
-from tunecache.cli.client import client_for  # the tunecache.server_store entry point's name
 
-__all__ = ["COMMAND_PLUGINS_GROUP", "app", "client_for", "load_command_plugins", "main", "run"]
+__all__ = ["COMMAND_PLUGINS_GROUP", "app", "load_command_plugins", "main", "run"]
 
 #: Entry-point group through which other distributions add commands to ``tunecache``.
 COMMAND_PLUGINS_GROUP = "tunecache.cli"

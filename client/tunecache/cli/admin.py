@@ -30,7 +30,7 @@ from tunecache.cli_kit import (
     first_error,
     key_options,
 )
-from tunecache.client.http import JobConflictError, ServerError, TunecacheClient
+from tunecache.store.http import JobConflictError, ServerError, TunecacheClient
 from tunecache.client.local_files import FileTooLarge, read_bounded
 from tunecache.contract import (
     MAX_HF_CONFIG_BYTES,

@@ -1,32 +1,25 @@
-"""The pod commands' HTTP client, as every command that takes ``--server URL`` opens it: the
-client's settings with ``tunecache --token`` and the config file's (:mod:`tunecache.cli_config`),
-and one line and an exit code for a bad setting. Shared by the command modules of
+"""The pod commands' HTTP store, as every command that takes ``--server URL`` opens it: the
+pods' settings (:class:`~tunecache.client.settings.ClientSettings`) with ``tunecache --token``
+and the config file's (:mod:`tunecache.cli_config`), and one line and an exit code for a bad
+setting (:func:`tunecache.cli_kit.server_store`). Shared by the command modules of
 :mod:`tunecache.cli` (pod, fleet, admin, and the operator's: status, jobs, show)."""
 
 from __future__ import annotations
 
 from tunecache import cli_config
-from tunecache.cli_kit import ExitCode, fail, given_token
-from tunecache.client.http import InsecureTransport, TunecacheClient
-from tunecache.client.settings import EMPTY_TOKEN, load_client_settings
+from tunecache.cli_kit import ExitCode, connection_settings, fail, server_store
+from tunecache.client.settings import ClientSettings
+from tunecache.store.http import TunecacheClient
 
 
-def client_settings():
+def client_settings() -> ClientSettings:
     """The environment's :class:`~tunecache.client.settings.ClientSettings` with ``--token``
-    and what the config file gives where no variable does, or exit 2 naming a bad setting."""
-    try:
-        overrides = cli_config.setting_overrides()
-    except cli_config.ConfigError as exc:
-        fail(ExitCode.USAGE, str(exc))
-    try:
-        return load_client_settings(token=given_token(), **overrides)
-    except ValueError as exc:
-        if EMPTY_TOKEN in str(exc):
-            fail(ExitCode.NOT_AUTHORISED, f"{'--token' if given_token() == '' else 'TUNECACHE_TOKEN'} {EMPTY_TOKEN}")
-        fail(ExitCode.USAGE, str(exc))
+    and what the config file gives where no variable does, or exit 2 naming a bad setting
+    (13 for an empty token)."""
+    return connection_settings(ClientSettings)
 
 
-def _check_local_service(server: str, settings) -> None:
+def _check_local_service(server: str, settings: ClientSettings) -> None:
     """Where the server is the address a local ``tunecache serve`` recorded (no server was
     given), exit 4 unless the service there proves it holds that service's admin token: a
     stopped service's port may be another program's now."""
@@ -37,8 +30,8 @@ def _check_local_service(server: str, settings) -> None:
 
     import httpx
 
-    from tunecache.client.local_token import local_admin_token
-    from tunecache.client.settings import PROOF_TIMEOUT_S
+    from tunecache.store.http.local_token import local_admin_token
+    from tunecache.store.http.settings import PROOF_TIMEOUT_S
 
     try:  # a service with its own certificate: the CA bundle the client verifies it with
         verify = ssl.create_default_context(cafile=str(settings.ca_bundle)) if settings.ca_bundle is not None else True
@@ -52,14 +45,11 @@ def _check_local_service(server: str, settings) -> None:
                                           "(stopped?): start it, or give --server or TUNECACHE_URL")
 
 
-def client_for(server: str, settings=None) -> TunecacheClient:
+def client_for(server: str, settings: ClientSettings | None = None) -> TunecacheClient:
     """A client for ``server`` with ``settings`` (default: :func:`client_settings`); exit 2
     naming a bad setting, 13 when a token would go in clear text to another machine, 4 when
     no server was given and the local service recorded in the data dir does not prove it is
     listening where it recorded."""
     settings = settings or client_settings()
     _check_local_service(server, settings)
-    try:
-        return TunecacheClient.from_settings(settings, server)
-    except ValueError as exc:
-        fail(ExitCode.NOT_AUTHORISED if isinstance(exc, InsecureTransport) else ExitCode.USAGE, str(exc))
+    return server_store(server, settings)

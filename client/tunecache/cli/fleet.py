@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from tunecache.cli.client import client_for
 from tunecache.cli.text import age, aligned, key_text, when
 from tunecache.cli_kit import ExitCode, ServerOpt, client_errors, fail, with_options
-from tunecache.client.http import ServerError
+from tunecache.store.http import ServerError
 from tunecache.contract import (
     ENVIRONMENT_FIELDS,
     FLEET_MAX_HOURS,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunecache.client.environment import detect_environment, pod_key
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.client.install import InstallResult, default_file_name, fetch_and_install
 from tunecache.client.layouts import FlashInferFile
 from tunecache.client.pipeline import InstallTarget
@@ -61,7 +61,7 @@ def install_tuning(
         ValueError: no server URL, or a ``TUNECACHE_*`` setting that is not valid (named).
         EnvironmentUnavailable (``tunecache.client.environment``): FlashInfer not importable.
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
-        (``tunecache.client.http``), BadJitArtifact (``tunecache.formats.jit_module``).
+        (``tunecache.store.http``), BadJitArtifact (``tunecache.formats.jit_module``).
     """
     settings = load_client_settings()
     environment = detect_environment()

@@ -2,7 +2,7 @@
 never whole in memory.
 
 A download streams the body to a file as it arrives, its sha256 taken on the way
-(:meth:`tunecache.client.http.artifacts.ArtifactsClient.download_artifact_to`): a spool file
+(:meth:`tunecache.store.http.artifacts.ArtifactsClient.download_artifact_to`): a spool file
 of the process's own, unlinked at once (:func:`spool_file`: it goes with the last descriptor,
 whatever ends the process), or an entry of the node's cache
 (:mod:`tunecache.client.node_cache`). An :class:`ArtifactFile` holds the file open, so an

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.client.oci_bundle import MAX_BUNDLE_RUNS, BadBundle, BundleEntry, LayoutWriter
 from tunecache.contract import RunStatus, TuningRunQuery, TuningRunRead
 from tunecache.store import NoCompatibleTuning, ServerError, TunecacheError

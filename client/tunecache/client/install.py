@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from tunecache.client.atomic import all_or_nothing
 from tunecache.client.unpack import staging_scope
 from tunecache.formats.dependencies import drift, image_of, installed_versions
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.client.installed import remember_installed
 from tunecache.client.artifact_file import ArtifactFile
 from tunecache.client.node_cache import NodeCache, Transfer, fetch_artifact, fetch_artifacts
@@ -133,7 +133,7 @@ def fetch_tuning(
     ``install_deadline_s`` (``TUNECACHE_INSTALL_DEADLINE`` for a client made with
     :meth:`TunecacheClient.from_settings`; see :meth:`TunecacheClient.deadline_scope`); the
     seconds an artifact's body spends arriving are not counted, it is held to a deadline that
-    measures progress instead (:mod:`tunecache.client.http.stall`). Everything is fetched
+    measures progress instead (:mod:`tunecache.store.http.stall`). Everything is fetched
     before anything is written, so when either passes nothing has been installed.
 
     Artifacts are streamed to files as they arrive, each hashed on the way
@@ -154,7 +154,7 @@ def fetch_tuning(
 
     Raises:
         NoCompatibleTuning, ServerUnreachable, ServerError, ArtifactCorrupt
-        (:mod:`tunecache.client.http`); InstallDeadlineExceeded (a ServerUnreachable) when
+        (:mod:`tunecache.store.http`); InstallDeadlineExceeded (a ServerUnreachable) when
         the install deadline passed first; ``TunecacheError`` if the run has no FlashInfer file;
         UntrustedRun (:mod:`tunecache.signing`): trusted keys are set and the run is
         unsigned, signed by another key, or its manifest does not match; BadJitArtifact comes

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.client.artifact_file import ArtifactFile, held, spool_file
-from tunecache.client.http.stall import StallWatch
+from tunecache.store.http.stall import StallWatch
 from tunecache.formats.tarball import positive_whole_setting
 
 #: Default of ``TUNECACHE_DOWNLOADS``: artifacts of one install downloaded at once.
@@ -128,7 +128,7 @@ class NodeCache:
         node: the pods asking at once wait on the entry's lock while it moves).
 
         Raises:
-            as :meth:`tunecache.client.http.artifacts.ArtifactsClient.download_artifact_to`.
+            as :meth:`tunecache.store.http.artifacts.ArtifactsClient.download_artifact_to`.
         """
         found = self.get(sha256)
         if found is not None:
@@ -189,7 +189,7 @@ class NodeCache:
     def _entry_lock(self, sha256: str, part: Path, window_s: float) -> Iterator[bool]:
         """The lock of entry ``sha256`` (``True``), or ``False`` when the pod holding it let
         its download (``part``) stand still for a stall window: waiting is bounded by the
-        same progress a download is held to (:mod:`tunecache.client.http.stall`)."""
+        same progress a download is held to (:mod:`tunecache.store.http.stall`)."""
         with (self.root / "locks" / f"{sha256}.lock").open("a") as f:
             last, moved = -1, time.monotonic()
             while True:
@@ -226,7 +226,7 @@ def fetch_artifacts(client: Any, shas: list[str], transfer: Transfer | None = No
                     cache: NodeCache | None = None) -> list[ArtifactFile]:
     """:func:`fetch_artifact` of each of ``shas``, in their order, at most
     ``TUNECACHE_DOWNLOADS`` at once (4 by default; each on a client of its own,
-    :meth:`~tunecache.client.http.artifacts.ArtifactsClient.download_sibling`).
+    :meth:`~tunecache.store.http.artifacts.ArtifactsClient.download_sibling`).
 
     Raises:
         the first error of :func:`fetch_artifact` (after the downloads under way are done)."""
@@ -269,7 +269,7 @@ def fetch_artifact(client: Any, sha256: str, transfer: Transfer | None = None,
     up what it took.
 
     Raises:
-        as :meth:`tunecache.client.http.artifacts.ArtifactsClient.download_artifact_to`.
+        as :meth:`tunecache.store.http.artifacts.ArtifactsClient.download_artifact_to`.
     """
     watch = StallWatch()
     began = time.monotonic()

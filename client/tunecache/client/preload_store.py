@@ -163,7 +163,7 @@ class TunecacheArtifactStore:
         return self._target, self._settings
 
     def _get(self, key: str) -> bytes | None:
-        from tunecache.client.http import TunecacheClient
+        from tunecache.store.http import TunecacheClient
         from tunecache.client.install import fetch_tuning
         from tunecache.signing import UntrustedRun, load_trusted_keys
         from tunecache.store import NoCompatibleTuning
@@ -192,7 +192,7 @@ class TunecacheArtifactStore:
 
     def _put(self, key: str, data: bytes) -> None:
         from tunecache.client.autotune_file import pushed_run
-        from tunecache.client.http import TunecacheClient
+        from tunecache.store.http import TunecacheClient
         from tunecache.formats.autotune_file import parse_autotune_file
 
         name = ArtifactName.parse(key)

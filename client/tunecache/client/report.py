@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tunecache.client.http import ServerError, ServerUnreachable, TunecacheClient
+from tunecache.store.http import ServerError, ServerUnreachable, TunecacheClient
 from tunecache.contract import (
     BOOT_ID_PATTERN,
     EnvironmentMetadata,
@@ -91,7 +91,7 @@ def pod_name() -> str:
 def worth_reporting(error: BaseException) -> bool:
     """Whether an install that raised ``error`` is reported: a miss or a failure on the pod
     (untrusted run, corrupt artifact, full disk, ...) is; the server being unreachable, too
-    slow (:class:`~tunecache.client.http.InstallDeadlineExceeded` included) or answering an
+    slow (:class:`~tunecache.store.http.InstallDeadlineExceeded` included) or answering an
     error status is not (see the module)."""
     return not isinstance(error, (ServerUnreachable, ServerError))
 

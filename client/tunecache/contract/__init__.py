@@ -12,9 +12,11 @@ one module per role:
   (:class:`KindFacts`: media type, signature needed, fetch option, packages it depends on);
 * :mod:`.runs`: :class:`RunStatus`,
   :class:`RunTrigger`; :class:`ArtifactCreate`, :class:`TuningRunCreate`,
-  :class:`LookupRequest`, :class:`TuningRunQuery` (with the history's cursors),
-  :class:`TuningRunRead`, :class:`TuningRunPage`, :class:`LookupMiss`,
-  :class:`ArtifactStored`, :class:`RunSignature`, :class:`TuningRunDiff` (a run diff);
+  :class:`LookupRequest`, :class:`TuningRunRead`, :class:`LookupMiss`,
+  :class:`ArtifactStored`, :class:`RunSignature`, :class:`RunVerification`;
+* :mod:`.history`: :class:`TuningRunQuery` (with the history's cursors),
+  :class:`TuningRunPage`, the history's CSV export (:func:`run_csv_row`);
+* :mod:`.diffs`: :class:`TuningRunDiff` (a run diff) and its entries;
 * :mod:`.jobs`: :class:`JobStatus`, :class:`TuningJobCreate` (and the :class:`JobOptions` a job keeps), :class:`TuningJobRead`,
   :class:`TuningJobPage`, :class:`JobConflict`, :class:`WorkerList`, :class:`Health`;
 * :mod:`.reports`: :class:`PodReportCreate` (a pod's install report) and :class:`FleetView`
@@ -73,30 +75,34 @@ from tunecache.contract.runs import (
     ArtifactRead,
     ArtifactStored,
     ClosestTuning,
-    decode_run_cursor,
-    encode_run_cursor,
-    EntryChange,
-    IsoDateTime,
     LookupMiss,
     LookupRequest,
     PromoteRequest,
-    CSV_FORMULA_PREFIXES,
-    RUN_CSV_COLUMNS,
-    csv_text_cell,
-    run_csv_row,
     RunSignature,
     RunStatus,
     MAX_AUTOTUNE_FILE_BYTES,
     RunTrigger,
     RunVerification,
     compiled_summary,
-    TacticChange,
     TuningRunCreate,
-    TuningRunDiff,
-    TuningRunDiffSummary,
+    TuningRunRead,
+)
+from tunecache.contract.history import (
+    decode_run_cursor,
+    encode_run_cursor,
+    IsoDateTime,
+    CSV_FORMULA_PREFIXES,
+    RUN_CSV_COLUMNS,
+    csv_text_cell,
+    run_csv_row,
     TuningRunPage,
     TuningRunQuery,
-    TuningRunRead,
+)
+from tunecache.contract.diffs import (
+    EntryChange,
+    TacticChange,
+    TuningRunDiff,
+    TuningRunDiffSummary,
 )
 from tunecache.contract.jobs import (
     ACTIVE_JOB_STATUSES,

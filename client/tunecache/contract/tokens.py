@@ -95,7 +95,7 @@ def token_proof(secret_sha256: str, challenge: str, host: str, port: int) -> str
     keyed with the sha256 (hex) of the token's secret (all the service stores of it) over the
     client's ``challenge`` and the address the service listens on (``host`` as it was told
     to listen, ``port``). A client that holds the token computes the same and sends the token
-    only where they match (the local admin token, :mod:`tunecache.client.local_token`); bound
+    only where they match (the local admin token, :mod:`tunecache.store.http.local_token`); bound
     to the listening address, the proof of a real service relayed by a listener elsewhere
     does not match."""
     message = f"tunecache token proof\n{challenge}\n{host}\n{port}".encode()

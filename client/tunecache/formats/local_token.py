@@ -9,7 +9,7 @@ quick start, then PostgreSQL) never overwrite each other's. Beside each token fi
 listens on (each start of that service adds its own). A client on the same machine sends
 such a token only to a server URL one of those addresses reaches (:func:`reaches`), and only
 once the service there has proved it holds the token (:func:`tunecache.contract.tokens.token_proof`,
-``tunecache.client.local_token``): never to another port, another address, or another service.
+``tunecache.store.http.local_token``): never to another port, another address, or another service.
 
 Written by the service (``tunecache.service.cli``), read by the client; no I/O beyond the
 data dir's files.

@@ -1,7 +1,7 @@
 """``python -m tunecache.service``: the server's commands (``serve``, ``db``, ``prune``,
 ``tune``) on their own, built with the command kit (:mod:`tunecache.cli_kit`), from the
-source roots alone (``tune --server`` alone needs the client's metadata: it finds the HTTP
-client through the ``tunecache.server_store`` entry point). The whole ``tunecache``
+source roots alone (``tune --server`` records through the HTTP store, :mod:`tunecache.store.http`,
+which the kit opens). The whole ``tunecache``
 command, pod commands included, is ``python -m tunecache.cli``, which finds these through
 their entry point."""
 

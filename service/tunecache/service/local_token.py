@@ -1,6 +1,6 @@
 """The admin token ``tunecache serve`` leaves in its data dir for client commands on its
 machine, one file per database, each with the record of the service it belongs to
-(:mod:`tunecache.formats.local_token` says the layout; ``tunecache.client.local_token``
+(:mod:`tunecache.formats.local_token` says the layout; ``tunecache.store.http.local_token``
 reads it).
 
 At each start (``TUNECACHE_BOOTSTRAP_ADMIN_TOKEN`` on), :func:`leave_admin_token` finds this

@@ -53,7 +53,7 @@ EXPECTED = {
     ("GET", "/v1/tokens"): requires(Scope.ADMIN),
     ("DELETE", "/v1/tokens/{name}"): requires(Scope.ADMIN),
     # proves the service holds a token without it travelling (a local client asks before it
-    # sends the local admin token: tunecache.client.local_token)
+    # sends the local admin token: tunecache.store.http.local_token)
     ("GET", "/v1/token-proof"): PUBLIC,
     # who the caller's own token is (tunecache status)
     ("GET", "/v1/whoami"): PUBLIC,

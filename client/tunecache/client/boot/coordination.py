@@ -43,7 +43,7 @@ from pydantic import BaseModel, ValidationError
 from tunecache.client.atomic import file_lock, remove_stale, write_atomically
 from tunecache.client.boot.handoff import Handoff
 from tunecache.client.boot.reporting import report_install
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.client.install import InstallResult, fetch_tuning, install
 from tunecache.client.layouts import FlashInferV2Store, VllmRankFiles
 from tunecache.client.pipeline import InstallTarget

@@ -467,7 +467,7 @@ def _push_back_safely(runner: Any, settings: ClientSettings) -> None:
     unverified ``pod`` run. Never raises."""
     from tunecache.client.autotune_file import pushed_run
     from tunecache.formats.autotune_file import parse_autotune_file
-    from tunecache.client.http import TunecacheClient
+    from tunecache.store.http import TunecacheClient
 
     try:
         worker = VllmWorker(runner, settings, _release)

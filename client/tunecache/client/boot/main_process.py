@@ -26,7 +26,7 @@ from tunecache.client.atomic import write_atomically
 from tunecache.client.boot.coordination import install_deadline
 from tunecache.client.boot.handoff import Handoff
 from tunecache.client.boot.staged import unpack_staged
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.client.install import FetchedTuning, InstallResult, fetch_tuning, install
 from tunecache.client.jit_install import JitWorkspace
 from tunecache.client.pipeline import BOOT_KINDS, InstallTarget

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunecache.client.boot.handoff import Handoff
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.client.install import InstallResult
 from tunecache.contract import EnvironmentMetadata, ReportOutcome, ReportSource, TuningKey
 

@@ -30,7 +30,7 @@ from tunecache.client.atomic import file_lock, remove_stale, write_atomically
 from tunecache.client.boot.coordination import DEFAULT_INSTALL_DEADLINE_S, install_deadline
 from tunecache.client.boot.handoff import Handoff
 from tunecache.client.boot.reporting import variant_seen
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.client.install import InstallResult, fetch_tuning
 from tunecache.client.jit_install import use_aot_dir
 from tunecache.client.pipeline import destinations_of

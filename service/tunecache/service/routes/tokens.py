@@ -48,7 +48,7 @@ def prove_token(
     secret (:func:`tunecache.contract.tokens.token_proof`; of a random key for a token it
     does not hold). Open to anyone: a client on the service's machine asks before it sends
     the admin token that ``tunecache serve`` wrote there, so that token goes to that service
-    only, never to another listener or another service (``tunecache.client.local_token``)."""
+    only, never to another listener or another service (``tunecache.store.http.local_token``)."""
     return TokenProof(proof=tokens.prove_token(session, token_id, challenge, settings.host, settings.port))
 
 

@@ -10,7 +10,7 @@ import pytest
 import typer
 
 from tunecache import cli
-from tunecache.client.http import InsecureTransport, TunecacheClient, retry_after_seconds
+from tunecache.store.http import InsecureTransport, TunecacheClient, retry_after_seconds
 from tunecache.client.settings import ClientSettings, load_client_settings
 from tunecache.formats.local_token import Listener, LocalAdminToken, write_record
 

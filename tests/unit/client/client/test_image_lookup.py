@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.builders import file_environment, h200_key
 from tests.support.paths import CUDNN_FILE
-from tunecache.client.http import TunecacheClient
+from tunecache.store.http import TunecacheClient
 from tunecache.client.installed import newest_installed, remember_installed
 from tunecache.store import NoCompatibleTuning
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.builders import h200_key
 from tests.support.jit import deep_gemm_tarball, fake_workspace
-from tunecache.client.http import AnswerTooLarge, TunecacheClient
+from tunecache.store.http import AnswerTooLarge, TunecacheClient
 from tunecache.client.jit_install import install_jit_module
 from tunecache.client.layouts import install_deep_gemm_cache, install_v2_store
 from tunecache.client.warm_state import BadWarmStateArtifact, merge_entries

@@ -7,8 +7,10 @@ import os
 
 from pydantic import TypeAdapter, ValidationError
 
-from tunecache.client.http.answers import answer_detail
-from tunecache.client.http.transport import DEFAULT_REPORT_TIMEOUT_S, Transport
+from tunecache.store.http.answers import answer_detail
+from tunecache.store.http import routes
+from tunecache.store.http.routes import calls
+from tunecache.store.http.transport import DEFAULT_REPORT_TIMEOUT_S, Transport
 from tunecache.contract import FLEET_PAGE_DEFAULT, FLEET_PAGE_MAX, FleetView, PodReportCreate
 
 
@@ -33,7 +35,7 @@ class ReportsClient(Transport):
         reports: whether installs made with this client report to the server (see
             :mod:`tunecache.client.report`); ``None``: as ``TUNECACHE_REPORT`` says.
         report_timeout_s: seconds one report may take in all (2 s).
-        connection: the :class:`~tunecache.client.http.transport.Transport`'s options.
+        connection: the :class:`~tunecache.store.http.transport.Transport`'s options.
     """
 
     def __init__(self, base_url: str, *, reports: bool | None = None,
@@ -42,6 +44,7 @@ class ReportsClient(Transport):
         self.reports = reports_enabled_by_environment() if reports is None else reports
         self.report_timeout_s = report_timeout_s
 
+    @calls(routes.FLEET)
     def fleet(self, hours: float = 24, *, limit: int = FLEET_PAGE_DEFAULT, offset: int = 0,
               wanted_limit: int = FLEET_PAGE_DEFAULT, wanted_offset: int = 0) -> FleetView:
         """``GET /v1/fleet``: one page of the fleet view over the last ``hours``: at most
@@ -56,7 +59,7 @@ class ReportsClient(Transport):
         """
         params = {"hours": hours, "limit": limit, "offset": offset, "wanted_limit": wanted_limit,
                   "wanted_offset": wanted_offset}
-        return self._answer(self._request("GET", "/v1/fleet", params=params), FleetView)
+        return self._answer(self._request(*routes.FLEET.call(), params=params), FleetView)
 
     def fleet_all(self, hours: float = 24, page_size: int = FLEET_PAGE_MAX) -> FleetView:
         """The whole fleet view over the last ``hours``: pages of ``page_size`` keys and
@@ -92,6 +95,7 @@ class ReportsClient(Transport):
                          total_wanted=last.total_wanted, wanted_limit=asked, wanted_offset=0,
                          wanted=list(wanted.values()))
 
+    @calls(routes.REPORT)
     def send_report(self, report: PodReportCreate) -> None:
         """``POST /v1/reports``: tell the server what an install came to (202: taken, stored
         in a batch within the server's ``TUNECACHE_REPORT_FLUSH_SECONDS``). Installs
@@ -103,7 +107,7 @@ class ReportsClient(Transport):
                 503 when the server holds too many reports not yet stored, other error
                 statuses; ServerUnreachable.
         """
-        response = self._request("POST", "/v1/reports", content=report.model_dump_json(exclude_none=True),
+        response = self._request(*routes.REPORT.call(), content=report.model_dump_json(exclude_none=True),
                                  headers={"Content-Type": "application/json"})
         if response.is_error:
             raise self.error_of(response.status_code, answer_detail(response))

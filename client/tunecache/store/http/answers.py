@@ -1,6 +1,6 @@
 """What an answer of the tunecache server says: the detail of an error answer (its JSON
 ``detail``, else the start of its text) and the seconds a ``Retry-After`` asks for. Shared by
-every API resource's client through :mod:`~tunecache.client.http.transport`."""
+every API resource's client through :mod:`~tunecache.store.http.transport`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The transport of the HTTP client (httpx): one connection pool to one tunecache server,
-and what every request of every API resource shares (:mod:`tunecache.client.http` composes
+and what every request of every API resource shares (:mod:`tunecache.store.http` composes
 the resources' clients over it). Errors are the stores' (:mod:`tunecache.store`).
 
 A pod must never hang or crash at boot because of tunecache, so every request has a
@@ -16,7 +16,7 @@ artifact download) also has one deadline for the whole, ``install_deadline_s``
 (:meth:`Transport.deadline_scope`), and when it passes the install gives up with
 :class:`InstallDeadlineExceeded` before anything is written. The seconds an artifact's body
 spends arriving are not counted against it: a body is held to a deadline that measures its
-progress instead (:mod:`tunecache.client.http.stall`).
+progress instead (:mod:`tunecache.store.http.stall`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from tunecache.client.http.answers import answer_detail, retry_after_seconds
-from tunecache.client.http.stall import DownloadStalled, StallWatch, cut_at_deadline
+from tunecache.store.http.answers import answer_detail, retry_after_seconds
+from tunecache.store.http.stall import DownloadStalled, StallWatch, cut_at_deadline
 from tunecache.formats.tarball import positive_whole_setting
 from tunecache.store import (
     DownloadTruncated,
@@ -329,7 +329,7 @@ class Transport:
         the service's, never sent to anyone else.
 
         ``watch``: an artifact's body, read under a deadline that measures progress
-        (:mod:`tunecache.client.http.stall`): the seconds it moves at the rate are given back
+        (:mod:`tunecache.store.http.stall`): the seconds it moves at the rate are given back
         to the install deadline and the request's total timeout (they bound the waiting, not
         the bytes moving); it is cut off when it stalls.
 
@@ -436,7 +436,7 @@ class Transport:
         the install deadline's if sooner); ``sink`` sees each part. At most ``max_bytes``
         (as decoded: a gzip'd answer is counted as it expands; default
         :func:`max_answer_bytes`) are read. ``watch``: each part is counted by it (a stalled
-        body raises :class:`~tunecache.client.http.stall.DownloadStalled`); ``keep=False``:
+        body raises :class:`~tunecache.store.http.stall.DownloadStalled`); ``keep=False``:
         the parts go to ``sink`` only and ``b""`` is returned (a body streamed to a file).
         ``transfer``: :attr:`on_transfer` is told of the body's bytes as they arrive.
 

@@ -4,14 +4,14 @@
 :mod:`tunecache.store`, which a CLI maps to exit codes.
 
 Laid out as Prefect's ``client/orchestration``: one transport
-(:mod:`~tunecache.client.http.transport`: the connection, timeouts and the install
+(:mod:`~tunecache.store.http.transport`: the connection, timeouts and the install
 deadline, retries, body bounds, what a failure is called) and one client per API resource,
-each a :class:`~tunecache.client.http.transport.Transport` with that resource's methods:
-:mod:`~tunecache.client.http.runs` (lookup, history, record, promote, pin),
-:mod:`~tunecache.client.http.artifacts`, :mod:`~tunecache.client.http.reports` (the fleet
-view and install reports), :mod:`~tunecache.client.http.jobs`,
-:mod:`~tunecache.client.http.workers`, :mod:`~tunecache.client.http.tokens`,
-:mod:`~tunecache.client.http.audit` and :mod:`~tunecache.client.http.service` (health, whoami). :class:`TunecacheClient` is all of them over one
+each a :class:`~tunecache.store.http.transport.Transport` with that resource's methods:
+:mod:`~tunecache.store.http.runs` (lookup, history, record, promote, pin),
+:mod:`~tunecache.store.http.artifacts`, :mod:`~tunecache.store.http.reports` (the fleet
+view and install reports), :mod:`~tunecache.store.http.jobs`,
+:mod:`~tunecache.store.http.workers`, :mod:`~tunecache.store.http.tokens`,
+:mod:`~tunecache.store.http.audit` and :mod:`~tunecache.store.http.service` (health, whoami). :class:`TunecacheClient` is all of them over one
 connection, and what every caller uses.
 """
 
@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecache.client.http.artifacts import ArtifactsClient
-from tunecache.client.http.audit import AuditClient
-from tunecache.client.http.jobs import JobsClient
-from tunecache.client.http.reports import ReportsClient, reports_enabled_by_environment
-from tunecache.client.http.runs import RunsClient
-from tunecache.client.http.service import ServiceClient
-from tunecache.client.http.tokens import TokensClient
-from tunecache.client.http.answers import retry_after_seconds
-from tunecache.client.http.transport import (
+from tunecache.store.http.artifacts import ArtifactsClient
+from tunecache.store.http.audit import AuditClient
+from tunecache.store.http.jobs import JobsClient
+from tunecache.store.http.reports import ReportsClient, reports_enabled_by_environment
+from tunecache.store.http.runs import RunsClient
+from tunecache.store.http.service import ServiceClient
+from tunecache.store.http.tokens import TokensClient
+from tunecache.store.http.answers import retry_after_seconds
+from tunecache.store.http.transport import (
     DEFAULT_ATTEMPTS,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_INSTALL_DEADLINE_S,
@@ -41,8 +41,8 @@ from tunecache.client.http.transport import (
     Transport,
     max_answer_bytes,
 )
-from tunecache.client.http.workers import WorkersClient
-from tunecache.client.settings import ClientSettings
+from tunecache.store.http.workers import WorkersClient
+from tunecache.store.http.settings import ConnectionSettings
 from tunecache.store import (
     AnswerTooLarge,
     ArtifactCorrupt,
@@ -67,16 +67,16 @@ class TunecacheClient(RunsClient, ArtifactsClient, ReportsClient, JobsClient, Wo
     """Talks to one tunecache server, every API resource over one connection; implements
     :class:`tunecache.store.TuningStore`.
 
-    Made with the :class:`~tunecache.client.http.transport.Transport`'s arguments (the
+    Made with the :class:`~tunecache.store.http.transport.Transport`'s arguments (the
     server's URL, timeouts, attempts, the install deadline, token and TLS) and the
-    :class:`~tunecache.client.http.reports.ReportsClient`'s (``reports``,
+    :class:`~tunecache.store.http.reports.ReportsClient`'s (``reports``,
     ``report_timeout_s``); raises as they say. A client is one thread's at a time.
     """
 
     @classmethod
-    def from_settings(cls, settings: ClientSettings, url: str | None = None, **kwargs: Any) -> "TunecacheClient":
+    def from_settings(cls, settings: ConnectionSettings, url: str | None = None, **kwargs: Any) -> "TunecacheClient":
         """A client for ``url`` (default ``settings.url``) with the settings' timeouts,
-        attempts, install deadline, token and its source (:meth:`ClientSettings.resolved_credential`) and TLS
+        attempts, install deadline, token and its source (:meth:`ConnectionSettings.resolved_credential`) and TLS
         settings.
 
         Raises:

@@ -1,11 +1,13 @@
-"""Tuning jobs (``/v1/tuning-jobs``): queue a tuning, follow it, cancel it."""
+"""Tuning jobs (``/v1/tuning-jobs``): queue a tuning, follow it, list them, cancel one."""
 
 from __future__ import annotations
 
 from pydantic import ValidationError
 
-from tunecache.client.http.answers import answer_detail
-from tunecache.client.http.transport import Transport
+from tunecache.store.http.answers import answer_detail
+from tunecache.store.http import routes
+from tunecache.store.http.routes import calls
+from tunecache.store.http.transport import Transport
 from tunecache.contract import JobConflict, JobStatus, TuningJobCreate, TuningJobPage, TuningJobRead
 from tunecache.store import JobConflictError, ServerError
 
@@ -13,6 +15,7 @@ from tunecache.store import JobConflictError, ServerError
 class JobsClient(Transport):
     """The tuning jobs of a tunecache server (:mod:`tunecache.service.routes.jobs`)."""
 
+    @calls(routes.CREATE_JOB)
     def create_job(self, job: TuningJobCreate) -> TuningJobRead:
         """``POST /v1/tuning-jobs``: queue a tuning of ``job.key`` (or get the one already
         queued or running for it with the same options).
@@ -21,7 +24,7 @@ class JobsClient(Transport):
             JobConflictError: 409, the key's active job has other options (named).
             ServerUnreachable, ServerError.
         """
-        response = self._request("POST", "/v1/tuning-jobs", content=job.model_dump_json(exclude_none=True),
+        response = self._request(*routes.CREATE_JOB.call(), content=job.model_dump_json(exclude_none=True),
                                  headers={"Content-Type": "application/json"})
         if response.status_code == 409:
             try:
@@ -31,15 +34,21 @@ class JobsClient(Transport):
             raise JobConflictError(conflict)
         return self._answer(response, TuningJobRead)
 
-    def list_jobs(self, status: JobStatus | None = None, limit: int = 50, offset: int = 0) -> TuningJobPage:
-        """``GET /v1/tuning-jobs``: a page of jobs, newest first (of ``status`` when given)."""
-        params = {"limit": limit, "offset": offset} | ({"status": str(status)} if status is not None else {})
-        return self._answer(self._request("GET", "/v1/tuning-jobs", params=params), TuningJobPage)
-
+    @calls(routes.GET_JOB)
     def get_job(self, job_id: int) -> TuningJobRead:
         """``GET /v1/tuning-jobs/{id}``: status, stage, step/total, log tail, timings."""
-        return self._answer(self._request("GET", f"/v1/tuning-jobs/{job_id}"), TuningJobRead)
+        return self._answer(self._request(*routes.GET_JOB.call(job_id=job_id)), TuningJobRead)
 
+    @calls(routes.LIST_JOBS)
+    def list_jobs(self, status: JobStatus | None = None, limit: int = 50, offset: int = 0) -> TuningJobPage:
+        """``GET /v1/tuning-jobs``: one page of jobs, newest first (of ``status`` only, when given),
+        as the caller's scope may see them (the service redacts identities for readers)."""
+        params: dict[str, str | int] = {"limit": limit, "offset": offset}
+        if status is not None:
+            params["status"] = str(status)
+        return self._answer(self._request(*routes.LIST_JOBS.call(), params=params), TuningJobPage)
+
+    @calls(routes.CANCEL_JOB)
     def cancel_job(self, job_id: int) -> TuningJobRead:
         """``DELETE /v1/tuning-jobs/{id}`` (admin): cancel a job. Returns it: ``cancelled``
         (it was queued), or ``running`` with ``cancel_requested_at`` set (its worker stops
@@ -50,4 +59,4 @@ class JobsClient(Transport):
                 names its state); 401/403 without an admin token.
             ServerUnreachable.
         """
-        return self._answer(self._request("DELETE", f"/v1/tuning-jobs/{job_id}"), TuningJobRead)
+        return self._answer(self._request(*routes.CANCEL_JOB.call(job_id=job_id)), TuningJobRead)

@@ -9,8 +9,10 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from tunecache.client.http.answers import answer_detail, body_detail, json_object
-from tunecache.client.http.transport import Transient, Transport
+from tunecache.store.http.answers import answer_detail, body_detail, json_object
+from tunecache.store.http import routes
+from tunecache.store.http.routes import calls
+from tunecache.store.http.transport import Transient, Transport
 from tunecache.contract import (
     EnvironmentMetadata,
     LookupMiss,
@@ -42,6 +44,7 @@ def _names_dependencies(response: httpx.Response) -> bool:
 class RunsClient(Transport):
     """The tuning runs of a tunecache server (:mod:`tunecache.service.routes.tunings`)."""
 
+    @calls(routes.LOOKUP)
     def lookup(self, key: TuningKey, environment: EnvironmentMetadata, variant: str | None = None,
                dependencies: Mapping[str, str] | None = None) -> TuningRunRead:
         """``POST /v1/tunings/lookup``: the current tuning run for this key and environment
@@ -57,12 +60,12 @@ class RunsClient(Transport):
         """
         versions = {name: str(version)[:64] for name, version in (dependencies or {}).items()} or None
         request = LookupRequest(key=key, environment=environment, variant=variant, dependencies=versions)
-        response = self._request("POST", "/v1/tunings/lookup", content=request.model_dump_json(exclude_none=True),
+        response = self._request(*routes.LOOKUP.call(), content=request.model_dump_json(exclude_none=True),
                                  headers={"Content-Type": "application/json"})
         if versions and response.status_code == 422 and _names_dependencies(response):
             # a service before images refuses a field it does not know: asked again as before them
             request = request.model_copy(update={"dependencies": None})
-            response = self._request("POST", "/v1/tunings/lookup", content=request.model_dump_json(exclude_none=True),
+            response = self._request(*routes.LOOKUP.call(), content=request.model_dump_json(exclude_none=True),
                                      headers={"Content-Type": "application/json"})
         if response.status_code == 404:
             try:
@@ -72,6 +75,7 @@ class RunsClient(Transport):
             raise NoCompatibleTuning(miss)
         return self._answer(response, TuningRunRead)
 
+    @calls(routes.LIST_RUNS)
     def list_runs(self, query: TuningRunQuery = TuningRunQuery()) -> TuningRunPage:
         """``GET /v1/tunings``: one page of the tuning history, newest first, filtered as
         ``query`` says (any key or environment field, status, trigger, ``since``/``until``,
@@ -81,7 +85,7 @@ class RunsClient(Transport):
             ServerError: 422 naming an invalid parameter; ServerUnreachable.
         """
         params = query.model_dump(mode="json", exclude_defaults=True, exclude={"format"})
-        return self._answer(self._request("GET", "/v1/tunings", params=params), TuningRunPage)
+        return self._answer(self._request(*routes.LIST_RUNS.call(), params=params), TuningRunPage)
 
     def iter_runs(self, query: TuningRunQuery = TuningRunQuery()) -> Iterator[TuningRunRead]:
         """Every run matching ``query``'s filters, newest first, page after page
@@ -98,6 +102,7 @@ class RunsClient(Transport):
                 return
             page = self.list_runs(query.model_copy(update={"cursor": page.next_cursor, "offset": 0}))
 
+    @calls(routes.LIST_RUNS)
     def export_runs_csv(self, query: TuningRunQuery, write: Callable[[bytes], Any]) -> None:
         """``GET /v1/tunings?format=csv``: every run matching ``query``'s filters (from its
         cursor on) as CSV, header first, handed to ``write`` part by part as it arrives
@@ -116,14 +121,16 @@ class RunsClient(Transport):
             self._read_body(response, deadline, sink=write)
 
         try:
-            self._exchange("GET", "/v1/tunings", read, params=params)
+            self._exchange(*routes.LIST_RUNS.call(), read, params=params)
         except Transient as transient:
             raise transient.error from None
 
+    @calls(routes.GET_RUN)
     def get_run(self, run_id: int) -> TuningRunRead:
         """``GET /v1/tunings/{id}``: one run. Raises ServerError (404 when there is none)."""
-        return self._answer(self._request("GET", f"/v1/tunings/{run_id}"), TuningRunRead)
+        return self._answer(self._request(*routes.GET_RUN.call(run_id=run_id)), TuningRunRead)
 
+    @calls(routes.DIFF_RUNS)
     def diff_runs(self, run_a: int, run_b: int) -> TuningRunDiff:
         """``GET /v1/tunings/{run_a}/diff/{run_b}``: which entries of FlashInfer's autotune
         file run ``run_b`` added, removed or changed tactic in against run ``run_a``, with
@@ -134,8 +141,9 @@ class RunsClient(Transport):
                 FlashInfer autotune file (the detail says which and why).
             ServerUnreachable.
         """
-        return self._answer(self._request("GET", f"/v1/tunings/{run_a}/diff/{run_b}"), TuningRunDiff)
+        return self._answer(self._request(*routes.DIFF_RUNS.call(run_a=run_a, run_b=run_b)), TuningRunDiff)
 
+    @calls(routes.RECORD_RUN)
     def record_run(self, run: TuningRunCreate, force: bool = False, trusted_signature: bool = False) -> TuningRunRead:
         """``POST /v1/tunings``: record a run whose artifacts were uploaded first; ``force``
         (admin): past the service's promotion policy; ``trusted_signature``: only if the run's
@@ -149,8 +157,9 @@ class RunsClient(Transport):
                 trust the signature; other errors.
             ServerUnreachable.
         """
+        method, path = routes.RECORD_RUN.call()
         flags = [name for name, on in (("force", force), ("trusted_signature", trusted_signature)) if on]
-        response = self._request("POST", "/v1/tunings" + ("?" + "&".join(f"{f}=true" for f in flags) if flags else ""),
+        response = self._request(method, path + ("?" + "&".join(f"{f}=true" for f in flags) if flags else ""),
                                  content=run.model_dump_json(),
                                  headers={"Content-Type": "application/json"})
         if response.status_code == 422:
@@ -161,6 +170,7 @@ class RunsClient(Transport):
                 raise error
         return self._answer(response, TuningRunRead)
 
+    @calls(routes.RECORD_VERIFICATION)
     def record_verification(self, run_id: int, verification: RunVerification) -> TuningRunRead:
         """``PUT /v1/tunings/{id}/verification`` (tune): store a run's verification boot.
 
@@ -168,10 +178,11 @@ class RunsClient(Transport):
             ServerError: 404 no such run; 409 it did not succeed; 401/403 without a tune token.
             ServerUnreachable.
         """
-        response = self._request("PUT", f"/v1/tunings/{run_id}/verification", content=verification.model_dump_json(),
+        response = self._request(*routes.RECORD_VERIFICATION.call(run_id=run_id), content=verification.model_dump_json(),
                                  headers={"Content-Type": "application/json"})
         return self._answer(response, TuningRunRead)
 
+    @calls(routes.PROMOTE_RUN)
     def promote_run(self, run_id: int, signature: RunSignature | None = None) -> TuningRunRead:
         """``POST /v1/tunings/{id}/promote`` (admin): make the run current for its key and
         environment (roll back to it, or take a run the promotion policy held); with
@@ -183,10 +194,11 @@ class RunsClient(Transport):
             ServerUnreachable.
         """
         body = PromoteRequest(signature=signature).model_dump_json() if signature is not None else None
-        response = self._request("POST", f"/v1/tunings/{run_id}/promote", content=body,
+        response = self._request(*routes.PROMOTE_RUN.call(run_id=run_id), content=body,
                                  headers={"Content-Type": "application/json"} if body else None)
         return self._answer(response, TuningRunRead)
 
+    @calls(routes.PIN_RUN)
     def pin_run(self, run_id: int) -> TuningRunRead:
         """``PUT /v1/tunings/{id}/pin`` (admin): pin a run, so that retention
         (``TUNECACHE_RUN_RETENTION``) never deletes it. Idempotent.
@@ -196,8 +208,9 @@ class RunsClient(Transport):
                 an admin token.
             ServerUnreachable.
         """
-        return self._answer(self._request("PUT", f"/v1/tunings/{run_id}/pin"), TuningRunRead)
+        return self._answer(self._request(*routes.PIN_RUN.call(run_id=run_id)), TuningRunRead)
 
+    @calls(routes.UNPIN_RUN)
     def unpin_run(self, run_id: int) -> TuningRunRead:
         """``DELETE /v1/tunings/{id}/pin`` (admin): unpin a run; retention keeps or deletes it
         as any other from its next pass. Idempotent.
@@ -206,8 +219,9 @@ class RunsClient(Transport):
             ServerError: 404 no such run; 401/403 without an admin token.
             ServerUnreachable.
         """
-        return self._answer(self._request("DELETE", f"/v1/tunings/{run_id}/pin"), TuningRunRead)
+        return self._answer(self._request(*routes.UNPIN_RUN.call(run_id=run_id)), TuningRunRead)
 
+    @calls(routes.RETIRE_RUN)
     def retire_run(self, run_id: int) -> RunRetired:
         """``POST /v1/tunings/{id}/retire`` (admin): take a run out of use for good (never
         current, never served, kept for history). Idempotent. ``current_run_id`` of the answer:
@@ -217,4 +231,4 @@ class RunsClient(Transport):
             ServerError: 404 no such run; 401/403 without an admin token.
             ServerUnreachable.
         """
-        return self._answer(self._request("POST", f"/v1/tunings/{run_id}/retire"), RunRetired)
+        return self._answer(self._request(*routes.RETIRE_RUN.call(run_id=run_id)), RunRetired)

@@ -25,6 +25,8 @@ import httpx
 from pydantic import ValidationError
 
 from tunecache.contract.tokens import TokenProof, token_proof
+from tunecache.store.http import routes
+from tunecache.store.http.routes import calls
 from tunecache.formats.local_token import Listener, reaches, read_record, read_token, token_files
 
 _TOKEN = re.compile(r"^tc_([0-9a-f]{16})_([A-Za-z0-9_-]{20,128})$")
@@ -42,6 +44,7 @@ class LocalToken:
     why_not: str | None = None
 
 
+@calls(routes.TOKEN_PROOF)
 def _proved(client: httpx.Client, server_url: str, token: str, listener: Listener) -> bool:
     """Whether the service at ``server_url`` proves it holds ``token`` listening at ``listener``."""
     match = _TOKEN.match(token)
@@ -49,8 +52,9 @@ def _proved(client: httpx.Client, server_url: str, token: str, listener: Listene
         return False
     challenge = secrets.token_hex(32)
     try:
-        answer = client.get(f"{server_url.rstrip('/')}/v1/token-proof",
-                            params={"token_id": match[1], "challenge": challenge})
+        method, path = routes.TOKEN_PROOF.call()
+        answer = client.request(method, f"{server_url.rstrip('/')}{path}",
+                                params={"token_id": match[1], "challenge": challenge})
         if answer.status_code != 200 or len(answer.content) > 4096:
             return False
         proof = TokenProof.model_validate_json(answer.content).proof

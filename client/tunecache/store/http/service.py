@@ -3,7 +3,9 @@ is, and who it takes the caller for (``tunecache status``)."""
 
 from __future__ import annotations
 
-from tunecache.client.http.transport import Transport
+from tunecache.store.http import routes
+from tunecache.store.http.routes import calls
+from tunecache.store.http.transport import Transport
 from tunecache.contract import Health
 from tunecache.contract.tokens import WhoAmI
 
@@ -16,6 +18,7 @@ class ServiceClient(Transport):
         """Whether this client sends a token (:attr:`token_source` says whose)."""
         return bool(self._connection_options.get("token"))
 
+    @calls(routes.HEALTH)
     def health(self) -> Health:
         """``GET /v1/health`` (anyone): ``ok`` or ``degraded``; with a token, the problems,
         the database and its schema revision.
@@ -23,8 +26,9 @@ class ServiceClient(Transport):
         Raises:
             ServerUnreachable, ServerError.
         """
-        return self._answer(self._request("GET", "/v1/health"), Health)
+        return self._answer(self._request(*routes.HEALTH.call()), Health)
 
+    @calls(routes.WHOAMI)
     def whoami(self) -> WhoAmI:
         """``GET /v1/whoami`` (anyone): the name and scope the service reads the token sent as
         (``anonymous`` for none, or one it does not know), and its version.
@@ -33,4 +37,4 @@ class ServiceClient(Transport):
             ServerError: 404 from a server older than the route.
             ServerUnreachable.
         """
-        return self._answer(self._request("GET", "/v1/whoami"), WhoAmI)
+        return self._answer(self._request(*routes.WHOAMI.call()), WhoAmI)

@@ -1,7 +1,7 @@
 """The one store interface of tunings, and the errors stores raise.
 
 :class:`TuningStore` is what a tuner records into and a pod looks up in. Two stores
-implement it: the HTTP client (:class:`tunecache.client.http.TunecacheClient`, for pods
+implement it: the HTTP client (:class:`tunecache.store.http.TunecacheClient`, for pods
 and for GPU nodes that talk to a server) and the SQL store
 (``tunecache.service.store.SqlTuningStore`` in ``tunecache-server``, for the service's
 own worker and ``tunecache tune --database``). Code that records or looks up tunings
@@ -106,7 +106,7 @@ class DownloadTruncated(ArtifactCorrupt):
 
 
 class AnswerTooLarge(ArtifactCorrupt):
-    """An answer went past its byte bound (:func:`tunecache.client.http.transport.max_answer_bytes`
+    """An answer went past its byte bound (:func:`tunecache.store.http.transport.max_answer_bytes`
     for JSON answers, ``TUNECACHE_MAX_UNPACK_BYTES`` for an artifact); nothing of it is used."""
 
 

@@ -10,9 +10,11 @@ from typing import IO
 import httpx
 from pydantic import ValidationError
 
-from tunecache.client.http.answers import answer_detail, body_detail
-from tunecache.client.http.stall import StallWatch
-from tunecache.client.http.transport import RETRY_STATUSES, Transient, TransferCallback, Transport, transient_status
+from tunecache.store.http.answers import answer_detail, body_detail
+from tunecache.store.http import routes
+from tunecache.store.http.routes import calls
+from tunecache.store.http.stall import StallWatch
+from tunecache.store.http.transport import RETRY_STATUSES, Transient, TransferCallback, Transport, transient_status
 from tunecache.contract import ArtifactStored, Health
 from tunecache.formats.tarball import max_unpack_bytes
 from tunecache.store import ArtifactCorrupt, DownloadTruncated, ServerError, file_sha256
@@ -24,6 +26,7 @@ _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 class ArtifactsClient(Transport):
     """The artifact bytes of a tunecache server (:mod:`tunecache.service.routes.artifacts`)."""
 
+    @calls(routes.GET_ARTIFACT)
     def download_artifact(self, sha256: str) -> bytes:
         """``GET /v1/artifacts/{sha256}``, streamed and verified against ``sha256``.
 
@@ -40,7 +43,7 @@ class ArtifactsClient(Transport):
             InstallDeadlineExceeded: inside :meth:`deadline_scope`, the deadline passed first.
             ServerUnreachable, ServerError.
         """
-        where = f"/v1/artifacts/{sha256}"
+        method, where = routes.GET_ARTIFACT.call(sha256=sha256)
 
         def once() -> bytes:
             digest = hashlib.sha256()
@@ -68,9 +71,9 @@ class ArtifactsClient(Transport):
                                                  f"{body[:200].decode(errors='replace')}"))
                 return read(response, deadline)
 
-            answer = self._exchange("GET", where, read_or_redirect)
+            answer = self._exchange(method, where, read_or_redirect)
             if isinstance(answer, httpx.URL):
-                answer = self._exchange("GET", where, read_from_store, elsewhere=answer)
+                answer = self._exchange(method, where, read_from_store, elsewhere=answer)
             expected, data = answer
             if expected is not None and len(data) != int(expected):
                 raise Transient(DownloadTruncated(f"artifact {sha256}: received {len(data)} of {expected} bytes"))
@@ -85,7 +88,7 @@ class ArtifactsClient(Transport):
         whole in memory), hashed on the way; returns its size. As :meth:`download_artifact`
         (the redirect, retries: ``out`` is emptied before each attempt) except for its
         deadline: the body is held to a deadline that measures progress, not a total
-        (:mod:`tunecache.client.http.stall`; ``watch`` counts what arrived).
+        (:mod:`tunecache.store.http.stall`; ``watch`` counts what arrived).
 
         Raises:
             ArtifactCorrupt, DownloadTruncated (``out`` then holds bytes nothing may use);
@@ -175,6 +178,7 @@ class ArtifactsClient(Transport):
                                                     "(only to an http or https URL)")
         return target
 
+    @calls(routes.HAS_ARTIFACT, routes.PUT_ARTIFACT)
     def upload_file(self, path: Path, again: bool = False) -> str:
         """Upload a file's bytes streamed from disk (never whole in memory), unless the
         server already has them (``HEAD``; ``again``: uploaded without asking, for bytes a
@@ -184,17 +188,17 @@ class ArtifactsClient(Transport):
             ServerUnreachable, ServerError.
         """
         sha256 = file_sha256(path)
-        if not again and self._request("HEAD", f"/v1/artifacts/{sha256}").status_code == 200:
+        if not again and self._request(*routes.HAS_ARTIFACT.call(sha256=sha256)).status_code == 200:
             return sha256
 
         def once() -> httpx.Response:
-            where = f"/v1/artifacts/{sha256}"
-            end, timeout = self._attempt_window("PUT", where)
+            method, where = routes.PUT_ARTIFACT.call(sha256=sha256)
+            end, timeout = self._attempt_window(method, where)
             try:
                 with path.open("rb") as f:
                     response = self._http.put(where, content=f, timeout=timeout)
             except httpx.HTTPError as exc:
-                raise self._failed(exc, "PUT", where, end, answered=False) from None
+                raise self._failed(exc, method, where, end, answered=False) from None
             if response.status_code in RETRY_STATUSES:
                 raise transient_status(response, answer_detail(response))
             return response
@@ -202,6 +206,7 @@ class ArtifactsClient(Transport):
         self._answer(self._retrying(once), ArtifactStored)
         return sha256
 
+    @calls(routes.HEALTH)
     def upload_limit(self) -> int | None:
         """The largest upload the server takes (``max_upload_bytes`` of ``GET /v1/health``,
         which the service gives a caller with a token), asked before an upload so that a
@@ -211,7 +216,7 @@ class ArtifactsClient(Transport):
         Raises:
             ServerUnreachable.
         """
-        response = self._request("GET", "/v1/health")
+        response = self._request(*routes.HEALTH.call())
         if response.status_code != 200:
             return None
         try:
@@ -220,6 +225,7 @@ class ArtifactsClient(Transport):
             return None
         return limit if limit is not None and limit > 0 else None
 
+    @calls(routes.PUT_ARTIFACT)
     def upload_artifact(self, data: bytes) -> ArtifactStored:
         """``PUT /v1/artifacts/{sha256}`` of bytes in memory. Idempotent.
 
@@ -228,7 +234,7 @@ class ArtifactsClient(Transport):
         """
         digest = hashlib.sha256(data).hexdigest()
         content = data if self.on_transfer is None else _TellingBytes(data, self.on_transfer)
-        return self._answer(self._request("PUT", f"/v1/artifacts/{digest}", content=content,
+        return self._answer(self._request(*routes.PUT_ARTIFACT.call(sha256=digest), content=content,
                                           headers={"Content-Length": str(len(data))}), ArtifactStored)
 
 
