@@ -83,6 +83,7 @@ class ArtifactsClient(Transport):
 
         return self._retrying(once)
 
+    @calls(routes.GET_ARTIFACT)
     def download_artifact_to(self, sha256: str, out: IO[bytes], watch: StallWatch | None = None) -> int:
         """``GET /v1/artifacts/{sha256}`` streamed into the file ``out`` as it arrives (never
         whole in memory), hashed on the way; returns its size. As :meth:`download_artifact`
@@ -95,7 +96,7 @@ class ArtifactsClient(Transport):
             DownloadStalled: the body stopped moving; InstallDeadlineExceeded: no answer
             before the install deadline; ServerUnreachable, ServerError.
         """
-        where = f"/v1/artifacts/{sha256}"
+        method, where = routes.GET_ARTIFACT.call(sha256=sha256)
         limit = max_unpack_bytes()
 
         def once() -> int:
@@ -132,9 +133,9 @@ class ArtifactsClient(Transport):
                 return read(response, deadline)
 
             try:
-                expected = self._exchange("GET", where, read_or_redirect, watch=attempt)
+                expected = self._exchange(method, where, read_or_redirect, watch=attempt)
                 if isinstance(expected, httpx.URL):
-                    expected = self._exchange("GET", where, read_from_store, elsewhere=expected, watch=attempt)
+                    expected = self._exchange(method, where, read_from_store, elsewhere=expected, watch=attempt)
             finally:
                 if watch is not None:
                     watch.received += attempt.received
