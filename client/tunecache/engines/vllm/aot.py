@@ -118,6 +118,10 @@ class AotArtifacts(BaseModel):
     env: dict[str, Any] = Field(default_factory=dict, description="vllm.envs.compile_factors() on the tuner")
     system: dict[str, Any] = Field(default_factory=dict,
                                    description="torch's SystemInfo.current() on the tuner's worker (SYSTEM_FIELDS)")
+    variant_factors: dict[str, Any] | None = Field(
+        default=None, description="the engine variant the artifacts are for (tunecache.engines.vllm.compile_cache."
+                                  "VariantFactors, as the tuner's compile facts computed it; None: a tuner before "
+                                  "variants of this release)")
 
     def rank_member(self, rank: int, dp_rank: int) -> str | None:
         """The path inside the tarball of the artifact for ``rank``/``dp_rank``; ``None``: none recorded."""
@@ -154,6 +158,28 @@ def flatten_factors(factors: dict[str, Any]) -> dict[str, Any]:
             flat[f"{group}.{name}" if name else group] = (
                 json.loads(text) if len(text) <= 120 else {"sha256": hashlib.sha256(text.encode()).hexdigest()[:16]})
     return flat
+
+
+def config_factor_groups(factors: dict[str, Any]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """vLLM 0.34's ``VllmConfig.compile_factors()`` (``vllm/config/vllm.py``: one entry per
+    sub-config, each its ``get_compile_factors`` fields) as an engine variant counts it:
+    ``(hashes, fields)``, per sub-config the sha256 of its fields' JSON (keys sorted, every value
+    whole) and its fields (long values as their sha256, :func:`flatten_factors`), where the model
+    lives left out (:data:`PLACEMENT_CONFIG_FACTORS` but ``model.model``, which the caller sets to
+    the served model's name). The release's version, not a sub-config, is the variant's own field."""
+    import hashlib
+
+    hashes: dict[str, str] = {}
+    fields: dict[str, dict[str, Any]] = {}
+    for group, values in sorted(factors.items()):
+        if not isinstance(values, dict):
+            continue
+        kept = {name: value for name, value in values.items()
+                if f"{group}.{name}" == "model.model" or f"{group}.{name}" not in PLACEMENT_CONFIG_FACTORS}
+        text = json.dumps(kept, sort_keys=True, default=str)
+        hashes[group] = hashlib.sha256(text.encode()).hexdigest()
+        fields[group] = {name.split(".", 1)[1]: value for name, value in flatten_factors({group: kept}).items()}
+    return hashes, fields
 
 
 def rank_facts(config: Any, env_factors: Any, device_index: int | None, system: Any) -> dict[str, Any]:

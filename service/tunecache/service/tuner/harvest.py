@@ -183,7 +183,8 @@ class CompileCacheHarvester(Harvester):
     mega AOT artifact, loaded alone) the tarball holds instead, at its root,
     :data:`tunecache.engines.vllm.aot.AOT_RECORD_FILE` (each rank's artifact, the device index it
     compiled on: :mod:`tunecache.service.tuner.aot_harvest`), and the summary's
-    ``vllm_compile`` is ``{"vllm_version", "aot"}``."""
+    ``vllm_compile`` is ``{"vllm_version", "aot", "variant_factors"}`` (the engine variant the
+    service keeps a current run of, as for 0.25-0.32)."""
 
     cache_root = ENGINE.harvest_dir("VLLM_CACHE_ROOT")
 
@@ -205,8 +206,9 @@ class CompileCacheHarvester(Harvester):
                 (tree / FACTORS_FILE).write_text(factors.model_dump_json(indent=1))
             (out_dir / self.kind.facts.artifact_name).write_bytes(tar_directory(tree))
         if aot is not None:
+            variant = {"variant_factors": aot.variant_factors} if aot.variant_factors else {}
             return [self.artifact()], {"vllm_compile": {"vllm_version": aot.vllm_version,
-                                                        "aot": aot.model_dump(mode="json")}}
+                                                        "aot": aot.model_dump(mode="json"), **variant}}
         if factors is None:
             return [self.artifact()], {}
         checked = node_dir_names(factors)
