@@ -2,7 +2,7 @@
 ``__call__`` names its mega AOT artifact and calls ``_try_load_aot_compiled_fn(self, path)`` by its
 global name, in the lines of 0.34's own ``vllm/compilation/decorators.py`` (:data:`CALL_LINES`,
 checked against the wheel by tests/e2e/test_aot_placement.py); ``VllmConfig.compile_factors()``;
-``CUDA_HOME`` and ``VLLM_COMPILE_ON_ONE_RANK`` among the environment factors. The "artifact" is
+``CUDA_HOME``, ``VLLM_P2P_SIDE_CHANNEL_PORT`` and ``VLLM_COMPILE_ON_ONE_RANK`` among the environment factors. The "artifact" is
 JSON naming the device index it was compiled on: loading it on another fails as Inductor's baked
 ``get_raw_stream(<index>)`` does ("CUDA driver error: invalid argument"). The worker's CUDA device
 (``torch.cuda.current_device()``) is ``STAND_IN_DEVICE_INDEX``, its GPU name ``STAND_IN_GPU_NAME``."""
@@ -49,11 +49,6 @@ AOT = {
                     "parallel": {"tensor_parallel_size": p.tensor_parallel_size}, "vllm_version": "0.34.0"}
         stand_in_config.VllmConfig.compile_factors = compile_factors
         stand_in_config.ParallelConfig.data_parallel_index = 0
-        _env = envs.compile_factors
-        def env_factors():
-            return {**_env(), "CUDA_HOME": os.environ.get("CUDA_HOME"),
-                    "VLLM_COMPILE_ON_ONE_RANK": os.environ.get("VLLM_COMPILE_ON_ONE_RANK", "0") == "1"}
-        envs.compile_factors = env_factors
         import contextlib
         @contextlib.contextmanager
         def cuda_device():  # while the compiled model runs, torch answers for the worker's GPU
@@ -69,6 +64,14 @@ AOT = {
             finally:
                 (torch.cuda.is_available, torch.cuda.current_device, torch.cuda.get_device_name, torch.version.cuda,
                  torch.cuda.get_device_capability) = saved
+    '''),
+    "vllm/envs.py": STAND_IN["vllm/envs.py"] + textwrap.dedent('''
+        # 0.34's: CUDA_HOME, a side-channel port and VLLM_COMPILE_ON_ONE_RANK among the factors
+        _env = compile_factors
+        def compile_factors():
+            return {**_env(), "CUDA_HOME": os.environ.get("CUDA_HOME"),
+                    "VLLM_P2P_SIDE_CHANNEL_PORT": int(os.environ.get("VLLM_P2P_SIDE_CHANNEL_PORT", "5710")),
+                    "VLLM_COMPILE_ON_ONE_RANK": os.environ.get("VLLM_COMPILE_ON_ONE_RANK", "0") == "1"}
     '''),
     "vllm/compilation/decorators.py": textwrap.dedent('''
         import hashlib, json, os

@@ -53,7 +53,10 @@ RANK_DIR = re.compile(r"^rank_(\d+)_(\d+)$")
 #: vLLM environment factors (``vllm.envs.compile_factors()``) that are where something lives on
 #: the pod or how it reaches its peers, not how the model compiles: vLLM 0.34 hashes them into
 #: the AOT name. The pod takes the name from vLLM, so they only change which directory the
-#: artifact goes into; named in the install line when they differ.
+#: artifact goes into; named in the install line (and by doctor) when they differ. Every variable
+#: of 0.33/0.34's ``vllm/envs.py::environment_variables`` that ``compile_factors()`` hashes and
+#: whose name says it is a host, port, address or library path is here
+#: (``tests/contract/test_vllm_aot.py``).
 PLACEMENT_ENV_FACTORS: dict[str, str] = {
     "CUDA_HOME": "where the CUDA toolkit is installed",
     "VLLM_NCCL_SO_PATH": "where NCCL's library is",
@@ -66,6 +69,9 @@ PLACEMENT_ENV_FACTORS: dict[str, str] = {
     "VLLM_NIXL_SIDE_CHANNEL_PORT": "a side-channel port of NIXL",
     "VLLM_MOONCAKE_BOOTSTRAP_PORT": "Mooncake's bootstrap port",
     "MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "Mooncake's local host name",
+    "VLLM_EC_SIDE_CHANNEL_HOST": "a side-channel host of the encoder-cache transfer",
+    "VLLM_EC_SIDE_CHANNEL_PORT": "a side-channel port of the encoder-cache transfer",
+    "VLLM_LOOPBACK_IP": "the pod's loopback address",
     "VLLM_CONFIG_ROOT": "where vLLM reads its own config files",
     "VLLM_CACHE_ROOT": "where vLLM caches",
     "VLLM_XLA_CACHE_PATH": "the TPU (XLA) compile cache",
