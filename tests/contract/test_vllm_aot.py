@@ -73,3 +73,56 @@ def test_call_looks_the_function_up_by_name_with_the_path_it_loads(wheels, versi
     # Inductor's directory is pointed at before the load, and the rank directory is under the hash directory
     assert text.index("TORCHINDUCTOR_CACHE_DIR") < text.index("_try_load_aot_compiled_fn(")
     assert text.index('os.path.join(cache_dir, "inductor_cache")') < text.index('f"rank_{rank}_{dp_rank}"')
+
+
+def _environment_variables(source: str) -> set[str]:
+    """The names of ``vllm/envs.py``'s ``environment_variables`` dict."""
+    for node in ast.parse(source).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and target.id == "environment_variables" and isinstance(node.value, ast.Dict):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    raise AssertionError("no environment_variables dict in vllm/envs.py")
+
+
+def _ignored_factors(source: str) -> set[str]:
+    """The names ``vllm/envs.py::compile_factors`` leaves out (its ``ignored_factors`` set)."""
+    [function] = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "compile_factors"]
+    return {e.value for n in ast.walk(function) if isinstance(n, ast.Set) for e in n.elts if isinstance(e, ast.Constant)}
+
+
+@pytest.mark.parametrize("version", _aot_releases())
+def test_every_per_pod_host_port_and_library_path_vllm_hashes_is_a_placement_factor(wheels, version):  # noqa: F811
+    """What ``envs.compile_factors()`` hashes and is where a pod is or reaches its peers (hosts,
+    ports, addresses, library paths, ``CUDA_HOME``) changes only the AOT name: each is named as
+    such at the install and by doctor (tunecache.engines.vllm.aot.PLACEMENT_ENV_FACTORS)."""
+    import re
+
+    from tunecache.engines.vllm.aot import PLACEMENT_ENV_FACTORS
+
+    source = _wheel(wheels, version).read("vllm/envs.py").decode()
+    hashed = _environment_variables(source) - _ignored_factors(source)
+    per_pod = {n for n in hashed if re.search(r"(_HOST|_HOSTNAME|_PORT|_IP|_SO_PATH)$|^CUDA_HOME$", n)}
+    assert {"VLLM_P2P_SIDE_CHANNEL_HOST", "VLLM_P2P_SIDE_CHANNEL_PORT", "MOONCAKE_REQUESTER_LOCAL_HOSTNAME",
+            "CUDA_HOME", "VLLM_NCCL_SO_PATH", "VLLM_CUDART_SO_PATH"} <= per_pod
+    assert per_pod <= set(PLACEMENT_ENV_FACTORS), sorted(per_pod - set(PLACEMENT_ENV_FACTORS))
+
+
+def test_0_34s_variant_is_vllm_configs_compile_factors_one_entry_per_sub_config(wheels):  # noqa: F811
+    """tunecache.engines.vllm.aot.config_factor_groups reads 0.34's ``VllmConfig.compile_factors()``
+    as one dict per sub-config (``config/vllm.py``), ``ModelConfig.model`` among the fields it
+    hashes (so a variant sets it to the served model's name) and the tokenizer's place not."""
+    wheel = _wheel(wheels, "0.34.0")
+    source = wheel.read("vllm/config/vllm.py").decode()
+    [config] = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "VllmConfig"]
+    [method] = [n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "compile_factors"]
+    [factors] = [n.value for n in ast.walk(method) if isinstance(n, ast.AnnAssign) and isinstance(n.value, ast.Dict)]
+    groups = {k.value: ast.unparse(v) for k, v in zip(factors.keys, factors.values)}
+    assert groups["model"] == "get_factors(self.model_config)" and groups["cache"] == "get_factors(self.cache_config)"
+    assert all(v.startswith("get_factors(self.") for v in groups.values())
+    model = wheel.read("vllm/config/model.py").decode()
+    [model_class] = [n for n in ast.parse(model).body if isinstance(n, ast.ClassDef) and n.name == "ModelConfig"]
+    [model_factors] = [n for n in model_class.body if isinstance(n, ast.FunctionDef) and n.name == "compile_factors"]
+    ignored = {e.value for n in ast.walk(model_factors) if isinstance(n, ast.Set) for e in n.elts
+               if isinstance(e, ast.Constant)}
+    assert "tokenizer" in ignored and "hf_config_path" in ignored and "model" not in ignored
+    assert "max_model_len" not in ignored

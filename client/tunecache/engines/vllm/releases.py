@@ -52,6 +52,12 @@ class VllmRelease:
     (:mod:`tunecache.client.boot.aot`; 0.33, 0.34), rather than directories named from the
     factors (0.25-0.32, :mod:`tunecache.client.boot.staged`)."""
 
+    deep_gemm_block_ms: tuple[int, ...] = (64, 128, 256)
+    """The block Ms its DeepGEMM warmup compiles for
+    (``vllm/model_executor/warmup/deep_gemm_warmup.py::_generate_optimal_warmup_m_values``:
+    ``[64, 128, 256]`` up to 0.33, ``range(16, 257, 16)`` in 0.34): a DeepGEMM cache covers the
+    releases of the set that made it only (:mod:`tunecache.engines.vllm.deep_gemm`)."""
+
     @property
     def name(self) -> str:
         return f"{self.minor[0]}.{self.minor[1]}"
@@ -69,6 +75,7 @@ RELEASES: dict[tuple[int, int], VllmRelease] = {r.minor: r for r in (
     VllmRelease((0, 31), "broadcast", True, "contract test"),
     VllmRelease((0, 32), "per-rank", True, "contract test"),
     VllmRelease((0, 33), "root", True, "contract test, stand-in", aot_artifact=True),
-    VllmRelease((0, 34), "root", True, "contract test, stand-in", aot_artifact=True),
+    VllmRelease((0, 34), "root", True, "contract test, stand-in", aot_artifact=True,
+                deep_gemm_block_ms=tuple(range(16, 257, 16))),
 )}
 

@@ -276,7 +276,7 @@ def run_tuner(
         arch=summary["arch"],
         environment=EnvironmentMetadata.model_validate(summary["environment"]),
         summary={k: summary[k] for k in ("entries", "tuning_seconds", "stages", "jit_modules", "flashinfer_jit",
-                                          "vllm_compile", "dependencies") if k in summary},
+                                          "vllm_compile", "dependencies", "deep_gemm_m_set") if k in summary},
         artifacts=artifacts,
         started_at=started_at,
         finished_at=finished_at,
