@@ -126,3 +126,40 @@ def test_0_34s_variant_is_vllm_configs_compile_factors_one_entry_per_sub_config(
                if isinstance(e, ast.Constant)}
     assert "tokenizer" in ignored and "hf_config_path" in ignored and "model" not in ignored
     assert "max_model_len" not in ignored
+
+
+@pytest.mark.parametrize("version", _aot_releases())
+def test_the_startup_plan_is_read_by_fingerprint_where_and_when_tunecache_places_it(wheels, version):  # noqa: F811
+    """tunecache.client.startup_plan, against ``vllm/v1/worker/startup_plan.py`` of the release: a
+    worker's fingerprint is ``compute_plan_fingerprint(vllm_config, rank, world_size)`` (16 hex
+    digits, vLLM's version and device in it), the plan's path ``_plan_path(fingerprint)`` under
+    ``VLLM_CACHE_ROOT/startup_plan/``, ``_load_plan`` refuses another schema or fingerprint inside,
+    and ``Worker.determine_available_memory`` (which the plugin wraps) applies it first."""
+    from tunecache.engines.vllm.startup_plan import (
+        PLAN_DIR,
+        PLAN_SCHEMAS,
+        plan_file_name,
+    )
+
+    wheel = _wheel(wheels, version)
+    source = wheel.read("vllm/v1/worker/startup_plan.py").decode()
+    tree = ast.parse(source)
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert [a.arg for a in functions["compute_plan_fingerprint"].args.args] == ["vllm_config", "rank", "world_size"]
+    fingerprint = ast.get_source_segment(source, functions["compute_plan_fingerprint"])
+    config = '"vllm_config": hash_config(vllm_config)' if version >= "0.34" else '"vllm_config": vllm_config.compute_hash()'
+    for piece in ('"vllm": vllm_version', config, '"device_name"',
+                  '"device_total_memory"', '"torch": torch.__version__', '"rank": rank', "return digest[:16]"):
+        assert piece in fingerprint, piece
+    path = ast.get_source_segment(source, functions["_plan_path"])
+    assert f'"{PLAN_DIR}"' in path and 'f"{}"'.format(plan_file_name("{fingerprint}")) in path
+    [schema] = [n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "PLAN_SCHEMA_VERSION" for t in n.targets)]
+    assert schema == PLAN_SCHEMAS[version.rsplit(".", 1)[0]]
+    load = ast.get_source_segment(source, functions["_load_plan"])
+    assert 'plan.get("schema") != PLAN_SCHEMA_VERSION' in load and 'plan.get("fingerprint") != fingerprint' in load
+    worker = wheel.read("vllm/v1/worker/gpu_worker.py").decode()
+    [worker_class] = [n for n in ast.parse(worker).body if isinstance(n, ast.ClassDef) and n.name == "Worker"]
+    [method] = [n for n in worker_class.body if isinstance(n, ast.FunctionDef) and n.name == "determine_available_memory"]
+    first = next(s for s in method.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)))
+    assert ast.unparse(first) == "maybe_apply_startup_plan(self)"

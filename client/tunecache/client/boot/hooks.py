@@ -173,6 +173,9 @@ def _wrap_worker_compile() -> None:
 
         use_staged_aot_dir()  # a vLLM whose worker has no load_model to wrap
         if _release is not None and _release.aot_artifact:
+            from tunecache.client.startup_plan import place_startup_plan
+
+            place_startup_plan(self)  # before vLLM's maybe_apply_startup_plan, its first call
             _wrap_aot_load()  # 0.33/0.34: placed where vLLM's compiled model is about to load it
         else:
             _install_compile_cache(self)

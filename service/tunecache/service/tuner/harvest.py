@@ -27,6 +27,7 @@ from tunecache.contract import ArtifactKind
 from tunecache.engines import engine_for
 from tunecache.engines.vllm.compile_cache import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
 from tunecache.engines.vllm.compile_paths import node_path_files
+from tunecache.engines.vllm.startup_plan import MAX_PLAN_BYTES, PLAN_DIR, plan_fingerprint
 
 #: The engine whose warmup the tuner runs: where it points the engine's caches is its adaptor's.
 ENGINE = engine_for("vllm")
@@ -261,6 +262,27 @@ class ModelInfosHarvester(DirectoryTarball):
     harvester points ``VLLM_CACHE_ROOT``)."""
 
     scratch_dir = f"{CompileCacheHarvester.cache_root}/modelinfos"
+
+
+@harvests(ArtifactKind.VLLM_STARTUP_PLAN)
+class StartupPlanHarvester(DirectoryTarball):
+    """vLLM 0.33/0.34's startup plans, ``$VLLM_CACHE_ROOT/startup_plan/`` (written where the
+    fleet sets ``VLLM_ENABLE_STARTUP_PLAN=1``): only the files vLLM would load under their name
+    (:func:`tunecache.engines.vllm.startup_plan.plan_fingerprint`), each named by its fingerprint."""
+
+    scratch_dir = f"{CompileCacheHarvester.cache_root}/{PLAN_DIR}"
+
+    def harvest(self, scratch: Path, out_dir: Path) -> tuple[list[Artifact], dict[str, Any]]:
+        found = scratch / self.scratch_dir
+        plans = sorted(p for p in found.iterdir() if p.is_file()) if found.is_dir() else []
+        kept = {p.name: p.read_bytes() for p in plans if p.stat().st_size <= MAX_PLAN_BYTES}
+        kept = {name: data for name, data in kept.items() if plan_fingerprint(name, data)}
+        if not kept:
+            return [], {}
+        with tempfile.TemporaryDirectory() as staged:
+            for name, data in kept.items():
+                (Path(staged) / name).write_bytes(data)
+            return self.harvest_directory(Path(staged), out_dir), {}
 
 
 @harvests(ArtifactKind.TRITON_CACHE)

@@ -16,3 +16,4 @@ def test_the_tuners_vllm_warmup_records_its_releases_m_set():
     assert vllm_m_set(harvested) == {M_SET_FIELD: {"block_ms": list(range(16, 257, 16)),
                                                    "made_by": "vLLM 0.34.0's deep_gemm_warmup"}}
     assert vllm_m_set({**harvested, "artifacts": []}) == {}  # no DeepGEMM cache, nothing to say
+

@@ -39,7 +39,7 @@ def test_artifact_descriptions_are_the_ones_recorded(tmp_path):
     tarballs = {kind for kind, cls in HARVESTERS.items() if issubclass(cls, DirectoryTarball)}
     assert tarballs == {ArtifactKind.DEEP_GEMM_JIT_CACHE, ArtifactKind.FLASHINFER_V2_STORE,
                         ArtifactKind.VLLM_MODELINFOS, ArtifactKind.TRITON_CACHE, ArtifactKind.TILELANG_CACHE,
-                        ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE}
+                        ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE, ArtifactKind.VLLM_STARTUP_PLAN}
     assert all(KINDS[kind].artifact_name for kind in tarballs)
 
 
