@@ -163,3 +163,26 @@ def test_the_startup_plan_is_read_by_fingerprint_where_and_when_tunecache_places
     [method] = [n for n in worker_class.body if isinstance(n, ast.FunctionDef) and n.name == "determine_available_memory"]
     first = next(s for s in method.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)))
     assert ast.unparse(first) == "maybe_apply_startup_plan(self)"
+
+
+@pytest.mark.parametrize("version", _aot_releases())
+def test_fa4s_cute_dsl_cache_is_where_and_as_tunecache_installs_it(wheels, version):  # noqa: F811
+    """tunecache.client.jit_caches.fa4_cute_dsl_cache_dir and the ``fa4_cute_dsl_cache`` kind, against
+    ``vllm/vllm_flash_attn/cute/cache_utils.py`` of the release: on only with
+    ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1``; ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, else
+    ``tempfile.gettempdir()/getuser()/flash_attention_cute_dsl_cache``; entries under a fingerprint
+    of FA4's sources by their relative paths (no package prefix in it), ``<key sha256>.o`` beside
+    ``<key sha256>.lock``."""
+    wheel = _wheel(wheels, version)
+    if "vllm/vllm_flash_attn/cute/cache_utils.py" not in wheel.namelist():
+        pytest.skip(f"vllm {version} ships no FlashAttention 4 CuTe DSL cache")
+    source = wheel.read("vllm/vllm_flash_attn/cute/cache_utils.py").decode()
+    functions = {n.name: ast.get_source_segment(source, n) for n in ast.walk(ast.parse(source))
+                 if isinstance(n, ast.FunctionDef)}
+    assert 'os.getenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0") == "1"' in source
+    assert 'os.getenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", None)' in source
+    assert ('Path(tempfile.gettempdir()) / getuser() / "flash_attention_cute_dsl_cache"'
+            in functions["get_cache_path"])
+    assert "get_cache_path() / _compute_source_fingerprint()" in functions["get_jit_cache"]
+    assert "src.relative_to(cute_root).as_posix()" in functions["_compute_source_fingerprint"]
+    assert 'self.cache_path / f"{sha256_hex}.o"' in source and 'self.cache_path / f"{sha256_hex}.lock"' in source

@@ -314,6 +314,16 @@ class CuteDslCacheHarvester(DirectoryTarball):
     scratch_dir = ENGINE.harvest_dir(variable)
 
 
+@harvests(ArtifactKind.FA4_CUTE_DSL_CACHE)
+class Fa4CuteDslCacheHarvester(DirectoryTarball):
+    """FlashAttention 4's CuTe DSL kernel cache (``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``;
+    ``vllm/vllm_flash_attn/cute/cache_utils.py::get_jit_cache``: ``<dir>/<source fingerprint>/
+    [<name>/]<key sha256>.o``), filled only where ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1``."""
+
+    variable = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)
+
+
 @harvests(ArtifactKind.TVM_FFI_CACHE)
 class TvmFfiCacheHarvester(DirectoryTarball):
     """TVM-FFI's build cache (``TVM_FFI_CACHE_DIR``, default ``~/.cache/tvm-ffi``: one
