@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.support.cli import tunecache, tunecache_executable
-from tunecache.cli import ExitCode
+from tunecache.cli_kit import ExitCode
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tests.support.serve import free_port, as_admin, start_server, stop_server
 from tunecache.service import db

@@ -38,13 +38,15 @@ LOAD = textwrap.dedent('''
 ''')
 
 
-def _run(tmp_path, side, script, *args):
+def _run(tmp_path, side, script, *args, inductor_of=None):
+    """Run ``script`` as ``side`` (its own HOME, package prefix and caches; ``inductor_of``: another
+    side's Inductor cache, so that a second save of the same function compiles nothing)."""
     prefix = tmp_path / side / "site-packages"
     prefix.mkdir(parents=True, exist_ok=True)
     (prefix / "aot_model.py").write_text(MODULE)
     (tmp_path / f"{side}.py").write_text(script)
     env = {**os.environ, "HOME": str(tmp_path / side / "home"), "PYTHONPATH": str(prefix),
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / side / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / side / "triton")}
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / (inductor_of or side) / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / side / "triton")}
     done = subprocess.run([sys.executable, str(tmp_path / f"{side}.py"), *args], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -62,7 +64,7 @@ def test_an_aot_artifact_loads_under_another_home_and_prefix_and_torchs_system_c
     loaded = _run(tmp_path, "pod", LOAD, str(moved))
     assert "result" in loaded and all(abs(v - (2 * 0.8414709848078965 + 1)) < 1e-5 for v in loaded["result"]), loaded
 
-    node = _run(tmp_path, "node2", SAVE, str(artifact), "2.99.0+other")
+    node = _run(tmp_path, "node2", SAVE, str(artifact), "2.99.0+other", inductor_of="node")
     refused = _run(tmp_path, "pod2", LOAD, str(artifact))
     # torch's message names the loading torch's version (current.check_compatibility(saved)); tunecache names both
     assert refused["refused"].startswith("Compile package was created with a different PyTorch version: ")

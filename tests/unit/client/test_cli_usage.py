@@ -9,7 +9,7 @@ import importlib.metadata
 import pytest
 
 from tunecache import cli, cli_kit
-from tunecache.cli import ExitCode
+from tunecache.cli_kit import ExitCode
 
 
 def _run(capsys, *args: str) -> tuple[int, str, str]:
@@ -69,7 +69,7 @@ def test_version_without_the_server_names_the_client_only(capsys, monkeypatch):
 def test_engine_args_are_refused_in_one_line(given, said, capsys):
     import typer
 
-    from tunecache.cli import engine_args_option
+    from tunecache.cli_kit import engine_args_option
 
     with pytest.raises(typer.Exit) as exited:
         engine_args_option(given)

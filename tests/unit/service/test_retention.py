@@ -369,7 +369,7 @@ def test_an_uploader_whose_bytes_were_collected_meanwhile_uploads_them_again(ser
     again and records once more (what a tuner node does: TunerResult.record)."""
     import httpx
 
-    from tunecache.cli import client_for
+    from tunecache.cli.client import client_for
     from tunecache.store import record_uploaded
 
     module = tmp_path / "module.tar.gz"

@@ -2,7 +2,7 @@
 (:class:`tunecache.client.doctor_report.DoctorReport`) for a deployment pipeline to gate a
 rollout on, with doctor's exit code (pull's decision: docs/pods.md's table).
 
-The steps and their exit codes are the text doctor's (:func:`tunecache.cli.doctor`): the trusted
+The steps and their exit codes are the text doctor's (:func:`tunecache.cli.pod.doctor`): the trusted
 keys as pull reads them, the environment, the key, the lookup, then each kind's verdict
 (:func:`tunecache.client.preflight.preflight`). Every failure on the way ends the document
 (``error``, ``exit_code``) instead of a line on stderr, and whatever a package prints while it
@@ -39,7 +39,7 @@ def _fill(report: DoctorReport, server: str, key_options: KeyOptions, environmen
           key_of: Callable[[KeyOptions, str], TuningKey]) -> ExitCode:
     """Doctor's steps, each one's findings into ``report``; the exit code (a failure raises
     :class:`Failed`, as the text doctor's)."""
-    from tunecache.cli_client import client_for, client_settings
+    from tunecache.cli.client import client_for, client_settings
     from tunecache.client.preflight import preflight
     from tunecache.signing import SigningError, load_trusted_keys
     from tunecache.store import NoCompatibleTuning

@@ -1,6 +1,6 @@
 """The pod commands' HTTP client, as every command that takes ``--server URL`` opens it: the
 client's settings with ``tunecache --token``, and one line and an exit code for a bad setting.
-Shared by :mod:`tunecache.cli` and the command modules beside it (:mod:`tunecache.cli_retire`)."""
+Shared by the command modules of :mod:`tunecache.cli` (pod, fleet, admin)."""
 
 from __future__ import annotations
 
