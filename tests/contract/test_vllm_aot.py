@@ -186,3 +186,22 @@ def test_fa4s_cute_dsl_cache_is_where_and_as_tunecache_installs_it(wheels, versi
     assert "get_cache_path() / _compute_source_fingerprint()" in functions["get_jit_cache"]
     assert "src.relative_to(cute_root).as_posix()" in functions["_compute_source_fingerprint"]
     assert 'self.cache_path / f"{sha256_hex}.o"' in source and 'self.cache_path / f"{sha256_hex}.lock"' in source
+
+
+def test_0_34s_model_registry_fills_every_models_inspection_keyed_by_relative_paths(wheels):  # noqa: F811
+    """tunecache.service.tuner.vllm_warmup.fill_model_info_cache against 0.34's
+    ``vllm/model_executor/models/registry.py``: ``ModelRegistry`` is a ``_ModelRegistry`` with
+    ``fill_model_info_cache(self)``, whose entries go under ``VLLM_CACHE_ROOT/modelinfos`` keyed by
+    their module's relative paths and bytes (another package prefix is no difference); 0.33 has none."""
+    source = _wheel(wheels, "0.34.0").read("vllm/model_executor/models/registry.py").decode()
+    tree = ast.parse(source)
+    [registry] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_ModelRegistry"]
+    [fill] = [n for n in registry.body if isinstance(n, ast.FunctionDef) and n.name == "fill_model_info_cache"]
+    assert [a.arg for a in fill.args.args] == ["self"]
+    assert [ast.unparse(n.value.func) for n in tree.body if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "ModelRegistry" for t in n.targets)] == ["_ModelRegistry"]
+    assert 'Path(envs.VLLM_CACHE_ROOT) / "modelinfos"' in source
+    assert 'path.relative_to(root_path).as_posix().encode("utf-8")' in source
+    if "0.33.0" in _aot_releases():
+        older = _wheel(wheels, "0.33.0").read("vllm/model_executor/models/registry.py").decode()
+        assert "def fill_model_info_cache" not in older
