@@ -187,3 +187,16 @@ def test_the_release_has_what_tunecache_uses_as_the_table_says(wheels, version):
     exec(_function(sources["vllm/config/utils.py"], "hash_factors"), namespace)  # noqa: S102 - the release's own code
     factors = {"VLLM_USE_AOT_COMPILE": True, "VLLM_PP_LAYER_PARTITION": None, "VLLM_CONFIG_ROOT": "/x"}
     assert namespace["hash_factors"](factors) == env_hash(factors)
+
+
+@pytest.mark.parametrize("version", _releases())
+def test_the_deep_gemm_warmups_m_set_is_the_tables(wheels, version):
+    """The block Ms each release's DeepGEMM warmup compiles for
+    (``deep_gemm_warmup.py::_generate_optimal_warmup_m_values``), which decide the releases a
+    DeepGEMM cache covers (tunecache.engines.vllm.deep_gemm), are the table's."""
+    source = _wheel(wheels, version).read("vllm/model_executor/warmup/deep_gemm_warmup.py")
+    function = ast.parse(_function(source, "_generate_optimal_warmup_m_values"))
+    [value] = [n.value for n in ast.walk(function) if isinstance(n, ast.Assign)
+               and any(isinstance(t, ast.Name) and t.id == "block_ms" for t in n.targets)]
+    block_ms = eval(compile(ast.Expression(value), "block_ms", "eval"), {"__builtins__": {}, "list": list, "range": range})  # noqa: S307 - a literal of the release's own code
+    assert tuple(block_ms) == release_of(version).deep_gemm_block_ms, (version, block_ms)

@@ -22,21 +22,26 @@ from tests.support.vllm_stand_in_aot import AOT, CALL_LINES, aot_node_scratch, r
 SERVER_DATABASE_INCIDENTAL = True
 
 
-def push_aot_run(server, tmp_path, signing_key, ranks, **env) -> int:
+def push_aot_run(server, tmp_path, signing_key, ranks, variant=False, **env) -> int:
+    from tunecache.engines.vllm.compile_cache import VariantFactors
     from tunecache.service.tuner.vllm_warmup import harvest_warm_state
 
-    scratch = aot_node_scratch(tmp_path, "/node/work/model", ranks, **env)
-    out = tmp_path / "harvest"
+    scratch = aot_node_scratch(tmp_path, "/node/work/model", ranks, variant=variant, **env)
+    out = tmp_path / f"harvest-{len(list(tmp_path.glob('harvest*')))}"
     out.mkdir()
     artifacts, summary = harvest_warm_state(scratch, out)
     shutil.rmtree(scratch)  # gone, as a tuning job's scratch is
     assert summary["aot"]["ranks"][0]["device_index"] == ranks[0]
-    payload = run_payload(CUDNN_FILE, h200_key())
+    factors = summary.get("variant_factors")
+    payload = run_payload(CUDNN_FILE, h200_key(),
+                          variant=VariantFactors.model_validate(factors).variant if factors else None)
     for blob in [CUDNN_FILE.read_bytes()] + [(out / a.path).read_bytes() for a in artifacts]:
         assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(blob).hexdigest()}", content=blob).status_code in (200, 201)
     payload["artifacts"] += [{"kind": a.kind, "name": a.name, "media_type": a.media_type,
                               "sha256": hashlib.sha256((out / a.path).read_bytes()).hexdigest()} for a in artifacts]
     payload["summary"]["vllm_compile"] = summary
+    if env.get("STAND_IN_MAX_MODEL_LEN"):  # tuned for that engine variant (tune --engine-args)
+        payload["summary"]["engine_args"] = {"max_model_len": int(env["STAND_IN_MAX_MODEL_LEN"])}
     answer = as_admin.post(f"{server}/v1/tunings", json=signed(payload, signing_key))
     assert answer.status_code == 201, answer.text
     return answer.json()["id"]
@@ -107,3 +112,37 @@ def test_an_engine_variant_or_what_torch_refuses_is_named(server, tmp_path, node
     assert seen["aot"]["loaded"] is False
     [line] = [li for li in tunecache_lines(log) if "AOT" in li]
     assert named in line, line
+
+
+def test_a_pod_of_another_engine_variant_gets_that_variants_artifact(server, tmp_path, node_signing_key, database_url):
+    """vLLM 0.34 has no ``compute_hash()``: the variant comes from ``VllmConfig.compile_factors()``
+    field by field, so a run tuned with another ``max_model_len`` is another variant, and a pod
+    booted with it fetches that variant's run and places its artifact."""
+    from tests.support.builders import stored_reports
+
+    default = push_aot_run(server, tmp_path, node_signing_key, {0: 0}, variant=True)
+    longer = push_aot_run(server, tmp_path, node_signing_key, {0: 0}, variant=True, STAND_IN_MAX_MODEL_LEN="8192")
+    runs = {r["id"]: r for r in as_admin.get(f"{server}/v1/tunings").json()["items"]}
+    assert runs[default]["variant"] and runs[longer]["variant"] and runs[default]["variant"] != runs[longer]["variant"]
+    seen, log = run_aot_engine(tmp_path, **pod_env(tmp_path, server, STAND_IN_MAX_MODEL_LEN="8192"))
+    assert seen["aot"]["loaded"] is True, log
+    [line] = [li for li in tunecache_lines(log) if li.startswith("tunecache: compile cache")]
+    assert line.startswith(f"tunecache: compile cache from run {longer} (engine variant {runs[longer]['variant']}): "
+                           f"the artifact rank 0 compiled on cuda:0 placed at {seen['aot']['path']}"), line
+    [report] = stored_reports(database_url, 1)
+    assert report.variant == runs[longer]["variant"] and report.variant_missing is False
+
+
+def test_a_pod_whose_variant_has_no_run_names_the_field_and_reports_it_missing(server, tmp_path, node_signing_key,
+                                                                               database_url):
+    from tests.support.builders import stored_reports
+
+    run = push_aot_run(server, tmp_path, node_signing_key, {0: 0}, variant=True)
+    seen, log = run_aot_engine(tmp_path, **pod_env(tmp_path, server, STAND_IN_MAX_MODEL_LEN="8192"))
+    assert seen["aot"]["loaded"] is False
+    [line] = [li for li in tunecache_lines(log) if li.startswith("tunecache: compile cache")]
+    assert "compile cache not installed, vLLM will compile: no warm state is stored for this engine variant (" in line
+    assert f"run {run} is variant " in line and "vLLM config model.max_model_len: node 4096, pod 8192" in line, line
+    assert "reported to the service as missing (rank 0, cuda:0)" in line
+    [report] = stored_reports(database_url, 1)
+    assert report.variant_missing is True and len(report.variant) == 16

@@ -27,12 +27,14 @@ from tunecache.client.doctor_report import SCHEMA_VERSION, DoctorReport
 SERVER_DATABASE_INCIDENTAL = True
 
 
-def doctor_json(server, tmp_path, *extra, environment=CUDNN_FILE, **env) -> tuple[DoctorReport, subprocess.CompletedProcess]:
-    """``tunecache doctor --json`` on a pod whose packages include the stand-in vLLM; the
-    document, validated against the model, and the process (stdout must be the document alone)."""
+def doctor_json(server, tmp_path, *extra, environment=CUDNN_FILE, stand_in_of=None,
+                **env) -> tuple[DoctorReport, subprocess.CompletedProcess]:
+    """``tunecache doctor --json`` on a pod whose packages include the stand-in vLLM (written by
+    ``stand_in_of``, the plain one's by default); the document, validated against the model, and
+    the process (stdout must be the document alone)."""
     from tests.support.vllm_stand_in import write_stand_in
 
-    stand_in = write_stand_in(tmp_path)
+    stand_in = (stand_in_of or write_stand_in)(tmp_path)
     full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), os.environ.get("PYTHONPATH", "")]),
             "VLLM_USE_AOT_COMPILE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "doctor-vllm-cache"), **env}
     for name in [name for name, value in env.items() if value is None]:
@@ -127,3 +129,26 @@ def test_errors_are_the_document_too_with_the_exit_code(tmp_path, case, code, sa
     report, result = doctor_json(server, tmp_path, environment=environment, **env)
     assert result.returncode == int(code) and said in report.error
     assert report.run is None and report.kinds == []
+
+
+def test_a_0_34_runs_aot_artifact_names_each_input_that_makes_the_pod_miss(server, tmp_path, node_signing_key):
+    """vLLM 0.33/0.34's run: doctor compares what the tuner recorded with this image (torch's
+    SystemInfo, vLLM's environment factors) and names each difference, the per-pod ones
+    (``CUDA_HOME``, side-channel ports: only the name vLLM gives the artifact) apart."""
+    from tests.e2e.test_aot_placement import push_aot_run
+    from tests.support.vllm_stand_in_aot import write_stand_in_aot
+    from tunecache.contract import ArtifactKind
+
+    push_aot_run(server, tmp_path, node_signing_key, {0: 0}, variant=True, CUDA_HOME="/usr/local/cuda-12.9")
+    report, result = doctor_json(server, tmp_path, stand_in_of=write_stand_in_aot, STAND_IN_VLLM_VERSION="0.34.0",
+                                 CUDA_HOME="/opt/cuda", VLLM_P2P_SIDE_CHANNEL_PORT="5800")
+    assert result.returncode == 0, report.error
+    assert report.image.vllm == "0.34.0"
+    [compiled] = [k for k in report.kinds if k.kind is ArtifactKind.VLLM_COMPILE_CACHE]
+    assert compiled.loads is False, compiled.why
+    assert compiled.why.startswith("vLLM would compile again: ")
+    # this image's torch is a CPU build: torch.version.cuda is None, the tuner's was CUDA 12.9
+    assert "torch's SystemInfo would refuse it: CUDA toolkit: tuner \"12.9\", pod null" in compiled.why
+    placed = compiled.why.split("placed under this pod's own name although these differ: ")[1]
+    assert "CUDA_HOME: tuner \"/usr/local/cuda-12.9\", pod \"/opt/cuda\"" in placed
+    assert "VLLM_P2P_SIDE_CHANNEL_PORT: tuner 5710, pod 5800" in placed

@@ -48,6 +48,7 @@ def test_command_line_and_environment(tmp_path):
         "TILELANG_CACHE_DIR": str(tmp_path / "tilelang"),
         "CUTE_DSL_CACHE_DIR": str(tmp_path / "cute-dsl"),
         "TVM_FFI_CACHE_DIR": str(tmp_path / "tvm-ffi"),
+        "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(tmp_path / "fa4-cute-dsl"),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
     fp8_command, _ = vllm_command(spec(quantization="fp8"), tmp_path / "b")

@@ -2,7 +2,7 @@
 ``__call__`` names its mega AOT artifact and calls ``_try_load_aot_compiled_fn(self, path)`` by its
 global name, in the lines of 0.34's own ``vllm/compilation/decorators.py`` (:data:`CALL_LINES`,
 checked against the wheel by tests/e2e/test_aot_placement.py); ``VllmConfig.compile_factors()``;
-``CUDA_HOME`` and ``VLLM_COMPILE_ON_ONE_RANK`` among the environment factors. The "artifact" is
+``CUDA_HOME``, ``VLLM_P2P_SIDE_CHANNEL_PORT`` and ``VLLM_COMPILE_ON_ONE_RANK`` among the environment factors. The "artifact" is
 JSON naming the device index it was compiled on: loading it on another fails as Inductor's baked
 ``get_raw_stream(<index>)`` does ("CUDA driver error: invalid argument"). The worker's CUDA device
 (``torch.cuda.current_device()``) is ``STAND_IN_DEVICE_INDEX``, its GPU name ``STAND_IN_GPU_NAME``."""
@@ -49,23 +49,29 @@ AOT = {
                     "parallel": {"tensor_parallel_size": p.tensor_parallel_size}, "vllm_version": "0.34.0"}
         stand_in_config.VllmConfig.compile_factors = compile_factors
         stand_in_config.ParallelConfig.data_parallel_index = 0
-        _env = envs.compile_factors
-        def env_factors():
-            return {**_env(), "CUDA_HOME": os.environ.get("CUDA_HOME"),
-                    "VLLM_COMPILE_ON_ONE_RANK": os.environ.get("VLLM_COMPILE_ON_ONE_RANK", "0") == "1"}
-        envs.compile_factors = env_factors
         import contextlib
         @contextlib.contextmanager
         def cuda_device():  # while the compiled model runs, torch answers for the worker's GPU
-            saved = (torch.cuda.is_available, torch.cuda.current_device, torch.cuda.get_device_name, torch.version.cuda)
+            saved = (torch.cuda.is_available, torch.cuda.current_device, torch.cuda.get_device_name, torch.version.cuda,
+                     torch.cuda.get_device_capability)
             torch.cuda.is_available = lambda: True
+            torch.cuda.get_device_capability = lambda device=None: (9, 0)
             torch.cuda.current_device = lambda: int(os.environ.get("STAND_IN_DEVICE_INDEX", "0"))
             torch.cuda.get_device_name = lambda device=None: os.environ.get("STAND_IN_GPU_NAME", "NVIDIA H200")
             torch.version.cuda = "12.9"
             try:
                 yield
             finally:
-                torch.cuda.is_available, torch.cuda.current_device, torch.cuda.get_device_name, torch.version.cuda = saved
+                (torch.cuda.is_available, torch.cuda.current_device, torch.cuda.get_device_name, torch.version.cuda,
+                 torch.cuda.get_device_capability) = saved
+    '''),
+    "vllm/envs.py": STAND_IN["vllm/envs.py"] + textwrap.dedent('''
+        # 0.34's: CUDA_HOME, a side-channel port and VLLM_COMPILE_ON_ONE_RANK among the factors
+        _env = compile_factors
+        def compile_factors():
+            return {**_env(), "CUDA_HOME": os.environ.get("CUDA_HOME"),
+                    "VLLM_P2P_SIDE_CHANNEL_PORT": int(os.environ.get("VLLM_P2P_SIDE_CHANNEL_PORT", "5710")),
+                    "VLLM_COMPILE_ON_ONE_RANK": os.environ.get("VLLM_COMPILE_ON_ONE_RANK", "0") == "1"}
     '''),
     "vllm/compilation/decorators.py": textwrap.dedent('''
         import hashlib, json, os
@@ -127,11 +133,13 @@ def write_stand_in_aot(tmp_path: Path) -> Path:
     return stand_in
 
 
-def aot_node_scratch(tmp_path: Path, model: str, ranks: dict[int, int], **env: str) -> Path:
+def aot_node_scratch(tmp_path: Path, model: str, ranks: dict[int, int], variant: bool = False, **env: str) -> Path:
     """A 0.34 tuning node's scratch after its boot: each rank ``r`` of ``ranks`` compiled on device
     index ``ranks[r]`` by the stand-in's own ``__call__`` (under the node's HOME and model path),
     its ``inductor_cache/`` and the engine's compile facts with ``aot_ranks`` as the tuner's
-    :func:`tunecache.service.tuner.aot_harvest.aot_rank_facts` records them."""
+    :func:`tunecache.service.tuner.aot_harvest.aot_rank_facts` records them; with ``variant``, the
+    engine variant too, as the tuner's :func:`tunecache.service.tuner.vllm_warmup.compile_facts`
+    computes it (without: a tuner before variants of this release)."""
     stand_in = write_stand_in_aot(tmp_path)
     scratch = tmp_path / "node-scratch"
     script = textwrap.dedent('''
@@ -147,6 +155,10 @@ def aot_node_scratch(tmp_path: Path, model: str, ranks: dict[int, int], **env: s
         with stand_in_aot.cuda_device():
             CompiledModel(config)()
             facts = aot_rank_facts(NS(vllm_config=config))
+        import vllm.envs as envs
+        from tunecache.engines.vllm.compile_cache import variant_factors
+        facts["variant_factors"] = variant_factors(config, envs.compile_factors(), "0.34.0",
+                                                   "meta-llama/Llama-3.1-8B").model_dump(mode="json")
         Path(os.environ["TORCHINDUCTOR_CACHE_DIR"], "fxgraph").mkdir(exist_ok=True)
         Path(os.environ["TORCHINDUCTOR_CACHE_DIR"], "fxgraph", "entry").write_text("inductor entry")
         print(json.dumps(facts))
@@ -161,7 +173,11 @@ def aot_node_scratch(tmp_path: Path, model: str, ranks: dict[int, int], **env: s
         done = subprocess.run([sys.executable, str(tmp_path / "aot_node.py"), model], env=run_env, capture_output=True,
                               text=True, check=True)
         facts.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    (scratch / "compile-facts.json").write_text(json.dumps({"vllm_version": "0.34.0", "aot_ranks": facts}))
+    variant_factors = facts[0].pop("variant_factors")
+    for rank_facts in facts[1:]:
+        rank_facts.pop("variant_factors")
+    (scratch / "compile-facts.json").write_text(json.dumps({"vllm_version": "0.34.0", "aot_ranks": facts,
+                                                            **({"variant_factors": variant_factors} if variant else {})}))
     return scratch
 
 

@@ -91,10 +91,29 @@ def tvm_ffi_cache_dir() -> Path:
     return _variable("TVM_FFI_CACHE_DIR") or Path("~/.cache/tvm-ffi").expanduser()
 
 
+def fa4_cute_dsl_cache_dir() -> Path:
+    """This pod's FlashAttention 4 CuTe DSL cache, as vLLM's copy of FA4 computes it
+    (``vllm/vllm_flash_attn/cute/cache_utils.py::get_cache_path``, not importable without the
+    DSL's GPU libraries): ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, else
+    ``tempfile.gettempdir()/<getpass.getuser()>/flash_attention_cute_dsl_cache``. Its entries
+    are under a fingerprint of FA4's sources by their relative paths and the Python, CuTe DSL
+    and TVM-FFI versions (``_compute_source_fingerprint``): another package prefix is no
+    difference, other versions never read another's."""
+    found = _variable("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
+    if found is not None:
+        return found
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return Path(tempfile.gettempdir()) / user / "flash_attention_cute_dsl_cache"
+
+
 def _files(staging: Path) -> dict[str, str]:
-    """Every file of an unpacked cache, by its path relative to it: merged one by one."""
+    """Every file of an unpacked cache, by its path relative to it: merged one by one (but FA4's
+    ``<key>.lock`` files, its own ``fcntl`` locks, which it makes where it needs them)."""
     return {p.relative_to(staging).as_posix(): p.relative_to(staging).as_posix()
-            for p in staging.rglob("*") if p.is_file()}
+            for p in staging.rglob("*") if p.is_file() and p.suffix != ".lock"}
 
 
 @dataclass(frozen=True)
@@ -162,3 +181,13 @@ class TvmFfiCache(JitCache):
 
     label: ClassVar[str] = "TVM-FFI"
     own_directory = staticmethod(tvm_ffi_cache_dir)
+
+
+@registers(ArtifactKind.FA4_CUTE_DSL_CACHE)
+@dataclass(frozen=True)
+class Fa4CuteDslCache(JitCache):
+    """A run's FlashAttention 4 CuTe DSL cache (:func:`fa4_cute_dsl_cache_dir`), where the fleet
+    sets ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` (FA4 reads it only then)."""
+
+    label: ClassVar[str] = "FlashAttention 4 CuTe DSL"
+    own_directory = staticmethod(fa4_cute_dsl_cache_dir)

@@ -229,16 +229,41 @@ class FlashInferV2Store(Destination):
 class DeepGemmCache(Destination):
     """The run's DeepGEMM JIT cache (when it has one), its kernels merged into ``path``
     (:func:`install_deep_gemm_cache`); ``None``: this pod's own
-    DeepGEMM cache directory (:func:`tunecache.engines.vllm.paths.deep_gemm_cache_dir`)."""
+    DeepGEMM cache directory (:func:`tunecache.engines.vllm.paths.deep_gemm_cache_dir`). Left
+    out, saying why, where the pod's vLLM warms DeepGEMM up with another M set than the one
+    the run's cache was made with (:mod:`tunecache.engines.vllm.deep_gemm`)."""
 
     path: Path | None = None
+    vllm_version: str | None = None
+    """The pod's vLLM (``None``: ``vllm.__version__`` here), whose DeepGEMM warmup M set the run's
+    cache must have been made with (:func:`tunecache.engines.vllm.deep_gemm.m_set_refusal`)."""
+
+    def _refusal(self, run: Any) -> str | None:
+        from tunecache.engines import engine_for
+        from tunecache.engines.vllm.deep_gemm import M_SET_FIELD, m_set_refusal
+
+        adaptor = engine_for("vllm")
+        if self.vllm_version is not None:
+            version, release = self.vllm_version, adaptor.release_of(self.vllm_version)
+        else:
+            try:
+                version, release = adaptor.this_release()
+            except Exception:  # no vLLM here: nothing to tell
+                return None
+        return m_set_refusal((getattr(run, "summary", None) or {}).get(M_SET_FIELD), version, release)
 
     def preflight(self, run: Any, kind: ArtifactKind) -> tuple[bool | None, str]:
+        refused = self._refusal(run)
+        if refused:
+            return False, refused
         return True, f"merged into {Path(self.path) if self.path is not None else deep_gemm_cache_dir()}"
 
     def stage(self, fetched: Any) -> Commit:
         if fetched.deep_gemm is None:
             return dict
+        refused = self._refusal(fetched.run)
+        if refused:
+            return lambda: {"warm_state": (f"DeepGEMM cache not installed, {refused}",)}
         directory = Path(self.path) if self.path is not None else deep_gemm_cache_dir()
 
         def commit() -> dict[str, Any]:

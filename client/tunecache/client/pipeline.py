@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecache.client import jit_caches, jit_install, layouts, warm_state  # noqa: F401 - importing them registers their destinations
+from tunecache.client import jit_caches, jit_install, layouts, startup_plan, warm_state  # noqa: F401 - importing them registers their destinations
 from tunecache.client.destinations import DESTINATIONS, Destination
 from tunecache.contract import KINDS, ArtifactKind, kinds_where
 

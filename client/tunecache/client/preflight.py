@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from tunecache.client.aot_verdict import POD_GPU_NAME
 from tunecache.client.run_trust import trusted_signer
 from tunecache.signing import UntrustedRun
 from tunecache.contract import ArtifactKind, EnvironmentMetadata, TuningKey, TuningRunRead, kinds_where
@@ -79,9 +80,13 @@ def preflight(run: TuningRunRead, key: TuningKey, environment: EnvironmentMetada
             tactics = Verdict(ArtifactKind.FLASHINFER_AUTOTUNE, False, refused)
     verdicts = [tactics]
     executable: list[Verdict] = []
-    for kind in kinds_where(executable=True):  # each kind's destination, as this pod's own directories
-        if run.artifacts_of(kind):
-            executable.append(Verdict(kind, *destinations_of(kind)[0]().preflight(run, kind)))
+    gpu = POD_GPU_NAME.set(key.gpu_name)  # the pods' GPU, which torch's SystemInfo compares
+    try:
+        for kind in kinds_where(executable=True):  # each kind's destination, as this pod's own directories
+            if run.artifacts_of(kind):
+                executable.append(Verdict(kind, *destinations_of(kind)[0]().preflight(run, kind)))
+    finally:
+        POD_GPU_NAME.reset(gpu)
     from tunecache.formats.dependencies import drift, installed_versions
 
     differs = drift(run.summary.get("dependencies"), installed_versions())

@@ -290,10 +290,15 @@ def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
     file where this pod imports it from, its bytes against the node's
     (:func:`tunecache.engines.vllm.compile_cache.traced_files_here`: the prefix the packages live
     under is no difference). The engine's arguments decide the rest, which only vLLM's config
-    tells (``None``): the run's engine variant and the engine arguments it was tuned with are named."""
+    tells (``None``): the run's engine variant and the engine arguments it was tuned with are named.
+    A vLLM 0.33/0.34 run's AOT artifact: :func:`tunecache.client.aot_verdict.run_aot_verdict`."""
     from tunecache.engines.vllm.compile_cache import PLACEMENT_ENV_FACTORS, traced_files_here
 
     recorded = run.summary.get("vllm_compile")
+    if isinstance(recorded, dict) and "aot" in recorded:  # vLLM 0.33/0.34: the mega AOT artifact
+        from tunecache.client.aot_verdict import run_aot_verdict
+
+        return run_aot_verdict(run)
     try:
         node = CompileFactors.model_validate(recorded)
     except Exception:

@@ -42,6 +42,11 @@ class ArtifactKind(StrEnum):
     * ``cute_dsl_cache``: the CuTe DSL's file cache (``nvidia-cutlass-dsl``, ``CUTE_DSL_CACHE_DIR``)
       as a gzipped tarball.
     * ``tvm_ffi_cache``: TVM-FFI's build cache (``TVM_FFI_CACHE_DIR``) as a gzipped tarball.
+    * ``vllm_startup_plan``: vLLM 0.33/0.34's startup plans (``$VLLM_CACHE_ROOT/startup_plan/``, where
+      ``VLLM_ENABLE_STARTUP_PLAN=1``) as a gzipped tarball; a worker places only the plan of the
+      fingerprint its own vLLM computes (:mod:`tunecache.engines.vllm.startup_plan`).
+    * ``fa4_cute_dsl_cache``: FlashAttention 4's CuTe DSL kernel cache (``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``,
+      where ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1``) as a gzipped tarball.
 
     The compile cache, model inspections and the caches after them, with the JIT modules and the DeepGEMM cache, are the run's *warm state*:
     what a boot compiles; a pod installs them only from a run signed by a trusted key.
@@ -58,6 +63,8 @@ class ArtifactKind(StrEnum):
     TILELANG_CACHE = "tilelang_cache"
     CUTE_DSL_CACHE = "cute_dsl_cache"
     TVM_FFI_CACHE = "tvm_ffi_cache"
+    VLLM_STARTUP_PLAN = "vllm_startup_plan"
+    FA4_CUTE_DSL_CACHE = "fa4_cute_dsl_cache"
 
     @property
     def facts(self) -> KindFacts:
@@ -129,6 +136,11 @@ KINDS: dict[ArtifactKind, KindFacts] = {facts.kind: facts for facts in (
               depends_on=("nvidia-cutlass-dsl",), artifact_name="cute-dsl-cache.tar.gz"),
     KindFacts(ArtifactKind.TVM_FFI_CACHE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
               depends_on=("apache-tvm-ffi",), artifact_name="tvm-ffi-cache.tar.gz"),
+    KindFacts(ArtifactKind.VLLM_STARTUP_PLAN, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
+              artifact_name="vllm-startup-plan.tar.gz"),  # torch's version is in the fingerprint a worker checks
+    # the CuTe DSL's and TVM-FFI's versions are in the source fingerprint its directories are named by
+    KindFacts(ArtifactKind.FA4_CUTE_DSL_CACHE, TAR_GZ_MEDIA_TYPE, executable=True, fetch_option="warm_state",
+              artifact_name="fa4-cute-dsl-cache.tar.gz"),
 )}
 
 

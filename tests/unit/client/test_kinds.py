@@ -32,7 +32,8 @@ def test_doctor_lists_kinds_in_the_tables_order_the_tactics_first_then_as_instal
     assert list(KINDS) == [ArtifactKind.FLASHINFER_AUTOTUNE, ArtifactKind.FLASHINFER_JIT_MODULE,
                            ArtifactKind.DEEP_GEMM_JIT_CACHE, ArtifactKind.VLLM_RANK_FILE, ArtifactKind.FLASHINFER_V2_STORE,
                            ArtifactKind.TRITON_CACHE, ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE,
-                           ArtifactKind.TILELANG_CACHE, ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE]
+                           ArtifactKind.TILELANG_CACHE, ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE,
+                           ArtifactKind.VLLM_STARTUP_PLAN, ArtifactKind.FA4_CUTE_DSL_CACHE]
 
 
 def test_the_facts_other_modules_relied_on():
@@ -42,7 +43,8 @@ def test_the_facts_other_modules_relied_on():
     assert kinds_where(required=True) == (ArtifactKind.FLASHINFER_AUTOTUNE,)
     assert set(WARM_STATE_KINDS) == {ArtifactKind.VLLM_MODELINFOS, ArtifactKind.VLLM_COMPILE_CACHE,
                                      ArtifactKind.TRITON_CACHE, ArtifactKind.TILELANG_CACHE,
-                                     ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE}
+                                     ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE,
+                                     ArtifactKind.VLLM_STARTUP_PLAN, ArtifactKind.FA4_CUTE_DSL_CACHE}
     assert kinds_where(fetch_option="jit") == (ArtifactKind.FLASHINFER_JIT_MODULE,)
     assert kinds_where(fetch_option="deep_gemm") == (ArtifactKind.DEEP_GEMM_JIT_CACHE,)
     assert kinds_where(of_variant=True) == (ArtifactKind.TRITON_CACHE,)
@@ -62,6 +64,8 @@ def test_the_facts_other_modules_relied_on():
         ArtifactKind.TILELANG_CACHE: "tilelang-cache.tar.gz",
         ArtifactKind.CUTE_DSL_CACHE: "cute-dsl-cache.tar.gz",
         ArtifactKind.TVM_FFI_CACHE: "tvm-ffi-cache.tar.gz",
+        ArtifactKind.VLLM_STARTUP_PLAN: "vllm-startup-plan.tar.gz",
+        ArtifactKind.FA4_CUTE_DSL_CACHE: "fa4-cute-dsl-cache.tar.gz",
     }
 
 

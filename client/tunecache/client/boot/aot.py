@@ -32,10 +32,26 @@ from typing import Any
 from tunecache.client.atomic import file_lock
 from tunecache.client.boot.coordination import DEFAULT_INSTALL_DEADLINE_S
 from tunecache.client.boot.handoff import Handoff
-from tunecache.client.boot.staged import UNPACK_WAIT_S, unpack_staged, unpacked_dir
-from tunecache.engines.vllm.aot import (AOT_RECORD_FILE, COMPILE_ON_ONE_RANK, INDUCTOR_DIR, AotArtifacts, device_refusal,
-                                        env_differences, factor_differences, placement_differences, rank_facts,
-                                        system_differences)
+from tunecache.client.boot.reporting import variant_seen
+from tunecache.client.boot.staged import (
+    UNPACK_WAIT_S,
+    VariantFetch,
+    _variant_cache,
+    unpack_staged,
+    unpacked_dir,
+)
+from tunecache.engines.vllm.aot import (
+    AOT_RECORD_FILE,
+    COMPILE_ON_ONE_RANK,
+    INDUCTOR_DIR,
+    AotArtifacts,
+    device_refusal,
+    env_differences,
+    factor_differences,
+    placement_differences,
+    rank_facts,
+    system_differences,
+)
 
 log = logging.getLogger("vllm.plugins.tunecache")
 
@@ -52,6 +68,8 @@ class PodAotFacts:
     env: dict[str, Any] = field(default_factory=dict)
     system: dict[str, Any] = field(default_factory=dict)
     on_gpu: bool = False
+    variant_factors: Any = None
+    """Its engine variant (:class:`tunecache.engines.vllm.compile_cache.VariantFactors`; ``None``: unknown)."""
 
     @property
     def one_rank(self) -> bool:
@@ -69,6 +87,8 @@ def pod_aot_facts(model: Any) -> PodAotFacts:
     import torch
     import vllm
     import vllm.envs as envs
+    from tunecache.client.boot.engine import _model_name
+    from tunecache.engines.vllm.compile_cache import variant_factors
 
     on_gpu = bool(torch.cuda.is_available())
     try:
@@ -81,16 +101,19 @@ def pod_aot_facts(model: Any) -> PodAotFacts:
                        int(torch.cuda.current_device()) if on_gpu else None, system)
     return PodAotFacts(vllm_version=str(vllm.__version__), rank=facts["rank"], dp_rank=facts["dp_rank"],
                        device_index=facts["device_index"], compile_factors=facts["compile_factors"],
-                       env=facts["env"], system=facts["system"], on_gpu=on_gpu)
+                       env=facts["env"], system=facts["system"], on_gpu=on_gpu,
+                       variant_factors=variant_factors(model.vllm_config, envs.compile_factors(), str(vllm.__version__),
+                                                       _model_name(model.vllm_config.model_config)))
 
 
-def before_aot_load(model: Any, path: str) -> str | None:
+def before_aot_load(model: Any, path: str, fetch_variant: VariantFetch | None = None) -> str | None:
     """The plugin's hook on ``_try_load_aot_compiled_fn(model, path)``, before vLLM's own: the
-    run's artifact for this rank placed at ``path`` (:func:`place_aot_artifact`). Never raises."""
+    run's artifact for this rank placed at ``path`` (:func:`place_aot_artifact`; ``fetch_variant``
+    fetches this engine variant's compile cache when the run is another variant's). Never raises."""
     if Handoff.from_environment().compile_cache is None:
         return None
     try:
-        return place_aot_artifact(path, pod_aot_facts(model))
+        return place_aot_artifact(path, pod_aot_facts(model), fetch_variant)
     except Exception as exc:
         log.warning("tunecache: compile cache not installed, vLLM will compile: %s: %s", type(exc).__name__, exc)
         return None
@@ -163,11 +186,48 @@ def refusals(record: AotArtifacts, pod: PodAotFacts) -> list[str]:
     return reasons
 
 
-def place_aot_artifact(path: str, pod: PodAotFacts) -> str:
+def _variant_record(staged: Path, record: AotArtifacts, pod: PodAotFacts, run: str,
+                    fetch_variant: VariantFetch | None) -> tuple[AotArtifacts | None, Path | None, str, str]:
+    """``(record, unpacked directory, run, line)`` of this pod's engine variant: the staged run's
+    when it is that variant (or either side does not know its variant), else the variant's own
+    run, fetched once per boot (:func:`tunecache.client.boot.staged._variant_cache`, under the
+    staged cache's lock) and unpacked beside the staged one; ``(None, None, run, why)`` when the
+    service has none (this worker's reports then say the variant is missing)."""
+    from tunecache.engines.vllm.compile_cache import VariantFactors, variant_differences
+
+    if pod.variant_factors is None or not record.variant_factors:
+        return record, None, run, ""
+    mine, node = pod.variant_factors, VariantFactors.model_validate(record.variant_factors)
+    variant_seen.variant, variant_seen.missing = mine.variant, False
+    if mine.variant == node.variant:
+        return record, None, run, ""
+    with file_lock(staged.with_suffix(".lock"), DEFAULT_INSTALL_DEADLINE_S):
+        found = _variant_cache(staged, mine.variant, fetch_variant)
+        if found is None:
+            variant_seen.missing = True
+            named = "; ".join(variant_differences(node, mine))
+            return None, None, run, (f"no warm state is stored for this engine variant ({mine.variant}; run {run} is "
+                                     f"variant {node.variant}, which differs in: {named}); reported to the service as "
+                                     f"missing")
+        variant_seen.run = found[0]
+        tarball = next(staged.parent.glob(f"compile-cache-variant-{mine.variant}-*-run-{found[0]}.tar.gz"))
+        unpacked = unpacked_dir(tarball)
+        if not unpacked.is_dir():
+            unpack_staged(tarball, found[1])
+    if not (unpacked / AOT_RECORD_FILE).is_file():
+        return None, None, str(found[0]), (f"run {found[0]} of this engine variant ({mine.variant}) holds no AOT "
+                                           f"artifact this vLLM {pod.vllm_version} loads")
+    return (AotArtifacts.model_validate_json((unpacked / AOT_RECORD_FILE).read_bytes()), unpacked, str(found[0]),
+            f" (engine variant {mine.variant})")
+
+
+def place_aot_artifact(path: str, pod: PodAotFacts, fetch_variant: VariantFetch | None = None) -> str:
     """Place the staged run's artifact for ``pod``'s rank at ``path`` (vLLM's own name), and its
     ``inductor_cache/`` entries into ``<hash dir>/inductor_cache`` where they are not yet,
     atomically (a temporary name in the same directory, renamed); nothing when ``path`` exists
-    already or when :func:`refusals` names a reason. Returns the line it logged."""
+    already or when :func:`refusals` names a reason. When the pod's engine variant is not the
+    staged run's, its own variant's run is fetched (``fetch_variant``) and placed instead
+    (:func:`_variant_record`). Returns the line it logged."""
     started = time.monotonic()
     handoff = Handoff.from_environment()
     staged = handoff.compile_cache
@@ -181,6 +241,10 @@ def place_aot_artifact(path: str, pod: PodAotFacts) -> str:
         return _said(f"compile cache not installed, vLLM will compile: run {run} holds no AOT artifact this vLLM "
                      f"{pod.vllm_version} loads (a tuner of another release, or without the AOT compile) ({where})")
     record = AotArtifacts.model_validate_json((unpacked / AOT_RECORD_FILE).read_bytes())
+    record, variant_dir, run, variant = _variant_record(staged, record, pod, run, fetch_variant)
+    if record is None:
+        return _said(f"compile cache not installed, vLLM will compile: {variant} ({where})")
+    unpacked = variant_dir or unpacked
     reasons = refusals(record, pod)
     if reasons:
         return _said(f"compile cache not installed, vLLM will compile: run {run}'s AOT artifact is not this "
@@ -205,8 +269,8 @@ def place_aot_artifact(path: str, pod: PodAotFacts) -> str:
     how = ("its one artifact for all ranks (" + COMPILE_ON_ONE_RANK + "=1 on both sides)" if record.one_for_all_ranks
            else f"the artifact rank {entry.rank} compiled on cuda:{entry.device_index}")
     note = f"; placed under this pod's own name although these differ: {'; '.join(moved)}" if moved else ""
-    return _said(f"compile cache from run {run}: {how} placed at {target}, {placed} Inductor cache entries beside it "
-                 f"({where}, {time.monotonic() - started:.2f} s){note}")
+    return _said(f"compile cache from run {run}{variant}: {how} placed at {target}, {placed} Inductor cache entries "
+                 f"beside it ({where}, {time.monotonic() - started:.2f} s){note}")
 
 
 def _said(line: str) -> str:

@@ -184,6 +184,9 @@ def _wrap_worker_compile() -> None:
 
         use_staged_aot_dir()  # a vLLM whose worker has no load_model to wrap
         if _release is not None and _release.aot_artifact:
+            from tunecache.client.startup_plan import place_startup_plan
+
+            place_startup_plan(self)  # before vLLM's maybe_apply_startup_plan, its first call
             _wrap_aot_load()  # 0.33/0.34: placed where vLLM's compiled model is about to load it
         else:
             _install_compile_cache(self)
@@ -240,7 +243,7 @@ def _wrap_aot_load() -> None:
     def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str, *args: Any, **kwargs: Any) -> Any:
         from tunecache.client.boot.aot import before_aot_load
 
-        before_aot_load(model, aot_compilation_path)
+        before_aot_load(model, aot_compilation_path, _variant_fetch(getattr(model, "vllm_config", None)))
         return original(model, aot_compilation_path, *args, **kwargs)
 
     _try_load_aot_compiled_fn._tunecache_wrapped = True  # type: ignore[attr-defined]
@@ -283,25 +286,33 @@ def _finish_attestation(counted: dict, until_ns: int, rank: Any) -> None:
         log.warning("tunecache: boot not attested: %s: %s", type(exc).__name__, exc)
 
 
+def _variant_fetch(config: Any):
+    """Fetches this engine variant's own compile cache for a worker of ``config`` (its key from
+    the config), when the staged run is another variant's
+    (:func:`tunecache.client.boot.staged.fetch_variant_compile_cache`)."""
+    def fetch_variant(variant: str):
+        from tunecache.client.boot.coordination import pod_environment
+        from tunecache.client.boot.staged import fetch_variant_compile_cache
+
+        settings = _settings_safely()
+        if settings is None or config is None:
+            return None
+        environment = pod_environment(settings)
+        return fetch_variant_compile_cache(settings, config_key(config, environment, settings), environment, variant)
+
+    return fetch_variant
+
+
 def _install_compile_cache(worker: Any) -> None:
     """This worker's install of the staged compile cache, from its own ``VllmConfig``. Never raises."""
     if _release is not None and not _release.compile_cache:
         return  # the main process staged none, and said why
     try:
-        from tunecache.client.boot.coordination import pod_environment
-        from tunecache.client.boot.staged import fetch_variant_compile_cache, install_staged_compile_cache
+        from tunecache.client.boot.staged import install_staged_compile_cache
 
         config = worker.vllm_config
-
-        def fetch_variant(variant: str):  # this engine variant's own compile cache, when the staged one is another's
-            settings = _settings_safely()
-            if settings is None:
-                return None
-            environment = pod_environment(settings)
-            return fetch_variant_compile_cache(settings, config_key(config, environment, settings), environment, variant)
-
         install_staged_compile_cache(lambda node: pod_compile_factors(config, node),
-                                     int(getattr(config.parallel_config, "rank", 0)), fetch_variant)
+                                     int(getattr(config.parallel_config, "rank", 0)), _variant_fetch(config))
     except Exception as exc:
         log.warning("tunecache: compile cache not installed: %s: %s", type(exc).__name__, exc)
 

@@ -50,7 +50,9 @@ PRELOAD_HOOK_TARGETS: tuple[HookTarget, ...] = (
 #: so are the caches 0.33/0.34's JIT warmup fills (``model_executor/warmup/jit_warmup*.py``):
 #: TileLang's (``tilelang.env``: ``TILELANG_CACHE_DIR``), the CuTe DSL's
 #: (``cutlass.base_dsl.cache_helpers.get_default_generated_ir_path``: ``CUTE_DSL_CACHE_DIR``) and
-#: TVM-FFI's (``tvm_ffi.cpp.extension``: ``TVM_FFI_CACHE_DIR``).
+#: TVM-FFI's (``tvm_ffi.cpp.extension``: ``TVM_FFI_CACHE_DIR``); FlashAttention 4's CuTe DSL cache
+#: (``vllm/vllm_flash_attn/cute/cache_utils.py::get_cache_path``: ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``),
+#: written only where the fleet sets ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1``.
 HARVEST_DIRS: dict[str, str] = {
     "VLLM_CACHE_ROOT": "vllm-cache",
     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "flashinfer-autotune",
@@ -59,6 +61,7 @@ HARVEST_DIRS: dict[str, str] = {
     "TILELANG_CACHE_DIR": "tilelang",
     "CUTE_DSL_CACHE_DIR": "cute-dsl",
     "TVM_FFI_CACHE_DIR": "tvm-ffi",
+    "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "fa4-cute-dsl",
 }
 
 

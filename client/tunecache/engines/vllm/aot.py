@@ -53,7 +53,10 @@ RANK_DIR = re.compile(r"^rank_(\d+)_(\d+)$")
 #: vLLM environment factors (``vllm.envs.compile_factors()``) that are where something lives on
 #: the pod or how it reaches its peers, not how the model compiles: vLLM 0.34 hashes them into
 #: the AOT name. The pod takes the name from vLLM, so they only change which directory the
-#: artifact goes into; named in the install line when they differ.
+#: artifact goes into; named in the install line (and by doctor) when they differ. Every variable
+#: of 0.33/0.34's ``vllm/envs.py::environment_variables`` that ``compile_factors()`` hashes and
+#: whose name says it is a host, port, address or library path is here
+#: (``tests/contract/test_vllm_aot.py``).
 PLACEMENT_ENV_FACTORS: dict[str, str] = {
     "CUDA_HOME": "where the CUDA toolkit is installed",
     "VLLM_NCCL_SO_PATH": "where NCCL's library is",
@@ -66,6 +69,9 @@ PLACEMENT_ENV_FACTORS: dict[str, str] = {
     "VLLM_NIXL_SIDE_CHANNEL_PORT": "a side-channel port of NIXL",
     "VLLM_MOONCAKE_BOOTSTRAP_PORT": "Mooncake's bootstrap port",
     "MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "Mooncake's local host name",
+    "VLLM_EC_SIDE_CHANNEL_HOST": "a side-channel host of the encoder-cache transfer",
+    "VLLM_EC_SIDE_CHANNEL_PORT": "a side-channel port of the encoder-cache transfer",
+    "VLLM_LOOPBACK_IP": "the pod's loopback address",
     "VLLM_CONFIG_ROOT": "where vLLM reads its own config files",
     "VLLM_CACHE_ROOT": "where vLLM caches",
     "VLLM_XLA_CACHE_PATH": "the TPU (XLA) compile cache",
@@ -118,6 +124,10 @@ class AotArtifacts(BaseModel):
     env: dict[str, Any] = Field(default_factory=dict, description="vllm.envs.compile_factors() on the tuner")
     system: dict[str, Any] = Field(default_factory=dict,
                                    description="torch's SystemInfo.current() on the tuner's worker (SYSTEM_FIELDS)")
+    variant_factors: dict[str, Any] | None = Field(
+        default=None, description="the engine variant the artifacts are for (tunecache.engines.vllm.compile_cache."
+                                  "VariantFactors, as the tuner's compile facts computed it; None: a tuner before "
+                                  "variants of this release)")
 
     def rank_member(self, rank: int, dp_rank: int) -> str | None:
         """The path inside the tarball of the artifact for ``rank``/``dp_rank``; ``None``: none recorded."""
@@ -154,6 +164,28 @@ def flatten_factors(factors: dict[str, Any]) -> dict[str, Any]:
             flat[f"{group}.{name}" if name else group] = (
                 json.loads(text) if len(text) <= 120 else {"sha256": hashlib.sha256(text.encode()).hexdigest()[:16]})
     return flat
+
+
+def config_factor_groups(factors: dict[str, Any]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """vLLM 0.34's ``VllmConfig.compile_factors()`` (``vllm/config/vllm.py``: one entry per
+    sub-config, each its ``get_compile_factors`` fields) as an engine variant counts it:
+    ``(hashes, fields)``, per sub-config the sha256 of its fields' JSON (keys sorted, every value
+    whole) and its fields (long values as their sha256, :func:`flatten_factors`), where the model
+    lives left out (:data:`PLACEMENT_CONFIG_FACTORS` but ``model.model``, which the caller sets to
+    the served model's name). The release's version, not a sub-config, is the variant's own field."""
+    import hashlib
+
+    hashes: dict[str, str] = {}
+    fields: dict[str, dict[str, Any]] = {}
+    for group, values in sorted(factors.items()):
+        if not isinstance(values, dict):
+            continue
+        kept = {name: value for name, value in values.items()
+                if f"{group}.{name}" == "model.model" or f"{group}.{name}" not in PLACEMENT_CONFIG_FACTORS}
+        text = json.dumps(kept, sort_keys=True, default=str)
+        hashes[group] = hashlib.sha256(text.encode()).hexdigest()
+        fields[group] = {name.split(".", 1)[1]: value for name, value in flatten_factors({group: kept}).items()}
+    return hashes, fields
 
 
 def rank_facts(config: Any, env_factors: Any, device_index: int | None, system: Any) -> dict[str, Any]:

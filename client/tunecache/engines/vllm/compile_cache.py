@@ -60,6 +60,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tunecache.engines.vllm.aot import config_factor_groups
 from tunecache.engines.vllm.compile_paths import MAX_NAMED
 from tunecache.engines.vllm.placement import PLACEMENT_ENV_FACTORS, variant_env
 
@@ -395,12 +396,17 @@ def config_factors(vllm_config: Any) -> dict[str, dict[str, Any]]:
 def variant_factors(vllm_config: Any, env: dict[str, Any], vllm_version: str, served_model: str) -> VariantFactors:
     """The engine variant of a worker's ``VllmConfig`` (:class:`VariantFactors`): vLLM's
     ``compute_hash()`` of each sub-config (:func:`config_hashes`) and their fields
-    (:func:`config_factors`) with ``ModelConfig.model`` set to ``served_model`` (the key's
-    model), ``env`` (``vllm.envs.compile_factors()``) as a variant counts it
+    (:func:`config_factors`), or, in a release without them (0.34), each sub-config's part of
+    ``VllmConfig.compile_factors()`` field by field
+    (:func:`tunecache.engines.vllm.aot.config_factor_groups`), with ``ModelConfig.model`` set to
+    ``served_model`` (the key's model), ``env`` (``vllm.envs.compile_factors()``) as a variant counts it
     (:func:`tunecache.engines.vllm.placement.variant_env`: without the placement factors).
     The tuner's engine and the pod's vLLM plugin both call it in the worker."""
     with model_named(vllm_config, served_model):
-        hashes, factors = config_hashes(vllm_config), config_factors(vllm_config)
+        if callable(getattr(vllm_config, "compile_factors", None)):  # 0.34: compute_hash() is gone
+            hashes, factors = config_factor_groups(vllm_config.compile_factors())
+        else:
+            hashes, factors = config_hashes(vllm_config), config_factors(vllm_config)
     return VariantFactors(vllm_version=vllm_version, env=json.loads(json.dumps(variant_env(env), default=str)),
                           config_hashes=hashes, config_factors=json.loads(json.dumps(factors, default=str)))
 

@@ -56,6 +56,12 @@ class VllmRelease:
     ``weight_cache/artifact_store.py::STORE_BACKENDS``; 0.34), so the plugin adds tunecache's
     (:mod:`tunecache.client.preload_store`)."""
 
+    deep_gemm_block_ms: tuple[int, ...] = (64, 128, 256)
+    """The block Ms its DeepGEMM warmup compiles for
+    (``vllm/model_executor/warmup/deep_gemm_warmup.py::_generate_optimal_warmup_m_values``:
+    ``[64, 128, 256]`` up to 0.33, ``range(16, 257, 16)`` in 0.34): a DeepGEMM cache covers the
+    releases of the set that made it only (:mod:`tunecache.engines.vllm.deep_gemm`)."""
+
     @property
     def name(self) -> str:
         return f"{self.minor[0]}.{self.minor[1]}"
@@ -73,6 +79,7 @@ RELEASES: dict[tuple[int, int], VllmRelease] = {r.minor: r for r in (
     VllmRelease((0, 31), "broadcast", True, "contract test"),
     VllmRelease((0, 32), "per-rank", True, "contract test"),
     VllmRelease((0, 33), "root", True, "contract test, stand-in", aot_artifact=True),
-    VllmRelease((0, 34), "root", True, "contract test, stand-in", aot_artifact=True, warmup_cache_store=True),
+    VllmRelease((0, 34), "root", True, "contract test, stand-in", aot_artifact=True, warmup_cache_store=True,
+                deep_gemm_block_ms=tuple(range(16, 257, 16))),
 )}
 

@@ -83,6 +83,7 @@ def aot_record(tree: Path, facts: dict[str, Any]) -> AotArtifacts | None:
         entries = entries[:1]
     record = AotArtifacts(vllm_version=str(facts["vllm_version"]), aot_dir=hashes[0].name, ranks=entries,
                           one_for_all_ranks=one_rank and identical, compile_factors=first.get("compile_factors") or {},
-                          env=first.get("env") or {}, system=first.get("system") or {})
+                          env=first.get("env") or {}, system=first.get("system") or {},
+                          variant_factors=facts.get("variant_factors") or None)
     (tree / AOT_RECORD_FILE).write_text(record.model_dump_json(indent=1))
     return record

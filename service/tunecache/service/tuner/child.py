@@ -38,6 +38,7 @@ from tunecache.contract import (
     TunerFinished,
     TunerStarted,
 )
+from tunecache.engines.vllm.deep_gemm import M_SET_FIELD, STAGE_BLOCK_MS, m_set_record
 from tunecache.formats.dependencies import installed_versions
 from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage
 from tunecache.service.tuner.harvest import DeepGemmCacheHarvester, FlashInferFileHarvester
@@ -112,6 +113,8 @@ def run(spec: TuneSpec, out_dir: Path, emit: Emit) -> TunerSummary:
         jit_modules=[a.module for a in jit],
         flashinfer_jit=workspace_layout(),
         dependencies=installed_versions(),
+        **({M_SET_FIELD: m_set_record(STAGE_BLOCK_MS, "tunecache's DeepGEMM stage (vLLM 0.25's M set)")}
+           if deep_gemm else {}),
         artifacts=[FlashInferFileHarvester().artifact(AUTOTUNE_FILE), *(a.description() for a in jit), *deep_gemm],
     )
 
@@ -136,6 +139,22 @@ def _run_stage(stage: TunerStage, spec: TuneSpec, arch: str, stages: dict[str, A
     seconds = round(time.perf_counter() - stage_started, 3)
     stages[stage.name] = {"status": "done", "seconds": seconds, **details}
     emit(StageChanged(stage=stage.name, status="done", seconds=seconds))
+
+
+def vllm_m_set(harvested: dict[str, Any]) -> dict[str, Any]:
+    """The run summary's DeepGEMM M set (:data:`tunecache.engines.vllm.deep_gemm.M_SET_FIELD`) when
+    the vLLM warmup left a DeepGEMM cache: its vLLM release's (the version its compile facts
+    name; ``{}`` when none or a release tunecache does not know)."""
+    from tunecache.contract import ArtifactKind
+    from tunecache.engines import engine_for
+
+    if not any(a.kind == ArtifactKind.DEEP_GEMM_JIT_CACHE for a in harvested.get("artifacts", [])):
+        return {}
+    version = (harvested.get("vllm_compile") or {}).get("vllm_version")
+    release = engine_for("vllm").release_of(str(version or ""))
+    if release is None:
+        return {}
+    return {M_SET_FIELD: m_set_record(release.deep_gemm_block_ms, f"vLLM {version}'s deep_gemm_warmup")}
 
 
 def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str) -> TunerSummary:
@@ -163,6 +182,7 @@ def run_vllm(spec: TuneSpec, out_dir: Path, emit: Emit, gpu_name: str, arch: str
         flashinfer_jit=workspace_layout() if harvested["jit"] else {},
         dependencies=installed_versions(),
         vllm_compile=harvested["vllm_compile"],
+        **vllm_m_set(harvested),
         artifacts=[FlashInferFileHarvester().artifact(AUTOTUNE_FILE), *harvested["artifacts"]],
     )
 

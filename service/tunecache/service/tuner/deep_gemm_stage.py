@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tunecache.contract import Stage
-
+from tunecache.engines.vllm.deep_gemm import STAGE_BLOCK_MS
 from tunecache.service.tuner.model_config import GemmShape, dense_gemm_shapes
 
 if TYPE_CHECKING:
@@ -54,13 +54,14 @@ def import_deep_gemm() -> ModuleType:
 def warmup_m_values(max_tokens: int, n: int, num_sms: int) -> list[int]:
     """The M values vLLM warms one fp8 GEMM of output width ``n`` with, under
     ``VLLM_DEEP_GEMM_WARMUP=relax`` (its default): 1, 2, 4, 8..64 by 8, and for each
-    DeepGEMM block (M in 64/128/256, N in 16..256 by 16) every M where the kernel's wave
+    DeepGEMM block (M in :data:`~tunecache.engines.vllm.deep_gemm.STAGE_BLOCK_MS`, 64/128/256;
+    N in 16..256 by 16) every M where the kernel's wave
     count changes (1..10 waves of ``num_sms`` blocks) and every multiple of the block M,
     all up to ``max_tokens``. Mirrors ``vllm/model_executor/warmup/deep_gemm_warmup.py::
     _generate_optimal_warmup_m_values`` (vLLM 0.25), which follows DeepGEMM's heuristics.
     """
     values = {m for m in [1, 2, 4, *range(8, 65, 8)] if m <= max_tokens}
-    for block_m in (64, 128, 256):
+    for block_m in STAGE_BLOCK_MS:
         for block_n in range(16, min(257, n + 1), 16):
             for wave in range(1, 11):
                 m = wave * num_sms * block_m // -(-n // block_n)

@@ -29,6 +29,7 @@ from tunecache.engines import engine_for
 from tunecache.engines.vllm.compile_cache import AOT_DIR, FACTORS_FILE, CompileFactors, file_digests, node_dir_names
 from tunecache.engines.vllm.compile_paths import node_path_files
 from tunecache.service.tuner.result import HarvestedArtifact
+from tunecache.engines.vllm.startup_plan import MAX_PLAN_BYTES, PLAN_DIR, plan_fingerprint
 
 #: The engine whose warmup the tuner runs: where it points the engine's caches is its adaptor's.
 ENGINE = engine_for("vllm")
@@ -186,7 +187,8 @@ class CompileCacheHarvester(Harvester):
     mega AOT artifact, loaded alone) the tarball holds instead, at its root,
     :data:`tunecache.engines.vllm.aot.AOT_RECORD_FILE` (each rank's artifact, the device index it
     compiled on: :mod:`tunecache.service.tuner.aot_harvest`), and the summary's
-    ``vllm_compile`` is ``{"vllm_version", "aot"}``."""
+    ``vllm_compile`` is ``{"vllm_version", "aot", "variant_factors"}`` (the engine variant the
+    service keeps a current run of, as for 0.25-0.32)."""
 
     cache_root = ENGINE.harvest_dir("VLLM_CACHE_ROOT")
 
@@ -208,8 +210,9 @@ class CompileCacheHarvester(Harvester):
                 (tree / FACTORS_FILE).write_text(factors.model_dump_json(indent=1))
             (out_dir / self.kind.facts.artifact_name).write_bytes(tar_directory(tree))
         if aot is not None:
+            variant = {"variant_factors": aot.variant_factors} if aot.variant_factors else {}
             return [self.artifact()], {"vllm_compile": {"vllm_version": aot.vllm_version,
-                                                        "aot": aot.model_dump(mode="json")}}
+                                                        "aot": aot.model_dump(mode="json"), **variant}}
         if factors is None:
             return [self.artifact()], {}
         checked = node_dir_names(factors)
@@ -264,6 +267,27 @@ class ModelInfosHarvester(DirectoryTarball):
     scratch_dir = f"{CompileCacheHarvester.cache_root}/modelinfos"
 
 
+@harvests(ArtifactKind.VLLM_STARTUP_PLAN)
+class StartupPlanHarvester(DirectoryTarball):
+    """vLLM 0.33/0.34's startup plans, ``$VLLM_CACHE_ROOT/startup_plan/`` (written where the
+    fleet sets ``VLLM_ENABLE_STARTUP_PLAN=1``): only the files vLLM would load under their name
+    (:func:`tunecache.engines.vllm.startup_plan.plan_fingerprint`), each named by its fingerprint."""
+
+    scratch_dir = f"{CompileCacheHarvester.cache_root}/{PLAN_DIR}"
+
+    def harvest(self, scratch: Path, out_dir: Path) -> tuple[list[Artifact], dict[str, Any]]:
+        found = scratch / self.scratch_dir
+        plans = sorted(p for p in found.iterdir() if p.is_file()) if found.is_dir() else []
+        kept = {p.name: p.read_bytes() for p in plans if p.stat().st_size <= MAX_PLAN_BYTES}
+        kept = {name: data for name, data in kept.items() if plan_fingerprint(name, data)}
+        if not kept:
+            return [], {}
+        with tempfile.TemporaryDirectory() as staged:
+            for name, data in kept.items():
+                (Path(staged) / name).write_bytes(data)
+            return self.harvest_directory(Path(staged), out_dir), {}
+
+
 @harvests(ArtifactKind.TRITON_CACHE)
 class TritonCacheHarvester(DirectoryTarball):
     """Triton's kernel cache (``TRITON_CACHE_DIR``)."""
@@ -290,6 +314,16 @@ class CuteDslCacheHarvester(DirectoryTarball):
     (``cutedsl_warmup.py``, ``jit_warmup_cutedsl_helper.py::compile_cutedsl``)."""
 
     variable = "CUTE_DSL_CACHE_DIR"
+    scratch_dir = ENGINE.harvest_dir(variable)
+
+
+@harvests(ArtifactKind.FA4_CUTE_DSL_CACHE)
+class Fa4CuteDslCacheHarvester(DirectoryTarball):
+    """FlashAttention 4's CuTe DSL kernel cache (``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``;
+    ``vllm/vllm_flash_attn/cute/cache_utils.py::get_jit_cache``: ``<dir>/<source fingerprint>/
+    [<name>/]<key sha256>.o``), filled only where ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1``."""
+
+    variable = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
     scratch_dir = ENGINE.harvest_dir(variable)
 
 

@@ -50,7 +50,7 @@ class TunerSummary(BaseModel):
 
     #: The fields stored as the run's ``summary`` (when the child set them).
     RUN_FIELDS: ClassVar[tuple[str, ...]] = ("entries", "tuning_seconds", "stages", "jit_modules", "flashinfer_jit",
-                                             "vllm_compile", "dependencies")
+                                             "vllm_compile", "dependencies", "deep_gemm_m_set")
 
     gpu_name: str
     arch: str
@@ -62,6 +62,8 @@ class TunerSummary(BaseModel):
     flashinfer_jit: dict[str, str] = Field(default_factory=dict)
     dependencies: dict[str, str] = Field(default_factory=dict)
     vllm_compile: dict[str, Any] | None = None
+    #: the block Ms the run's DeepGEMM cache was warmed up with (:mod:`tunecache.engines.vllm.deep_gemm`)
+    deep_gemm_m_set: dict[str, Any] | None = None
     artifacts: list[HarvestedArtifact]
 
     def run_summary(self) -> dict[str, Any]:

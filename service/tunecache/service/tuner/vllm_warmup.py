@@ -87,6 +87,11 @@ except Exception:
 started = time.monotonic()
 llm = LLM(**args)
 print(f"tunecache: vLLM engine built, kernel_warmup done ({time.monotonic() - started:.1f} s)", flush=True)
+try:  # every registered model's inspection, where the release can (0.34)
+    from tunecache.service.tuner.vllm_warmup import fill_model_info_cache
+    fill_model_info_cache()
+except Exception as exc:
+    print(f"tunecache: model inspections not filled: {type(exc).__name__}: {exc}", file=sys.stderr)
 try:  # what named the compile cache's directories, from the engine's own worker
     facts = llm.collective_rpc(compile_facts)[0]
     facts["traced_files"] = sorted(traced)
@@ -106,6 +111,26 @@ Path(sys.argv[2]).write_text(json.dumps(used))
 
 #: Where the script writes the names of the JIT modules its engine used (in ``scratch``).
 _USED_MODULES = "flashinfer-jit-used.json"
+
+
+def fill_model_info_cache() -> bool:
+    """Fill vLLM's model-inspection cache (``$VLLM_CACHE_ROOT/modelinfos/``, harvested as
+    ``vllm_modelinfos``) with every model vLLM registers, not only the tuned one, where the
+    release has ``vllm/model_executor/models/registry.py::_ModelRegistry.fill_model_info_cache``
+    (0.34: one subprocess inspects them all, each entry keyed by its module's relative paths and
+    bytes, so a pod of any architecture in the same image finds its own). ``False``: a release
+    without it (the tuned model's inspection is cached by the boot as before), or it failed
+    (said on stderr). Runs in the tuner's vLLM process only."""
+    try:
+        from vllm.model_executor.models.registry import ModelRegistry
+    except Exception as exc:
+        print(f"tunecache: model inspections not filled: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    fill = getattr(ModelRegistry, "fill_model_info_cache", None)
+    if not callable(fill):
+        return False
+    fill()  # best effort in vLLM: a model that fails to inspect is left to the boot that needs it
+    return True
 
 
 def watch_traced_files() -> set[str]:

@@ -123,7 +123,12 @@ def test_traced_sources_under_another_prefix_are_found_where_the_pod_imports_the
     import hashlib
     import sys
 
-    from tunecache.engines.vllm.compile_cache import code_hash, file_digests, locate_here, traced_files_here
+    from tunecache.engines.vllm.compile_cache import (
+        code_hash,
+        file_digests,
+        locate_here,
+        traced_files_here,
+    )
 
     node_file = _package(tmp_path / "node-prefix" / "site-packages")
     pod_file = _package(tmp_path / "pod-prefix" / "site-packages")
@@ -206,7 +211,10 @@ def _variant_config(monkeypatch, max_model_len: int, model: str = "/node/model")
 
 
 def test_a_variant_is_where_the_model_lives_left_out_and_its_fields_named(monkeypatch):
-    from tunecache.engines.vllm.compile_cache import variant_differences, variant_factors
+    from tunecache.engines.vllm.compile_cache import (
+        variant_differences,
+        variant_factors,
+    )
 
     env = {"VLLM_USE_AOT_COMPILE": "1", "VLLM_CONFIG_ROOT": "/home/node/.config/vllm"}
     node = variant_factors(_variant_config(monkeypatch, 4096), env, "0.25.0", "meta-llama/Llama-3.1-8B")
@@ -283,3 +291,45 @@ def test_a_placement_factor_that_is_unset_keeps_the_variant_ids_computed_before(
     before = {name: value for name, value in env.items() if name not in ("VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH")}
     assert (VariantFactors(vllm_version="0.25.0", env=kept, config_hashes={}).variant
             == VariantFactors(vllm_version="0.25.0", env=before, config_hashes={}).variant)
+
+
+def _config_0_34(max_model_len: int, model: str = "/models/llama", tokenizer: str = "/models/llama"):
+    """A ``VllmConfig`` shaped as 0.34's: no ``compute_hash()`` anywhere, ``compile_factors()``
+    one entry per sub-config (``vllm/config/vllm.py::VllmConfig.compile_factors``) and the version."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class ModelConfig:
+        model: str
+        tokenizer: str
+        max_model_len: int
+
+        def compile_factors(self):  # get_compile_factors(self, ignored_factors={"tokenizer", ...})
+            return {"model": self.model, "max_model_len": self.max_model_len}
+
+    @dataclasses.dataclass
+    class VllmConfig:
+        model_config: ModelConfig
+
+        def compile_factors(self, include_version: bool = True):
+            return {"model": self.model_config.compile_factors(), "cache": {"block_size": 16}, "version": "0.34.0"}
+
+    return VllmConfig(ModelConfig(model, tokenizer, max_model_len))
+
+
+def test_a_0_34_variant_comes_from_compile_factors_field_by_field():
+    """0.34 removed every ``compute_hash()``: its variant is ``VllmConfig.compile_factors()``, so
+    another ``max_model_len`` is another variant, named by its field, and where the model lives is none."""
+    from tunecache.engines.vllm.compile_cache import (
+        variant_differences,
+        variant_factors,
+    )
+
+    served = "meta-llama/Llama-3.1-8B"
+    node = variant_factors(_config_0_34(4096, model="/node/work"), {}, "0.34.0", served)
+    pod = variant_factors(_config_0_34(4096, model="/pod/else", tokenizer="/pod/tok"), {}, "0.34.0", served)
+    longer = variant_factors(_config_0_34(8192), {}, "0.34.0", served)
+    assert node.config_factors["model"] == {"model": served, "max_model_len": 4096}
+    assert node.variant == pod.variant and variant_differences(node, pod) == []
+    assert longer.variant != node.variant
+    assert variant_differences(node, longer) == ["vLLM config model.max_model_len: node 4096, pod 8192"]

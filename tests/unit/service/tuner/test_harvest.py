@@ -40,7 +40,8 @@ def test_artifact_descriptions_are_the_ones_recorded(tmp_path):
     tarballs = {kind for kind, cls in HARVESTERS.items() if issubclass(cls, DirectoryTarball)}
     assert tarballs == {ArtifactKind.DEEP_GEMM_JIT_CACHE, ArtifactKind.FLASHINFER_V2_STORE,
                         ArtifactKind.VLLM_MODELINFOS, ArtifactKind.TRITON_CACHE, ArtifactKind.TILELANG_CACHE,
-                        ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE}
+                        ArtifactKind.CUTE_DSL_CACHE, ArtifactKind.TVM_FFI_CACHE, ArtifactKind.VLLM_STARTUP_PLAN,
+                        ArtifactKind.FA4_CUTE_DSL_CACHE}
     assert all(KINDS[kind].artifact_name for kind in tarballs)
 
 
@@ -71,4 +72,5 @@ def test_every_harvester_points_vllms_caches_where_the_adaptor_says(tmp_path):
         for variable, value in harvester().environment(scratch).items():
             assert pointed[variable] == value, kind
     assert set(pointed) == {"VLLM_CACHE_ROOT", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "DG_JIT_CACHE_DIR", "TRITON_CACHE_DIR",
-                            "TILELANG_CACHE_DIR", "CUTE_DSL_CACHE_DIR", "TVM_FFI_CACHE_DIR"}
+                            "TILELANG_CACHE_DIR", "CUTE_DSL_CACHE_DIR", "TVM_FFI_CACHE_DIR",
+                            "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"}
