@@ -30,8 +30,8 @@ def harvested(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     artifacts, _ = harvest_warm_state(scratch, out)
-    [artifact] = [a for a in artifacts if a["kind"] == KIND.value]
-    return (out / artifact["path"]).read_bytes()
+    [artifact] = [a for a in artifacts if a.kind == KIND]
+    return (out / artifact.path).read_bytes()
 
 
 def test_the_directory_is_fa4s_own(monkeypatch, tmp_path):

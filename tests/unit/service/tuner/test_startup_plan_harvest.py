@@ -23,7 +23,7 @@ def test_the_startup_plan_harvest_keeps_only_plans_vllm_loads_under_their_name(t
     out = tmp_path / "out"
     out.mkdir()
     [artifact], _ = StartupPlanHarvester().harvest(tmp_path / "scratch", out)
-    assert artifact["kind"] == ArtifactKind.VLLM_STARTUP_PLAN.value
+    assert artifact.kind == ArtifactKind.VLLM_STARTUP_PLAN
     with tarfile.open(fileobj=io.BytesIO((out / "vllm-startup-plan.tar.gz").read_bytes())) as tar:
         assert [m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()] == [
             "startup_plan_0123456789abcdef.json"]
