@@ -54,7 +54,6 @@ import functools
 import importlib.metadata
 import inspect
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, NoReturn, Optional
@@ -63,6 +62,7 @@ import typer
 from pydantic import ValidationError
 
 from tunecache import cli_config
+from tunecache.cli_output import OutputUnwritable, ReaderMayLeave
 from tunecache.contract import DEFAULT_ENGINE, DeploymentKey, expert_parallel_size
 from tunecache.store import ArtifactCorrupt, InstallDeadlineExceeded, ServerError, ServerUnreachable, TunecacheError, TuningStore
 
@@ -408,68 +408,9 @@ def usage_error_line(exc: Exception, app: typer.Typer) -> str:
     return f"tunecache: error: {message} (see {command} --help)"
 
 
-class OutputUnwritable(Exception):
-    """stdout cannot be written (``tunecache history > /dev/full``: a full disk, an I/O error):
-    :func:`run` ends the command with one line and exit 12 (:data:`ExitCode.INSTALL_FAILED`, a
-    local write that failed). Not an ``OSError``, so that a command's own handling of its files'
-    errors never takes it for one of them."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(f"cannot write to stdout: {error.strerror or error}")
-
-
-class _ReaderMayLeave:
-    """``sys.stdout`` (and its ``buffer``) for a command whose reader may close the pipe early
-    (``tunecache doctor | head -1``): what is written after that goes to ``/dev/null``, so the
-    command still ends with its own exit code and says its errors on stderr (click ended such a
-    command with exit 1 and nothing said). Any other failed write (a full disk) raises
-    :class:`OutputUnwritable` (every time: click probes a stream with writes whose errors it
-    drops); :func:`run` then sends stdout to ``/dev/null`` (:meth:`discard`), so that the
-    interpreter's last flush cannot fail again."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-
-    def write(self, text):
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            self._reader_left()
-            return len(text)
-        except OSError as exc:
-            raise OutputUnwritable(exc) from None
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self._reader_left()
-        except OSError as exc:
-            raise OutputUnwritable(exc) from None
-
-    def discard(self) -> None:
-        """Send what is still buffered, and every later write, to ``/dev/null``."""
-        self._reader_left()
-
-    @property
-    def buffer(self) -> "_ReaderMayLeave":
-        """The binary stream under it (``history --csv`` writes bytes), under the same rules."""
-        return _ReaderMayLeave(self._stream.buffer)
-
-    def _reader_left(self) -> None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, self._stream.fileno())
-        finally:
-            os.close(devnull)
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
 def _output_lost(exc: OutputUnwritable) -> NoReturn:
     """One line and exit 12 for a stdout that cannot be written (what is left of it dropped)."""
-    if isinstance(sys.stdout, _ReaderMayLeave):
+    if isinstance(sys.stdout, ReaderMayLeave):
         sys.stdout.discard()
     typer.echo(f"tunecache: error: {exc}", err=True)
     sys.exit(int(ExitCode.INSTALL_FAILED))
@@ -478,11 +419,11 @@ def _output_lost(exc: OutputUnwritable) -> NoReturn:
 def run(app: typer.Typer, args: list[str] | None = None) -> NoReturn:
     """Run ``app`` (:func:`new_app`) with the commands registered on it: usage errors as one line on stderr and
     exit 2 (:data:`ExitCode.USAGE`), exit 130 on Ctrl-C; a reader that closes stdout early does not
-    change the exit code (:class:`_ReaderMayLeave`); a stdout that cannot be written is one line
+    change the exit code (:class:`ReaderMayLeave`); a stdout that cannot be written is one line
     and exit 12 (:class:`OutputUnwritable`)."""
     command = typer.main.get_command(app)
-    if not isinstance(sys.stdout, _ReaderMayLeave) and sys.stdout is not None:
-        sys.stdout = _ReaderMayLeave(sys.stdout)
+    if not isinstance(sys.stdout, ReaderMayLeave) and sys.stdout is not None:
+        sys.stdout = ReaderMayLeave(sys.stdout)
     try:
         # standalone_mode=False: click's errors reach here instead of typer's rich panel
         code = command.main(args, prog_name=app.info.name or "tunecache", standalone_mode=False)

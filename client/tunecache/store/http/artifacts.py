@@ -14,7 +14,8 @@ from tunecache.store.http.answers import answer_detail, body_detail
 from tunecache.store.http import routes
 from tunecache.store.http.routes import calls
 from tunecache.store.http.stall import StallWatch
-from tunecache.store.http.transport import RETRY_STATUSES, Transient, TransferCallback, Transport, transient_status
+from tunecache.store.http.failures import Transient, transient_status
+from tunecache.store.http.transport import RETRY_STATUSES, TransferCallback, Transport
 from tunecache.contract import ArtifactStored, Health
 from tunecache.formats.tarball import max_unpack_bytes
 from tunecache.store import ArtifactCorrupt, DownloadTruncated, ServerError, file_sha256

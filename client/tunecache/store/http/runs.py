@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from tunecache.store.http.answers import answer_detail, body_detail, json_object
 from tunecache.store.http import routes
 from tunecache.store.http.routes import calls
-from tunecache.store.http.transport import Transient, Transport
+from tunecache.store.http.failures import Transient
+from tunecache.store.http.transport import Transport
 from tunecache.contract import (
     EnvironmentMetadata,
     LookupMiss,

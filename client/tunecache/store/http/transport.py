@@ -33,16 +33,15 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from tunecache.store.http.answers import answer_detail, retry_after_seconds
+from tunecache.store.http.answers import answer_detail
+from tunecache.store.http.failures import NoTimeToRetry, Transient, classified, transient_status
 from tunecache.store.http.stall import DownloadStalled, StallWatch, cut_at_deadline
 from tunecache.formats.tarball import positive_whole_setting
 from tunecache.store import (
-    DownloadTruncated,
     InstallDeadlineExceeded,
     ServerError,
     ServerUnreachable,
     AnswerTooLarge,
-    TunecacheError,
 )
 
 Answer = TypeVar("Answer", bound=BaseModel)
@@ -94,33 +93,6 @@ def _content_length(response: httpx.Response) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-class Transient(Exception):
-    """A failure worth another attempt; carries the error to raise when attempts run out,
-    and the seconds the server asked to wait (``Retry-After``), if it did."""
-
-    def __init__(self, error: TunecacheError, retry_after_s: float | None = None):
-        super().__init__(str(error))
-        self.error = error
-        self.retry_after_s = retry_after_s
-
-
-class _NoTimeToRetry(Exception):
-    """The next attempt would start past the install deadline or the request's total
-    timeout (``why`` names which): give up with ``transient``'s error after ``attempts``
-    attempts."""
-
-    def __init__(self, transient: Transient, attempts: int, why: str):
-        super().__init__(str(transient))
-        self.transient = transient
-        self.attempts = attempts
-        self.why = why
-
-
-def transient_status(response: httpx.Response, detail: Any) -> Transient:
-    """A retry-worthy status as a :class:`Transient`, with the seconds its ``Retry-After`` asks."""
-    return Transient(ServerError(response.status_code, detail), retry_after_seconds(response.headers.get("retry-after")))
-
-
 class InsecureTransport(ValueError):
     """A token would travel in clear text (``http://``) to a host that is not loopback."""
 
@@ -132,20 +104,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def _classified(exc: httpx.HTTPError, where: str, read_timeout_s: float) -> TunecacheError:
-    """Name the failure a pod hit at ``where`` (the server, or the artifact store), in words an
-    operator can act on."""
-    if isinstance(exc, httpx.ConnectTimeout):
-        return ServerUnreachable(f"{where} unreachable: no connection within the connect timeout")
-    if isinstance(exc, httpx.ConnectError):
-        return ServerUnreachable(f"{where} unreachable: {exc}")
-    if isinstance(exc, httpx.ReadTimeout):
-        return ServerUnreachable(f"{where} accepted the connection but sent no answer within {read_timeout_s:g} s")
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return DownloadTruncated(f"{where} closed the connection before the whole answer arrived: {exc}")
-    return ServerUnreachable(f"{where} unreachable: {type(exc).__name__}: {exc}")
 
 
 class Transport:
@@ -316,7 +274,7 @@ class Transport:
             return self._deadline_error(method, path, answered)
         if time.monotonic() >= end - _DEADLINE_SLACK_S:
             return self._total_timeout_error(answered)
-        return Transient(_classified(exc, where or f"tunecache server {self.base_url}", self.read_timeout_s))
+        return Transient(classified(exc, where or f"tunecache server {self.base_url}", self.read_timeout_s))
 
     def _exchange(self, method: str, path: str, read: Callable[[httpx.Response, float], Any], *,
                   elsewhere: httpx.URL | None = None, watch: StallWatch | None = None, **kwargs: Any) -> Any:
@@ -384,7 +342,7 @@ class Transport:
     def _wait(self, state: RetryCallState) -> float:
         """Seconds before the next attempt: full-jitter exponential backoff (up to 0.5 s,
         1 s, 2 s, ... at most 4 s), or the server's ``Retry-After`` when it asked for longer
-        (capped at ``max_retry_after_s``). Raises :class:`_NoTimeToRetry` when the next
+        (capped at ``max_retry_after_s``). Raises :class:`NoTimeToRetry` when the next
         attempt would start past the install deadline or the request's total timeout."""
         backoff = wait_random_exponential(multiplier=0.5, max=4)(state)
         failure = state.outcome.exception() if state.outcome is not None else None
@@ -399,7 +357,7 @@ class Transport:
         if isinstance(failure, Transient) and limits and state.attempt_number < self.attempts:
             end, why = min(limits)
             if time.monotonic() + wait >= end - _DEADLINE_SLACK_S:
-                raise _NoTimeToRetry(failure, state.attempt_number, why)
+                raise NoTimeToRetry(failure, state.attempt_number, why)
         return wait
 
     def _retrying(self, attempt_once):
@@ -422,7 +380,7 @@ class Transport:
             if self.attempts > 1:
                 error.args = (f"{error} (after {self.attempts} attempts)",)
             raise error from None
-        except _NoTimeToRetry as stop:
+        except NoTimeToRetry as stop:
             error = stop.transient.error
             error.args = (f"{error} (after {stop.attempts} of {self.attempts} attempts: the next would start past "
                           f"{stop.why})",)
