@@ -24,7 +24,7 @@ from tests.support.paths import ROOT
 #: What a pod must never get from installing the client.
 SERVER_PACKAGES = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "psycopg-binary"}
 POD_COMMANDS = ("pull", "push", "doctor", "diff", "history", "fleet", "retune", "job", "token", "keys", "promote", "pin", "unpin", "retire",
-                "export", "import")
+                "status", "env", "show", "workers", "audit", "completion", "export", "import")
 SERVER_COMMANDS = ("serve", "tune", "db", "prune")
 
 
