@@ -75,3 +75,22 @@ def test_pull_and_push_on_a_pipe_print_what_they_did_before(server, capsys, tmp_
     code, out, err = run("pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192", "--dest",
                          str(tmp_path), "--environment", str(CUDNN_FILE), "--quiet")
     assert code == 0 and out.strip().endswith(".json") and "pulling" not in err
+
+
+def test_a_file_upload_and_a_streamed_download_are_told_too(server, tmp_path):
+    """``upload_file`` (push of a big file, ``tunecache import``) and ``download_artifact_to`` (the
+    install's streamed download) tell their bytes as the in-memory ones do."""
+    path = tmp_path / "artifact.bin"
+    path.write_bytes(b"{}" + bytes(700 * 1024))  # several parts
+    token = admin_headers()["Authorization"].split()[1]
+    seen = []
+    with TunecacheClient(server, token=token) as client:
+        client.on_transfer = lambda done, total: seen.append((done, total))
+        sha = client.upload_file(path, again=True)
+        assert seen[0] == (0, path.stat().st_size) and seen[-1] == (path.stat().st_size,) * 2
+        assert len(seen) > 3 and [done for done, _ in seen] == sorted(done for done, _ in seen)
+        seen.clear()
+        with (tmp_path / "back.bin").open("wb+") as out:
+            assert client.download_artifact_to(sha, out) == path.stat().st_size
+        assert seen[-1][0] == path.stat().st_size
+    assert (tmp_path / "back.bin").read_bytes() == path.read_bytes()

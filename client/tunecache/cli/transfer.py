@@ -18,6 +18,7 @@ from tunecache.cli.client import client_for
 from tunecache.cli_kit import ExitCode, ServerOpt, client_errors, fail
 from tunecache.contract import MAX_ID
 from tunecache.store import TunecacheError
+from tunecache.transfer_progress import QuietOpt, transfer_progress
 
 LayoutOpt = Annotated[Optional[Path], typer.Option("--layout", help="an OCI image layout directory")]
 RegistryOpt = Annotated[Optional[str], typer.Option(
@@ -77,6 +78,7 @@ def export(
         "--max-num-batched-tokens", min=1, help="only keys of this max_num_batched_tokens")] = None,
     plain_http: PlainHttpOpt = False,
     tag: TagOpt = "latest",
+    quiet: QuietOpt = False,
 ) -> None:
     """Write signed runs, their artifacts and signatures to an OCI image layout or an OCI registry, for a service with no route to this one (tunecache import there).
 
@@ -109,7 +111,8 @@ def export(
             root = layout if layout is not None else scratch
             fresh = not root.exists()
             try:
-                digest, written = bundle_transfer.write_bundle(client, runs, root, tag, said)
+                with transfer_progress(client, "exporting", quiet):
+                    digest, written = bundle_transfer.write_bundle(client, runs, root, tag, said)
                 if registry is not None:
                     oci_registry.push_layout(root, registry, plain_http, tag)
             except Exception as exc:
@@ -138,6 +141,7 @@ def import_(
     plain_http: PlainHttpOpt = False,
     tag: Annotated[Optional[str], typer.Option("--tag", help="the bundle's name inside the layout (default: its only "
                                                              "one)")] = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Record the runs of a bundle (tunecache export) in this service, each only where its signature checks against this service's trusted keys (TUNECACHE_TRUSTED_KEYS on the server); needs a tune or admin token.
 
@@ -154,7 +158,7 @@ def import_(
         except Exception as exc:
             _bundle_errors(exc, oci_bundle, oci_registry)
         refused = []
-        with client_for(server) as client:
+        with client_for(server) as client, transfer_progress(client, "importing", quiet):
             for entry in entries:
                 source = f"run {entry.record.source_run_id} of {entry.record.run.key.model}"
                 try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from collections.abc import Iterator
 from typing import IO
 
 import httpx
@@ -198,7 +199,10 @@ class ArtifactsClient(Transport):
             end, timeout = self._attempt_window(method, where)
             try:
                 with path.open("rb") as f:
-                    response = self._http.put(where, content=f, timeout=timeout)
+                    size = path.stat().st_size
+                    content = f if self.on_transfer is None else _told_parts(f, size, self.on_transfer)
+                    response = self._http.put(where, content=content, timeout=timeout,
+                                              headers={"Content-Length": str(size)})
             except httpx.HTTPError as exc:
                 raise self._failed(exc, method, where, end, answered=False) from None
             if response.status_code in RETRY_STATUSES:
@@ -255,3 +259,13 @@ class _TellingBytes:
         for at in range(0, len(view), self.PART):
             yield bytes(view[at:at + self.PART])
             self._told(min(at + self.PART, len(view)), len(view))
+
+
+def _told_parts(f: IO[bytes], size: int, told: TransferCallback) -> Iterator[bytes]:
+    """The file ``f`` (``size`` bytes) sent in parts, each part told to ``told``."""
+    told(0, size)
+    done = 0
+    while part := f.read(_TellingBytes.PART):
+        yield part
+        done += len(part)
+        told(done, size)
