@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tunecache.client.aot_verdict import vllm_here
 from tunecache.client.destinations import Commit, Destination, registers
 from tunecache.contract import ArtifactKind
 from tunecache.engines.vllm.paths import vllm_cache_root
@@ -267,22 +268,6 @@ def _children(staging: Path) -> dict[str, str]:
     return {p.name: p.name for p in staging.iterdir() if not p.name.startswith(".")}
 
 
-def _vllm_here() -> tuple[str | None, dict[str, Any] | None]:
-    """This pod's vLLM version and its compile factors (``None`` each: no vLLM here)."""
-    try:
-        import vllm
-
-        found = str(vllm.__version__)
-    except Exception:
-        return None, None
-    try:
-        import vllm.envs as envs
-
-        return found, json.loads(json.dumps(envs.compile_factors(), default=str))
-    except Exception:
-        return found, None
-
-
 def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
     """Whether a stored run's (:class:`tunecache.contract.TuningRunRead`) compile cache loads
     here, before a boot: this pod's vLLM version and environment factors
@@ -303,7 +288,7 @@ def compile_cache_verdict(run: Any) -> tuple[bool | None, str]:
         node = CompileFactors.model_validate(recorded)
     except Exception:
         return False, "the run records no compile factors (a tuner before this version)"
-    version, env = _vllm_here()
+    version, env = vllm_here()
     differ = []
     if version is None:
         differ.append("vLLM is not installed here")

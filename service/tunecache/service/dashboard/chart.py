@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecache.contract import TuningRunRead
+from tunecache.service.dashboard.charts import nice_ceiling
 
 #: Size of the drawing (SVG user units) and its margins.
 WIDTH, HEIGHT = 760, 260
@@ -87,18 +88,6 @@ def stage_seconds(summary: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def _nice_ceiling(value: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 x 10^n at or above ``value`` (axis top)."""
-    if value <= 0:
-        return 1.0
-    exponent = math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        top = step * 10 ** exponent
-        if top >= value:
-            return top
-    return 10 ** (exponent + 1)
-
-
 def stage_chart(runs: Iterable[TuningRunRead]) -> Chart | None:
     """The chart of ``runs`` (any order): x = when each run was recorded, y = seconds, one
     series per stage (the first :data:`MAX_SERIES` stages by name); ``None`` when no run
@@ -108,7 +97,7 @@ def stage_chart(runs: Iterable[TuningRunRead]) -> Chart | None:
     if not timed:
         return None
     names = sorted({stage for _, stages in timed for stage in stages})[:MAX_SERIES]
-    top = _nice_ceiling(max(seconds for _, stages in timed for stage, seconds in stages.items() if stage in names))
+    top = nice_ceiling(max(seconds for _, stages in timed for stage, seconds in stages.items() if stage in names))
     first, last = timed[0][0].created_at, timed[-1][0].created_at
     span = (last - first).total_seconds()
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
