@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 
 import pytest
 
 from tests.support.builders import h200_key, run_payload, signed
 from tests.support.paths import CUDNN_FILE
+from tests.unit.service.test_publishing import emptier, slower  # the same two FlashInfer files
 from tunecache.contract import TuningRunCreate
 from tunecache.service import blobs, db, publishing, repository
 from tunecache.service.publishing import POD_RUN_HELD, PublishingContext, load_context
@@ -53,20 +53,6 @@ def record(session, run: TuningRunCreate, **options):
     recorded = publishing.record_run(session, run, **options)
     session.commit()
     return recorded
-
-
-def emptier() -> bytes:
-    return json.dumps({"_metadata": json.loads(CUDNN_FILE.read_text())["_metadata"]}).encode()
-
-
-def slower() -> bytes:
-    """CUDNN_FILE with one entry's tactic changed and 50 % slower: a regression the run diff flags."""
-    doc = json.loads(CUDNN_FILE.read_text())
-    key = next(k for k, v in doc.items() if not k.startswith("_") and isinstance(v, list) and len(v) > 3)
-    runner, tactic, policy, selection = doc[key]
-    doc[key] = [runner, [tactic, "other"] if not isinstance(tactic, int) else tactic + 1000, policy,
-                {**selection, "time_ms": selection["time_ms"] * 1.5}]
-    return json.dumps(doc).encode()
 
 
 def test_the_context_is_the_current_run_and_its_file_as_stored(session):
