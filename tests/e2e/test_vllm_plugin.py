@@ -399,3 +399,26 @@ def test_the_autotune_layouts_of_vllm_027_to_032_in_a_two_process_engine(server,
         assert seen["flashinfer_autotune"]["loadable"] is True, _log
     directory = tmp_path / "vllm-autotune" / CONFIG_HASH
     assert sorted(p.name for p in directory.iterdir()) == files
+
+
+@pytest.mark.parametrize("family, shared", [("120", True), ("90", False)])
+def test_vllm_033_on_sm120_gets_the_shared_file_its_sparse_mla_decode_autotune_reads(server, tmp_path, family, shared):
+    """vLLM 0.33/0.34 on an SM120-family GPU: the sparse-MLA decode autotune's leader reads
+    ``autotune_configs.json`` beside the per-rank files before ``flashinfer_autotune`` reads
+    those (tunecache.engines.vllm.paths.shared_autotune_file_names); a pod of two ranks finds it
+    there with the run's file, written with the rank files. On another GPU nothing reads it and
+    nothing is written under that name."""
+    assert push(server, CUDNN_FILE, "--tensor-parallel-size", "2").returncode == 0
+    workers, _ = run_pod(tmp_path, 2, TUNECACHE_URL=server, STAND_IN_GPU_FAMILY=family)
+    directory = tmp_path / "vllm-autotune" / CONFIG_HASH
+    names = ["autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json"]
+    assert sorted(p.name for p in directory.iterdir()) == sorted(names + (["autotune_configs.json"] if shared else []))
+    for seen, log in workers:
+        assert seen["flashinfer_autotune"] == {"file_present_at_warmup": True, "loadable": True}, log
+        if shared:
+            assert seen["sparse_mla_decode_autotune"]["shared_file_present"] is True
+            assert seen["sparse_mla_decode_autotune"]["entries"] > 0
+        else:
+            assert "sparse_mla_decode_autotune" not in seen
+    if shared:
+        assert (directory / "autotune_configs.json").read_bytes() == CUDNN_FILE.read_bytes()

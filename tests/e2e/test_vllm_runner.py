@@ -216,6 +216,7 @@ def test_harvest_per_rank_files_v2_store_and_deep_gemm(tmp_path):
     (rank_dir / "autotune_configs_dp0_rank1.json").write_bytes(CUBLASLT_FILE.read_bytes())
     (rank_dir / "autotune_configs_dp0_rank0.json").write_bytes(CUDNN_FILE.read_bytes())
     (rank_dir / "unrelated.json").write_text("{}")
+    (rank_dir / "autotune_configs.json").write_bytes(CUDNN_FILE.read_bytes())  # 0.33/0.34 on SM120: the shared file
     deep_gemm = scratch / "deep_gemm" / "cache" / "kernel.abc"
     deep_gemm.mkdir(parents=True)
     (deep_gemm / "kernel.cubin").write_bytes(b"cubin")
@@ -228,6 +229,7 @@ def test_harvest_per_rank_files_v2_store_and_deep_gemm(tmp_path):
     assert kinds == {
         f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank0.json": ArtifactKind.VLLM_RANK_FILE,
         f"vllm/{CONFIG_HASH}/autotune_configs_dp0_rank1.json": ArtifactKind.VLLM_RANK_FILE,
+        f"vllm/{CONFIG_HASH}/autotune_configs.json": ArtifactKind.VLLM_RANK_FILE,
         "deep-gemm-jit-cache.tar.gz": ArtifactKind.DEEP_GEMM_JIT_CACHE,
     }
     for artifact in harvested["artifacts"]:

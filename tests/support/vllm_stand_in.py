@@ -159,6 +159,31 @@ STAND_IN = {
             def flashinfer_autotune_filename(dp_rank, rank):
                 return f"autotune_configs_dp{dp_rank}_rank{rank}.json"
     '''),
+    "vllm/platforms/__init__.py": textwrap.dedent('''
+        import os
+        class _Platform:
+            # the one question the plugin asks of it here (get_device_name and the others are not
+            # stood in: the plugin's cuda_answered_by_nvml then leaves torch as it is)
+            def is_device_capability_family(self, family):
+                return os.environ.get("STAND_IN_GPU_FAMILY") == str(family)
+        current_platform = _Platform()
+    '''),
+    # vLLM 0.33/0.34's sparse-MLA decode autotune (SM120 only): its leader reads
+    # resolve_flashinfer_autotune_file's autotune_configs.json beside the per-rank files
+    "vllm/model_executor/warmup/flashinfer_sparse_mla_warmup.py": textwrap.dedent('''
+        import json
+        from vllm.platforms import current_platform
+        from vllm.model_executor.warmup import flashinfer_autotune_cache as c
+        def flashinfer_sparse_mla_decode_autotune_warmup(worker):
+            if not current_platform.is_device_capability_family(120) or not hasattr(c, "flashinfer_autotune_root"):
+                return None
+            path = c.flashinfer_autotune_root() / c.flashinfer_autotune_cache_hash(worker.model_runner) / "autotune_configs.json"
+            try:
+                document = json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                return {"shared_file_present": path.is_file(), "entries": 0}
+            return {"shared_file_present": True, "entries": len(document) - ("_metadata" in document)}
+    '''),
     "vllm/model_executor/warmup/deep_gemm_warmup.py": textwrap.dedent('''
         import os
         from stand_in_record import record
@@ -232,7 +257,11 @@ STAND_IN = {
                 seen["DG_JIT_CACHE_DIR"] = os.environ["DG_JIT_CACHE_DIR"]
             record("flashinfer_autotune", **seen)
         def kernel_warmup(worker):
+            from vllm.model_executor.warmup.flashinfer_sparse_mla_warmup import flashinfer_sparse_mla_decode_autotune_warmup
             deep_gemm_warmup(worker.get_model(), worker.scheduler_config.max_num_batched_tokens)
+            sparse = flashinfer_sparse_mla_decode_autotune_warmup(worker)  # vLLM's order: before flashinfer_autotune
+            if sparse is not None:
+                record("sparse_mla_decode_autotune", **sparse)
             flashinfer_autotune(worker.model_runner)
     '''),
     "vllm/engine/__init__.py": "",

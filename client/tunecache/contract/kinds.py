@@ -30,7 +30,8 @@ class ArtifactKind(StrEnum):
     * ``flashinfer_jit_module``: one FlashInfer JIT module (``cached_ops/<module>`` and
       ``generated/<module>``) as a gzipped tarball with nanosecond file times.
     * ``deep_gemm_jit_cache``: DeepGEMM's JIT cache directory as a gzipped tarball.
-    * ``vllm_flashinfer_autotune_v1``: one of vLLM's per-rank autotune files.
+    * ``vllm_flashinfer_autotune_v1``: one of vLLM's per-rank autotune files (or 0.33/0.34's shared
+      ``autotune_configs.json`` beside them, written on SM120), kept with the run.
     * ``flashinfer_autotune_v2_store``: FlashInfer's v2 store directory as a gzipped tarball.
     * ``vllm_compile_cache``: vLLM's torch.compile cache (``$VLLM_CACHE_ROOT/torch_compile_cache/``:
       the hashed directory and ``torch_aot_compile/<hash>/``) as a gzipped tarball; installed

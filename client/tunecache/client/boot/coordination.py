@@ -93,6 +93,9 @@ class Pod:
     """The file of every worker of the pod under ``root/config_hash``."""
     rank_file: Path
     """This worker's own v1 file."""
+    shared_names: tuple[str, ...] = ()
+    """Files under ``root/config_hash`` every worker's vLLM reads besides its own, written with
+    the run's file as the rank files are (:func:`tunecache.engines.vllm.paths.shared_autotune_file_names`)."""
 
     @property
     def lock(self) -> Path:
@@ -311,7 +314,7 @@ def _install_as_first(pod: Pod, worker: Worker, settings: ClientSettings, starte
         executable = settings.jit and handed is None
         target = InstallTarget.of(  # into this pod's own FlashInfer workspace and DeepGEMM cache directory
             (ArtifactKind.FLASHINFER_JIT_MODULE, ArtifactKind.DEEP_GEMM_JIT_CACHE) if executable else (),
-            FlashInferV2Store() if v2 else VllmRankFiles(pod.config_hash, pod.file_names, pod.root),
+            FlashInferV2Store() if v2 else VllmRankFiles(pod.config_hash, pod.file_names + pod.shared_names, pod.root),
         )
         client = TunecacheClient.from_settings(settings)
         with client:

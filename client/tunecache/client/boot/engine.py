@@ -176,13 +176,14 @@ class VllmWorker:
         from vllm.distributed.parallel_state import get_world_group
         from vllm.model_executor.warmup import flashinfer_autotune_cache as cache
 
-        from tunecache.engines.vllm.paths import vllm_rank_file_name
+        from tunecache.engines.vllm.paths import shared_autotune_file_names, vllm_rank_file_name
         from tunecache.client.boot.coordination import Pod
 
         group = get_world_group()
         config = self.runner.vllm_config
         dp_rank, rank = int(config.parallel_config.data_parallel_rank), int(group.rank_in_group)
         world_size = int(getattr(group, "world_size", 1))
+        shared: tuple[str, ...] = ()
         # vLLM's own functions where the release has them (the root layout's), else its row
         if hasattr(cache, "flashinfer_autotune_root"):
             layout = "root"
@@ -192,7 +193,7 @@ class VllmWorker:
         if layout == "root":
             root, config_hash = Path(cache.flashinfer_autotune_root()), str(cache.flashinfer_autotune_cache_hash(self.runner))
             names = tuple(vllm_rank_file_name(dp_rank, r) for r in range(world_size))
-            own = names[rank]
+            own, shared = names[rank], shared_autotune_file_names()
         else:
             if layout == "single-process" and world_size > 1:
                 raise SingleProcessLayout(f"this vLLM tunes every rank of a {world_size}-process engine itself and reads "
@@ -205,7 +206,7 @@ class VllmWorker:
             else:  # single-process, or broadcast (0.27-0.31): rank 0 reads the one file and sends it to the others
                 names, own = (path.name,), path.name
         return Pod(root=root, config_hash=config_hash, rank=rank, instance=_instance_id(config), file_names=names,
-                   rank_file=root / config_hash / own)
+                   rank_file=root / config_hash / own, shared_names=shared)
 
     def key(self, environment: EnvironmentMetadata) -> TuningKey:
         """The pod's :class:`tunecache.contract.TuningKey`: ``environment``'s GPU, the served

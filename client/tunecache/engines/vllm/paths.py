@@ -50,6 +50,32 @@ def vllm_rank_file_name(dp_rank: int, rank: int) -> str:
     return f"autotune_configs_dp{dp_rank}_rank{rank}.json"
 
 
+def shared_autotune_file_names() -> tuple[str, ...]:
+    """The file vLLM 0.33/0.34's FlashInfer sparse-MLA decode autotune reads beside the per-rank
+    files, where this worker's vLLM runs it: ``("autotune_configs.json",)`` on an SM120-family
+    GPU of a release with ``vllm/model_executor/warmup/flashinfer_sparse_mla_warmup.py``, else ``()``.
+
+    There (``_run_flashinfer_sparse_mla_decode_autotune``, vLLM's v1 path: an engine of several
+    ranks) the leader tunes with ``flashinfer_autotune(True, cache=resolve_flashinfer_autotune_file(runner))``,
+    which loads that file first, and every rank writes and loads what the leader broadcasts. vLLM
+    runs that warmup before ``flashinfer_autotune`` in ``kernel_warmup``, whose per-rank file is
+    FlashInfer's ``AutoTuner.save_configs`` of everything the process tuned or loaded, so the
+    run's file (rank 0's) holds the shared file's entries. The name is the one
+    ``resolve_flashinfer_autotune_file`` returns, not asked of it: it makes the directory.
+    Whether the GPU is of that family: vLLM's ``current_platform.is_device_capability_family(120)``.
+    """
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("vllm.model_executor.warmup.flashinfer_sparse_mla_warmup") is None:
+            return ()
+        from vllm.platforms import current_platform
+
+        return ("autotune_configs.json",) if current_platform.is_device_capability_family(120) else ()
+    except (ImportError, AttributeError):  # another vLLM: no such warmup
+        return ()
+
+
 def vllm_autotune_root() -> Path:
     """vLLM's per-rank autotune root for this process, from this pod's own environment:
     vLLM's ``flashinfer_autotune_root()``; without vllm,

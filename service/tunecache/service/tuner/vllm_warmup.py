@@ -284,7 +284,8 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
 
     Returns ``{"autotune_file": path or None, "artifacts": [...], "ranks": [(dp, rank), ...]}``:
     every per-rank v1 file as a ``vllm_flashinfer_autotune_v1`` artifact named
-    ``vllm/<hash>/<file>``, the lowest rank's file also as the run's FlashInfer file (vLLM
+    ``vllm/<hash>/<file>`` (with vLLM 0.33/0.34's shared ``autotune_configs.json`` beside them,
+    written on SM120 by the sparse-MLA decode autotune), the lowest rank's file also as the run's FlashInfer file (vLLM
     0.25's single ``autotune_configs.json`` is rank ``(0, 0)``'s), the v2 store and the
     DeepGEMM cache as tarballs. Artifact ``path`` values are relative to ``out_dir``.
     """
@@ -302,8 +303,14 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
         target.write_bytes(path.read_bytes())
         rank_files.append((dp, rank, target))
         artifacts.append(harvester.artifact(f"vllm/{path.parent.name}/{path.name}", str(target.relative_to(out_dir))))
-    if not rank_files:  # vLLM 0.25: one file of a single-process engine
-        single = sorted(root.glob("*/autotune_configs.json"))
+    single = sorted(root.glob("*/autotune_configs.json"))
+    if rank_files:  # vLLM 0.33/0.34 on SM120: the sparse-MLA decode autotune's shared file, kept with the run
+        for path in single:  # (a pod writes the run's file there, which holds its entries: shared_autotune_file_names)
+            target = out_dir / "vllm" / path.parent.name / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+            artifacts.append(harvester.artifact(f"vllm/{path.parent.name}/{path.name}", str(target.relative_to(out_dir))))
+    else:  # vLLM 0.25: one file of a single-process engine
         if single:
             target = out_dir / "vllm" / single[0].parent.name / single[0].name
             target.parent.mkdir(parents=True, exist_ok=True)
