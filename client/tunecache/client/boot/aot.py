@@ -27,7 +27,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tunecache.client.atomic import file_lock
 from tunecache.client.boot.coordination import DEFAULT_INSTALL_DEADLINE_S
@@ -40,6 +40,10 @@ from tunecache.client.boot.staged import (
     unpack_staged,
     unpacked_dir,
 )
+if TYPE_CHECKING:
+    from tunecache.engines.vllm.compile_cache import VariantFactors
+    from tunecache.engines.vllm.objects import CompiledModel, Json
+
 from tunecache.engines.vllm.aot import (
     AOT_RECORD_FILE,
     COMPILE_ON_ONE_RANK,
@@ -64,19 +68,19 @@ class PodAotFacts:
     rank: int
     dp_rank: int
     device_index: int | None
-    compile_factors: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, Any] = field(default_factory=dict)
-    system: dict[str, Any] = field(default_factory=dict)
+    compile_factors: dict[str, Json] = field(default_factory=dict)
+    env: dict[str, Json] = field(default_factory=dict)
+    system: dict[str, Json] = field(default_factory=dict)
     on_gpu: bool = False
-    variant_factors: Any = None
-    """Its engine variant (:class:`tunecache.engines.vllm.compile_cache.VariantFactors`; ``None``: unknown)."""
+    variant_factors: VariantFactors | None = None
+    """Its engine variant (``None``: unknown)."""
 
     @property
     def one_rank(self) -> bool:
         return str(self.env.get(COMPILE_ON_ONE_RANK) or "").strip().lower() in ("1", "true")
 
 
-def pod_aot_facts(model: Any) -> PodAotFacts:
+def pod_aot_facts(model: CompiledModel) -> PodAotFacts:
     """This worker's :class:`PodAotFacts` from vLLM's and torch's own functions: the compiled
     model's ``vllm_config`` (``parallel_config.rank`` and ``data_parallel_index``, as
     ``decorators.py`` names the rank directory; ``VllmConfig.compile_factors()`` where the release
@@ -106,7 +110,7 @@ def pod_aot_facts(model: Any) -> PodAotFacts:
                                                        _model_name(model.vllm_config.model_config)))
 
 
-def before_aot_load(model: Any, path: str, fetch_variant: VariantFetch | None = None) -> str | None:
+def before_aot_load(model: CompiledModel, path: str, fetch_variant: VariantFetch | None = None) -> str | None:
     """The plugin's hook on ``_try_load_aot_compiled_fn(model, path)``, before vLLM's own: the
     run's artifact for this rank placed at ``path`` (:func:`place_aot_artifact`; ``fetch_variant``
     fetches this engine variant's compile cache when the run is another variant's). Never raises."""

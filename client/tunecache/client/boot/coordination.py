@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -54,6 +54,11 @@ from tunecache.signing import load_trusted_keys
 from tunecache.store import ServerUnreachable, TunecacheError
 
 if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not with the plugin)
+    from collections.abc import Mapping
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from tunecache.client.install import FetchedTuning
     from tunecache.client.settings import ClientSettings
 
 #: Under vLLM's own ``vllm`` logger, so these lines appear in vLLM's log, in its format.
@@ -364,8 +369,9 @@ class HandedRunUnavailable(TunecacheError):
     install nothing, so that the boot never holds one run's warm state and another's tactics."""
 
 
-def _fetch(client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, trusted: Any, left: float,
-           target: InstallTarget, handed: int | None) -> Any:
+def _fetch(client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata,
+           trusted: Mapping[str, Ed25519PublicKey] | None, left: float, target: InstallTarget,
+           handed: int | None) -> FetchedTuning:
     """The pod's run: the one the engine's main process installed the warm state of, by its id
     (``handed``), else the current one (:func:`fetch_tuning`).
 

@@ -12,14 +12,17 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not with the plugin)
     from tunecache.client.settings import ClientSettings
     from tunecache.contract import EnvironmentMetadata, TuningKey
+    from tunecache.engines.vllm.compile_cache import CompileFactors, PodCompileFactors
+    from tunecache.engines.vllm.objects import EngineArgs, Json, ModelConfig, ModelRunner, VllmConfig
+    from tunecache.engines.vllm.releases import VllmRelease
 
 
-def pod_compile_factors(config: Any, node: Any):
+def pod_compile_factors(config: VllmConfig, node: CompileFactors) -> PodCompileFactors:
     """This worker's :class:`tunecache.engines.vllm.compile_cache.PodCompileFactors` for the node's
     ``node`` (:class:`~tunecache.engines.vllm.compile_cache.CompileFactors`), from vLLM's own
     functions: ``vllm.envs.compile_factors()``, ``VllmConfig.compute_hash()`` (also with
@@ -66,7 +69,7 @@ def cuda_answered_by_nvml() -> Iterator[None]:
         yield
         return
 
-    def index(device: Any = None) -> int:
+    def index(device: object = None) -> int:  # an index, "cuda:1", a torch.device or None
         if device is None:
             return 0
         if isinstance(device, int):
@@ -75,7 +78,7 @@ def cuda_answered_by_nvml() -> Iterator[None]:
             return int(device.rsplit(":", 1)[1]) if ":" in device else 0
         return getattr(device, "index", None) or 0  # torch.device
 
-    def get_device_capability(device: Any = None) -> tuple[int, int]:
+    def get_device_capability(device: object = None) -> tuple[int, int]:
         capability = platform_capability(index(device))
         if capability is None:
             raise RuntimeError("NVML gave no capability")
@@ -108,7 +111,7 @@ def main_process_environment(settings: ClientSettings):
     return EnvironmentMetadata.from_flashinfer_metadata(_collect_metadata())  # under cuda_answered_by_nvml()
 
 
-def engine_args_key(engine_args: Any, environment: EnvironmentMetadata, settings: ClientSettings) -> TuningKey:
+def engine_args_key(engine_args: EngineArgs, environment: EnvironmentMetadata, settings: ClientSettings) -> TuningKey:
     """The pod's key from vLLM's ``EngineArgs`` as given (before vLLM fills its defaults)."""
     served = getattr(engine_args, "served_model_name", None)
     if isinstance(served, (list, tuple)):
@@ -119,7 +122,7 @@ def engine_args_key(engine_args: Any, environment: EnvironmentMetadata, settings
                 getattr(engine_args, "prefill_context_parallel_size", 1))
 
 
-def config_key(config: Any, environment: EnvironmentMetadata, settings: ClientSettings) -> TuningKey:
+def config_key(config: VllmConfig, environment: EnvironmentMetadata, settings: ClientSettings) -> TuningKey:
     """The pod's key from vLLM's ``VllmConfig`` (as :meth:`VllmWorker.key`)."""
     parallel = config.parallel_config
     return _key(environment, settings, _model_name(config.model_config), config.scheduler_config.max_num_batched_tokens,
@@ -148,11 +151,11 @@ class VllmWorker:
     """This worker as vLLM tells it (a :class:`tunecache.client.boot.coordination.Worker`): its place in
     the pod, its key and its FlashInfer layout, all from vLLM's own functions and config."""
 
-    runner: Any
+    runner: ModelRunner
     """vLLM's model runner (``runner.vllm_config``)."""
     settings: ClientSettings
     """This worker's :class:`tunecache.client.settings.ClientSettings` (the key's dtype and quantization)."""
-    release: Any = None
+    release: VllmRelease | None = None
     """This process's vLLM release (:class:`tunecache.engines.vllm.releases.VllmRelease`): its autotune
     layout where vLLM's own functions do not tell it."""
 
@@ -223,7 +226,7 @@ class VllmWorker:
         return bool(check and check())
 
 
-def _instance_id(config: Any) -> str:
+def _instance_id(config: VllmConfig) -> str:
     """The boot's identity shared by its workers: vLLM's ``VllmConfig.instance_id`` (set in
     ``__post_init__`` when empty), else the parent process, told apart from an earlier
     process with the same pid (a container's pids repeat across boots) by its start time."""
@@ -239,7 +242,7 @@ def _instance_id(config: Any) -> str:
     return f"ppid:{socket.gethostname()}:{boot}:{parent}:{started}"
 
 
-def _model_name(model_config: Any) -> str:
+def _model_name(model_config: ModelConfig) -> str:
     """The model of the pod's key: vLLM's ``served_model_name`` (its first name when a list),
     which vLLM sets to ``model`` when none is given (``vllm/config/model.py::
     get_served_model_name``). A pod that loads its weights from a local directory
@@ -261,7 +264,7 @@ _NOT_VARIANT_ARGS = frozenset({
 })
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Json | object:
     """``value`` as plain JSON data (numbers, strings, booleans, ``None``, lists and objects
     of those; a tuple as a list), or :data:`_NOT_PLAIN`."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -278,7 +281,7 @@ def _plain(value: Any) -> Any:
 _NOT_PLAIN = object()
 
 
-def engine_args_of(engine_args: Any, nested: bool = True) -> dict[str, Any]:
+def engine_args_of(engine_args: object, nested: bool = True) -> dict[str, Json]:
     """A vLLM ``EngineArgs``' fields whose value differs from the field's default, as plain
     JSON, but :data:`_NOT_VARIANT_ARGS` and paths: the arguments that name the pod's engine
     variant, as ``tune --engine-args`` (``vllm.LLM``) takes them. A field that holds a config
@@ -293,7 +296,7 @@ def engine_args_of(engine_args: Any, nested: bool = True) -> dict[str, Any]:
 
     if not dataclasses.is_dataclass(engine_args):
         return {}
-    found: dict[str, Any] = {}
+    found: dict[str, Json] = {}
     for field in sorted(dataclasses.fields(engine_args), key=lambda f: f.name):
         if field.name in _NOT_VARIANT_ARGS or field.name.startswith("_") or "path" in field.name or "dir" in field.name:
             continue

@@ -15,7 +15,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tunecache.engines.vllm.objects import Json
 
 #: Each field of :class:`Handoff` and the variable that carries it (exactly the variables of
 #: :data:`tunecache.client.settings.POD_HANDOFF_VARIABLES`).
@@ -40,7 +43,7 @@ class Handoff:
     tactics only, fetched by its id (never what became current meanwhile), or nothing."""
     compile_cache: Path | None = None
     """The run's compile cache, staged under the cache root's ``.tunecache/`` for the workers."""
-    engine_args: dict[str, Any] | None = None
+    engine_args: dict[str, Json] | None = None
     """The pod's engine arguments that differ from vLLM's defaults, for the workers' reports
     (``None`` also when the variable is not a JSON object)."""
     flashinfer_aot_dir: Path | None = None

@@ -82,14 +82,20 @@ import logging
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from tunecache.client.boot.engine import (VllmWorker, config_key, cuda_answered_by_nvml, engine_args_key, engine_args_of,
                                          main_process_environment, pod_compile_factors)
 from tunecache.engines import engine_for
 
 if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not with the plugin)
+    from tunecache.client.boot.coordination import PodInstall
+    from tunecache.client.boot.main_process import WarmBoot
+    from tunecache.client.boot.staged import VariantFetch
     from tunecache.client.settings import ClientSettings
+    from tunecache.engines.vllm.objects import CompiledModel, EngineArgs, GpuWorker, Hooked, ModelRunner, VllmConfig
+    from tunecache.engines.vllm.releases import VllmRelease
 
 #: Under vLLM's own ``vllm`` logger, whose handler vLLM configures (``vllm/logger.py``:
 #: ``DEFAULT_LOGGING_CONFIG``, ``propagate: False``; the root logger has none), so the
@@ -97,9 +103,9 @@ if TYPE_CHECKING:  # the pod's settings, imported only where it is booted (not w
 log = logging.getLogger("vllm.plugins.tunecache")
 
 #: This process's install (:class:`tunecache.client.boot.coordination.PodInstall`, ``False``: none), once it ran.
-_installed: Any = None
+_installed: PodInstall | bool | None = None
 #: The vLLM release of this process (:class:`tunecache.engines.vllm.releases.VllmRelease`), set by :func:`register`.
-_release: Any = None
+_release: VllmRelease | None = None
 _pushed_back = False
 #: The engine this plugin hooks, as its adaptor tells it.
 VLLM = engine_for("vllm")
@@ -146,7 +152,7 @@ def register() -> None:
                         "worker (%s: %s)", type(exc).__name__, exc)
 
 
-def _target(role: str) -> tuple[Any, Any, str]:
+def _target(role: str) -> tuple[ModuleType, object, str]:
     """Where the plugin wraps ``role`` in this process's vLLM, as its adaptor names it
     (:meth:`tunecache.engines.vllm.adaptor.VllmAdaptor.hook_targets`): the module, the object
     that holds the function (the module, or the class of a method) and the function's name.
@@ -179,7 +185,7 @@ def _wrap_worker_compile() -> None:
         return
 
     @functools.wraps(original)
-    def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def determine_available_memory(self: GpuWorker, *args: object, **kwargs: object) -> object:
         from tunecache.client.boot.staged import use_staged_aot_dir
 
         use_staged_aot_dir()  # a vLLM whose worker has no load_model to wrap
@@ -200,7 +206,7 @@ def _wrap_worker_compile() -> None:
         from tunecache.client.boot.staged import use_staged_aot_dir
 
         @functools.wraps(load_model)
-        def load_model_after_aot_dir(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def load_model_after_aot_dir(self: GpuWorker, *args: object, **kwargs: object) -> object:
             use_staged_aot_dir()  # before the model (and any FlashInfer module) loads
             return load_model(self, *args, **kwargs)
 
@@ -212,7 +218,7 @@ def _wrap_worker_compile() -> None:
         from tunecache.client.boot.reporting import hold_reports
 
         @functools.wraps(warm_up)
-        def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def compile_or_warm_up_model(self: GpuWorker, *args: object, **kwargs: object) -> object:
             try:
                 return warm_up(self, *args, **kwargs)
             finally:
@@ -240,7 +246,7 @@ def _wrap_aot_load() -> None:
         return
 
     @functools.wraps(original)
-    def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str, *args: Any, **kwargs: Any) -> Any:
+    def _try_load_aot_compiled_fn(model: CompiledModel, aot_compilation_path: str, *args: object, **kwargs: object) -> object:
         from tunecache.client.boot.aot import before_aot_load
 
         before_aot_load(model, aot_compilation_path, _variant_fetch(getattr(model, "vllm_config", None)))
@@ -250,7 +256,7 @@ def _wrap_aot_load() -> None:
     setattr(decorators, name, _try_load_aot_compiled_fn)
 
 
-def _attest(worker: Any) -> threading.Thread | None:
+def _attest(worker: GpuWorker) -> threading.Thread | None:
     """Once the worker warmed up: read what vLLM and FlashInfer counted (quick), then, off the
     boot's critical path, count the files the boot wrote before now, log what it still
     compiled and send its install report with it (:mod:`tunecache.client.attestation`). The
@@ -271,7 +277,7 @@ def _attest(worker: Any) -> threading.Thread | None:
         return None
 
 
-def _finish_attestation(counted: dict, until_ns: int, rank: Any) -> None:
+def _finish_attestation(counted: dict, until_ns: int, rank: object) -> None:
     """The attestation's file count and what follows it (see :func:`_attest`). Never raises."""
     try:
         from tunecache.client.attestation import boot_files
@@ -286,7 +292,7 @@ def _finish_attestation(counted: dict, until_ns: int, rank: Any) -> None:
         log.warning("tunecache: boot not attested: %s: %s", type(exc).__name__, exc)
 
 
-def _variant_fetch(config: Any):
+def _variant_fetch(config: VllmConfig | None) -> VariantFetch:
     """Fetches this engine variant's own compile cache for a worker of ``config`` (its key from
     the config), when the staged run is another variant's
     (:func:`tunecache.client.boot.staged.fetch_variant_compile_cache`)."""
@@ -303,7 +309,7 @@ def _variant_fetch(config: Any):
     return fetch_variant
 
 
-def _install_compile_cache(worker: Any) -> None:
+def _install_compile_cache(worker: GpuWorker) -> None:
     """This worker's install of the staged compile cache, from its own ``VllmConfig``. Never raises."""
     if _release is not None and not _release.compile_cache:
         return  # the main process staged none, and said why
@@ -330,7 +336,7 @@ def _wrap_engine_config() -> None:
         return
 
     @functools.wraps(original)
-    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def create_engine_config(self: EngineArgs, *args: object, **kwargs: object) -> object:
         with cuda_answered_by_nvml():
             boot = _warm_boot_before(self)
         config = original(self, *args, **kwargs)
@@ -343,7 +349,7 @@ def _wrap_engine_config() -> None:
     setattr(engine_args_class, name, create_engine_config)
 
 
-def _warm_boot_before(engine_args: Any):
+def _warm_boot_before(engine_args: EngineArgs) -> WarmBoot | None:
     """The boot's :class:`~tunecache.client.boot.main_process.WarmBoot`, its warm state (but the compile
     cache) installed when ``engine_args`` give the whole key (``max_num_batched_tokens``
     set); ``None`` when it cannot run here. Never raises."""
@@ -366,7 +372,7 @@ def _warm_boot_before(engine_args: Any):
         return None
 
 
-def _note_engine_args(engine_args: Any) -> None:
+def _note_engine_args(engine_args: EngineArgs) -> None:
     """Hand the pod's variant engine arguments (:func:`tunecache.client.boot.engine.engine_args_of`) to
     the workers vLLM starts (:attr:`tunecache.client.boot.handoff.Handoff.engine_args`), for their
     reports. Never raises."""
@@ -378,7 +384,7 @@ def _note_engine_args(engine_args: Any) -> None:
         log.debug("tunecache: engine arguments not noted: %s: %s", type(exc).__name__, exc)
 
 
-def _warm_boot_after(boot: Any, config: Any) -> None:
+def _warm_boot_after(boot: WarmBoot, config: VllmConfig) -> None:
     """``boot`` with the key from vLLM's config, when ``EngineArgs`` did not give it. Never raises."""
     try:
         environment = main_process_environment(boot.settings)
@@ -400,7 +406,7 @@ def _wrap_warmup() -> None:
     original_warmup = getattr(warmup_module, warmup_name, None)
 
     @functools.wraps(original_autotune)
-    def flashinfer_autotune(runner: Any, *args: Any, **kwargs: Any) -> Any:
+    def flashinfer_autotune(runner: ModelRunner, *args: object, **kwargs: object) -> object:
         installed = _install_once(runner)
         result = original_autotune(runner, *args, **kwargs)
         _push_back_once(runner, installed)
@@ -410,7 +416,7 @@ def _wrap_warmup() -> None:
     if callable(original_warmup):
 
         @functools.wraps(original_warmup)
-        def kernel_warmup(worker: Any, *args: Any, **kwargs: Any) -> Any:
+        def kernel_warmup(worker: GpuWorker, *args: object, **kwargs: object) -> object:
             runner = getattr(worker, "model_runner", None)
             if runner is not None:
                 _install_once(runner)
@@ -421,7 +427,7 @@ def _wrap_warmup() -> None:
     module._tunecache_wrapped = True
 
 
-def _rebind(original: Any, replacement: Any) -> None:
+def _rebind(original: Hooked, replacement: Hooked) -> None:
     """Point every already-imported ``vllm`` module's global that holds ``original`` (e.g.
     ``vllm.v1.worker.gpu_worker.kernel_warmup``, bound by its ``from ... import``) at
     ``replacement``."""
@@ -434,7 +440,7 @@ def _rebind(original: Any, replacement: Any) -> None:
                 setattr(module, attribute, replacement)
 
 
-def _install_once(runner: Any):
+def _install_once(runner: ModelRunner) -> PodInstall | bool:
     """This process's install (:func:`tunecache.client.boot.coordination.install_for_pod`, a
     :class:`~tunecache.client.boot.coordination.PodInstall`), run on the first call (from whichever hook
     comes first); ``False`` when none ran (invalid settings or tunecache's own modules
@@ -453,7 +459,7 @@ def _install_once(runner: Any):
     return _installed
 
 
-def _push_back_once(runner: Any, installed: Any) -> None:
+def _push_back_once(runner: ModelRunner, installed: PodInstall | bool) -> None:
     """After vLLM's own tuning on a miss: rank 0 pushes its rank file back, once."""
     global _pushed_back
     if not installed or _pushed_back or installed.outcome != "miss" or installed.rank != 0 or not installed.settings.push_back:
@@ -473,7 +479,7 @@ def _settings_safely():
         return None
 
 
-def _push_back_safely(runner: Any, settings: ClientSettings) -> None:
+def _push_back_safely(runner: ModelRunner, settings: ClientSettings) -> None:
     """Upload this worker's locally tuned rank file (vLLM wrote it after tuning on a miss) as an
     unverified ``pod`` run. Never raises."""
     from tunecache.client.autotune_file import pushed_run

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tunecache.client.boot.handoff import Handoff
 from tunecache.store.http import TunecacheClient
@@ -43,10 +43,10 @@ class VariantSeen:
 variant_seen = VariantSeen()
 
 
-def variant_report_fields() -> dict[str, Any]:
+def variant_report_fields() -> dict[str, object]:
     """The report fields of this worker's engine variant: ``variant`` (when its compile-cache
     install computed it), ``variant_missing``, ``engine_args`` (:attr:`Handoff.engine_args`)."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, object] = {}
     if variant_seen.variant:
         fields["variant"] = variant_seen.variant
         fields["variant_missing"] = variant_seen.missing
