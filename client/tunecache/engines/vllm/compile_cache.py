@@ -145,6 +145,10 @@ class CompileFactors(BaseModel):
     aot_extra: list[str] = Field(default_factory=list,
                                  description="factors between the config hash and the model hash key (Inductor's, "
                                              "with VLLM_USE_MEGA_AOT_ARTIFACT)")
+    aot_extra_repr: list[str] | None = Field(
+        default=None, description="repr() of each of those factors, as str() of vLLM's list of factors writes it "
+                                  "(get_inductor_factors gives dicts and bytes, whose text in a list is not that of "
+                                  "their str() in quotes; None: a tuner before this field, whose aot_extra applies)")
     model_hash_key: str | None = None
     # The names are vLLM's hex digests (sha256[:10], sha256), and nothing else: a pod that
     # cannot compute its own names installs under these, so they must never be a path
@@ -244,9 +248,15 @@ def backbone_dir_name(env: str, config: str, code: str, compiler: str) -> str:
     return hashlib.sha256(str([env, config, code, compiler]).encode()).hexdigest()[:10]
 
 
-def aot_dir_name(env: str, config: str, extra: list[str], model_hash_key: str) -> str:
-    """``torch_compile_cache/torch_aot_compile/<name>``: vLLM's decorator formula."""
-    return hashlib.sha256(str([env, config, *extra, model_hash_key]).encode()).hexdigest()
+def aot_dir_name(env: str, config: str, extra: list[str], model_hash_key: str, extra_repr: list[str] | None = None) -> str:
+    """``torch_compile_cache/torch_aot_compile/<name>``: vLLM's decorator formula,
+    ``sha256(str(aot_compile_hash_factors(config) + [_model_hash_key(forward)]))``. ``extra_repr``:
+    each factor past the config hash as ``repr()`` writes it (:attr:`CompileFactors.aot_extra_repr`),
+    which ``str()`` of the list joins as they are; else ``extra``, taken as strings."""
+    if extra_repr is None:
+        return hashlib.sha256(str([env, config, *extra, model_hash_key]).encode()).hexdigest()
+    text = "[" + ", ".join([repr(env), repr(config), *extra_repr, repr(model_hash_key)]) + "]"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def node_dir_names(node: CompileFactors) -> dict[str, str]:
@@ -257,7 +267,7 @@ def node_dir_names(node: CompileFactors) -> dict[str, str]:
     if node.code_hash and node.compiler_hash:
         names["backbone"] = backbone_dir_name(e, node.config_hash, node.code_hash, node.compiler_hash)
     if node.model_hash_key:
-        names["aot"] = aot_dir_name(e, node.config_hash, node.aot_extra, node.model_hash_key)
+        names["aot"] = aot_dir_name(e, node.config_hash, node.aot_extra, node.model_hash_key, node.aot_extra_repr)
     return names
 
 
@@ -312,7 +322,8 @@ def pod_dir_names(node: CompileFactors, pod: PodCompileFactors) -> dict[str, str
     if node.aot_dir:
         if node.model_hash_key:
             renamed[f"{AOT_DIR}/{node.aot_dir}"] = f"{AOT_DIR}/" + aot_dir_name(e, pod.config_hash, node.aot_extra,
-                                                                                 node.model_hash_key)
+                                                                                 node.model_hash_key,
+                                                                                 node.aot_extra_repr)
         elif same:
             renamed[f"{AOT_DIR}/{node.aot_dir}"] = f"{AOT_DIR}/{node.aot_dir}"
     return renamed

@@ -253,7 +253,8 @@ class CompileCacheHarvester(Harvester):
             config_hashes=facts.get("config_hashes", {}), model=facts["model"], code_hash=meta.get("code_hash"),
             compiler_hash=meta.get("compiler_hash"),
             traced_files={p: d for p, d in file_digests(facts.get("traced_files", [])).items() if d is not None},
-            aot_extra=facts.get("aot_extra", []), model_hash_key=facts.get("model_hash_key"),
+            aot_extra=facts.get("aot_extra", []), aot_extra_repr=facts.get("aot_extra_repr"),
+            model_hash_key=facts.get("model_hash_key"),
             backbone_dir=metas[0].parts[-4], aot_dir=aot[0] if len(aot) == 1 else None,
             variant_factors=facts.get("variant_factors"),
         )

@@ -172,12 +172,14 @@ def compile_facts(worker: Any) -> dict[str, Any]:
                    if hasattr(m, "was_aot_compile_fn_loaded_from_disk")})
     served = config.model_config.served_model_name
     served = served[0] if isinstance(served, (list, tuple)) else served
+    factors = aot_compile_hash_factors(config)
     variant = variant_factors(config, envs.compile_factors(), vllm.__version__, str(served or config.model_config.model))
     return {
         "vllm_version": vllm.__version__,
         "config_hashes": config_hashes(config),
         "model": str(config.model_config.model),
-        "aot_extra": [str(f) for f in aot_compile_hash_factors(config)[2:]],
+        "aot_extra": [str(f) for f in factors[2:]],
+        "aot_extra_repr": [repr(f) for f in factors[2:]],  # as str() of vLLM's list writes each
         "model_hash_key": keys[0] if len(keys) == 1 else None,
         "variant_factors": variant.model_dump(mode="json"),
     }

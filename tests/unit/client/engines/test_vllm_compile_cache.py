@@ -333,3 +333,20 @@ def test_a_0_34_variant_comes_from_compile_factors_field_by_field():
     assert node.variant == pod.variant and variant_differences(node, pod) == []
     assert longer.variant != node.variant
     assert variant_differences(node, longer) == ["vLLM config model.max_model_len: node 4096, pod 8192"]
+
+
+def test_the_aot_name_joins_inductors_dict_and_bytes_factors_as_vllms_str_of_its_list_does():
+    """vLLM's name is ``sha256(str(factors + [model_hash_key]))``; with the mega artifact the factors
+    past the config hash are ``get_inductor_factors()``'s, dicts and bytes in 0.25 (read off its
+    real config: tests/contract/test_vllm_config_names.py). Their ``str()`` in quotes is not how
+    the list writes them: the record's ``aot_extra_repr`` is."""
+    import hashlib
+
+    factors = ["e" * 64, "c" * 64, {"max_autotune": False, "triton.cudagraphs": True}, b"\x00torch", ("a", 1)]
+    vllm_name = hashlib.sha256(str(factors + ["k" * 64]).encode()).hexdigest()
+    extra = factors[2:]
+    assert aot_dir_name("e" * 64, "c" * 64, [str(f) for f in extra], "k" * 64, [repr(f) for f in extra]) == vllm_name
+    assert aot_dir_name("e" * 64, "c" * 64, [str(f) for f in extra], "k" * 64) != vllm_name  # the record before it
+    strings = ["s1", "s2"]  # factors that are strings: a record without aot_extra_repr names them right
+    assert aot_dir_name("e", "c", strings, "k") == aot_dir_name("e", "c", strings, "k", [repr(s) for s in strings]) \
+        == hashlib.sha256(str(["e", "c", *strings, "k"]).encode()).hexdigest()
