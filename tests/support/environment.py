@@ -24,6 +24,10 @@ DEVELOPMENT_VARIABLES: dict[str, FieldInfo] = {
         "of each minor release of `tunecache.engines.vllm.releases`' table)")),
     "TUNECACHE_VLLM_WHEELS": Field(default="~/.cache/tunecache-tests/vllm-wheels", description=(
         "where those vLLM wheels are kept; a release whose wheel cannot be downloaded skips, naming why")),
+    "TUNECACHE_VLLM_ENVS": Field(default="~/.cache/tunecache-tests/vllm-envs", description=(
+        "where `tests/contract/test_vllm_config_names.py` keeps an environment per release (0.25.0, 0.34.0) in "
+        "which that release builds its real `VllmConfig` on the CPU, built once; one that cannot be built skips, "
+        "naming why")),
     "TUNECACHE_CHROMIUM": Field(default="/usr/bin/chromium", description=(
         "the Chromium the dashboard's browser tests drive; they skip, naming the reason, where it is not installed")),
     "TUNECACHE_DASHBOARD_SCREENSHOT": Field(default=None, description=(
