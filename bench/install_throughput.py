@@ -67,6 +67,22 @@ PEAK = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:], s
         "stderr=subprocess.DEVNULL).returncode; print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)")
 
 
+class _RandomBytes(io.RawIOBase):
+    """``size`` random bytes read in blocks (a 512 MiB file is more than one ``randbytes`` call makes)."""
+
+    def __init__(self, rng, size: int):
+        self.rng, self.left = rng, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.left, MIB)
+        buffer[:n] = self.rng.randbytes(n)
+        self.left -= n
+        return n
+
+
 def _tarball(path: Path, files: list[tuple[str, int]], seed: int, pax: bool = False) -> None:
     """A gzip'd tar at ``path`` of ``files`` (name, size) of random bytes (level 1: the bytes
     do not compress whatever the level)."""
@@ -78,7 +94,7 @@ def _tarball(path: Path, files: list[tuple[str, int]], seed: int, pax: bool = Fa
             member.size, member.mtime = size, 1_700_000_000
             if pax:
                 member.pax_headers = {MTIME_NS_HEADER: "1700000000123456789"}
-            tar.addfile(member, io.BytesIO(rng.randbytes(size)))
+            tar.addfile(member, _RandomBytes(rng, size))
 
 
 def build_cases(work: Path, scale: float) -> dict[str, list[tuple[ArtifactKind, Path]]]:
