@@ -54,13 +54,12 @@ def pod_env(tmp_path, server, **env):
 
 
 def test_the_stand_ins_call_is_made_of_0_34s_own_lines():
-    import zipfile
-    from pathlib import Path
+    from tests.contract.test_vllm_releases import _wheel
+    from tests.support.vllm_wheels import wheels_dir
 
-    wheels = sorted((Path.home() / ".cache" / "tunecache-tests" / "vllm-wheels").glob("vllm-0.34.0-*.whl"))
-    if not wheels:
-        pytest.skip("no vLLM 0.34.0 wheel (tests/contract/test_vllm_releases.py downloads it)")
-    source = zipfile.ZipFile(wheels[-1]).read("vllm/compilation/decorators.py").decode()
+    directory = wheels_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    source = _wheel(directory, "0.34.0").read("vllm/compilation/decorators.py").decode()  # downloaded when missing
     assert all(line in source for line in CALL_LINES)
     assert all(line in AOT["vllm/compilation/decorators.py"] for line in CALL_LINES)
 
