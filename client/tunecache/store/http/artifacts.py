@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
+import io
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 import httpx
@@ -248,24 +249,22 @@ class _TellingBytes:
     """Bytes to upload, sent in parts, each part told to ``told`` (:data:`TransferCallback`);
     iterable again for a retried attempt."""
 
-    PART = 256 * 1024
-
     def __init__(self, data: bytes, told: TransferCallback) -> None:
         self._data, self._told = data, told
 
-    def __iter__(self):
-        view = memoryview(self._data)
-        self._told(0, len(view))
-        for at in range(0, len(view), self.PART):
-            yield bytes(view[at:at + self.PART])
-            self._told(min(at + self.PART, len(view)), len(view))
+    def __iter__(self) -> Iterator[bytes]:
+        return _told_parts(io.BytesIO(self._data), len(self._data), self._told)
+
+
+#: Bytes of an upload sent, and told, at a time.
+PART = 256 * 1024
 
 
 def _told_parts(f: IO[bytes], size: int, told: TransferCallback) -> Iterator[bytes]:
-    """The file ``f`` (``size`` bytes) sent in parts, each part told to ``told``."""
+    """The file ``f`` (``size`` bytes) sent in parts of :data:`PART`, each part told to ``told``."""
     told(0, size)
     done = 0
-    while part := f.read(_TellingBytes.PART):
+    while part := f.read(PART):
         yield part
         done += len(part)
         told(done, size)

@@ -295,29 +295,28 @@ def harvest_vllm_cache(scratch: Path, out_dir: Path) -> dict[str, Any]:
     rank_files: list[tuple[int, int, Path]] = []
     harvester = VllmRankFilesHarvester()
     root = scratch / harvester.scratch_dir
+
+    def kept(path: Path) -> Path:
+        """``path`` (``<root>/<hash>/<file>``) copied to ``out_dir/vllm/<hash>/<file>``."""
+        target = out_dir / "vllm" / path.parent.name / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+        return target
+
     for path in sorted(root.glob("*/autotune_configs_dp*_rank*.json")):
         match = _RANK_FILE.match(path.name)
         if not match:
             continue
-        dp, rank = int(match[1]), int(match[2])
-        target = out_dir / "vllm" / path.parent.name / path.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(path.read_bytes())
-        rank_files.append((dp, rank, target))
+        target = kept(path)
+        rank_files.append((int(match[1]), int(match[2]), target))
         artifacts.append(harvester.artifact(f"vllm/{path.parent.name}/{path.name}", str(target.relative_to(out_dir))))
     single = sorted(root.glob("*/autotune_configs.json"))
     if rank_files:  # vLLM 0.33/0.34 on SM120: the sparse-MLA decode autotune's shared file, kept with the run
         for path in single:  # (a pod writes the run's file there, which holds its entries: shared_autotune_file_names)
-            target = out_dir / "vllm" / path.parent.name / path.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(path.read_bytes())
-            artifacts.append(harvester.artifact(f"vllm/{path.parent.name}/{path.name}", str(target.relative_to(out_dir))))
-    else:  # vLLM 0.25: one file of a single-process engine
-        if single:
-            target = out_dir / "vllm" / single[0].parent.name / single[0].name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(single[0].read_bytes())
-            rank_files.append((0, 0, target))
+            artifacts.append(harvester.artifact(f"vllm/{path.parent.name}/{path.name}",
+                                                str(kept(path).relative_to(out_dir))))
+    elif single:  # vLLM 0.25: one file of a single-process engine
+        rank_files.append((0, 0, kept(single[0])))
     for tarball in (FlashInferV2StoreHarvester(), DeepGemmCacheHarvester()):
         artifacts.extend(tarball.harvest(scratch, out_dir)[0])
     rank_files.sort()
