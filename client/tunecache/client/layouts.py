@@ -27,15 +27,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunecache.client.atomic import directory_lock, note_added, staging_dir, swap_into_place, write_atomically
+from tunecache.client.atomic import (
+    directory_lock,
+    note_added,
+    staging_dir,
+    swap_into_place,
+    write_atomically,
+)
 from tunecache.client.destinations import Commit, Destination, registers
 from tunecache.contract import ArtifactKind
-from tunecache.engines.vllm.paths import deep_gemm_cache_dir, flashinfer_v2_root, vllm_autotune_root
+from tunecache.engines.vllm.paths import (
+    deep_gemm_cache_dir,
+    flashinfer_v2_root,
+    vllm_autotune_root,
+)
 from tunecache.formats.tarball import TarSource, max_unpack_files
-
-
-
-
 
 
 def install_vllm_rank_files(data: bytes, root: Path, config_hash: str, file_names: list[str]) -> list[Path]:
@@ -130,10 +136,31 @@ def install_deep_gemm_cache(data: TarSource, cache_dir: Path) -> list[str]:
             past the unpack bounds (:func:`tunecache.formats.tarball.open_bounded`).
         OSError: writing failed (kernels already renamed in stay: each is whole).
     """
-    from tunecache.client.unpack import discard, unpack_beside
+    staging = stage_deep_gemm_cache(data, cache_dir)
+    return merge_deep_gemm_kernels(staging, cache_dir)
 
-    kernels = cache_dir / "cache"  # one pass: each entry checked as it arrives, nothing renamed in before all are
-    staging = unpack_beside(data, kernels, "DeepGEMM cache", ValueError)
+
+def stage_deep_gemm_cache(data: TarSource, cache_dir: Path) -> Path:
+    """The first half of :func:`install_deep_gemm_cache`: ``data`` unpacked in one pass beside
+    ``cache_dir/cache/``, each entry checked as it arrives, nothing renamed in; returns the
+    staging directory (:func:`tunecache.client.unpack.unpack_beside`).
+
+    Raises:
+        ValueError: an unsafe entry, past the unpack bounds; OSError: writing failed."""
+    from tunecache.client.unpack import unpack_beside
+
+    return unpack_beside(data, cache_dir / "cache", "DeepGEMM cache", ValueError)
+
+
+def merge_deep_gemm_kernels(staging: Path, cache_dir: Path) -> list[str]:
+    """The second half of :func:`install_deep_gemm_cache`: each kernel directory of ``staging``
+    that ``cache_dir/cache/`` lacks renamed in; the staging directory goes, whatever happens.
+
+    Raises:
+        OSError: writing failed (kernels already renamed in stay: each is whole)."""
+    from tunecache.client.unpack import discard
+
+    kernels = cache_dir / "cache"
     try:
         installed = []
         found = staging / "cache"
@@ -265,9 +292,10 @@ class DeepGemmCache(Destination):
         if refused:
             return lambda: {"warm_state": (f"DeepGEMM cache not installed, {refused}",)}
         directory = Path(self.path) if self.path is not None else deep_gemm_cache_dir()
+        staging = stage_deep_gemm_cache(fetched.deep_gemm, directory)  # unpacked and checked now, renamed in by the commit
 
         def commit() -> dict[str, Any]:
-            kernels = install_deep_gemm_cache(fetched.deep_gemm, directory)
+            kernels = merge_deep_gemm_kernels(staging, directory)
             return {"deep_gemm_dir": directory, "warm_state": (f"DeepGEMM cache ({len(kernels)} kernels)",)}
 
         return commit

@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunecache.client.arriving import Downloads, Growing, start_downloads
 from tunecache.client.artifact_file import ArtifactFile, held, spool_file
-from tunecache.store.http.stall import StallWatch
 from tunecache.formats.tarball import positive_whole_setting
+from tunecache.store.http.stall import StallWatch
 
-#: Default of ``TUNECACHE_DOWNLOADS``: artifacts of one install downloaded at once.
-DEFAULT_DOWNLOADS = 4
 #: Default of ``TUNECACHE_NODE_CACHE_MAX_BYTES``: 50 GiB.
 DEFAULT_NODE_CACHE_MAX_BYTES = 50 << 30
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -123,9 +122,10 @@ class NodeCache:
                 os.utime(path)  # used now: the last to be evicted
             return held(f, sha256, size, path, from_node_cache=True)
 
-    def fetch(self, client: Any, sha256: str, watch: StallWatch) -> ArtifactFile:
+    def fetch(self, client: Any, sha256: str, watch: StallWatch, growing: Growing | None = None) -> ArtifactFile:
         """The artifact ``sha256`` from the cache, else downloaded into it (one download per
-        node: the pods asking at once wait on the entry's lock while it moves).
+        node: the pods asking at once wait on the entry's lock while it moves); ``growing``: the
+        download told to readers as it is written (:mod:`tunecache.client.arriving`).
 
         Raises:
             as :meth:`tunecache.store.http.artifacts.ArtifactsClient.download_artifact_to`.
@@ -136,12 +136,12 @@ class NodeCache:
         part = self.root / "tmp" / f"{sha256}.part"
         with self._entry_lock(sha256, part, watch.window_s) as mine:
             if not mine:  # another pod's download stopped moving: this pod downloads for itself
-                return _spooled(client, sha256, watch)
+                return _spooled(client, sha256, watch, growing)
             found = self.get(sha256)
             if found is not None:
                 return found
             with part.open("w+b") as f:
-                size = client.download_artifact_to(sha256, f, watch)
+                size = client.download_artifact_to(sha256, growing.writer(f) if growing else f, watch)
                 if size > self.max_bytes:  # never admitted: it would evict everything else
                     artifact = held(f, sha256, size)
                     part.unlink(missing_ok=True)
@@ -215,54 +215,48 @@ class NodeCache:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def _spooled(client: Any, sha256: str, watch: StallWatch) -> ArtifactFile:
+def _spooled(client: Any, sha256: str, watch: StallWatch, growing: Growing | None = None) -> ArtifactFile:
     """The artifact downloaded into this process's own spool file (unlinked: no trace on disk)."""
     with spool_file() as f:
-        size = client.download_artifact_to(sha256, f, watch)
+        size = client.download_artifact_to(sha256, growing.writer(f) if growing else f, watch)
         return held(f, sha256, size)
 
 
 def fetch_artifacts(client: Any, shas: list[str], transfer: Transfer | None = None,
                     cache: NodeCache | None = None) -> list[ArtifactFile]:
     """:func:`fetch_artifact` of each of ``shas``, in their order, at most
-    ``TUNECACHE_DOWNLOADS`` at once (4 by default; each on a client of its own,
-    :meth:`~tunecache.store.http.artifacts.ArtifactsClient.download_sibling`).
+    ``TUNECACHE_DOWNLOADS`` at once (:func:`download_in_background`, waited for).
 
     Raises:
         the first error of :func:`fetch_artifact` (after the downloads under way are done)."""
-    workers = min(positive_whole_setting("TUNECACHE_DOWNLOADS", DEFAULT_DOWNLOADS), len(shas))
-    if workers <= 1 or not hasattr(client, "download_sibling"):
-        return [fetch_artifact(client, sha, transfer, cache) for sha in shas]
-    from concurrent.futures import ThreadPoolExecutor
+    return download_in_background(client, shas, transfer, cache).settle()
 
-    lock, clients = threading.Lock(), [client.download_sibling() for _ in range(workers)]
-    free = list(clients)
 
-    def one(sha: str) -> ArtifactFile:
-        with lock:
-            mine = free.pop()
+def download_in_background(client: Any, shas: list[str], transfer: Transfer | None = None,
+                           cache: NodeCache | None = None) -> Downloads:
+    """:func:`fetch_artifact` of each of ``shas`` started in the background, at most
+    ``TUNECACHE_DOWNLOADS`` at once (4 by default; each on a client of its own), each readable
+    while it arrives (:mod:`tunecache.client.arriving`); ``transfer`` adds up what they took,
+    its seconds the wall time from now to the last one's end."""
+    lock, began = threading.Lock(), time.monotonic()
+
+    def fetch(mine: Any, sha: str, growing: Growing) -> ArtifactFile:
         tally = Transfer()
         try:
-            return fetch_artifact(mine, sha, tally, cache)
+            return fetch_artifact(mine, sha, tally, cache, growing)
         finally:
-            with lock:
-                free.append(mine)
-                if transfer is not None:
+            if transfer is not None:
+                with lock:
+                    seconds = transfer.seconds
                     transfer.add(tally)
+                    if tally.seconds:  # wall time, not the sum
+                        transfer.seconds = max(seconds, time.monotonic() - began)
 
-    began = time.monotonic()
-    try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="tunecache-download") as pool:
-            return list(pool.map(one, shas))
-    finally:
-        for sibling in clients:
-            sibling.close()
-        if transfer is not None and transfer.seconds:
-            transfer.seconds = min(transfer.seconds, time.monotonic() - began)  # wall time, not the sum
+    return start_downloads(client, shas, fetch)
 
 
 def fetch_artifact(client: Any, sha256: str, transfer: Transfer | None = None,
-                   cache: NodeCache | None = None) -> ArtifactFile:
+                   cache: NodeCache | None = None, growing: Growing | None = None) -> ArtifactFile:
     """The verified artifact ``sha256`` as a file held open: from the node cache (``cache``)
     where it has it, else downloaded (into the cache where there is one, else into a spool file
     of this process), its body held to the deadline that measures progress; ``transfer`` adds
@@ -273,7 +267,8 @@ def fetch_artifact(client: Any, sha256: str, transfer: Transfer | None = None,
     """
     watch = StallWatch()
     began = time.monotonic()
-    artifact = cache.fetch(client, sha256, watch) if cache is not None else _spooled(client, sha256, watch)
+    artifact = (cache.fetch(client, sha256, watch, growing) if cache is not None
+                else _spooled(client, sha256, watch, growing))
     if transfer is not None:
         transfer.artifacts += 1
         if watch.received:
