@@ -104,3 +104,40 @@ def test_an_installs_artifacts_download_several_at_once_in_their_order(server, p
         assert [f.read_bytes() for f in files] == blobs
         assert (transfer.artifacts, transfer.bytes) == (3, 60_000)
     assert took["4"] < 2.2 < 2.8 < took["1"], took
+
+
+def test_a_pod_waiting_for_another_pods_moving_download_keeps_its_install_deadline(server, pacer, tmp_path,  # noqa: F811
+                                                                                      monkeypatch):
+    """Pod A downloads an artifact over about 3 s (paced); pod B, whose install deadline is 1.5 s,
+    waits for that entry of the node cache and then downloads its second artifact itself: the
+    time A's download moved is given back to B's deadline, as B's own moving body would be, so
+    B installs both (before: its second request came after its deadline and it gave up)."""
+    import threading
+
+    from tunecache.client.node_cache import NodeCache, fetch_artifact, fetch_artifacts
+    from tunecache.store.http import TunecacheClient
+
+    handler, url = pacer
+    handler.part, handler.every_s = 2048, 0.2
+    slow, small = os.urandom(30_000), os.urandom(1_000)
+    shas = [hashlib.sha256(blob).hexdigest() for blob in (slow, small)]
+    for sha, blob in zip(shas, (slow, small)):
+        assert as_admin.put(f"{server}/v1/artifacts/{sha}", content=blob, timeout=30).status_code in (200, 201)
+    cache = NodeCache(tmp_path / "node-cache")
+    got: dict[str, bytes] = {}
+
+    def pod_a() -> None:
+        with TunecacheClient(url) as client, client.deadline_scope(60):
+            got["a"] = fetch_artifact(client, shas[0], None, cache).read_bytes()
+
+    first = threading.Thread(target=pod_a)
+    first.start()
+    while not list((tmp_path / "node-cache" / "tmp").glob("*.part")):  # A holds the entry's lock and downloads
+        time.sleep(0.01)
+    monkeypatch.setenv("TUNECACHE_DOWNLOADS", "1")
+    started = time.monotonic()
+    with TunecacheClient(url) as client, client.deadline_scope(1.5):
+        files = fetch_artifacts(client, shas, None, cache)
+    first.join(30)
+    assert [f.read_bytes() for f in files] == [slow, small] and got["a"] == slow
+    assert time.monotonic() - started > 1.5  # it waited past its deadline, the other pod's bytes moving

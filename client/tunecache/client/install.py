@@ -9,35 +9,29 @@ destination) give one :class:`InstallResult`.
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import dataclasses
 import hashlib
 import re
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict
-from tunecache.client.arriving import DownloadCancelled, DownloadRestarted, Downloads
-from tunecache.client.artifact_file import ArtifactFile
+
 from tunecache.client.atomic import all_or_nothing
-from tunecache.client.destinations import Commit, Destination
+from tunecache.client.unpack import staging_scope
+from tunecache.formats.dependencies import drift, image_of, installed_versions
+from tunecache.store.http import TunecacheClient
 from tunecache.client.installed import remember_installed
+from tunecache.client.artifact_file import ArtifactFile
+from tunecache.client.node_cache import NodeCache, Transfer, fetch_artifact, fetch_artifacts
 from tunecache.client.journal import recover_interrupted
 from tunecache.client.layouts import FlashInferFile
-from tunecache.client.node_cache import (
-    NodeCache,
-    Transfer,
-    download_in_background,
-    fetch_artifact,
-)
 from tunecache.client.pipeline import InstallTarget
-from tunecache.client.report import installing, outcome_of, worth_reporting
 from tunecache.client.run_trust import trusted_signer
-from tunecache.client.unpack import staging_scope
+from tunecache.client.report import installing, outcome_of, worth_reporting
+from tunecache.formats.tarball import TarSource
 from tunecache.contract import (
     KINDS,
     ArtifactKind,
@@ -49,10 +43,7 @@ from tunecache.contract import (
     TuningRunRead,
     kinds_where,
 )
-from tunecache.formats.dependencies import drift, image_of, installed_versions
-from tunecache.formats.tarball import TarSource
 from tunecache.store import NoCompatibleTuning, TunecacheError
-from tunecache.store.http import TunecacheClient
 
 
 def default_file_name(key: TuningKey) -> str:
@@ -92,23 +83,6 @@ class FetchedTuning:
     drift: Mapping[ArtifactKind, str] = field(default_factory=dict)
     """The kinds built with other package versions than this pod's, each with the differences
     (:func:`tunecache.formats.dependencies.drift`): not installed."""
-    downloads: Downloads | None = None
-    """The downloads still under way (``stream``: the tarballs above are then
-    :class:`~tunecache.client.arriving.ArrivingArtifact`, read while they arrive); ``None``:
-    every artifact is here and verified."""
-
-    def settled(self) -> FetchedTuning:
-        """This run with every download finished and verified (itself when none is under way).
-
-        Raises:
-            the first download's error."""
-        if self.downloads is None:
-            return self
-        files = iter(self.downloads.settle())
-        return dataclasses.replace(
-            self, downloads=None, jit_modules=tuple(next(files) for _ in self.jit_modules),
-            deep_gemm=next(files) if self.deep_gemm is not None else None,
-            warm_state={kind: next(files) for kind in self.warm_state})
 
     def drifted(self, fetched_only: bool = True) -> tuple[ArtifactKind, ...]:
         """The kinds of :attr:`drift` this install left out: those fetched (``fetched_only``) or
@@ -141,7 +115,6 @@ def fetch_tuning(
     trusted_keys: Mapping[str, Ed25519PublicKey] | None = None, deadline_s: float | None = None,
     warm_state: bool = False, variant: str | None = None,
     warm_state_kinds: tuple[ArtifactKind, ...] = WARM_STATE_KINDS, run_id: int | None = None,
-    stream: bool = False,
 ) -> FetchedTuning:
     """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
     JIT modules; with ``deep_gemm``, its DeepGEMM cache; with ``warm_state``, its
@@ -160,8 +133,8 @@ def fetch_tuning(
     ``install_deadline_s`` (``TUNECACHE_INSTALL_DEADLINE`` for a client made with
     :meth:`TunecacheClient.from_settings`; see :meth:`TunecacheClient.deadline_scope`); the
     seconds an artifact's body spends arriving are not counted, it is held to a deadline that
-    measures progress instead (:mod:`tunecache.store.http.stall`). Every artifact is checked
-    before anything is renamed into place, so when either passes nothing has been installed.
+    measures progress instead (:mod:`tunecache.store.http.stall`). Everything is fetched
+    before anything is written, so when either passes nothing has been installed.
 
     Artifacts are streamed to files as they arrive, each hashed on the way
     (:func:`tunecache.client.node_cache.fetch_artifact`: from the node's cache,
@@ -174,10 +147,6 @@ def fetch_tuning(
     package versions (:func:`tunecache.formats.dependencies.installed_versions`, its image),
     so the server answers with its image's current run where the key's was made on another. ``warm_state_kinds``: which
     of :data:`WARM_STATE_KINDS` ``warm_state`` downloads.
-
-    ``stream``: return once the tactics are here, the other artifacts still arriving (the
-    downloads go on in the background, :attr:`FetchedTuning.downloads`), for :func:`install` to
-    unpack each while it arrives and to check every one before it renames anything in.
 
     ``run_id``: that run, fetched by its id instead of the current one (the run whose warm
     state this boot's engine installed, :attr:`tunecache.client.boot.handoff.Handoff.warm_state_run`),
@@ -226,9 +195,8 @@ def fetch_tuning(
         warm_artifacts = {kind: a for kind in (warm_state_kinds if warm_state else ())
                           if (a := run.artifact(kind)) is not None}
         # the rest several at once (TUNECACHE_DOWNLOADS); each checked as it is unpacked, before any is placed
-        downloads = download_in_background(client, [a.sha256 for a in [*jit_artifacts, *([dg] if dg else []),
-                                                                        *warm_artifacts.values()]], transfer, cache)
-        files: list[Any] = list(downloads.artifacts) if stream else downloads.settle()
+        files = fetch_artifacts(client, [a.sha256 for a in [*jit_artifacts, *([dg] if dg else []),
+                                                            *warm_artifacts.values()]], transfer, cache)
         modules, files = tuple(files[:len(jit_artifacts)]), files[len(jit_artifacts):]
         deep_gemm_file = files.pop(0) if dg else None
         warm = dict(zip(warm_artifacts, files))
@@ -237,7 +205,6 @@ def fetch_tuning(
             signed_by=signed_by, executable_refused=refused, warm_state=warm,
             verified_for=(key, environment) if signed_by is not None else None,
             drift=drift(run.summary.get("dependencies"), here), transfer=transfer,
-            downloads=downloads if stream else None,
         )
 
 
@@ -339,10 +306,7 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
     """Install a fetched run at ``target``, all or nothing: every destination is staged first
     (paths resolved, this pod's FlashInfer workspace compared with the run's, each tarball
     unpacked in one pass beside its place with every entry checked: nothing is where anything
-    reads it yet, :mod:`tunecache.client.unpack`; with downloads under way, ``fetch_tuning(...,
-    stream=True)``, the destinations stage side by side, each tarball unpacked while it
-    arrives, and every artifact's sha256 checks before the first write,
-    :mod:`tunecache.client.arriving`), then each is written in :class:`InstallTarget`'s order, the
+    reads it yet, :mod:`tunecache.client.unpack`), then each is written in :class:`InstallTarget`'s order, the
     tactics last; when a write fails (a full volume), what the others put in place is taken
     back and what they replaced returns (:func:`tunecache.client.atomic.all_or_nothing`).
 
@@ -352,12 +316,15 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
             unsafe entries; ImportError: FlashInfer's v2 store without FlashInfer;
             BadJitArtifact; OSError when writing fails (nothing half-written is left).
     """
-    try:
-        written = _stage_and_commit(fetched, target.destinations())
-    except DownloadRestarted:
-        # a download started over after part of it was unpacked: staged again from the verified files
-        fetched = _settled(fetched)
-        written = _stage_and_commit(fetched, target.destinations())
+    written: dict[str, Any] = {}
+    # What the destinations unpacked and did not rename in goes, whatever happens (and is in the
+    # journal, for a pull killed midway); a write that fails (a full volume) takes back what the
+    # others put in place.
+    with staging_scope(), all_or_nothing():
+        commits = [destination.stage(fetched) for destination in target.destinations()]
+        for commit in commits:
+            fields_set = commit()
+            written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
     if fetched.signed_by is not None and fetched.run.signature is not None and fetched.verified_for is not None:
         remember_installed(*fetched.verified_for, fetched.run.signature.signed_at,
                            image=image_of(fetched.run.summary.get("dependencies")))
@@ -365,58 +332,6 @@ def install(fetched: FetchedTuning, target: InstallTarget) -> InstallResult:
                          sha256=fetched.run.artifact(ArtifactKind.FLASHINFER_AUTOTUNE).sha256,
                          signed_by=fetched.signed_by, missing_kinds=getattr(fetched, "drifted", tuple)(),
                          transfer=fetched.transfer.line() if getattr(fetched, "transfer", None) else None, **written)
-
-
-def _stage_and_commit(fetched: FetchedTuning, destinations: list[Destination]) -> dict[str, Any]:
-    """Stage every destination (side by side while downloads are under way: each unpacks its
-    tarballs as they arrive), then, every artifact verified, run their commits in order."""
-    written: dict[str, Any] = {}
-    # What the destinations unpacked and did not rename in goes, whatever happens (and is in the
-    # journal, for a pull killed midway); a write that fails (a full volume) takes back what the
-    # others put in place.
-    with staging_scope(), all_or_nothing():
-        commits = _staged(fetched, destinations)
-        _settled(fetched)  # every byte unpacked above checked against its sha256 before anything is renamed in
-        for commit in commits:
-            fields_set = commit()
-            written.update(fields_set, warm_state=written.get("warm_state", ()) + tuple(fields_set.get("warm_state", ())))
-    return written
-
-
-def _settled(fetched: FetchedTuning) -> FetchedTuning:
-    """:meth:`FetchedTuning.settled` (a caller's own record of a fetch, without downloads: itself)."""
-    return fetched.settled() if getattr(fetched, "downloads", None) is not None else fetched
-
-
-def _staged(fetched: FetchedTuning, destinations: list[Destination]) -> list[Commit]:
-    """Each destination's commit (:meth:`~tunecache.client.destinations.Destination.stage`):
-    one after another when every artifact is here; while downloads are under way, side by side
-    (each in the install's context: its staging directories are the install's), and the
-    downloads are stopped when one fails."""
-    downloads: Downloads | None = getattr(fetched, "downloads", None)
-    if downloads is None or len(destinations) < 2:
-        try:
-            return [destination.stage(fetched) for destination in destinations]
-        except BaseException as exc:
-            if downloads is not None and not isinstance(exc, DownloadRestarted):  # that one is staged again
-                downloads.cancel()
-            raise
-    with ThreadPoolExecutor(min(len(destinations), 4), thread_name_prefix="tunecache-stage") as pool:
-        futures = [pool.submit(contextvars.copy_context().run, destination.stage, fetched)
-                   for destination in destinations]
-        errors: list[BaseException] = []
-        for future in futures:
-            try:
-                future.result()
-            except BaseException as exc:  # noqa: BLE001 - the first that is not a consequence is raised
-                if not isinstance(exc, DownloadRestarted):  # that one is staged again: its download goes on
-                    downloads.cancel()
-                errors.append(exc)
-    if errors:
-        restarted = [e for e in errors if isinstance(e, DownloadRestarted)]
-        raise next((e for e in errors if not isinstance(e, (DownloadCancelled, DownloadRestarted))),
-                   restarted[0] if restarted else errors[0])
-    return [future.result() for future in futures]
 
 
 def fetch_and_install(
@@ -440,7 +355,7 @@ def fetch_and_install(
     reporting = (installing(client, key, environment, report_source) if report_source is not None
                  else contextlib.nullcontext())
     with reporting as report:
-        fetched = fetch_tuning(client, key, environment, trusted_keys=trusted_keys, stream=True, **target.fetch_options())
+        fetched = fetch_tuning(client, key, environment, trusted_keys=trusted_keys, **target.fetch_options())
         result = install(fetched, target)
         if report is not None:
             report.installed(**result.report_fields())

@@ -24,16 +24,17 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunecache.client.arriving import Downloads, Growing, start_downloads
 from tunecache.client.artifact_file import ArtifactFile, held, spool_file
-from tunecache.formats.tarball import positive_whole_setting
 from tunecache.store.http.stall import StallWatch
+from tunecache.formats.tarball import positive_whole_setting
 
+#: Default of ``TUNECACHE_DOWNLOADS``: artifacts of one install downloaded at once.
+DEFAULT_DOWNLOADS = 4
 #: Default of ``TUNECACHE_NODE_CACHE_MAX_BYTES``: 50 GiB.
 DEFAULT_NODE_CACHE_MAX_BYTES = 50 << 30
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -122,10 +123,9 @@ class NodeCache:
                 os.utime(path)  # used now: the last to be evicted
             return held(f, sha256, size, path, from_node_cache=True)
 
-    def fetch(self, client: Any, sha256: str, watch: StallWatch, growing: Growing | None = None) -> ArtifactFile:
+    def fetch(self, client: Any, sha256: str, watch: StallWatch) -> ArtifactFile:
         """The artifact ``sha256`` from the cache, else downloaded into it (one download per
-        node: the pods asking at once wait on the entry's lock while it moves); ``growing``: the
-        download told to readers as it is written (:mod:`tunecache.client.arriving`).
+        node: the pods asking at once wait on the entry's lock while it moves).
 
         Raises:
             as :meth:`tunecache.store.http.artifacts.ArtifactsClient.download_artifact_to`.
@@ -134,14 +134,14 @@ class NodeCache:
         if found is not None:
             return found
         part = self.root / "tmp" / f"{sha256}.part"
-        with self._entry_lock(sha256, part, watch.window_s) as mine:
+        with self._entry_lock(sha256, part, watch.window_s, getattr(client, "give_back", None)) as mine:
             if not mine:  # another pod's download stopped moving: this pod downloads for itself
-                return _spooled(client, sha256, watch, growing)
+                return _spooled(client, sha256, watch)
             found = self.get(sha256)
             if found is not None:
                 return found
             with part.open("w+b") as f:
-                size = client.download_artifact_to(sha256, growing.writer(f) if growing else f, watch)
+                size = client.download_artifact_to(sha256, f, watch)
                 if size > self.max_bytes:  # never admitted: it would evict everything else
                     artifact = held(f, sha256, size)
                     part.unlink(missing_ok=True)
@@ -186,10 +186,14 @@ class NodeCache:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     @contextlib.contextmanager
-    def _entry_lock(self, sha256: str, part: Path, window_s: float) -> Iterator[bool]:
+    def _entry_lock(self, sha256: str, part: Path, window_s: float,
+                    give_back: Callable[[float], object] | None = None) -> Iterator[bool]:
         """The lock of entry ``sha256`` (``True``), or ``False`` when the pod holding it let
         its download (``part``) stand still for a stall window: waiting is bounded by the
-        same progress a download is held to (:mod:`tunecache.store.http.stall`)."""
+        same progress a download is held to (:mod:`tunecache.store.http.stall`), and the time
+        that download moves is given back to this pod's install deadline (``give_back``), as
+        the time its own download's body moves would be: a pod waiting for a big artifact
+        another pod of the node is fetching does not run out of deadline meanwhile."""
         with (self.root / "locks" / f"{sha256}.lock").open("a") as f:
             last, moved = -1, time.monotonic()
             while True:
@@ -204,6 +208,8 @@ class NodeCache:
                     size = -1
                 now = time.monotonic()
                 if size != last:
+                    if last >= 0 and give_back is not None:  # moved since it last did, within the window
+                        give_back(now - moved)
                     last, moved = size, now
                 elif now - moved > window_s:
                     yield False
@@ -215,48 +221,54 @@ class NodeCache:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def _spooled(client: Any, sha256: str, watch: StallWatch, growing: Growing | None = None) -> ArtifactFile:
+def _spooled(client: Any, sha256: str, watch: StallWatch) -> ArtifactFile:
     """The artifact downloaded into this process's own spool file (unlinked: no trace on disk)."""
     with spool_file() as f:
-        size = client.download_artifact_to(sha256, growing.writer(f) if growing else f, watch)
+        size = client.download_artifact_to(sha256, f, watch)
         return held(f, sha256, size)
 
 
 def fetch_artifacts(client: Any, shas: list[str], transfer: Transfer | None = None,
                     cache: NodeCache | None = None) -> list[ArtifactFile]:
     """:func:`fetch_artifact` of each of ``shas``, in their order, at most
-    ``TUNECACHE_DOWNLOADS`` at once (:func:`download_in_background`, waited for).
+    ``TUNECACHE_DOWNLOADS`` at once (4 by default; each on a client of its own,
+    :meth:`~tunecache.store.http.artifacts.ArtifactsClient.download_sibling`).
 
     Raises:
         the first error of :func:`fetch_artifact` (after the downloads under way are done)."""
-    return download_in_background(client, shas, transfer, cache).settle()
+    workers = min(positive_whole_setting("TUNECACHE_DOWNLOADS", DEFAULT_DOWNLOADS), len(shas))
+    if workers <= 1 or not hasattr(client, "download_sibling"):
+        return [fetch_artifact(client, sha, transfer, cache) for sha in shas]
+    from concurrent.futures import ThreadPoolExecutor
 
+    lock, clients = threading.Lock(), [client.download_sibling() for _ in range(workers)]
+    free = list(clients)
 
-def download_in_background(client: Any, shas: list[str], transfer: Transfer | None = None,
-                           cache: NodeCache | None = None) -> Downloads:
-    """:func:`fetch_artifact` of each of ``shas`` started in the background, at most
-    ``TUNECACHE_DOWNLOADS`` at once (4 by default; each on a client of its own), each readable
-    while it arrives (:mod:`tunecache.client.arriving`); ``transfer`` adds up what they took,
-    its seconds the wall time from now to the last one's end."""
-    lock, began = threading.Lock(), time.monotonic()
-
-    def fetch(mine: Any, sha: str, growing: Growing) -> ArtifactFile:
+    def one(sha: str) -> ArtifactFile:
+        with lock:
+            mine = free.pop()
         tally = Transfer()
         try:
-            return fetch_artifact(mine, sha, tally, cache, growing)
+            return fetch_artifact(mine, sha, tally, cache)
         finally:
-            if transfer is not None:
-                with lock:
-                    seconds = transfer.seconds
+            with lock:
+                free.append(mine)
+                if transfer is not None:
                     transfer.add(tally)
-                    if tally.seconds:  # wall time, not the sum
-                        transfer.seconds = max(seconds, time.monotonic() - began)
 
-    return start_downloads(client, shas, fetch)
+    began = time.monotonic()
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="tunecache-download") as pool:
+            return list(pool.map(one, shas))
+    finally:
+        for sibling in clients:
+            sibling.close()
+        if transfer is not None and transfer.seconds:
+            transfer.seconds = min(transfer.seconds, time.monotonic() - began)  # wall time, not the sum
 
 
 def fetch_artifact(client: Any, sha256: str, transfer: Transfer | None = None,
-                   cache: NodeCache | None = None, growing: Growing | None = None) -> ArtifactFile:
+                   cache: NodeCache | None = None) -> ArtifactFile:
     """The verified artifact ``sha256`` as a file held open: from the node cache (``cache``)
     where it has it, else downloaded (into the cache where there is one, else into a spool file
     of this process), its body held to the deadline that measures progress; ``transfer`` adds
@@ -267,8 +279,7 @@ def fetch_artifact(client: Any, sha256: str, transfer: Transfer | None = None,
     """
     watch = StallWatch()
     began = time.monotonic()
-    artifact = (cache.fetch(client, sha256, watch, growing) if cache is not None
-                else _spooled(client, sha256, watch, growing))
+    artifact = cache.fetch(client, sha256, watch) if cache is not None else _spooled(client, sha256, watch)
     if transfer is not None:
         transfer.artifacts += 1
         if watch.received:

@@ -327,17 +327,19 @@ class Transport:
         if isinstance(timeouts, dict):  # read by the transport as the body starts to arrive
             timeouts["read"] = watch.window_s + 1
         watch.begin()
-
-        def credit(seconds: float) -> float:
-            if self._deadline is not None:
-                self._deadline += seconds
-            if self._request_end is not None:
-                self._request_end += seconds
-            return min(self._deadline if self._deadline is not None else float("inf"),
-                       self._request_end if self._request_end is not None else float("inf"))
-
-        with watch.guard(response, credit):
+        with watch.guard(response, self.give_back):
             return read(response, float("inf"))
+
+    def give_back(self, seconds: float) -> float:
+        """Give ``seconds`` of moving bytes back to the install deadline and the request's total
+        timeout (a body arriving at the rate, or another pod's download of an artifact this one
+        waits for, :meth:`tunecache.client.node_cache.NodeCache.fetch`); returns the nearer end."""
+        if self._deadline is not None:
+            self._deadline += seconds
+        if self._request_end is not None:
+            self._request_end += seconds
+        return min(self._deadline if self._deadline is not None else float("inf"),
+                   self._request_end if self._request_end is not None else float("inf"))
 
     def _wait(self, state: RetryCallState) -> float:
         """Seconds before the next attempt: full-jitter exponential backoff (up to 0.5 s,
