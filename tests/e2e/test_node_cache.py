@@ -132,7 +132,9 @@ def test_a_pod_waiting_for_another_pods_moving_download_keeps_its_install_deadli
 
     first = threading.Thread(target=pod_a)
     first.start()
+    waited = time.monotonic()
     while not list((tmp_path / "node-cache" / "tmp").glob("*.part")):  # A holds the entry's lock and downloads
+        assert time.monotonic() - waited < 30 and first.is_alive(), "pod A never started its download"
         time.sleep(0.01)
     monkeypatch.setenv("TUNECACHE_DOWNLOADS", "1")
     started = time.monotonic()
