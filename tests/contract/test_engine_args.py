@@ -16,7 +16,8 @@ import ast
 
 import pytest
 
-from tests.contract.test_vllm_releases import _releases, _wheel, wheels  # noqa: F401 (the fixture)
+from tests.support.vllm_wheels import release_wheel
+from tests.contract.test_vllm_releases import _releases, wheels  # noqa: F401 (the fixture)
 from tunecache.engines import engine_for
 
 release_of = engine_for("vllm").release_of
@@ -55,7 +56,7 @@ def literal_choices(source: bytes, name: str) -> set[str]:
 
 
 def _sources(wheels, version: str) -> dict[str, bytes]:
-    wheel = _wheel(wheels, version)
+    wheel = release_wheel(wheels, version)
     return {path: wheel.read(path) for path in ("vllm/engine/arg_utils.py", "vllm/config/compilation.py",
                                                 "vllm/config/cache.py", "vllm/config/vllm.py",
                                                 "vllm/v1/attention/backends/registry.py")}

@@ -16,7 +16,8 @@ import ast
 
 import pytest
 
-from tests.contract.test_vllm_releases import ALL, _releases, _wheel, wheels  # noqa: F401 - the fixture
+from tests.support.vllm_wheels import release_wheel
+from tests.contract.test_vllm_releases import ALL, _releases, wheels  # noqa: F401 - the fixture
 from tunecache.engines import engine_for
 
 release_of = engine_for("vllm").release_of
@@ -41,7 +42,7 @@ def _module(wheel, version):
 
 @pytest.mark.parametrize("version", _aot_releases())
 def test_the_wrapped_function_exists_with_that_signature(wheels, version):  # noqa: F811
-    _, tree = _module(_wheel(wheels, version), version)
+    _, tree = _module(release_wheel(wheels, version), version)
     [function] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_try_load_aot_compiled_fn"]
     assert [a.arg for a in function.args.args] == ["model", "aot_compilation_path"]
     assert not function.args.vararg and not function.args.kwonlyargs and not function.args.kwarg
@@ -56,7 +57,7 @@ def _call_method(tree: ast.Module) -> ast.FunctionDef:
 
 @pytest.mark.parametrize("version", _aot_releases())
 def test_call_looks_the_function_up_by_name_with_the_path_it_loads(wheels, version):  # noqa: F811
-    source, tree = _module(_wheel(wheels, version), version)
+    source, tree = _module(release_wheel(wheels, version), version)
     call = _call_method(tree)
     calls = [n for n in ast.walk(call) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == "_try_load_aot_compiled_fn"]
@@ -99,7 +100,7 @@ def test_every_per_pod_host_port_and_library_path_vllm_hashes_is_a_placement_fac
 
     from tunecache.engines.vllm.aot import PLACEMENT_ENV_FACTORS
 
-    source = _wheel(wheels, version).read("vllm/envs.py").decode()
+    source = release_wheel(wheels, version).read("vllm/envs.py").decode()
     hashed = _environment_variables(source) - _ignored_factors(source)
     per_pod = {n for n in hashed if re.search(r"(_HOST|_HOSTNAME|_PORT|_IP|_SO_PATH)$|^CUDA_HOME$", n)}
     assert {"VLLM_P2P_SIDE_CHANNEL_HOST", "VLLM_P2P_SIDE_CHANNEL_PORT", "MOONCAKE_REQUESTER_LOCAL_HOSTNAME",
@@ -111,7 +112,7 @@ def test_0_34s_variant_is_vllm_configs_compile_factors_one_entry_per_sub_config(
     """tunecache.engines.vllm.aot.config_factor_groups reads 0.34's ``VllmConfig.compile_factors()``
     as one dict per sub-config (``config/vllm.py``), ``ModelConfig.model`` among the fields it
     hashes (so a variant sets it to the served model's name) and the tokenizer's place not."""
-    wheel = _wheel(wheels, "0.34.0")
+    wheel = release_wheel(wheels, "0.34.0")
     source = wheel.read("vllm/config/vllm.py").decode()
     [config] = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "VllmConfig"]
     [method] = [n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "compile_factors"]
@@ -141,7 +142,7 @@ def test_the_startup_plan_is_read_by_fingerprint_where_and_when_tunecache_places
         plan_file_name,
     )
 
-    wheel = _wheel(wheels, version)
+    wheel = release_wheel(wheels, version)
     source = wheel.read("vllm/v1/worker/startup_plan.py").decode()
     tree = ast.parse(source)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
@@ -173,7 +174,7 @@ def test_fa4s_cute_dsl_cache_is_where_and_as_tunecache_installs_it(wheels, versi
     ``tempfile.gettempdir()/getuser()/flash_attention_cute_dsl_cache``; entries under a fingerprint
     of FA4's sources by their relative paths (no package prefix in it), ``<key sha256>.o`` beside
     ``<key sha256>.lock``."""
-    wheel = _wheel(wheels, version)
+    wheel = release_wheel(wheels, version)
     if "vllm/vllm_flash_attn/cute/cache_utils.py" not in wheel.namelist():
         pytest.skip(f"vllm {version} ships no FlashAttention 4 CuTe DSL cache")
     source = wheel.read("vllm/vllm_flash_attn/cute/cache_utils.py").decode()
@@ -193,7 +194,7 @@ def test_0_34s_model_registry_fills_every_models_inspection_keyed_by_relative_pa
     ``vllm/model_executor/models/registry.py``: ``ModelRegistry`` is a ``_ModelRegistry`` with
     ``fill_model_info_cache(self)``, whose entries go under ``VLLM_CACHE_ROOT/modelinfos`` keyed by
     their module's relative paths and bytes (another package prefix is no difference); 0.33 has none."""
-    source = _wheel(wheels, "0.34.0").read("vllm/model_executor/models/registry.py").decode()
+    source = release_wheel(wheels, "0.34.0").read("vllm/model_executor/models/registry.py").decode()
     tree = ast.parse(source)
     [registry] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_ModelRegistry"]
     [fill] = [n for n in registry.body if isinstance(n, ast.FunctionDef) and n.name == "fill_model_info_cache"]
@@ -203,5 +204,5 @@ def test_0_34s_model_registry_fills_every_models_inspection_keyed_by_relative_pa
     assert 'Path(envs.VLLM_CACHE_ROOT) / "modelinfos"' in source
     assert 'path.relative_to(root_path).as_posix().encode("utf-8")' in source
     if "0.33.0" in _aot_releases():
-        older = _wheel(wheels, "0.33.0").read("vllm/model_executor/models/registry.py").decode()
+        older = release_wheel(wheels, "0.33.0").read("vllm/model_executor/models/registry.py").decode()
         assert "def fill_model_info_cache" not in older

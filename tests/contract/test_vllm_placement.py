@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract.test_vllm_releases import _releases, _wheel, wheels  # noqa: F401 - the fixture
+from tests.support.vllm_wheels import release_wheel
+from tests.contract.test_vllm_releases import _releases, wheels  # noqa: F401 - the fixture
 from tunecache.engines import engine_for
 
 release_of = engine_for("vllm").release_of
@@ -131,7 +132,7 @@ def moved_by_placement(envs_py: Path, tmp_path: Path) -> set[str]:
 def test_every_placement_factor_of_the_release_is_listed_with_the_releases_that_hash_it(wheels, version, tmp_path):
     release = release_of(version)
     assert release is not None, f"vllm {version} is not in tunecache.engines.vllm.releases"
-    source = _wheel(wheels, version).read("vllm/envs.py").decode()
+    source = release_wheel(wheels, version).read("vllm/envs.py").decode()
 
     derived = placement_derived(source)
     unlisted = sorted(set(derived) - set(PLACEMENT_FACTORS))

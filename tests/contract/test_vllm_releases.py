@@ -27,15 +27,14 @@ import ast
 import hashlib
 import json
 import os
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from tunecache.engines import engine_for
 from tunecache.engines.vllm.releases import RELEASES
+
+from tests.support.vllm_wheels import release_wheel, wheels_dir
 
 release_of = engine_for("vllm").release_of
 
@@ -57,22 +56,11 @@ def test_every_minor_release_of_the_table_has_a_version_here():
 
 @pytest.fixture(scope="module")
 def wheels() -> Path:
-    directory = Path(os.environ.get("TUNECACHE_VLLM_WHEELS") or Path.home() / ".cache" / "tunecache-tests" / "vllm-wheels")
+    directory = wheels_dir()
     directory.mkdir(parents=True, exist_ok=True)
     return directory
 
 
-def _wheel(wheels: Path, version: str) -> zipfile.ZipFile:
-    found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
-    if not found:
-        platforms = [arg for n in (28, 31, 35) for arg in ("--platform", f"manylinux_2_{n}_x86_64")]
-        result = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                                 "--python-version", "3.12", *platforms, f"vllm=={version}", "-d", str(wheels)],
-                                capture_output=True, text=True, timeout=900)
-        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
-        if not found:
-            pytest.skip(f"no wheel of vllm {version}: {(result.stderr or result.stdout).strip()[-300:]}")
-    return zipfile.ZipFile(found[-1])
 
 
 def _defined(source: bytes) -> set[str]:
@@ -135,7 +123,7 @@ def test_every_hook_target_of_the_release_is_in_its_wheel(wheels, version):
     targets = adaptor.hook_targets(release)
     assert {t.role for t in targets} >= {"engine_config", "load_model", "first_forward", "warm_up", "kernel_warmup",
                                          "flashinfer_autotune"}
-    wheel = _wheel(wheels, version)
+    wheel = release_wheel(wheels, version)
     missing = []
     for target in targets:
         package = target.source_path.removesuffix(".py") + "/__init__.py"
@@ -149,7 +137,7 @@ def test_a_hook_target_the_release_lacks_is_named(wheels):
     """The check above can fail: a target the oldest release does not define is named."""
     from tunecache.engines.base import HookTarget
 
-    wheel = _wheel(wheels, DEFAULT[0])
+    wheel = release_wheel(wheels, DEFAULT[0])
     source = wheel.read(HookTarget("x", "vllm.v1.worker.gpu_worker", "Worker.nothing").source_path)
     assert "Worker.load_model" in _defined(source) and "Worker.nothing" not in _defined(source)
 
@@ -158,7 +146,7 @@ def test_a_hook_target_the_release_lacks_is_named(wheels):
 def test_the_release_has_what_tunecache_uses_as_the_table_says(wheels, version):
     release = release_of(version)
     assert release is not None, f"vllm {version} is not in tunecache.engines.vllm.releases"
-    wheel = _wheel(wheels, version)
+    wheel = release_wheel(wheels, version)
     sources = {name: wheel.read(name) for name in {*HOOKED, *COMPILED, "vllm/compilation/backends.py"}
                if name in wheel.namelist()}
     missing = [f"{path}: {name}" for path, names in HOOKED.items() for name in names
@@ -194,7 +182,7 @@ def test_the_deep_gemm_warmups_m_set_is_the_tables(wheels, version):
     """The block Ms each release's DeepGEMM warmup compiles for
     (``deep_gemm_warmup.py::_generate_optimal_warmup_m_values``), which decide the releases a
     DeepGEMM cache covers (tunecache.engines.vllm.deep_gemm), are the table's."""
-    source = _wheel(wheels, version).read("vllm/model_executor/warmup/deep_gemm_warmup.py")
+    source = release_wheel(wheels, version).read("vllm/model_executor/warmup/deep_gemm_warmup.py")
     function = ast.parse(_function(source, "_generate_optimal_warmup_m_values"))
     [value] = [n.value for n in ast.walk(function) if isinstance(n, ast.Assign)
                and any(isinstance(t, ast.Name) and t.id == "block_ms" for t in n.targets)]

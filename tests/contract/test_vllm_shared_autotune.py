@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.contract.test_vllm_releases import _function, _releases, _wheel, wheels  # noqa: F401 - the fixture
+from tests.support.vllm_wheels import release_wheel
+from tests.contract.test_vllm_releases import _function, _releases, wheels  # noqa: F401 - the fixture
 
 SHARED_RELEASES = ["0.33.0", "0.34.0"]
 
@@ -29,7 +30,7 @@ def _shared_releases() -> list[str]:
 
 @pytest.mark.parametrize("version", _shared_releases())
 def test_the_sm120_leader_reads_autotune_configs_json_beside_the_rank_files(wheels, version):  # noqa: F811
-    wheel = _wheel(wheels, version)
+    wheel = release_wheel(wheels, version)
     sparse = wheel.read("vllm/model_executor/warmup/flashinfer_sparse_mla_warmup.py")
     body = _function(sparse, "_run_flashinfer_sparse_mla_decode_autotune")
     assert "current_platform.is_device_capability_family(120)" in body
@@ -44,7 +45,7 @@ def test_the_sm120_leader_reads_autotune_configs_json_beside_the_rank_files(whee
 
 @pytest.mark.parametrize("version", _shared_releases())
 def test_kernel_warmup_tunes_sparse_mla_decode_before_the_rank_file_is_saved(wheels, version):  # noqa: F811
-    source = _wheel(wheels, version).read("vllm/model_executor/warmup/kernel_warmup.py")
+    source = release_wheel(wheels, version).read("vllm/model_executor/warmup/kernel_warmup.py")
     warmup = _function(source, "kernel_warmup")
     assert warmup.index("flashinfer_sparse_mla_decode_autotune_warmup(worker)") < warmup.index("flashinfer_autotune(")
     autotune = _function(source, "flashinfer_autotune")

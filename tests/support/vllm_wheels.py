@@ -6,14 +6,34 @@ from __future__ import annotations
 
 import ast
 import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 
 def wheels_dir() -> Path:
     """``TUNECACHE_VLLM_WHEELS``, else ``~/.cache/tunecache-tests/vllm-wheels``."""
     return Path(os.environ.get("TUNECACHE_VLLM_WHEELS") or Path.home() / ".cache" / "tunecache-tests" / "vllm-wheels")
+
+
+def release_wheel(wheels: Path, version: str) -> zipfile.ZipFile:
+    """vLLM ``version``'s wheel in the directory ``wheels``, downloaded there (``pip download
+    --no-deps``, the Linux x86-64 builds) when it is not yet; the test skips, saying why, when
+    the package index cannot give it."""
+    found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+    if not found:
+        platforms = [arg for n in (28, 31, 35) for arg in ("--platform", f"manylinux_2_{n}_x86_64")]
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                                 "--python-version", "3.12", *platforms, f"vllm=={version}", "-d", str(wheels)],
+                                capture_output=True, text=True, timeout=900)
+        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+        if not found:
+            pytest.skip(f"no wheel of vllm {version}: {(result.stderr or result.stdout).strip()[-300:]}")
+    return zipfile.ZipFile(found[-1])
 
 
 def wheel_source(version: str, path: str) -> str | None:
