@@ -59,6 +59,7 @@ from tunecache.signing import generate_signing_key, load_signing_key, sign_run
 
 from tests.support.builders import h200_key, run_payload
 from tests.support.paths import CUDNN_FILE
+from tests.support.relay import pump
 
 MIB = 1 << 20
 ONE_PASS = ("import sys, tarfile; t = tarfile.open(fileobj=sys.stdin.buffer, mode='r|gz'); "
@@ -82,7 +83,9 @@ class Link:
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def _wait_for(self, count: int) -> None:
+    def _wait_for(self, data: bytes) -> None:
+        """Hold ``data`` until the link has room for it."""
+        count = len(data)
         with self._lock:
             now = time.monotonic()
             self._sent = max(self._sent, (now - self._began) * self.rate - 256 * 1024)  # a 256 KiB burst at most
@@ -98,25 +101,8 @@ class Link:
         while True:
             client, _ = self._listener.accept()
             server = socket.create_connection(self.upstream)
-            for source, sink, paced in ((client, server, False), (server, client, True)):
-                threading.Thread(target=self._relay, args=(source, sink, paced), daemon=True).start()
-
-    def _relay(self, source, sink, paced: bool) -> None:
-        import socket
-
-        try:
-            while data := source.recv(256 * 1024):
-                if paced:
-                    self._wait_for(len(data))
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, sink):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            for source, sink, each in ((client, server, None), (server, client, self._wait_for)):
+                threading.Thread(target=pump, args=(source, sink, 256 * 1024, each), daemon=True).start()
 
 
 class _RandomBytes(io.RawIOBase):

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.support.cli import tunecache_executable
+from tests.support.relay import pump
 from tests.support.serve import free_port
 from tunecache.formats.local_token import ADMIN_TOKEN, Listener, read_record, with_listener, write_record
 from tunecache.service import db
@@ -53,19 +54,7 @@ class PlainListener:
             threading.Thread(target=self._handle, args=(connection,), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket, keep: bool) -> None:
-        try:
-            while data := source.recv(65536):
-                if keep:
-                    self.received.extend(data)
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (source, sink):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        pump(source, sink, 65536, self.received.extend if keep else None)
 
     def _handle(self, connection: socket.socket) -> None:
         if self.relay_to is not None:
