@@ -35,8 +35,9 @@ workers="${TUNECACHE_TEST_WORKERS:-auto}"
 if [ "${1:-}" = "--fast" ]; then
   # The unit tests only (tests/unit: in process, no servers, CLI subprocesses or browser), in
   # parallel, on SQLite only: their PostgreSQL half (the `postgres` marker) runs in the whole suite.
+  # --dist loadgroup: the tests that import torch (tests/support/torch_tests.py) share one worker.
   shift
-  status=0; pytest_part -n "$workers" -m "not postgres" tests/unit "$@" || status=$?
+  status=0; pytest_part -n "$workers" --dist loadgroup -m "not postgres" tests/unit "$@" || status=$?
   [ "$status" -eq 5 ] && status=0
   exit "$status"
 fi

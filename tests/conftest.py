@@ -32,6 +32,7 @@ from tunecache.service import db
 from tests.support.builders import make_token
 from tests.support.cli import tunecache_executable
 from tests.support.serve import free_port
+from tests.support.torch_tests import cuda_available
 
 POSTGRES_URL = os.environ.get(
     "TUNECACHE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -149,14 +150,6 @@ def node_signing_key(tmp_path, monkeypatch):
     return load_signing_key(files.private_path)
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 #: Tests that must not share the machine with others, because what they assert is a short
 #: wall-clock window that a loaded machine could miss: ``scripts/test.sh`` runs them in a
 #: second, serial pytest run (``TUNECACHE_TEST_PART=serial``) after the rest in parallel
@@ -220,7 +213,7 @@ def pytest_collection_modifyitems(config, items):
         if other:
             config.hook.pytest_deselected(items=other)
             items[:] = [item for item in items if item not in other]
-    if _cuda_available():
+    if cuda_available():
         return
     skip = pytest.mark.skip(
         reason="needs an NVIDIA GPU with FlashInfer; its H200 runs are recorded under results/gpu/"

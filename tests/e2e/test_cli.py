@@ -20,6 +20,7 @@ from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tests.support.serve import free_port, as_admin, start_server, stop_server
 from tunecache.service import db
 from tests.support.cli import MODEL, pull, push
+from tests.support.torch_tests import cuda_available
 
 # What this module tests happens on the pod: its server runs on SQLite only (tests/conftest.py).
 SERVER_DATABASE_INCIDENTAL = True
@@ -218,7 +219,7 @@ def test_serve_on_a_host_it_cannot_listen_on_exits_11_in_one_line(tmp_path):
     assert not (tmp_path / "data" / "tunecache.db").exists()
 
 
-@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks a node without a GPU")
+@pytest.mark.skipif(cuda_available(), reason="checks a node without a GPU")
 def test_worker_on_without_a_gpu_is_refused_in_one_line(tmp_path):
     env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path), "TUNECACHE_WORKER": "on"}
     result = subprocess.run([tunecache_executable(), "serve", "--port", str(free_port())], env=env,
@@ -227,7 +228,7 @@ def test_worker_on_without_a_gpu_is_refused_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == ["tunecache: error: TUNECACHE_WORKER=on but this node cannot tune: no CUDA device"]
 
 
-@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks a node without a GPU")
+@pytest.mark.skipif(cuda_available(), reason="checks a node without a GPU")
 def test_job_worker_on_without_a_gpu_is_refused_under_the_new_name(tmp_path):
     env = {**os.environ, "TUNECACHE_DATA_DIR": str(tmp_path), "TUNECACHE_JOB_WORKER": "on"}
     env.pop("TUNECACHE_WORKER", None)

@@ -30,6 +30,7 @@ from tests.support.cli import tunecache, tunecache_executable
 from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG, QWEN3_CONFIG
 from tests.support.serve import as_admin
 from tests.support.builders import file_environment, h200_key, run_payload, store_file
+from tests.support.torch_tests import cuda_available
 from tunecache.contract import JobConflict, TuningJobCreate, TuningJobRead, TuningRunCreate, TuningRunQuery, WorkerList
 from tunecache.service import db, jobs, publishing, repository
 from tunecache.service.tuner.stages import TuneSpec
@@ -530,7 +531,7 @@ def test_retune_says_when_no_live_worker_has_the_model_config_dir(server, databa
 
 # ------------------------------------------------ 5. `tune` says whether it recorded its failure
 
-@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks the no-GPU path")
+@pytest.mark.skipif(cuda_available(), reason="checks the no-GPU path")
 def test_tune_without_cuda_says_no_run_was_recorded(engine, database_url):
     result = subprocess.run(
         [tunecache_executable(), "tune", "--model", MODEL, "--config", str(LLAMA_CONFIG), "--max-num-batched-tokens",

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.cli import tunecache_executable
 from tests.support.paths import LLAMA_CONFIG, QWEN3_CONFIG
+from tests.support.torch_tests import cuda_available
 from tunecache.contract import DeploymentKey
 from tunecache.service.tuner.process import TunerFailed, run_tuner
 from tunecache.service.tuner.deep_gemm_stage import DeepGemmStage, deep_gemm_shapes, warmup_m_values
@@ -26,7 +27,7 @@ def spec(**overrides) -> TuneSpec:
     return TuneSpec(deployment=deployment, **fields)
 
 
-@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks the no-GPU path")
+@pytest.mark.skipif(cuda_available(), reason="checks the no-GPU path")
 def test_child_without_gpu_fails_with_a_clear_error(tmp_path):
     events = []
     with pytest.raises(TunerFailed) as info:
@@ -50,7 +51,7 @@ def test_gemm_stage_skips_what_it_cannot_tune():
     assert "awq" in stage.skip_reason(spec(quantization="awq"), "sm90")
 
 
-@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="checks the no-GPU path")
+@pytest.mark.skipif(cuda_available(), reason="checks the no-GPU path")
 def test_tune_command_exits_8_without_gpu(tmp_path):
     result = subprocess.run(
         [tunecache_executable(), "tune", "--model", "meta-llama/Llama-3.1-8B", "--config", str(LLAMA_CONFIG),

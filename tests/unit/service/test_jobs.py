@@ -32,6 +32,7 @@ from tunecache.contract import (
 from tunecache.service.tuner.process import TunerFailed, TunerResult
 from tunecache.service.worker import GpuIdentity, JobWorker
 from tests.support.jobs import enqueue, stand_in_tuner
+from tests.support.torch_tests import cuda_available
 
 H200 = GpuIdentity("NVIDIA H200", "sm90")
 
@@ -159,7 +160,7 @@ def test_succeeded_job_makes_its_run_current_with_progress_recorded(sessions):
     assert done.duration_s is not None and done.finished_at >= done.started_at
 
 
-@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="relies on the child failing without a GPU")
+@pytest.mark.skipif(cuda_available(), reason="relies on the child failing without a GPU")
 def test_failure_after_the_child_started_is_kept_in_history(sessions):
     def crashing(spec, work_dir, timeout_s, on_event, cancel=None):
         started = TunerStarted(gpu_name=H200.gpu_name, arch=H200.arch, environment=file_environment(CUDNN_FILE).model_dump())

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from tests.support.torch_tests import IMPORTS_TORCH
 from tunecache.client.aot_verdict import POD_GPU_NAME, aot_verdict, system_here
 from tunecache.client.warm_state import compile_cache_verdict
+
+#: torch's SystemInfo: these tests share one test process (``--dist loadgroup``).
+pytestmark = IMPORTS_TORCH
 
 AOT = "a" * 64
 

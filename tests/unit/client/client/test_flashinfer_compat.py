@@ -12,27 +12,38 @@ import pytest
 
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tests.support.builders import file_environment, h200_key
+from tests.support.torch_tests import IMPORTS_TORCH
 from tunecache.client.environment import detect_environment
 from tunecache.contract import ENVIRONMENT_FIELDS, differences
 
-pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
-from flashinfer.autotuner import autotuner  # noqa: E402  (the module, not the package)
+#: FlashInfer imports torch: these tests share one test process (``--dist loadgroup``).
+pytestmark = IMPORTS_TORCH
 
 
 @pytest.fixture
-def tuner():
+def autotuner():
+    """FlashInfer's ``flashinfer.autotuner.autotuner`` module (not the package's function of that
+    name), imported when a test asks: collecting this module does not import torch."""
+    pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
+    from flashinfer.autotuner import autotuner
+
+    return autotuner
+
+
+@pytest.fixture
+def tuner(autotuner):
     instance = autotuner.AutoTuner.get()
     instance._file_configs.clear()
     return instance
 
 
-def test_detected_environment_is_flashinfers_metadata():
+def test_detected_environment_is_flashinfers_metadata(autotuner):
     detected = detect_environment()
     assert detected.model_dump() == {f: str(v) for f, v in autotuner._collect_metadata().items() if f in ENVIRONMENT_FIELDS}
 
 
 @pytest.mark.parametrize("path", [CUDNN_FILE, CUBLASLT_FILE])
-def test_mismatching_fields_are_the_ones_flashinfer_rejects(path, tuner):
+def test_mismatching_fields_are_the_ones_flashinfer_rejects(path, autotuner, tuner):
     stored = file_environment(path)
     local = detect_environment()
     ours = {d.field for d in differences(h200_key(), stored, h200_key(), local)}

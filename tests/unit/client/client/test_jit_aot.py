@@ -9,17 +9,25 @@ from types import SimpleNamespace
 import pytest
 
 from tests.support.jit import fake_workspace
+from tests.support.torch_tests import IMPORTS_TORCH
 from tunecache.client.jit_install import JitWorkspace
 from tunecache.client.jit_install import AOT_DIR_NAME, build_aot_dir, use_aot_dir
 from tunecache.formats.jit_module import jit_environment, module_tarball
 
-jit_env = pytest.importorskip("flashinfer.jit.env")
+#: FlashInfer imports torch: these tests share one test process (``--dist loadgroup``).
+pytestmark = IMPORTS_TORCH
+
+
+@pytest.fixture
+def jit_env():
+    """``flashinfer.jit.env``, imported when a test asks (collecting this module imports no torch)."""
+    return pytest.importorskip("flashinfer.jit.env")
 
 MODULE = "sampling"
 
 
 @pytest.fixture
-def pod_flashinfer(tmp_path, monkeypatch):
+def pod_flashinfer(tmp_path, monkeypatch, jit_env):
     """This process's FlashInfer with its workspace and AOT directory in ``tmp_path`` (as a
     pod with another HOME and package prefix has them); restored afterwards."""
     cache = tmp_path / "pod-home" / ".cache" / "flashinfer"
@@ -45,7 +53,7 @@ def fetched_from_elsewhere(tmp_path):
     return SimpleNamespace(run=run, jit_modules=(blob,), executable_refused=None, workspace_subdir="0.6.13/90a")
 
 
-def test_modules_built_elsewhere_are_refused_for_ninja_and_installed_for_the_aot_path(tmp_path, pod_flashinfer):
+def test_modules_built_elsewhere_are_refused_for_ninja_and_installed_for_the_aot_path(tmp_path, pod_flashinfer, jit_env):
     workspace, image = pod_flashinfer
     fetched = fetched_from_elsewhere(tmp_path)
     refused = JitWorkspace().stage(fetched)()

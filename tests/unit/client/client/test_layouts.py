@@ -19,6 +19,7 @@ from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
 from tunecache.client.layouts import install_v2_store, install_vllm_rank_files
 from tunecache.engines.vllm.paths import vllm_autotune_root, vllm_rank_file_name
 from tests.support.jit import deep_gemm_tarball
+from tests.support.torch_tests import IMPORTS_TORCH
 
 CONFIG_HASH = "ab" * 32
 
@@ -40,6 +41,7 @@ def without_flashinfer(monkeypatch) -> None:
         monkeypatch.setitem(sys.modules, name, None)
 
 
+@IMPORTS_TORCH
 def test_root_follows_vllms_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", str(tmp_path / "override"))
     assert vllm_autotune_root() == tmp_path / "override"
@@ -50,6 +52,7 @@ def test_root_follows_vllms_environment(monkeypatch, tmp_path):
     assert vllm_autotune_root() == tmp_path / "vllm-cache" / "flashinfer_autotune_cache" / workspace.parent.name / workspace.name
 
 
+@IMPORTS_TORCH
 def test_default_root_is_under_xdg_cache(monkeypatch, tmp_path):
     pytest.importorskip("flashinfer.jit.env", reason="flashinfer-python is not installed")
     for name in ("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "VLLM_CACHE_ROOT"):
@@ -84,6 +87,7 @@ def test_every_rank_gets_a_matching_file_at_once(tmp_path):
     assert [p.name for p in root.iterdir()] == [CONFIG_HASH]  # no staging or old directory left
 
 
+@IMPORTS_TORCH
 def test_v2_store_is_readable_by_flashinfer(tmp_path):
     autotune_cache = pytest.importorskip("flashinfer.autotune_cache", reason="flashinfer-python is not installed")
     target = install_v2_store(CUBLASLT_FILE.read_bytes(), tmp_path / "v2root")

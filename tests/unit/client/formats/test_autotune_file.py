@@ -9,6 +9,7 @@ import json
 import pytest
 
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
+from tests.support.torch_tests import IMPORTS_TORCH
 from tunecache.formats.autotune_file import NotAnAutotuneFile, check_loadable
 
 BAD_ENTRIES = [
@@ -35,6 +36,7 @@ def test_real_files_are_loadable(path):
     assert check_loadable(path.read_bytes()).entries == 42
 
 
+@IMPORTS_TORCH
 @pytest.mark.parametrize("key, value, message", BAD_ENTRIES)
 def test_an_entry_flashinfer_cannot_load_is_named_and_flashinfer_fails_on_it_too(tmp_path, key, value, message):
     with pytest.raises(NotAnAutotuneFile, match=message.replace("[", r"\[").replace("(", r"\(")):
@@ -47,6 +49,7 @@ def test_an_entry_flashinfer_cannot_load_is_named_and_flashinfer_fails_on_it_too
         autotuner.AutoTuner().load_configs(str(path))
 
 
+@IMPORTS_TORCH
 def test_flashinfer_loads_what_passes(tmp_path):
     autotuner = pytest.importorskip("flashinfer.autotuner")
     wildcard = {k: "*" for k in json.loads(CUDNN_FILE.read_text())["_metadata"]}

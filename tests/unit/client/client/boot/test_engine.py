@@ -3,6 +3,8 @@ NVML instead of CUDA, and the engine arguments that name an engine variant."""
 
 from __future__ import annotations
 
+from tests.support.torch_tests import IMPORTS_TORCH
+
 
 def _platform_module(names: dict[int, str], capability: tuple[int, int]):
     """A ``vllm.platforms`` whose ``current_platform`` answers as vLLM's NVML platform does."""
@@ -28,6 +30,7 @@ def _platform_module(names: dict[int, str], capability: tuple[int, int]):
     return module, asked
 
 
+@IMPORTS_TORCH
 def test_the_main_process_asks_nvml_not_cuda(monkeypatch):
     """FlashInfer's import asks torch for the GPU's capability and _collect_metadata for its
     name; in the engine's main process vLLM's platform (NVML) answers, and torch's own
@@ -54,6 +57,7 @@ def test_the_main_process_asks_nvml_not_cuda(monkeypatch):
     assert (torch.cuda.get_device_name, torch.cuda.get_device_capability, torch.cuda.current_device) == originals
 
 
+@IMPORTS_TORCH
 def test_without_vllms_platform_torch_answers(monkeypatch):
     import sys
 
