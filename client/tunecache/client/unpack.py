@@ -102,6 +102,25 @@ def unpack_beside(source: TarSource, destination: Path, what: str, error: type[V
     Raises:
         as :func:`unpack`.
     """
+    return _stage_beside(destination, lambda staging: unpack(source, staging, what, error, check))
+
+
+def copy_beside(staged: Path, destination: Path) -> Path:
+    """A new staging directory inside ``destination`` holding a copy of ``staged`` (what
+    :func:`unpack_beside` unpacked and checked for another destination of the same entries):
+    the tarball is not inflated and checked a second time. Files and directories keep their
+    modification times (``shutil.copytree`` with ``shutil.copy2``). Removed as
+    :func:`unpack_beside`'s staging directories are.
+
+    Raises:
+        OSError: a copy failed (the new staging directory is gone then).
+    """
+    return _stage_beside(destination, lambda staging: shutil.copytree(staged, staging, dirs_exist_ok=True))
+
+
+def _stage_beside(destination: Path, fill: Callable[[Path], object]) -> Path:
+    """A new staging directory inside ``destination``, filled by ``fill``, noted in the
+    :func:`staging_scope` under way; on a failure it goes with the directories made for it."""
     from tunecache.client.atomic import staging_dir
 
     made = [p for p in (destination, *destination.parents) if not p.exists()]  # deepest first
@@ -109,7 +128,7 @@ def unpack_beside(source: TarSource, destination: Path, what: str, error: type[V
     staging = staging_dir(destination)
     _made[staging] = made
     try:
-        unpack(source, staging, what, error, check)
+        fill(staging)
     except BaseException:
         discard(staging)
         raise

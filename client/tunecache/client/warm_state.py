@@ -438,10 +438,15 @@ class TritonCache(Destination):
             directories = [Path(self.path)]
         else:
             directories = [triton_cache_dir(), *filter(None, [inductor_triton_dir()])]
-        from tunecache.client.unpack import discard, unpack_beside
+        from tunecache.client.unpack import copy_beside, discard, unpack_beside
 
-        staged = [(unpack_beside(data, directory, "triton_cache", BadWarmStateArtifact), directory)
-                  for directory in directories]  # one pass each, every entry checked before anything is written
+        # one pass, every entry checked before anything is written; Inductor's directory gets a copy
+        first = unpack_beside(data, directories[0], "triton_cache", BadWarmStateArtifact)
+        try:
+            staged = [(first, directories[0]), *((copy_beside(first, d), d) for d in directories[1:])]
+        except BaseException:
+            discard(first)
+            raise
 
         def commit() -> dict[str, Any]:
             try:

@@ -243,6 +243,32 @@ def test_without_triton_cache_dir_the_kernels_go_where_inductor_looks_too(tmp_pa
     assert inductor_triton_dir() is None  # Inductor uses Triton's cache then
 
 
+def test_the_triton_cache_is_inflated_once_for_both_of_its_directories(tmp_path, monkeypatch):
+    """Triton's directory and Inductor's get the same kernels from one pass over the tarball:
+    the second is a copy of what the first unpacked and checked, modification times kept, each
+    directory's group files pointed at its own paths; no staging directory is left."""
+    from tunecache.client import unpack
+
+    _, _, fetched, _, _ = harvested(tmp_path)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    passes = []
+    real = unpack.stream_bounded
+    monkeypatch.setattr(unpack, "stream_bounded", lambda *args: passes.append(args[1]) or real(*args))
+    TritonCache().stage(fetched)()
+    assert passes == ["triton_cache"]
+    triton, inductor = tmp_path / "home" / ".triton" / "cache", tmp_path / "inductor" / "triton" / "0"
+    kernel = Path("HASHB") / "_fwd_kernel.cubin"
+    assert (triton / kernel).read_bytes() == (inductor / kernel).read_bytes()
+    assert (triton / kernel).stat().st_mtime_ns == (inductor / kernel).stat().st_mtime_ns
+    assert (triton / "HASHB").stat().st_mtime_ns == (inductor / "HASHB").stat().st_mtime_ns
+    for directory in (triton, inductor):
+        group = json.loads((directory / "HASHB" / "__grp___fwd_kernel.json").read_text())["child_paths"]
+        assert group == {"_fwd_kernel.cubin": str(directory / kernel)}
+        assert not [p for p in directory.iterdir() if p.name.startswith(".tunecache-")]
+
+
 def test_the_main_process_unpacks_the_staged_compile_cache_for_its_workers_and_says_when_it_could_not(tmp_path,
                                                                                                       monkeypatch):
     import os
