@@ -1,6 +1,6 @@
 """The engine-argument allow-list (tunecache.contract.engine_args) against each supported vLLM
 release's own ``EngineArgs`` and ``CompilationConfig`` (read from its wheel by ast, nothing of
-it imported; the releases as tests/contract/test_vllm_releases.py takes them:
+it imported; the releases the contract tests read, tests.support.vllm_wheels.releases():
 ``TUNECACHE_VLLM_RELEASES``, by default the oldest and the newest).
 
 Every field of either is allowed (with its type, bounds and reason) or refused (with a reason)
@@ -16,8 +16,7 @@ import ast
 
 import pytest
 
-from tests.support.vllm_wheels import release_wheel
-from tests.contract.test_vllm_releases import _releases, wheels  # noqa: F401 (the fixture)
+from tests.support.vllm_wheels import release_wheel, releases
 from tunecache.engines import engine_for
 
 release_of = engine_for("vllm").release_of
@@ -62,7 +61,7 @@ def _sources(wheels, version: str) -> dict[str, bytes]:
                                                 "vllm/v1/attention/backends/registry.py")}
 
 
-@pytest.mark.parametrize("version", _releases())
+@pytest.mark.parametrize("version", releases())
 def test_every_engine_argument_of_the_release_is_allowed_or_refused_with_a_reason(wheels, version):
     sources = _sources(wheels, version)
     minor = release_of(version).minor
@@ -81,7 +80,7 @@ def test_every_engine_argument_of_the_release_is_allowed_or_refused_with_a_reaso
         assert all(spec.reason.strip() for spec in allowed.values()) and all(r.strip() for r in refused.values())
 
 
-@pytest.mark.parametrize("version", _releases())
+@pytest.mark.parametrize("version", releases())
 def test_the_choices_of_an_allowed_argument_are_the_releases_own(wheels, version):
     sources = _sources(wheels, version)
     compilation, config = sources["vllm/config/compilation.py"], sources["vllm/config/vllm.py"]

@@ -16,8 +16,7 @@ import ast
 
 import pytest
 
-from tests.support.vllm_wheels import release_wheel
-from tests.contract.test_vllm_releases import ALL, _releases, wheels  # noqa: F401 - the fixture
+from tests.support.vllm_wheels import ALL, release_wheel, releases
 from tunecache.engines import engine_for
 
 release_of = engine_for("vllm").release_of
@@ -26,7 +25,7 @@ AOT_RELEASES = [v for v in ALL if release_of(v).aot_artifact]
 
 
 def _aot_releases() -> list[str]:
-    asked = [v for v in _releases() if v in AOT_RELEASES]
+    asked = [v for v in releases() if v in AOT_RELEASES]
     return asked or [AOT_RELEASES[-1]]
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract.test_vllm_releases import _releases
+from tests.support.vllm_wheels import releases
 from tests.contract.vllm_config_probe import MARK
 from tests.support.paths import ROOT
 from tests.support.vllm_envs import release_python
@@ -46,7 +46,7 @@ TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hid
 
 
 def _config_releases() -> list[str]:
-    return [v for v in _releases() if v in CONFIG_RELEASES] or CONFIG_RELEASES
+    return [v for v in releases() if v in CONFIG_RELEASES] or CONFIG_RELEASES
 
 
 def _model(directory: Path) -> Path:

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.vllm_wheels import release_wheel
-from tests.contract.test_vllm_releases import _releases, wheels  # noqa: F401 - the fixture
+from tests.support.vllm_wheels import release_wheel, releases
 from tunecache.engines import engine_for
 
 release_of = engine_for("vllm").release_of
@@ -128,7 +127,7 @@ def moved_by_placement(envs_py: Path, tmp_path: Path) -> set[str]:
     return {name for name in first if first[name] != other[name] and first[name] == again[name]}
 
 
-@pytest.mark.parametrize("version", _releases())
+@pytest.mark.parametrize("version", releases())
 def test_every_placement_factor_of_the_release_is_listed_with_the_releases_that_hash_it(wheels, version, tmp_path):
     release = release_of(version)
     assert release is not None, f"vllm {version} is not in tunecache.engines.vllm.releases"

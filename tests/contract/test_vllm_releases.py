@@ -26,41 +26,19 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from tunecache.engines import engine_for
 from tunecache.engines.vllm.releases import RELEASES
 
-from tests.support.vllm_wheels import release_wheel, wheels_dir
+from tests.support.vllm_wheels import ALL, DEFAULT, function_source, release_wheel, releases
 
 release_of = engine_for("vllm").release_of
-
-#: One release of each minor version of the table (its newest patch at the time of writing).
-ALL = ["0.25.0", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
-DEFAULT = [ALL[0], ALL[-1]]
-
-
-def _releases() -> list[str]:
-    asked = os.environ.get("TUNECACHE_VLLM_RELEASES", "").strip()
-    if not asked:
-        return DEFAULT
-    return ALL if asked == "all" else [v.strip() for v in asked.split(",") if v.strip()]
 
 
 def test_every_minor_release_of_the_table_has_a_version_here():
     assert sorted(release_of(v).minor for v in ALL) == sorted(RELEASES)
-
-
-@pytest.fixture(scope="module")
-def wheels() -> Path:
-    directory = wheels_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
-
 
 
 def _defined(source: bytes) -> set[str]:
@@ -79,12 +57,6 @@ def _defined(source: bytes) -> set[str]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(t.id for t in targets if isinstance(t, ast.Name))
     return names
-
-
-def _function(source: bytes, name: str) -> str:
-    tree = ast.parse(source)
-    [node] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-    return ast.get_source_segment(source.decode(), node)
 
 
 #: What the plugin and the tuner call besides the hook targets, in every release (module path -> names).
@@ -114,7 +86,7 @@ LAYOUT_MARKS = {
 }
 
 
-@pytest.mark.parametrize("version", _releases())
+@pytest.mark.parametrize("version", releases())
 def test_every_hook_target_of_the_release_is_in_its_wheel(wheels, version):
     """What the plugin wraps in this release, as vLLM's adaptor names it, is defined in the
     release's own code (a module's function, or a class's method)."""
@@ -142,7 +114,7 @@ def test_a_hook_target_the_release_lacks_is_named(wheels):
     assert "Worker.load_model" in _defined(source) and "Worker.nothing" not in _defined(source)
 
 
-@pytest.mark.parametrize("version", _releases())
+@pytest.mark.parametrize("version", releases())
 def test_the_release_has_what_tunecache_uses_as_the_table_says(wheels, version):
     release = release_of(version)
     assert release is not None, f"vllm {version} is not in tunecache.engines.vllm.releases"
@@ -153,7 +125,7 @@ def test_the_release_has_what_tunecache_uses_as_the_table_says(wheels, version):
                if path not in sources or name not in _defined(sources[path])]
     assert not missing, f"vllm {version} lacks what the plugin or the tuner calls: {missing}"
 
-    warmup = _function(sources["vllm/model_executor/warmup/kernel_warmup.py"], "flashinfer_autotune")
+    warmup = function_source(sources["vllm/model_executor/warmup/kernel_warmup.py"], "flashinfer_autotune")
     found = [layout for layout, mark in LAYOUT_MARKS.items() if mark in warmup]
     assert found == [release.autotune_layout], (version, found)
     cache_module = _defined(wheel.read("vllm/model_executor/warmup/flashinfer_autotune_cache.py"))
@@ -172,18 +144,18 @@ def test_the_release_has_what_tunecache_uses_as_the_table_says(wheels, version):
     from tunecache.engines.vllm.compile_cache import env_hash
 
     namespace = {"hashlib": hashlib, "json": json}
-    exec(_function(sources["vllm/config/utils.py"], "hash_factors"), namespace)  # noqa: S102 - the release's own code
+    exec(function_source(sources["vllm/config/utils.py"], "hash_factors"), namespace)  # noqa: S102 - the release's own code
     factors = {"VLLM_USE_AOT_COMPILE": True, "VLLM_PP_LAYER_PARTITION": None, "VLLM_CONFIG_ROOT": "/x"}
     assert namespace["hash_factors"](factors) == env_hash(factors)
 
 
-@pytest.mark.parametrize("version", _releases())
+@pytest.mark.parametrize("version", releases())
 def test_the_deep_gemm_warmups_m_set_is_the_tables(wheels, version):
     """The block Ms each release's DeepGEMM warmup compiles for
     (``deep_gemm_warmup.py::_generate_optimal_warmup_m_values``), which decide the releases a
     DeepGEMM cache covers (tunecache.engines.vllm.deep_gemm), are the table's."""
     source = release_wheel(wheels, version).read("vllm/model_executor/warmup/deep_gemm_warmup.py")
-    function = ast.parse(_function(source, "_generate_optimal_warmup_m_values"))
+    function = ast.parse(function_source(source, "_generate_optimal_warmup_m_values"))
     [value] = [n.value for n in ast.walk(function) if isinstance(n, ast.Assign)
                and any(isinstance(t, ast.Name) and t.id == "block_ms" for t in n.targets)]
     block_ms = eval(compile(ast.Expression(value), "block_ms", "eval"), {"__builtins__": {}, "list": list, "range": range})  # noqa: S307 - a literal of the release's own code

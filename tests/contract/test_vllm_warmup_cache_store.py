@@ -14,8 +14,7 @@ import inspect
 
 import pytest
 
-from tests.contract.test_vllm_releases import ALL, _releases
-from tests.support.vllm_wheels import pure_functions, wheel_source
+from tests.support.vllm_wheels import ALL, pure_functions, releases, wheel_source
 from tunecache.client import preload_store
 from tunecache.client.preload_store import ArtifactName, TunecacheArtifactStore
 from tunecache.engines import engine_for
@@ -112,7 +111,7 @@ def test_preload_spawns_the_daemon_function_the_plugin_wraps():
     assert targets == ["_run_daemon"]
 
 
-@pytest.mark.parametrize("version", sorted(set(_releases()) | {ALL[-2]}))
+@pytest.mark.parametrize("version", sorted(set(releases()) | {ALL[-2]}))
 def test_the_table_registers_the_store_exactly_where_the_wheel_has_stores(version):
     """``warmup_cache_store`` in the releases table where the wheel has ``STORE_BACKENDS``
     (0.34), not where it has none (0.33 and older)."""

@@ -20,7 +20,7 @@ DEVELOPMENT_VARIABLES: dict[str, FieldInfo] = {
         "the number of pytest-xdist workers of `scripts/test.sh` (`auto`: one per CPU core)")),
     "TUNECACHE_VLLM_RELEASES": Field(default=None, json_schema_extra={
         "shown_default": "the oldest and the newest release"}, description=(
-        "the vLLM releases `tests/contract/test_vllm_releases.py` checks: comma-separated versions, or `all` (one "
+        "the vLLM releases the contract tests (`tests/contract/`) read: comma-separated versions, or `all` (one "
         "of each minor release of `tunecache.engines.vllm.releases`' table)")),
     "TUNECACHE_VLLM_WHEELS": Field(default="~/.cache/tunecache-tests/vllm-wheels", description=(
         "where those vLLM wheels are kept; a release whose wheel cannot be downloaded skips, naming why")),

@@ -1,6 +1,7 @@
 """A vLLM release's own source, read from its wheel (never imported as a package, never
-committed): where the wheels are kept, a module's text, and pure top-level functions of it
-executed as they are (what a test builds "as that release's code does")."""
+committed): which releases the contract tests read, where the wheels are kept, a module's text,
+a function's source, and pure top-level functions of it executed as they are (what a test builds
+"as that release's code does")."""
 
 from __future__ import annotations
 
@@ -13,6 +14,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+#: One release of each minor version of the table (its newest patch at the time of writing).
+ALL = ["0.25.0", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
+#: The releases read by default (and in CI): the oldest and the newest.
+DEFAULT = [ALL[0], ALL[-1]]
+
+
+def releases() -> list[str]:
+    """The releases the contract tests read: ``TUNECACHE_VLLM_RELEASES`` (comma-separated
+    versions, or ``all``: :data:`ALL`), by default :data:`DEFAULT`."""
+    asked = os.environ.get("TUNECACHE_VLLM_RELEASES", "").strip()
+    if not asked:
+        return DEFAULT
+    return ALL if asked == "all" else [v.strip() for v in asked.split(",") if v.strip()]
+
+
+def function_source(source: bytes, name: str) -> str:
+    """The source text of the top-level function ``name`` of a module's ``source``."""
+    tree = ast.parse(source)
+    [node] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    return ast.get_source_segment(source.decode(), node)
 
 
 def wheels_dir() -> Path:
