@@ -199,7 +199,7 @@ def test_a_registry_carries_signed_runs_that_a_pod_of_the_other_service_installs
     exported = tunecache("--token", source_token, "export", "--server", source, "--all", "--registry", reference,
                          "--plain-http")
     assert exported.returncode == 0, exported.stderr
-    assert exported.stdout.splitlines()[-1].startswith(f"exported 1 run (") and reference in exported.stdout
+    assert exported.stdout.splitlines()[-1].startswith("exported 1 run (") and reference in exported.stdout
     tags = httpx.get(f"http://{registry}/v2/tunecache/runs/tags/list").json()
     assert tags["tags"] == ["2026-12"]  # what the registry holds, asked of it directly
 

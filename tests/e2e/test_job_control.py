@@ -28,7 +28,6 @@ from sqlalchemy import text
 
 from tests.support.cli import tunecache, tunecache_executable
 from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG, QWEN3_CONFIG
-from tests.support.serve import as_admin
 from tests.support.builders import file_environment, h200_key, run_payload, store_file
 from tests.support.torch_tests import cuda_available
 from tunecache.contract import JobConflict, TuningJobCreate, TuningJobRead, TuningRunCreate, TuningRunQuery, WorkerList

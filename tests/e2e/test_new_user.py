@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 
-import httpx
 import pytest
 
 from tests.support.cli import MODEL, pull, push, tunecache, tunecache_executable

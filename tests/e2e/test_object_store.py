@@ -26,7 +26,7 @@ from tests.support.builders import make_token
 from tests.support.cli import tunecache_executable
 from tests.support.paths import CUDNN_FILE
 from tests.support.s3 import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, weed_binary
-from tests.support.serve import admin_token, push_run, start_server, stop_server
+from tests.support.serve import push_run, start_server, stop_server
 from tunecache.store.http import TunecacheClient
 
 

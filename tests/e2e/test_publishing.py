@@ -224,7 +224,6 @@ def test_pods_never_move_back_to_an_older_run_unless_a_signer_signed_the_move(no
     import os
     import time
 
-    from tests.support.builders import signed
     from tests.support.cli import tunecache
     from tunecache.signing import generate_signing_key
 

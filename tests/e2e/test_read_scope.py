@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 
 import httpx
-import pytest
 from sqlalchemy import update
 
 from tests.support.builders import file_environment, h200_key, lookup_body, run_payload, stored_reports

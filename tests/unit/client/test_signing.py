@@ -5,10 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
 import stat
-from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization

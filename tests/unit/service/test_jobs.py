@@ -20,16 +20,11 @@ from tests.support.paths import CUDNN_FILE, LLAMA_CONFIG
 from tests.support.builders import file_environment, h200_key
 from tunecache.service import db, jobs, repository
 from tunecache.contract import (
-    ArtifactCreate,
-    ArtifactKind,
-    StageChanged,
-    StageProgress,
     TunerStarted,
     TuningJobCreate,
-    TuningRunCreate,
     TuningRunQuery,
 )
-from tunecache.service.tuner.process import TunerFailed, TunerResult
+from tunecache.service.tuner.process import TunerFailed
 from tunecache.service.worker import GpuIdentity, JobWorker
 from tests.support.jobs import enqueue, stand_in_tuner
 from tests.support.torch_tests import cuda_available

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunecache.client.jit_install import install_jit_module
-from tunecache.formats.jit_module import MTIME_NS_HEADER, BadJitArtifact, module_tarball
+from tunecache.formats.jit_module import BadJitArtifact, module_tarball
 from tests.support.jit import MTIME_NS, fake_workspace, tarball
 
 
