@@ -11,8 +11,6 @@ from tests.support.vllm_wheels import wheels_dir
 
 @pytest.fixture(scope="module")
 def wheels() -> Path:
-    """The directory the vLLM wheels are kept in (:func:`tests.support.vllm_wheels.wheels_dir`),
-    made where it is missing."""
-    directory = wheels_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
+    """The directory the vLLM wheels are kept in (:func:`tests.support.vllm_wheels.wheels_dir`;
+    :func:`~tests.support.vllm_wheels.release_wheel` makes it when it downloads one)."""
+    return wheels_dir()

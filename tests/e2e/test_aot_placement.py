@@ -56,9 +56,7 @@ def pod_env(tmp_path, server, **env):
 def test_the_stand_ins_call_is_made_of_0_34s_own_lines():
     from tests.support.vllm_wheels import release_wheel, wheels_dir
 
-    directory = wheels_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    source = release_wheel(directory, "0.34.0").read("vllm/compilation/decorators.py").decode()  # downloaded when missing
+    source = release_wheel(wheels_dir(), "0.34.0").read("vllm/compilation/decorators.py").decode()  # downloaded when missing
     assert all(line in source for line in CALL_LINES)
     assert all(line in AOT["vllm/compilation/decorators.py"] for line in CALL_LINES)
 

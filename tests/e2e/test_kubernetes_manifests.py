@@ -265,13 +265,14 @@ VLLM_FLASHINFER = {"0.25.0": "0.6.13", "0.33.0": "0.7.2.post1", "0.34.0": "0.7.3
 
 def test_the_flashinfer_pins_are_the_wheels_own():
     """:data:`VLLM_FLASHINFER` as each release's wheel says it, where the wheels are kept."""
-    import os
     import zipfile
 
-    wheels = Path(os.environ.get("TUNECACHE_VLLM_WHEELS", "~/.cache/tunecache-tests/vllm-wheels")).expanduser()
+    from tests.support.vllm_wheels import wheel_files, wheels_dir
+
+    wheels = wheels_dir()
     checked = 0
     for release, flashinfer in VLLM_FLASHINFER.items():
-        for wheel in wheels.glob(f"vllm-{release}-*.whl"):
+        for wheel in wheel_files(wheels, release):
             with zipfile.ZipFile(wheel) as archive:
                 metadata = archive.read(f"vllm-{release}.dist-info/METADATA").decode()
             assert f"Requires-Dist: flashinfer-python=={flashinfer}" in metadata.splitlines(), wheel

@@ -38,21 +38,28 @@ def function_source(source: bytes, name: str) -> str:
 
 
 def wheels_dir() -> Path:
-    """``TUNECACHE_VLLM_WHEELS``, else ``~/.cache/tunecache-tests/vllm-wheels``."""
-    return Path(os.environ.get("TUNECACHE_VLLM_WHEELS") or Path.home() / ".cache" / "tunecache-tests" / "vllm-wheels")
+    """``TUNECACHE_VLLM_WHEELS``, else ``~/.cache/tunecache-tests/vllm-wheels`` (``~`` expanded)."""
+    return Path(os.environ.get("TUNECACHE_VLLM_WHEELS") or "~/.cache/tunecache-tests/vllm-wheels").expanduser()
+
+
+def wheel_files(wheels: Path, version: str) -> list[Path]:
+    """The wheels of vLLM ``version`` in the directory ``wheels`` (none where it is missing), in
+    name order: the last is the one read."""
+    return sorted(wheels.glob(f"vllm-{version}-*.whl"))
 
 
 def release_wheel(wheels: Path, version: str) -> zipfile.ZipFile:
-    """vLLM ``version``'s wheel in the directory ``wheels``, downloaded there (``pip download
-    --no-deps``, the Linux x86-64 builds) when it is not yet; the test skips, saying why, when
-    the package index cannot give it."""
-    found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+    """vLLM ``version``'s wheel in the directory ``wheels``, downloaded there (made where it is
+    missing; ``pip download --no-deps``, the Linux x86-64 builds) when it is not yet; the test
+    skips, saying why, when the package index cannot give it."""
+    found = wheel_files(wheels, version)
     if not found:
+        wheels.mkdir(parents=True, exist_ok=True)
         platforms = [arg for n in (28, 31, 35) for arg in ("--platform", f"manylinux_2_{n}_x86_64")]
         result = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                                  "--python-version", "3.12", *platforms, f"vllm=={version}", "-d", str(wheels)],
                                 capture_output=True, text=True, timeout=900)
-        found = sorted(wheels.glob(f"vllm-{version}-*.whl"))
+        found = wheel_files(wheels, version)
         if not found:
             pytest.skip(f"no wheel of vllm {version}: {(result.stderr or result.stdout).strip()[-300:]}")
     return zipfile.ZipFile(found[-1])
@@ -60,7 +67,7 @@ def release_wheel(wheels: Path, version: str) -> zipfile.ZipFile:
 
 def wheel_source(version: str, path: str) -> str | None:
     """The text of ``path`` (``vllm/...py``) in vLLM ``version``'s wheel; ``None``: no wheel here."""
-    found = sorted(wheels_dir().glob(f"vllm-{version}-*.whl"))
+    found = wheel_files(wheels_dir(), version)
     if not found:
         return None
     with zipfile.ZipFile(found[-1]) as wheel:
