@@ -23,6 +23,7 @@ A boot at the floor counts 0 of everything. Counts of a source that cannot be re
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -90,7 +91,9 @@ def this_boot() -> dict[CompiledKind, int]:
 
 def in_process_counts() -> dict[CompiledKind, int]:
     """What vLLM's ``compilation_counter`` and FlashInfer's autotuner counted in this process
-    (quick: the worker reads them when it warmed up, before it serves)."""
+    (quick: the worker reads them when it warmed up, before it serves). FlashInfer's autotuner
+    is read only where the process imported it: one that never did tuned nothing (0 ops), and
+    importing it here would delay the boot by seconds (torch, ``torch._inductor``)."""
     counts: dict[CompiledKind, int] = {}
     try:
         from vllm.compilation.counter import compilation_counter
@@ -98,10 +101,12 @@ def in_process_counts() -> dict[CompiledKind, int]:
         counts.update(count_vllm(compilation_counter))
     except Exception:
         pass
+    # FlashInfer's autotuner as this process has it: a process that never imported it tuned
+    # nothing, and importing it here (torch, torch._inductor: seconds) would only delay the boot
+    autotuner = sys.modules.get("flashinfer.autotuner")
     try:
-        from flashinfer.autotuner import AutoTuner
-
-        counts[CompiledKind.AUTOTUNE_OPS] = len(getattr(AutoTuner.get().stats, "tuned_op_total_configs", {}))
+        tuned = getattr(autotuner.AutoTuner.get().stats, "tuned_op_total_configs", {}) if autotuner is not None else {}
+        counts[CompiledKind.AUTOTUNE_OPS] = len(tuned)
     except Exception:
         pass
     return counts

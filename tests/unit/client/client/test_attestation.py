@@ -51,3 +51,33 @@ def test_vllms_counter_and_the_line():
     assert counts == {CompiledKind.INDUCTOR_GRAPHS: 2, CompiledKind.AOT_COMPILES: 1}
     assert shown(counts) == "2 inductor_graphs, 1 aot_compiles"
     assert shown({kind: 0 for kind in CompiledKind}) == "nothing"
+
+
+def _counts_in_a_new_process(before: str) -> dict:
+    """``in_process_counts()`` in a fresh interpreter after ``before`` ran, and whether FlashInfer
+    was imported by the end."""
+    import json
+    import subprocess
+    import sys
+
+    code = (f"{before}\nimport json, sys\nfrom tunecache.client.attestation import in_process_counts\n"
+            "counts = in_process_counts()\n"
+            "print(json.dumps({'counts': counts, 'flashinfer': 'flashinfer' in sys.modules}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_worker_that_never_loaded_flashinfer_counts_no_autotuned_ops_without_importing_it():
+    """The attestation runs as the worker returns to vLLM: importing FlashInfer there (torch,
+    torch._inductor) would delay every boot that never used it by seconds."""
+    seen = _counts_in_a_new_process("")
+    assert seen["counts"].get(CompiledKind.AUTOTUNE_OPS.value) == 0
+    assert seen["flashinfer"] is False
+
+
+def test_the_ops_flashinfers_own_autotuner_profiled_are_counted():
+    seen = _counts_in_a_new_process(
+        "from flashinfer.autotuner import AutoTuner\n"
+        "AutoTuner.get().stats.tuned_op_total_configs = {'fused_moe': 12, 'gemm_fp8': 4}")
+    assert seen["counts"][CompiledKind.AUTOTUNE_OPS.value] == 2
