@@ -101,8 +101,6 @@ def in_process_counts() -> dict[CompiledKind, int]:
         counts.update(count_vllm(compilation_counter))
     except Exception:
         pass
-    # FlashInfer's autotuner as this process has it: a process that never imported it tuned
-    # nothing, and importing it here (torch, torch._inductor: seconds) would only delay the boot
     autotuner = sys.modules.get("flashinfer.autotuner")
     try:
         tuned = getattr(autotuner.AutoTuner.get().stats, "tuned_op_total_configs", {}) if autotuner is not None else {}
