@@ -192,7 +192,9 @@ def pull_command(url: str, model: str, where: Path) -> tuple[list[str], dict[str
                "--jit", "--jit-workspace", str(where / "workspace"), "--warm-state",
                "--vllm-cache-root", str(where / "vllm"), "--triton-cache-dir", str(where / "triton")]
     env = {**os.environ, "TUNECACHE_REPORT": "0", "DG_JIT_CACHE_DIR": str(where / "deep_gemm"),
-           "TVM_FFI_CACHE_DIR": str(where / "tvm-ffi")}
+           "TVM_FFI_CACHE_DIR": str(where / "tvm-ffi"),
+           # each pull a pod of its own: its rollback memory and journals there, not in this user's
+           "TUNECACHE_STATE_DIR": f"{where}-state"}
     return command, env
 
 
