@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from sqlalchemy import Engine, create_engine, text
 from tunecache.service import db
 
 from tests.support.builders import make_token
-from tests.support.cli import tunecache_executable
+from tests.support import forked
 from tests.support.serve import free_port
 from tests.support.torch_tests import cuda_available
 
@@ -236,11 +235,8 @@ def server(database_url, tmp_path):
         finally:
             engine.dispose()
     port = free_port()
-    log = open(tmp_path / "serve.log", "w")
-    process = subprocess.Popen(
-        [tunecache_executable(), "serve", "--port", str(port), "--database", database_url],
-        stdout=log, stderr=log, env={**os.environ, "TUNECACHE_WORKER": "off"},
-    )
+    process = forked.popen(["serve", "--port", str(port), "--database", database_url],
+                           {**os.environ, "TUNECACHE_WORKER": "off"}, tmp_path / "serve.log")
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -257,4 +253,3 @@ def server(database_url, tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=20)
-        log.close()

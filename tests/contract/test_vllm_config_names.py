@@ -20,7 +20,8 @@ its formula is checked against the release's source in test_vllm_releases.py ins
 
 Which releases: 0.25.0 and 0.34.0 (``TUNECACHE_VLLM_RELEASES`` narrows them, as in
 test_vllm_releases.py). Each environment is built once (torch's CPU build, vLLM without its
-dependencies, the pinned packages of tests/contract/vllm_envs/); a probe takes 10-40 s.
+dependencies, the pinned packages of tests/contract/vllm_envs/); a probe takes 10-40 s, and the
+node's probe of a release is run once for the module's tests.
 """
 
 from __future__ import annotations
@@ -90,23 +91,39 @@ def release(request) -> tuple[str, Path]:
     return request.param, release_python(request.param)
 
 
-def test_vllm_builds_its_config_on_the_cpu_with_its_own_code(release, tmp_path):
-    version, python = release
-    node = _probe(python, tmp_path / "node", "node", _model(tmp_path / "weights"))
+@pytest.fixture(scope="module")
+def node_probe(tmp_path_factory):
+    """The tuning node's probe of a release, run once for this module's tests (a probe takes
+    10-40 s): ``node_probe(version)`` is (its result, its directory, the weights' directory)."""
+    probed: dict[str, tuple[dict, Path, Path]] = {}
+
+    def probe(version: str) -> tuple[dict, Path, Path]:
+        if version not in probed:
+            where = tmp_path_factory.mktemp(f"vllm-{version}-node")
+            weights = _model(where / "weights")
+            probed[version] = (_probe(release_python(version), where / "node", "node", weights), where / "node", weights)
+        return probed[version]
+
+    return probe
+
+
+def test_vllm_builds_its_config_on_the_cpu_with_its_own_code(release, node_probe):
+    version, _ = release
+    node, where, _ = node_probe(version)
     assert node["vllm_version"] == version and node["platform"].startswith("cpu")
     assert node["has_compute_hash"] is (version == "0.25.0")  # 0.34 removed every compute_hash()
-    assert node["vllm"]["cache_root"] == str(tmp_path / "node" / "vllm-cache")
+    assert node["vllm"]["cache_root"] == str(where / "vllm-cache")
     assert node["tunecache_rank_dir"] == node["vllm"]["rank_dir"] == "rank_0_0"
     if version == "0.25.0":  # the tuner's record names the node's AOT directory as vLLM does
         assert node["tunecache_node_aot_dir"] == node["vllm"]["aot_dir"]
 
 
 @pytest.mark.parametrize("version", ["0.25.0"])
-def test_025_a_pod_unlike_the_node_computes_the_aot_name_its_own_vllm_computes(version, tmp_path):
+def test_025_a_pod_unlike_the_node_computes_the_aot_name_its_own_vllm_computes(version, node_probe, tmp_path):
     if version not in _config_releases():
         pytest.skip(f"TUNECACHE_VLLM_RELEASES leaves out {version}")
     python = release_python(version)
-    node = _probe(python, tmp_path / "node", "node", _model(tmp_path / "node-weights"))
+    node, _, _ = node_probe(version)
     pod = _probe(python, tmp_path / "pod", "pod", _model(tmp_path / "pod-weights"), node=node,
                  prefix=tmp_path / "other-prefix" / "site-packages")
     assert pod["differences"] == []
@@ -116,12 +133,12 @@ def test_025_a_pod_unlike_the_node_computes_the_aot_name_its_own_vllm_computes(v
 
 
 @pytest.mark.parametrize("version", ["0.34.0"])
-def test_034_vllm_names_the_aot_directory_alike_and_tunecache_the_same_variant_on_pods_unlike_the_node(version, tmp_path):
+def test_034_vllm_names_the_aot_directory_alike_and_tunecache_the_same_variant_on_pods_unlike_the_node(
+        version, node_probe, tmp_path):
     if version not in _config_releases():
         pytest.skip(f"TUNECACHE_VLLM_RELEASES leaves out {version}")
     python = release_python(version)
-    weights = _model(tmp_path / "weights")
-    node = _probe(python, tmp_path / "node", "node", weights)
+    node, _, weights = node_probe(version)  # the pods below read the node's weights unless named otherwise
     moved = _probe(python, tmp_path / "pod", "pod", weights, node=node, prefix=tmp_path / "other-prefix" / "site-packages")
     # another HOME, cache root and package prefix: vLLM's own AOT name is the node's
     assert moved["vllm"]["aot_dir"] == node["vllm"]["aot_dir"]

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
+from tests.support import forked
+from tests.support.forked import tunecache_executable  # noqa: F401 - the tests' name for it
 from tests.support.paths import CUDNN_FILE
 
 
-def tunecache_executable() -> str:
-    exe = shutil.which("tunecache")
-    assert exe, "the tunecache console script is not installed (pip install -e ./client -e .)"
-    return exe
-
-
 def tunecache(*args: str, check: bool = False) -> subprocess.CompletedProcess:
-    result = subprocess.run([tunecache_executable(), *args], capture_output=True, text=True, timeout=120)
+    """``tunecache <args>`` in this test's environment, its output captured (:func:`forked.run`)."""
+    result = forked.run(list(args), timeout=120)
     if check:
         assert result.returncode == 0, result.stderr
     return result

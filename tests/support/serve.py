@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.builders import run_payload
-from tests.support.cli import tunecache_executable
+from tests.support import forked
 from tests.support.paths import CUDNN_FILE
 
 
@@ -70,16 +69,13 @@ class AsAdmin:
 as_admin = AsAdmin()
 
 
-def start_server(database_url: str, tmp_path, name: str, **env: str) -> tuple[subprocess.Popen, str]:
+def start_server(database_url: str, tmp_path, name: str, **env: str) -> tuple[forked.Forked, str]:
     """A `tunecache serve` of the test's own (log ``<name>.log``, data dir ``<name>-data``):
     (the process, its URL) once it answers ``/v1/health``."""
     port = free_port()
-    log = open(tmp_path / f"{name}.log", "w")
-    process = subprocess.Popen(
-        [tunecache_executable(), "serve", "--port", str(port), "--database", database_url],
-        stdout=log, stderr=log, env={**os.environ, "TUNECACHE_WORKER": "off",
-                                     "TUNECACHE_DATA_DIR": str(tmp_path / f"{name}-data"), **env},
-    )
+    process = forked.popen(["serve", "--port", str(port), "--database", database_url],
+                           {**os.environ, "TUNECACHE_WORKER": "off", "TUNECACHE_DATA_DIR": str(tmp_path / f"{name}-data"),
+                            **env}, tmp_path / f"{name}.log")
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -107,7 +103,7 @@ def share_admin_token(data_dir: Path) -> None:
             (shared.parent / record.name).write_text(record.read_text())
 
 
-def stop_server(process: subprocess.Popen) -> None:
+def stop_server(process: forked.Forked) -> None:
     process.terminate()
     process.wait(timeout=30)
 

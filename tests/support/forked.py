@@ -1,0 +1,168 @@
+"""`tunecache` commands started from a fork server that imported the command's modules once.
+
+Most of a `tunecache serve` start (about 1 s of 1.5 s on two cores) and a third of a short
+`tunecache pull` are Python importing FastAPI, SQLAlchemy, Alembic, httpx and pydantic, and the
+end-to-end tests start several hundred of them. Here each command is still a process of its own,
+running the console script's own ``main`` (``tunecache.cli:main``, as the ``tunecache`` script
+does) with its own argv, environment, working directory and output files, and exiting as the
+interpreter does (non-daemon threads joined, ``atexit`` handlers run, buffers flushed); only the
+imports come from a fork server (:mod:`multiprocessing`'s ``forkserver``: one per test process,
+started on first use, which imports :data:`PRELOAD` and forks a child per command).
+
+What this cannot carry, the command runs as a new interpreter instead (:func:`popen`, :func:`run`):
+an environment whose ``PYTHON*`` variables differ from the fork server's (a ``PYTHONPATH`` that
+puts other modules first is read only when an interpreter starts). Tests that start
+`tunecache` through :func:`tunecache_executable` keep starting the installed
+console script itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+#: What the fork server imports before it forks: the pod CLI, the server's commands and app.
+PRELOAD = ["tunecache.cli", "tunecache.service.cli", "tunecache.service.app", "uvicorn"]
+
+def tunecache_executable() -> str:
+    exe = shutil.which("tunecache")
+    assert exe, "the tunecache console script is not installed (pip install -e ./client -e .)"
+    return exe
+
+
+_context = multiprocessing.get_context("forkserver")
+_context.set_forkserver_preload(PRELOAD)
+_server_environment: dict[str, str] | None = None
+_started: list[multiprocessing.process.BaseProcess] = []
+
+
+def _interpreter_variables(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name.startswith("PYTHON")}
+
+
+def _forkable(env: dict[str, str]) -> bool:
+    """Whether a child of the fork server would start as a new interpreter given ``env`` would."""
+    global _server_environment
+    if _server_environment is None:  # the fork server starts with this process's environment
+        _server_environment = dict(os.environ)
+    return _interpreter_variables(env) == _interpreter_variables(_server_environment)
+
+
+def _command(argv: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
+    """The child: ``tunecache <argv>`` in ``env`` and ``cwd``, output to the files named."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, stdout), (2, stderr)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.argv = [tunecache_executable(), *argv]
+    code = 0
+    try:
+        from tunecache.cli import main
+
+        main()
+    except SystemExit as exc:  # as the interpreter turns SystemExit into an exit status
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - the interpreter prints it and exits 1
+        traceback.print_exc()
+        code = 1
+    for thread in threading.enumerate():  # the interpreter's exit: non-daemon threads first
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a stream the command closed
+            pass
+    os._exit(code & 0xFF)
+
+
+class Forked:
+    """A forked `tunecache` command with the part of :class:`subprocess.Popen` the tests use."""
+
+    def __init__(self, args: list[str], process: multiprocessing.process.BaseProcess):
+        self.args = args
+        self._process = process
+        self.pid = process.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, signal: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal)
+
+    def terminate(self) -> None:
+        if self.poll() is None:
+            self._process.terminate()
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            self._process.kill()
+
+
+def popen(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path | None = None) -> Forked | subprocess.Popen:
+    """Start ``tunecache <argv>`` with its output appended to ``stdout`` (and ``stderr``, by default
+    the same file)."""
+    stderr = stderr or stdout
+    if not _forkable(env):
+        with open(stdout, "a") as out, open(stderr, "a") as err:
+            return subprocess.Popen([tunecache_executable(), *argv], stdout=out, stderr=err, env=env)
+    process = _context.Process(target=_command, args=(argv, env, os.getcwd(), str(stdout), str(stderr)),
+                               name=f"tunecache {' '.join(argv[:1])}")
+    process.start()
+    _started.append(process)
+    return Forked([tunecache_executable(), *argv], process)
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``subprocess.run(["tunecache", *argv], capture_output=True, text=True, timeout=timeout)``."""
+    env = dict(os.environ if env is None else env)
+    if not _forkable(env):
+        return subprocess.run([tunecache_executable(), *argv], capture_output=True, text=True, timeout=timeout, env=env)
+    with tempfile.TemporaryDirectory(prefix="tunecache-command-") as where:
+        out, err = Path(where) / "stdout", Path(where) / "stderr"
+        process = popen(argv, env, out, err)
+        try:
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        return subprocess.CompletedProcess(process.args, code, _read(out), _read(err))
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """A command a failed test left running is killed as this test process exits (multiprocessing
+    would wait for it)."""
+    for process in _started:
+        if process.is_alive():
+            process.kill()
