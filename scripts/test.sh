@@ -15,11 +15,14 @@ stamp=.venv/.tunecache-installed
 declared=$(cat pyproject.toml client/pyproject.toml scripts/test.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$declared" ]; then
   python -m pip install -q --upgrade pip
+  # --no-compile: pip would byte-compile every module of the 3 GB it installs (torch, FlashInfer,
+  # CUTLASS's DSL), about half the install's time; Python compiles the few the tests import as
+  # they first import them, and keeps them (bytecode writing is on below).
   # CPU build of torch (from the local wheel store where there is one), then FlashInfer: the
   # tests exercise FlashInfer's real cache loader and the tuner's child process on the CPU.
-  python -m pip install -q torch==2.13.0
+  python -m pip install -q --no-compile torch==2.13.0
   # Both distributions from the checkout: tunecache-client (client/) and tunecache-server (.).
-  python -m pip install -q -e ./client -e '.[test,tuner]'
+  python -m pip install -q --no-compile -e ./client -e '.[test,tuner]'
   echo "$declared" > "$stamp"
 fi
 

@@ -48,9 +48,9 @@ def release_python(version: str) -> Path:
         constraints = env.with_name(env.name + ".constraints")
         constraints.write_text(f"torch==2.13.0\nvllm=={version}\n")
         steps = [[sys.executable, "-m", "venv", str(env)],
-                 [str(python), "-m", "pip", "install", "-q", "-c", str(constraints), "torch==2.13.0"],
-                 [str(python), "-m", "pip", "install", "-q", "--no-deps", f"vllm=={version}"],
-                 [str(python), "-m", "pip", "install", "-q", "-c", str(constraints), "--no-deps", "-r", str(requirements)]]
+                 [str(python), "-m", "pip", "install", "-q", "--no-compile", "-c", str(constraints), "torch==2.13.0"],
+                 [str(python), "-m", "pip", "install", "-q", "--no-compile", "--no-deps", f"vllm=={version}"],
+                 [str(python), "-m", "pip", "install", "-q", "--no-compile", "-c", str(constraints), "--no-deps", "-r", str(requirements)]]
         for step in steps:
             done = subprocess.run(step, capture_output=True, text=True, timeout=1200)
             if done.returncode != 0:
