@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import forked
 from tests.support.cli import tunecache, tunecache_executable
 from tunecache.cli_kit import ExitCode
 from tests.support.paths import CUBLASLT_FILE, CUDNN_FILE
@@ -470,9 +471,8 @@ def test_jit_modules_built_with_other_paths_are_skipped_and_the_tactics_installe
         assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
 
     def pull_jit(dest):
-        return subprocess.run([tunecache_executable(), "pull", "--server", server, "--model", MODEL,
-                               "--max-num-batched-tokens", "8192", "--dest", str(dest), "--environment", str(CUDNN_FILE),
-                               "--jit"], env=env, capture_output=True, text=True, timeout=120)
+        return forked.run(["pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                           "--dest", str(dest), "--environment", str(CUDNN_FILE), "--jit"], env=env)
 
     record({**pod_environment, "cuda_home": "/opt/node-cuda-12.8"})
     elsewhere = pull_jit(tmp_path / "a")

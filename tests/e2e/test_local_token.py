@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import forked
 from tests.support.cli import tunecache_executable
 from tests.support.relay import pump
 from tests.support.serve import free_port
@@ -26,8 +27,7 @@ UNKNOWN_TOKEN = "tc_0123456789abcdef_" + "u" * 43
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([tunecache_executable(), *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+    return forked.run(list(args), env={**os.environ, **env})
 
 
 class PlainListener:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from tests.support import forked
 from tests.support.builders import make_token
 from tests.support.cli import tunecache_executable
 from tests.support.paths import CUDNN_FILE
@@ -230,10 +231,9 @@ def _pod_environment(url: str, **settings: str) -> dict[str, str]:
 
 def _pull(url: str, dest, **settings: str) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
-    result = subprocess.run(
-        [tunecache_executable(), "pull", "--model", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens", "8192",
-         "--dest", str(dest), "--environment", str(CUDNN_FILE)],
-        capture_output=True, text=True, timeout=180, env=_pod_environment(url, **settings))
+    result = forked.run(["pull", "--model", "meta-llama/Llama-3.1-8B", "--max-num-batched-tokens", "8192",
+                         "--dest", str(dest), "--environment", str(CUDNN_FILE)], env=_pod_environment(url, **settings),
+                        timeout=180)
     return result, time.monotonic() - t0
 
 

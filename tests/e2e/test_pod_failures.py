@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from tests.support import forked
 from tests.support.cli import tunecache_executable
 from tests.support.paths import CUDNN_FILE
 from tests.support.serve import free_port
@@ -32,11 +33,14 @@ FAST = {"TUNECACHE_CONNECT_TIMEOUT": "2", "TUNECACHE_READ_TIMEOUT": "2", "TUNECA
 
 def pull(server, dest, extra_env=None, preexec=None):
     started = time.monotonic()
-    result = subprocess.run(
-        [tunecache_executable(), "pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
-         "--dest", str(dest), "--environment", str(CUDNN_FILE)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, **FAST, **(extra_env or {})}, preexec_fn=preexec,
-    )
+    argv = ["pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192", "--dest", str(dest),
+            "--environment", str(CUDNN_FILE)]
+    env = {**os.environ, **FAST, **(extra_env or {})}
+    if preexec is None:
+        result = forked.run(argv, env=env)
+    else:
+        result = subprocess.run([tunecache_executable(), *argv], capture_output=True, text=True, timeout=120, env=env,
+                                preexec_fn=preexec)
     return result, time.monotonic() - started
 
 
@@ -253,7 +257,7 @@ def test_the_total_timeout_bounds_the_wait_for_the_first_byte_over_every_attempt
     args = (["pull", *options, "--dest", str(tmp_path / "dest"), "--environment", str(CUDNN_FILE)] if command == "pull"
             else ["push", str(CUDNN_FILE), *options])
     started = time.monotonic()
-    result = subprocess.run([tunecache_executable(), *args], capture_output=True, text=True, timeout=120, env=env)
+    result = forked.run(args, env=env)
     seconds = time.monotonic() - started
     assert result.returncode == 4, result.stderr
     assert f"tunecache server {url} sent no answer within 3 s (TUNECACHE_TOTAL_TIMEOUT)" in result.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import forked
 from tests.support.cli import tunecache_executable
 from tests.support.paths import CUDNN_FILE
 from tests.support.serve import as_admin
@@ -62,10 +63,9 @@ def pod_env(tmp_path: Path, flashinfer: bool) -> dict[str, str]:
 
 
 def pull(server: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [tunecache_executable(), "pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
-         "--environment", str(CUDNN_FILE), "--layout", "vllm", "--vllm-config-hash", CONFIG_HASH, "--jit", *extra],
-        env=env, capture_output=True, text=True, timeout=120)
+    return forked.run(["pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                       "--environment", str(CUDNN_FILE), "--layout", "vllm", "--vllm-config-hash", CONFIG_HASH, "--jit",
+                       *extra], env=env)
 
 
 def where_the_run_pointed(tmp_path: Path, subdir: str) -> list[Path]:

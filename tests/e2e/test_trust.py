@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import forked
 from tests.support.cli import tunecache_executable
 from tests.support.paths import CUDNN_FILE
 from tests.support.serve import admin_headers
@@ -117,10 +118,8 @@ def test_a_replaced_jit_library_never_loads_on_a_pod(server, tmp_path):
     pod_env["TUNECACHE_TRUSTED_KEYS"] = str(node_key_files.public_path)
 
     def pull(*extra: str, env: dict = pod_env) -> subprocess.CompletedProcess:
-        return subprocess.run([tunecache_executable(), "pull", "--server", server, "--model", MODEL,
-                               "--max-num-batched-tokens", "8192", "--dest", str(tmp_path / "tactics"),
-                               "--environment", str(CUDNN_FILE), *extra],
-                              env=env, capture_output=True, text=True, timeout=120)
+        return forked.run(["pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                           "--dest", str(tmp_path / "tactics"), "--environment", str(CUDNN_FILE), *extra], env=env)
 
     # The fleet's node publishes a signed run; a pod installs and loads its module.
     legit = _module_with(tmp_path, "node", _shared_library(tmp_path, "legit"))

@@ -61,10 +61,14 @@ def _command(argv: list[str], env: dict[str, str], cwd: str, stdout: str, stderr
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    for fd, path in ((1, stdout), (2, stderr)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    # fds 0-2 as a new interpreter has them, inheritable (uvicorn's processes are spawned with
+    # its stdin): stdin /dev/null (multiprocessing closed it), stdout and stderr the files named
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+                            (2, stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND)):
+        target = os.open(path, flags)
         os.dup2(target, fd)
         os.close(target)
+    sys.stdin = open(0, closefd=False)
     sys.argv = [tunecache_executable(), *argv]
     code = 0
     try:
