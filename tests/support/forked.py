@@ -29,8 +29,8 @@ import threading
 import traceback
 from pathlib import Path
 
-#: What the fork server imports before it forks: the pod CLI, the server's commands and app.
-PRELOAD = ["tunecache.cli", "tunecache.service.cli", "tunecache.service.app", "uvicorn"]
+#: What the fork server imports before it forks (:mod:`tests.support.forked_preload`).
+PRELOAD = ["tests.support.forked_preload"]
 
 def tunecache_executable() -> str:
     exe = shutil.which("tunecache")
