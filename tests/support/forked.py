@@ -32,6 +32,7 @@ from pathlib import Path
 #: What the fork server imports before it forks (:mod:`tests.support.forked_preload`).
 PRELOAD = ["tests.support.forked_preload"]
 
+
 def tunecache_executable() -> str:
     exe = shutil.which("tunecache")
     assert exe, "the tunecache console script is not installed (pip install -e ./client -e .)"
