@@ -33,14 +33,9 @@ FAST = {"TUNECACHE_CONNECT_TIMEOUT": "2", "TUNECACHE_READ_TIMEOUT": "2", "TUNECA
 
 def pull(server, dest, extra_env=None, preexec=None):
     started = time.monotonic()
-    argv = ["pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192", "--dest", str(dest),
-            "--environment", str(CUDNN_FILE)]
-    env = {**os.environ, **FAST, **(extra_env or {})}
-    if preexec is None:
-        result = forked.run(argv, env=env)
-    else:
-        result = subprocess.run([tunecache_executable(), *argv], capture_output=True, text=True, timeout=120, env=env,
-                                preexec_fn=preexec)
+    result = forked.run(["pull", "--server", server, "--model", MODEL, "--max-num-batched-tokens", "8192",
+                         "--dest", str(dest), "--environment", str(CUDNN_FILE)],
+                        env={**os.environ, **FAST, **(extra_env or {})}, preexec_fn=preexec)
     return result, time.monotonic() - started
 
 

@@ -11,7 +11,8 @@ started on first use, which imports :data:`PRELOAD` and forks a child per comman
 
 What this cannot carry, the command runs as a new interpreter instead (:func:`popen`, :func:`run`):
 an environment whose ``PYTHON*`` variables differ from the fork server's (a ``PYTHONPATH`` that
-puts other modules first is read only when an interpreter starts). Tests that start
+puts other modules first is read only when an interpreter starts), and a ``preexec_fn`` (run
+between fork and exec). Tests that start
 `tunecache` through :func:`tunecache_executable` keep starting the installed
 console script itself.
 """
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 #: What the fork server imports before it forks (:mod:`tests.support.forked_preload`).
@@ -41,8 +43,9 @@ def tunecache_executable() -> str:
 
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
-_server_environment: dict[str, str] | None = None
 _started: list[multiprocessing.process.BaseProcess] = []
+#: The interpreter's variables the fork server started with (it starts with the first command).
+_server_variables: dict[str, str] | None = None
 
 
 def _interpreter_variables(env: dict[str, str]) -> dict[str, str]:
@@ -50,11 +53,10 @@ def _interpreter_variables(env: dict[str, str]) -> dict[str, str]:
 
 
 def _forkable(env: dict[str, str]) -> bool:
-    """Whether a child of the fork server would start as a new interpreter given ``env`` would."""
-    global _server_environment
-    if _server_environment is None:  # the fork server starts with this process's environment
-        _server_environment = dict(os.environ)
-    return _interpreter_variables(env) == _interpreter_variables(_server_environment)
+    """Whether a child of the fork server starts as a new interpreter given ``env`` would: the
+    same ``PYTHON*`` variables as the fork server's (this process's, where it is not started yet)."""
+    started_with = _server_variables if _server_variables is not None else _interpreter_variables(dict(os.environ))
+    return _interpreter_variables(env) == started_with
 
 
 def _command(argv: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
@@ -130,24 +132,32 @@ class Forked:
 
 
 def popen(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path | None = None) -> Forked | subprocess.Popen:
-    """Start ``tunecache <argv>`` with its output appended to ``stdout`` (and ``stderr``, by default
-    the same file)."""
+    """Start ``tunecache <argv>`` with its output written to ``stdout`` (and ``stderr``, by default
+    the same file), each emptied first."""
+    global _server_variables
     stderr = stderr or stdout
+    for path in {stdout, stderr}:
+        open(path, "w").close()
     if not _forkable(env):
         with open(stdout, "a") as out, open(stderr, "a") as err:
             return subprocess.Popen([tunecache_executable(), *argv], stdout=out, stderr=err, env=env)
     process = _context.Process(target=_command, args=(argv, env, os.getcwd(), str(stdout), str(stderr)),
                                name=f"tunecache {' '.join(argv[:1])}")
+    if _server_variables is None:  # this start starts the fork server, with this environment
+        _server_variables = _interpreter_variables(dict(os.environ))
     process.start()
     _started.append(process)
     return Forked([tunecache_executable(), *argv], process)
 
 
-def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``subprocess.run(["tunecache", *argv], capture_output=True, text=True, timeout=timeout)``."""
+def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 120,
+        preexec_fn: Callable[[], object] | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(["tunecache", *argv], capture_output=True, text=True, timeout=timeout,
+    env=env, preexec_fn=preexec_fn)``; ``env`` by default this process's."""
     env = dict(os.environ if env is None else env)
-    if not _forkable(env):
-        return subprocess.run([tunecache_executable(), *argv], capture_output=True, text=True, timeout=timeout, env=env)
+    if preexec_fn is not None or not _forkable(env):
+        return subprocess.run([tunecache_executable(), *argv], capture_output=True, text=True, timeout=timeout, env=env,
+                              preexec_fn=preexec_fn)
     with tempfile.TemporaryDirectory(prefix="tunecache-command-") as where:
         out, err = Path(where) / "stdout", Path(where) / "stderr"
         process = popen(argv, env, out, err)
