@@ -64,19 +64,34 @@ def _command(argv: list[str], env: dict[str, str], cwd: str, stdout: str, stderr
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    # fds 0-2 as a new interpreter has them, inheritable (uvicorn's processes are spawned with
-    # its stdin): stdin /dev/null (multiprocessing closed it), stdout and stderr the files named
+    standard_streams(stdout, stderr)
+    sys.argv = [tunecache_executable(), *argv]
+
+    def main() -> None:
+        from tunecache.cli import main
+
+        main()
+
+    exit_as_interpreter(main)
+
+
+def standard_streams(stdout: str, stderr: str) -> None:
+    """fds 0-2 as a new interpreter has them, inheritable (uvicorn's processes are spawned with
+    its stdin): stdin /dev/null (multiprocessing closed it), stdout and stderr the files named."""
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND),
                             (2, stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND)):
         target = os.open(path, flags)
         os.dup2(target, fd)
         os.close(target)
     sys.stdin = open(0, closefd=False)
-    sys.argv = [tunecache_executable(), *argv]
+
+
+def exit_as_interpreter(main: Callable[[], object]) -> None:
+    """Run ``main`` and end this process as the interpreter ends one whose program it was: an
+    exit status from ``SystemExit`` (or 1 and the traceback printed), non-daemon threads joined,
+    ``atexit`` handlers run, the standard streams flushed; never returns."""
     code = 0
     try:
-        from tunecache.cli import main
-
         main()
     except SystemExit as exc:  # as the interpreter turns SystemExit into an exit status
         if exc.code is None or isinstance(exc.code, int):

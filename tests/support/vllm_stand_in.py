@@ -12,6 +12,7 @@ import textwrap
 import uuid
 from pathlib import Path
 
+from tests.support import preloaded
 from tests.support.paths import CUDNN_FILE
 
 
@@ -489,8 +490,7 @@ def run_engine(tmp_path: Path, **env: str) -> tuple[dict, str]:
     """A stand-in engine's boot (main process and its worker) to its end: (what its steps saw, its log)."""
     write_stand_in(tmp_path)
     (tmp_path / "engine.py").write_text(ENGINE)
-    result = subprocess.run([sys.executable, str(tmp_path / "engine.py")], capture_output=True, text=True, timeout=120,
-                            env=worker_env(tmp_path, **env))
+    result = preloaded.run([str(tmp_path / "engine.py")], worker_env(tmp_path, **env))
     assert result.returncode == 0, result.stderr  # never raises into vLLM
     return parse_seen(result.stdout), result.stderr
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+from tests.support import preloaded
 from tests.support.vllm_stand_in import ENGINE, STAND_IN, parse_seen, worker_env
 
 #: The lines of 0.34's ``decorators.py`` (``__call__``) the stand-in's ``__call__`` is made of, as they are there.
@@ -170,8 +169,8 @@ def aot_node_scratch(tmp_path: Path, model: str, ranks: dict[int, int], variant:
                    "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"), "HOME": str(tmp_path / "node-home"),
                    "STAND_IN_VLLM_VERSION": "0.34.0", "STAND_IN_DEVICE_INDEX": str(device), "RANK": str(rank),
                    "VLLM_USE_AOT_COMPILE": "1", **env}
-        done = subprocess.run([sys.executable, str(tmp_path / "aot_node.py"), model], env=run_env, capture_output=True,
-                              text=True, check=True)
+        done = preloaded.run([str(tmp_path / "aot_node.py"), model], run_env)
+        assert done.returncode == 0, done.stderr
         facts.append(json.loads(done.stdout.strip().splitlines()[-1]))
     variant_factors = facts[0].pop("variant_factors")
     for rank_facts in facts[1:]:
@@ -186,7 +185,6 @@ def run_aot_engine(tmp_path: Path, **env: str) -> tuple[dict, str]:
     run_env = worker_env(tmp_path, STAND_IN_VLLM_VERSION="0.34.0", **env)  # writes the plain stand-in
     write_stand_in_aot(tmp_path)
     (tmp_path / "engine.py").write_text(ENGINE)
-    result = subprocess.run([sys.executable, str(tmp_path / "engine.py")], capture_output=True, text=True, timeout=120,
-                            env=run_env)
+    result = preloaded.run([str(tmp_path / "engine.py")], run_env)
     assert result.returncode == 0, result.stderr  # never raises into vLLM
     return parse_seen(result.stdout), result.stderr
