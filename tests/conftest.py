@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
@@ -30,7 +28,7 @@ from tunecache.service import db
 
 from tests.support.builders import make_token
 from tests.support import forked
-from tests.support.serve import free_port
+from tests.support.serve import free_port, wait_healthy
 from tests.support.torch_tests import cuda_available
 
 POSTGRES_URL = os.environ.get(
@@ -239,16 +237,7 @@ def server(database_url, tmp_path):
                            {**os.environ, "TUNECACHE_WORKER": "off"}, tmp_path / "serve.log")
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(200):
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()
-            time.sleep(0.1)
-        else:
-            pytest.fail("tunecache serve did not become healthy: " + (tmp_path / "serve.log").read_text())
+        wait_healthy(process, url, tmp_path / "serve.log", tries=200)
         yield url
     finally:
         process.terminate()

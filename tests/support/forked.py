@@ -48,15 +48,16 @@ _started: list[multiprocessing.process.BaseProcess] = []
 _server_variables: dict[str, str] | None = None
 
 
-def _interpreter_variables(env: dict[str, str]) -> dict[str, str]:
+def interpreter_variables(env: dict[str, str]) -> dict[str, str]:
+    """The ``PYTHON*`` variables of ``env``: what a new interpreter reads as it starts."""
     return {name: value for name, value in env.items() if name.startswith("PYTHON")}
 
 
 def _forkable(env: dict[str, str]) -> bool:
     """Whether a child of the fork server starts as a new interpreter given ``env`` would: the
     same ``PYTHON*`` variables as the fork server's (this process's, where it is not started yet)."""
-    started_with = _server_variables if _server_variables is not None else _interpreter_variables(dict(os.environ))
-    return _interpreter_variables(env) == started_with
+    started_with = _server_variables if _server_variables is not None else interpreter_variables(dict(os.environ))
+    return interpreter_variables(env) == started_with
 
 
 def _command(argv: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
@@ -159,7 +160,7 @@ def popen(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path | Non
     process = _context.Process(target=_command, args=(argv, env, os.getcwd(), str(stdout), str(stderr)),
                                name=f"tunecache {' '.join(argv[:1])}")
     if _server_variables is None:  # this start starts the fork server, with this environment
-        _server_variables = _interpreter_variables(dict(os.environ))
+        _server_variables = interpreter_variables(dict(os.environ))
     process.start()
     _started.append(process)
     return Forked([tunecache_executable(), *argv], process)
@@ -173,16 +174,27 @@ def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 120
     if preexec_fn is not None or not _forkable(env):
         return subprocess.run([tunecache_executable(), *argv], capture_output=True, text=True, timeout=timeout, env=env,
                               preexec_fn=preexec_fn)
-    with tempfile.TemporaryDirectory(prefix="tunecache-command-") as where:
-        out, err = Path(where) / "stdout", Path(where) / "stderr"
+
+    def to_end(out: Path, err: Path) -> int:
         process = popen(argv, env, out, err)
         try:
-            code = process.wait(timeout)
+            return process.wait(timeout)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
             raise
-        return subprocess.CompletedProcess(process.args, code, _read(out), _read(err))
+
+    return captured([tunecache_executable(), *argv], to_end)
+
+
+def captured(args: list[str], to_end: Callable[[Path, Path], int]) -> subprocess.CompletedProcess:
+    """What ``subprocess.run(args, capture_output=True, text=True)`` gives, for a process whose
+    output ``to_end(stdout, stderr)`` sends to two files of a directory of its own and which it
+    waits for (its exit status)."""
+    with tempfile.TemporaryDirectory(prefix="tunecache-command-") as where:
+        out, err = Path(where) / "stdout", Path(where) / "stderr"
+        code = to_end(out, err)
+        return subprocess.CompletedProcess(args, code, _read(out), _read(err))
 
 
 def _read(path: Path) -> str:

@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.support.forked import exit_as_interpreter, standard_streams
+from tests.support.forked import captured, exit_as_interpreter, interpreter_variables, standard_streams
 from tests.support.paths import ROOT
 
 #: What the server imports before it forks (FlashInfer's CUTLASS DSL: ``cutlass``).
@@ -48,12 +48,8 @@ def run(argv: list[str], env: dict[str, str], timeout: float = 120) -> subproces
     server = _server()
     if server is None or not server.carries(env):
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env)
-    with tempfile.TemporaryDirectory(prefix="tunecache-preloaded-") as where:
-        out, err = Path(where) / "stdout", Path(where) / "stderr"
-        code = server.run({"argv": argv, "env": env, "cwd": os.getcwd(), "stdout": str(out), "stderr": str(err)},
-                          timeout)
-        return subprocess.CompletedProcess([sys.executable, *argv], code, out.read_text(errors="replace"),
-                                           err.read_text(errors="replace"))
+    return captured([sys.executable, *argv], lambda out, err: server.run(
+        {"argv": argv, "env": env, "cwd": os.getcwd(), "stdout": str(out), "stderr": str(err)}, timeout))
 
 
 class _Client:
@@ -65,7 +61,7 @@ class _Client:
         self.prefixes: tuple[str, ...] = tuple(ready["prefixes"])
         self.environ: dict[str, str] = ready["environ"]
         self.modules: set[str] = set(ready["modules"])
-        self.interpreter = {k: v for k, v in ready["environ"].items() if k.startswith("PYTHON") and k != "PYTHONPATH"}
+        self.interpreter = _but_pythonpath(interpreter_variables(self.environ))
         self.pids: set[int] = set()
 
     def carries(self, env: dict[str, str]) -> bool:
@@ -74,7 +70,7 @@ class _Client:
         walked = {name for name in {*env, *self.environ} if name.startswith(self.prefixes)}
         if any(env.get(name) != self.environ.get(name) for name in walked):
             return False
-        if {k: v for k, v in env.items() if k.startswith("PYTHON") and k != "PYTHONPATH"} != self.interpreter:
+        if _but_pythonpath(interpreter_variables(env)) != self.interpreter:  # PYTHONPATH: laid out by the child
             return False
         for entry in _pythonpath(env):
             if any((Path(entry) / name).exists() or (Path(entry) / f"{name}.py").exists() for name in self.modules):
@@ -238,6 +234,10 @@ def _import_noting_reads(modules: tuple[str, ...]) -> tuple[set[str], set[str]]:
     finally:
         environ.__getitem__, environ.get, environ.__contains__ = saved
     return names, prefixes
+
+
+def _but_pythonpath(variables: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in variables.items() if name != "PYTHONPATH"}
 
 
 def _pythonpath(env: dict[str, str]) -> list[str]:

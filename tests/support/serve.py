@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -77,16 +78,23 @@ def start_server(database_url: str, tmp_path, name: str, **env: str) -> tuple[fo
                            {**os.environ, "TUNECACHE_WORKER": "off", "TUNECACHE_DATA_DIR": str(tmp_path / f"{name}-data"),
                             **env}, tmp_path / f"{name}.log")
     url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
+    wait_healthy(process, url, tmp_path / f"{name}.log")
+    share_admin_token(tmp_path / f"{name}-data")
+    return process, url
+
+
+def wait_healthy(process: forked.Forked | subprocess.Popen, url: str, log: Path, tries: int = 300) -> None:
+    """Until the server at ``url`` answers ``/v1/health`` (``tries`` times, 0.1 s apart); the test
+    fails with the server's ``log`` where the process ends or never answers."""
+    for _ in range(tries):
         try:
             if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                share_admin_token(tmp_path / f"{name}-data")
-                return process, url
+                return
         except httpx.TransportError:
             pass
-        assert process.poll() is None, (tmp_path / f"{name}.log").read_text()
+        assert process.poll() is None, log.read_text()
         time.sleep(0.1)
-    pytest.fail((tmp_path / f"{name}.log").read_text())
+    pytest.fail("tunecache serve did not become healthy: " + log.read_text())
 
 
 def share_admin_token(data_dir: Path) -> None:
