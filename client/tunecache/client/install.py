@@ -25,6 +25,7 @@ from tunecache.formats.dependencies import drift, image_of, installed_versions
 from tunecache.store.http import TunecacheClient
 from tunecache.client.installed import remember_installed
 from tunecache.client.artifact_file import ArtifactFile
+from tunecache.client.artifact_stream import Streams
 from tunecache.client.node_cache import NodeCache, Transfer, fetch_artifact, fetch_artifacts
 from tunecache.client.journal import recover_interrupted
 from tunecache.client.layouts import FlashInferFile
@@ -83,6 +84,14 @@ class FetchedTuning:
     drift: Mapping[ArtifactKind, str] = field(default_factory=dict)
     """The kinds built with other package versions than this pod's, each with the differences
     (:func:`tunecache.formats.dependencies.drift`): not installed."""
+    streams: Streams | None = None
+    """Where the tarballs are streamed into the install rather than downloaded first
+    (:mod:`tunecache.client.artifact_stream`): their client, closed by :meth:`close`."""
+
+    def close(self) -> None:
+        """Close what the tarballs' downloads still hold (the streams' client)."""
+        if self.streams is not None:
+            self.streams.close()
 
     def drifted(self, fetched_only: bool = True) -> tuple[ArtifactKind, ...]:
         """The kinds of :attr:`drift` this install left out: those fetched (``fetched_only``) or
@@ -114,7 +123,7 @@ def fetch_tuning(
     client: TunecacheClient, key: TuningKey, environment: EnvironmentMetadata, jit: bool = False, deep_gemm: bool = False,
     trusted_keys: Mapping[str, Ed25519PublicKey] | None = None, deadline_s: float | None = None,
     warm_state: bool = False, variant: str | None = None,
-    warm_state_kinds: tuple[ArtifactKind, ...] = WARM_STATE_KINDS, run_id: int | None = None,
+    warm_state_kinds: tuple[ArtifactKind, ...] = WARM_STATE_KINDS, run_id: int | None = None, stream: bool = False,
 ) -> FetchedTuning:
     """Look up the current tuning and download its FlashInfer file (and, with ``jit``, its
     JIT modules; with ``deep_gemm``, its DeepGEMM cache; with ``warm_state``, its
@@ -139,7 +148,10 @@ def fetch_tuning(
     Artifacts are streamed to files as they arrive, each hashed on the way
     (:func:`tunecache.client.node_cache.fetch_artifact`: from the node's cache,
     ``TUNECACHE_NODE_CACHE_DIR``, where it has them), never whole in memory; ``transfer`` of
-    the result says what they took.
+    the result says what they took. ``stream`` (for an install that follows at once,
+    :func:`fetch_and_install`; where there is no node cache): the tarballs are not downloaded
+    here but as the install unpacks them (:mod:`tunecache.client.artifact_stream`), within the
+    same deadline; close the result after the install.
 
     ``variant``: the pod's engine variant, asked of the server (the variant's current run
     where it has one, else the key's); a run of that variant is checked against the pod's
@@ -195,8 +207,10 @@ def fetch_tuning(
         warm_artifacts = {kind: a for kind in (warm_state_kinds if warm_state else ())
                           if (a := run.artifact(kind)) is not None}
         # the rest several at once (TUNECACHE_DOWNLOADS); each checked as it is unpacked, before any is placed
-        files = fetch_artifacts(client, [a.sha256 for a in [*jit_artifacts, *([dg] if dg else []),
-                                                            *warm_artifacts.values()]], transfer, cache)
+        shas = [a.sha256 for a in [*jit_artifacts, *([dg] if dg else []), *warm_artifacts.values()]]
+        streams = Streams(client, transfer) if stream and cache is None and hasattr(client, "download_sibling") else None
+        files: list[Any] = ([streams.of(sha) for sha in shas] if streams is not None
+                            else fetch_artifacts(client, shas, transfer, cache))
         modules, files = tuple(files[:len(jit_artifacts)]), files[len(jit_artifacts):]
         deep_gemm_file = files.pop(0) if dg else None
         warm = dict(zip(warm_artifacts, files))
@@ -204,7 +218,7 @@ def fetch_tuning(
             run=run, autotune=data, jit_modules=modules, deep_gemm=deep_gemm_file,
             signed_by=signed_by, executable_refused=refused, warm_state=warm,
             verified_for=(key, environment) if signed_by is not None else None,
-            drift=drift(run.summary.get("dependencies"), here), transfer=transfer,
+            drift=drift(run.summary.get("dependencies"), here), transfer=transfer, streams=streams,
         )
 
 
@@ -355,8 +369,11 @@ def fetch_and_install(
     reporting = (installing(client, key, environment, report_source) if report_source is not None
                  else contextlib.nullcontext())
     with reporting as report:
-        fetched = fetch_tuning(client, key, environment, trusted_keys=trusted_keys, **target.fetch_options())
-        result = install(fetched, target)
+        fetched = fetch_tuning(client, key, environment, trusted_keys=trusted_keys, stream=True, **target.fetch_options())
+        try:
+            result = install(fetched, target)
+        finally:
+            fetched.close()
         if report is not None:
             report.installed(**result.report_fields())
     return result

@@ -68,19 +68,27 @@ def unpack(source: TarSource, staging: Path, what: str, error: type[ValueError],
 
     Raises:
         error: an entry refused, past the unpack bounds, not a gzip'd tar (what is already in
-            ``staging`` stays there for the caller to remove); OSError when writing fails.
+            ``staging`` stays there for the caller to remove); OSError when writing fails;
+        a streamed download's error (:mod:`tunecache.client.artifact_stream`): its bytes
+            failed their sha256 (ArtifactCorrupt, before any refusal of them), it stalled.
     """
     checked = check or safe_entry(what, error)
     members = []
     staging.mkdir(parents=True, exist_ok=True)
-    with contextlib.closing(stream_bounded(source, what, error)) as entries:
-        for tar, member in entries:
-            checked(member)
-            try:
-                tar.extract(member, staging, set_attrs=True, filter="data")
-            except tarfile.FilterError as exc:
-                raise error(f"unsafe entry in {what} artifact: {member.name!r} ({exc})") from None
-            members.append(member)
+    try:
+        with contextlib.closing(stream_bounded(source, what, error, once=True)) as entries:
+            for tar, member in entries:
+                checked(member)
+                try:
+                    tar.extract(member, staging, set_attrs=True, filter="data")
+                except tarfile.FilterError as exc:
+                    raise error(f"unsafe entry in {what} artifact: {member.name!r} ({exc})") from None
+                members.append(member)
+    except error:
+        failure = getattr(source, "failure", None)  # a streamed download's bytes that failed their sha256
+        if failure is not None:
+            raise failure from None
+        raise
     for member in sorted(members, key=lambda m: m.name, reverse=True):
         ns = member.pax_headers.get(MTIME_NS_HEADER)
         where = staging / member.name

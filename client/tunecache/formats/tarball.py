@@ -25,12 +25,18 @@ from typing import IO, Any, Union
 TarSource = Union[bytes, "os.PathLike[str]", Any]
 
 
-def open_source(source: TarSource) -> IO[bytes]:
-    """A binary file of ``source``'s bytes (:data:`TarSource`), read from its start."""
+def open_source(source: TarSource, once: bool = False) -> IO[bytes]:
+    """A binary file of ``source``'s bytes (:data:`TarSource`), read from its start. ``once``:
+    for one reader that reads it front to back, once; a source that can give its bytes as they
+    arrive (``stream()``: a download streamed into its one pass,
+    :class:`tunecache.client.artifact_stream.ArtifactStream`) gives them so (its end, where the
+    reader sees it, comes after the bytes' sha256 checked)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return io.BytesIO(source)
     if isinstance(source, (str, os.PathLike)):
         return open(source, "rb")
+    if once and hasattr(source, "stream"):
+        return source.stream()
     return source.open()
 
 
@@ -46,6 +52,10 @@ class _OwningTarFile(tarfile.TarFile):
             if self._source is not None:
                 self._source.close()
 
+#: The tar's own read size in :func:`stream_bounded` (its headers are 512 bytes), and the most
+#: of a file's bytes copied at a time.
+_TAR_BUFFER_BYTES = 64 * 1024
+_COPY_BYTES = 64 * 1024
 #: Default of ``TUNECACHE_MAX_UNPACK_BYTES``: the most one tarball may unpack to.
 DEFAULT_MAX_UNPACK_BYTES = 1 << 30
 #: Default of ``TUNECACHE_MAX_UNPACK_FILES``: the most entries one tarball may hold.
@@ -129,20 +139,27 @@ def open_bounded(data: TarSource, what: str, error: type[ValueError]) -> tarfile
     return tar
 
 
-def stream_bounded(data: TarSource, what: str, error: type[ValueError]) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]:
+def stream_bounded(data: TarSource, what: str, error: type[ValueError], once: bool = False,
+                   ) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]:
     """Each entry of ``data`` (a gzip'd tar) with the tarball it is read from, in one pass
-    (tarfile's stream mode ``r|gz``: the gzip is inflated once, front to back, never whole in
-    memory), within the same bounds as :func:`open_bounded`, each checked at its header before
-    its data is decompressed. The caller reads or extracts an entry before asking for the next.
+    (the gzip inflated once, front to back, in a thread of its own a part ahead of the tar's
+    parsing: :mod:`tunecache.formats.inflate`; never whole in memory), within the same bounds as
+    :func:`open_bounded`, each checked at its header before its data is decompressed. The
+    caller reads or extracts an entry before asking for the next. After the last entry the
+    source is read to its end (a download streamed in, ``once``: to the end its sha256 is
+    checked at, :func:`open_source`).
 
     Raises:
         error: not a gzip'd tar, or past a bound (the message names ``what`` and the bound's setting).
     """
+    from tunecache.formats.inflate import PART_BYTES, inflating
+
     limit_bytes, limit_files = max_unpack_bytes(), max_unpack_files()
     total = count = 0
-    with open_source(data) as source:
+    with open_source(data, once) as source, inflating(source) as inflated:
         try:
-            with tarfile.open(fileobj=source, mode="r|gz", tarinfo=_BoundedTarInfo) as tar:
+            with tarfile.open(fileobj=inflated, mode="r|", bufsize=_TAR_BUFFER_BYTES, tarinfo=_BoundedTarInfo) as tar:
+                tar.copybufsize = _COPY_BYTES
                 while (member := tar.next()) is not None:
                     count += 1
                     total += max(member.size, 0)
@@ -153,6 +170,8 @@ def stream_bounded(data: TarSource, what: str, error: type[ValueError]) -> Itera
                         raise error(f"{what} artifact unpacks to more than {limit_bytes:,} bytes "
                                     "(TUNECACHE_MAX_UNPACK_BYTES)")
                     yield tar, member
+            while inflated.read(PART_BYTES):  # what follows the tar's end: the gzip's trailer checked
+                pass
         except _ExtendedHeaderTooLarge as exc:
             raise error(f"{what} artifact holds {exc}") from None
         except (tarfile.TarError, EOFError, zlib.error) as exc:

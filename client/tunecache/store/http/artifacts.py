@@ -90,7 +90,9 @@ class ArtifactsClient(Transport):
     def download_artifact_to(self, sha256: str, out: IO[bytes], watch: StallWatch | None = None) -> int:
         """``GET /v1/artifacts/{sha256}`` streamed into the file ``out`` as it arrives (never
         whole in memory), hashed on the way; returns its size. As :meth:`download_artifact`
-        (the redirect, retries: ``out`` is emptied before each attempt) except for its
+        (the redirect, retries: ``out`` is emptied before each attempt; one with a
+        ``begin_attempt(digest)`` is told instead, given the attempt's sha256 as it will run,
+        and asked only ``write``, ``tell`` and ``flush``) except for its
         deadline: the body is held to a deadline that measures progress, not a total
         (:mod:`tunecache.store.http.stall`; ``watch`` counts what arrived).
 
@@ -104,8 +106,12 @@ class ArtifactsClient(Transport):
 
         def once() -> int:
             digest = hashlib.sha256()
-            out.seek(0)
-            out.truncate()
+            begin = getattr(out, "begin_attempt", None)
+            if begin is not None:  # a sink that is not a file (tunecache.client.artifact_stream)
+                begin(digest)
+            else:
+                out.seek(0)
+                out.truncate()
             attempt = StallWatch(watch.window_s, watch.min_rate) if watch is not None else StallWatch()
 
             def sink(part: bytes) -> None:

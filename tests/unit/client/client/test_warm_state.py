@@ -255,7 +255,7 @@ def test_the_triton_cache_is_inflated_once_for_both_of_its_directories(tmp_path,
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     passes = []
     real = unpack.stream_bounded
-    monkeypatch.setattr(unpack, "stream_bounded", lambda *args: passes.append(args[1]) or real(*args))
+    monkeypatch.setattr(unpack, "stream_bounded", lambda *args, **kw: passes.append(args[1]) or real(*args, **kw))
     TritonCache().stage(fetched)()
     assert passes == ["triton_cache"]
     triton, inductor = tmp_path / "home" / ".triton" / "cache", tmp_path / "inductor" / "triton" / "0"
