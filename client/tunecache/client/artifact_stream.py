@@ -42,7 +42,7 @@ from tunecache.store import ArtifactCorrupt
 from tunecache.store.http.stall import StallWatch
 
 #: The most parts of a body (a MiB each) waiting for the reader.
-AHEAD_PARTS = 8
+AHEAD_PARTS = 4
 #: The reader's buffer.
 _READ_BYTES = 1 << 20
 

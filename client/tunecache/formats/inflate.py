@@ -23,7 +23,7 @@ from tunecache.formats.read_ahead import Put, ReadAhead
 #: The most bytes read from the source, or inflated, at a time.
 PART_BYTES = 1 << 20
 #: The most inflated parts waiting for the reader.
-AHEAD_PARTS = 8
+AHEAD_PARTS = 4
 #: ``zlib`` reading a gzip member (its header and trailer checked: CRC-32 and size).
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 
