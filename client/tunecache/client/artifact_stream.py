@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import sys
 import threading
 import time
 from typing import IO, Any
@@ -147,13 +148,24 @@ class _StreamReader(io.BufferedReader):
 
     def close(self) -> None:
         try:
-            if not self.closed:
+            if not self.closed and not _interrupted():
                 while self.read(_READ_BYTES):
                     pass
         except Exception as exc:  # the download's verdict
             self._stream.failure = exc
         finally:
             super().close()
+
+
+def _interrupted() -> bool:
+    """Whether the exception being handled comes of an interrupt or an exit (Ctrl-C, a
+    ``sys.exit``): then a reader closed early does not wait for the rest of its download."""
+    exc = sys.exc_info()[1]
+    while exc is not None:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return True
+        exc = exc.__context__
+    return False
 
 
 class ArtifactStream:

@@ -208,7 +208,8 @@ def fetch_tuning(
                           if (a := run.artifact(kind)) is not None}
         # the rest several at once (TUNECACHE_DOWNLOADS); each checked as it is unpacked, before any is placed
         shas = [a.sha256 for a in [*jit_artifacts, *([dg] if dg else []), *warm_artifacts.values()]]
-        streams = Streams(client, transfer) if stream and cache is None and hasattr(client, "download_sibling") else None
+        streams = (Streams(client, transfer) if stream and shas and cache is None and hasattr(client, "download_sibling")
+                   else None)
         files: list[Any] = ([streams.of(sha) for sha in shas] if streams is not None
                             else fetch_artifacts(client, shas, transfer, cache))
         modules, files = tuple(files[:len(jit_artifacts)]), files[len(jit_artifacts):]
