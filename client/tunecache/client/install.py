@@ -206,7 +206,8 @@ def fetch_tuning(
         dg = run.artifact(ArtifactKind.DEEP_GEMM_JIT_CACHE) if deep_gemm else None
         warm_artifacts = {kind: a for kind in (warm_state_kinds if warm_state else ())
                           if (a := run.artifact(kind)) is not None}
-        # the rest several at once (TUNECACHE_DOWNLOADS); each checked as it is unpacked, before any is placed
+        # the rest: streamed into the install as it unpacks them (one at a time), else downloaded here several
+        # at once (TUNECACHE_DOWNLOADS); each checked before anything is placed
         shas = [a.sha256 for a in [*jit_artifacts, *([dg] if dg else []), *warm_artifacts.values()]]
         streams = (Streams(client, transfer) if stream and shas and cache is None and hasattr(client, "download_sibling")
                    else None)
