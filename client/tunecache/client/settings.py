@@ -50,8 +50,10 @@ POD_VARIABLES: dict[str, FieldInfo] = {
         "faster are not counted against `TUNECACHE_INSTALL_DEADLINE`, so a large download that keeps moving is never "
         "cut off by it. Not a positive whole number: the default")),
     "TUNECACHE_DOWNLOADS": Field(default=4, gt=0, description=(
-        "how many of an install's artifacts are downloaded at once (each streamed to a file, never whole in memory; "
-        "1: one after another). Not a positive whole number: the default")),
+        "how many of an install's artifacts are downloaded at once where they are downloaded before the install (the "
+        "vLLM plugin's main process, a node cache: each streamed to a file, never whole in memory; 1: one after "
+        "another); `tunecache pull` and the Python API without a node cache stream each tarball into its unpacking, "
+        "one at a time. Not a positive whole number: the default")),
     "TUNECACHE_BOOT_ID": Field(default=None, json_schema_extra={
         "shown_default": "a random id, made once per process start",
         "accepted": "8-64 letters, digits, `-`, `_`, `.`"}, description=(
