@@ -6,35 +6,18 @@ tarball was scanned), so the pull's peak grew by at least the artifact's size.""
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import os
 import subprocess
 import sys
-import tarfile
 
-from tunecache.contract import ArtifactKind
-
-from tests.support.builders import h200_key, run_payload, signed
 from tests.support.cli import tunecache_executable
 from tests.support.paths import CUDNN_FILE
-from tests.support.serve import as_admin
+from tests.support.warm_runs import record_triton_run, triton_cache
 
 SERVER_DATABASE_INCIDENTAL = True
 KERNELS, KERNEL_BYTES = 4, 24 << 20
 #: The most a pull's peak RSS may grow over a pull of a few kB, whatever the warm state's size.
 GROWTH_BOUND = 32 << 20
-
-
-def _triton_cache() -> bytes:
-    raw = io.BytesIO()
-    with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as gz, tarfile.open(fileobj=gz, mode="w|") as tar:
-        for i in range(KERNELS):
-            member = tarfile.TarInfo(f"{i:064x}/kernel.cubin")
-            member.size = KERNEL_BYTES
-            tar.addfile(member, io.BytesIO(os.urandom(KERNEL_BYTES)))
-    return raw.getvalue()
 
 
 def _peak_rss(server: str, dest, *args: str) -> int:
@@ -50,17 +33,9 @@ def _peak_rss(server: str, dest, *args: str) -> int:
 
 
 def test_a_warm_state_larger_than_the_bound_installs_in_bounded_memory(server, tmp_path, node_signing_key):
-    blob = _triton_cache()
+    blob = triton_cache(KERNELS, KERNEL_BYTES)
     assert len(blob) > 3 * GROWTH_BOUND
-    sha = hashlib.sha256(blob).hexdigest()
-    payload = run_payload(CUDNN_FILE, h200_key())
-    for data in (CUDNN_FILE.read_bytes(), blob):
-        assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(data).hexdigest()}", content=data,
-                            timeout=120).status_code in (200, 201)
-    facts = ArtifactKind.TRITON_CACHE.facts
-    payload["artifacts"].append({"kind": "triton_cache", "name": facts.artifact_name, "media_type": facts.media_type,
-                                 "sha256": sha})
-    assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
+    record_triton_run(server, node_signing_key, blob)
     del blob
 
     small = _peak_rss(server, tmp_path / "tactics")  # the tactics alone: a few kB

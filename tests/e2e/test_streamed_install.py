@@ -6,7 +6,6 @@ proxy between them plays the broken wire."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import http.server
 import io
@@ -18,26 +17,14 @@ import threading
 import httpx
 import pytest
 
-from tests.support.builders import h200_key, run_payload, signed
 from tests.support.cli import tunecache_executable
 from tests.support.paths import CUDNN_FILE
-from tests.support.serve import as_admin
-from tunecache.contract import ArtifactKind
+from tests.support.warm_runs import record_triton_run, triton_cache
 
 SERVER_DATABASE_INCIDENTAL = True
 KERNELS, KERNEL_BYTES = 3, 3 << 20
 #: Where the first answer of the tarball breaks off (the unpacker has had bytes by then).
 CUT_AT = 4 << 20
-
-
-def _triton_cache() -> bytes:
-    raw = io.BytesIO()
-    with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as gz, tarfile.open(fileobj=gz, mode="w|") as tar:
-        for i in range(KERNELS):
-            member = tarfile.TarInfo(f"{i:064x}/kernel.cubin")
-            member.size = KERNEL_BYTES
-            tar.addfile(member, io.BytesIO(os.urandom(KERNEL_BYTES)))
-    return raw.getvalue()
 
 
 class _Wire(http.server.BaseHTTPRequestHandler):
@@ -84,16 +71,8 @@ class _Wire(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def wire(server, node_signing_key):
-    blob = _triton_cache()
-    sha = hashlib.sha256(blob).hexdigest()
-    payload = run_payload(CUDNN_FILE, h200_key())
-    for data in (CUDNN_FILE.read_bytes(), blob):
-        assert as_admin.put(f"{server}/v1/artifacts/{hashlib.sha256(data).hexdigest()}", content=data,
-                            timeout=120).status_code in (200, 201)
-    facts = ArtifactKind.TRITON_CACHE.facts
-    payload["artifacts"].append({"kind": "triton_cache", "name": facts.artifact_name, "media_type": facts.media_type,
-                                 "sha256": sha})
-    assert as_admin.post(f"{server}/v1/tunings", json=signed(payload, node_signing_key)).status_code == 201
+    blob = triton_cache(KERNELS, KERNEL_BYTES)
+    sha = record_triton_run(server, node_signing_key, blob)
     handler = type("Wire", (_Wire,), {"upstream": server, "sha": sha})
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
