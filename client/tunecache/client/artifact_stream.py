@@ -114,18 +114,18 @@ class Streams:
         return ArtifactStream(self, sha256)
 
     def download(self, sha256: str, put: Put) -> None:
-        """The artifact's bytes, each part to ``put``, its sha256 checked before this returns.
+        """The artifact's bytes, each part to ``put``, its sha256 checked before this returns;
+        added to the install's transfer once it arrived whole.
 
         Raises:
             as :meth:`tunecache.store.http.artifacts.ArtifactsClient.download_artifact_to`."""
         with self._one_at_a_time:
             watch, began = StallWatch(), time.monotonic()
-            try:
-                self._client.download_artifact_to(sha256, _Sink(put, sha256), watch)
-            finally:
-                self.transfer.artifacts += 1
-                self.transfer.bytes += watch.received
-                self.transfer.seconds += time.monotonic() - began
+            self._client.download_artifact_to(sha256, _Sink(put, sha256), watch)
+            # counted once it arrived whole, as fetch_artifact counts a spooled one
+            self.transfer.artifacts += 1
+            self.transfer.bytes += watch.received
+            self.transfer.seconds += time.monotonic() - began
 
     def downloaded(self, sha256: str) -> ArtifactFile:
         """The artifact downloaded into a spool file (:func:`~tunecache.client.node_cache.fetch_artifact`)."""

@@ -4,12 +4,14 @@ install reports; after an interrupt it does not wait for the rest."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
 import pytest
 
-from tunecache.client.artifact_stream import ArtifactStream, _StreamReader
+from tunecache.client.artifact_stream import ArtifactStream, Streams, _StreamReader
+from tunecache.client.node_cache import Transfer
 from tunecache.formats.read_ahead import ReadAhead
 from tunecache.store import ArtifactCorrupt
 
@@ -53,3 +55,37 @@ def test_a_reader_closed_by_an_interrupt_does_not_wait_for_the_rest():
             reader.close()
     assert time.monotonic() - started < 2 and stream.failure is None
     assert not any(t.name == "test-download" for t in threading.enumerate())
+
+
+class _Server:
+    """The edge of the install's client: a download that sends ``body`` and then, if
+    ``failure``, raises it (as a download whose bytes hashed to something else does)."""
+
+    def __init__(self, body: bytes, failure: Exception | None = None):
+        self.body, self.failure = body, failure
+
+    def download_sibling(self):
+        return self
+
+    def download_artifact_to(self, sha256, out, watch):
+        out.begin_attempt(hashlib.sha256())
+        out.write(self.body)
+        watch.received += len(self.body)
+        if self.failure is not None:
+            raise self.failure
+        out.flush()
+        return len(self.body)
+
+    def close(self):
+        pass
+
+
+def test_the_transfer_counts_an_artifact_that_arrived_and_not_one_that_failed():
+    transfer = Transfer()
+    parts = []
+    Streams(_Server(bytes(300)), transfer).download("1" * 64, parts.append)
+    assert (transfer.artifacts, transfer.bytes, b"".join(parts)) == (1, 300, bytes(300))
+    with pytest.raises(ArtifactCorrupt):
+        Streams(_Server(bytes(200), ArtifactCorrupt("hashing to something else")), transfer).download("2" * 64,
+                                                                                                     parts.append)
+    assert (transfer.artifacts, transfer.bytes) == (1, 300)
