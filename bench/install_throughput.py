@@ -19,6 +19,11 @@ For each case, medians of ``--repeat`` runs, each into fresh directories:
   names), its peak RSS measured by its parent (``RUSAGE_CHILDREN``);
 * ``one-pass``: per artifact ``curl URL | python`` reading gzip and tar in one pass
   (``tarfile`` stream mode) into a directory: the floor an install that checks nothing could reach;
+* ``checked``: the one-pass with the one check a pull cannot leave out, the bytes' sha256: per
+  artifact a Python process of the standard library alone (``http.client`` reading a MiB at a
+  time, ``hashlib``; no lookup, signature, staging or imports of this project) hashing what it
+  passes on to the same ``tarfile`` reader, its exit 1 if the sha256 differs: what the
+  interpreter's start and the sha256 add to ``one-pass``;
 * ``wire``: per artifact ``curl -o /dev/null``.
 
 Then ``--pods`` pulls of case ``c`` at once against the one server process, the same again
@@ -64,6 +69,11 @@ from tests.support.relay import pump
 MIB = 1 << 20
 ONE_PASS = ("import sys, tarfile; t = tarfile.open(fileobj=sys.stdin.buffer, mode='r|gz'); "
             "t.extractall(sys.argv[1], filter='data')")
+CHECKED = ("import hashlib, http.client, sys, urllib.parse; u = urllib.parse.urlsplit(sys.argv[1]); "
+           "c = http.client.HTTPConnection(u.hostname, u.port); c.request('GET', u.path); r = c.getresponse(); "
+           "h = hashlib.sha256(); out = sys.stdout.buffer\n"
+           "while part := r.read1(1 << 20):\n    h.update(part); out.write(part)\n"
+           "out.flush(); sys.exit(r.status != 200 or h.hexdigest() != sys.argv[2])")
 PEAK = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, "
         "stderr=subprocess.DEVNULL).returncode; print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)")
 
@@ -209,18 +219,24 @@ def timed_pull(url: str, model: str, where: Path, **env: str) -> tuple[float, in
     return seconds, int(peak), int(code)
 
 
-def yardsticks(url: str, shas: list[str], where: Path) -> tuple[float, float]:
-    """Seconds of ``curl | python one-pass`` and of ``curl -o /dev/null`` over the artifacts."""
-    started = time.perf_counter()
-    for i, sha in enumerate(shas):
-        (where / str(i)).mkdir(parents=True)
-        subprocess.run(f"curl -sf {url}/v1/artifacts/{sha} | {sys.executable} -c \"{ONE_PASS}\" {where / str(i)}",
-                       shell=True, check=True)
-    one_pass = time.perf_counter() - started
+def yardsticks(url: str, shas: list[str], where: Path) -> tuple[float, float, float]:
+    """Seconds of ``curl | python one-pass``, of the sha256-checked one-pass and of ``curl -o
+    /dev/null`` over the artifacts."""
+    def one_pass(fetch: str, into: Path) -> float:
+        started = time.perf_counter()
+        for i, sha in enumerate(shas):
+            (into / str(i)).mkdir(parents=True)
+            subprocess.run(f"set -o pipefail; {fetch.format(url=f'{url}/v1/artifacts/{sha}', sha=sha)} | "
+                           f"{sys.executable} -c \"{ONE_PASS}\" {into / str(i)}", shell=True, check=True,
+                           executable="/bin/bash")
+        return time.perf_counter() - started
+
+    plain = one_pass("curl -sf {url}", where)
+    checked = one_pass(f"{sys.executable} -c \"{CHECKED}\" {{url}} {{sha}}", where / "checked")
     started = time.perf_counter()
     for sha in shas:
         subprocess.run(["curl", "-sf", "-o", "/dev/null", f"{url}/v1/artifacts/{sha}"], check=True)
-    return one_pass, time.perf_counter() - started
+    return plain, checked, time.perf_counter() - started
 
 
 def unpacked_files(where: Path) -> tuple[int, int]:
@@ -286,12 +302,13 @@ def main() -> None:
         print(f"# a pull of the tactics alone (process start, imports, lookup, signature): "
               f"{results['tactics_only']['pull_s']:.2f} s, peak RSS {results['tactics_only']['pull_peak_rss_mib']:.0f} MiB")
         before = {"PYTHONPATH": str(args.before.resolve() / "client")} if args.before else None
-        print(f"{'case':<5}{'wire MB':>9}{'files':>7}{'pull s':>8}{'one-pass s':>12}{'ratio':>7}{'curl -o /dev/null s':>21}"
+        print(f"{'case':<5}{'wire MB':>9}{'files':>7}{'pull s':>8}{'one-pass s':>12}{'ratio':>7}{'checked s':>11}"
+              f"{'ratio':>7}{'curl -o /dev/null s':>21}"
               f"{'pull peak RSS MiB':>19}" + (f"{'before: pull s':>17}" if before else ""))
         for name, arts in cases.items():
             shas = [file_sha256(p) for _, p in arts]
             wire = sum(p.stat().st_size for _, p in arts)
-            pulls, passes, wires, peaks, befores, files = [], [], [], [], [], 0
+            pulls, passes, checks, wires, peaks, befores, files = [], [], [], [], [], [], 0
             for i in range(args.repeat):
                 if before:
                     seconds, _, code = timed_pull(through, models[name], work / f"before-{name}-{i}", **before)
@@ -304,17 +321,21 @@ def main() -> None:
                 files = unpacked_files(where)[0]
                 pulls.append(seconds)
                 peaks.append(peak / 1024)
-                one_pass, wire_s = yardsticks(through, shas, work / f"yard-{name}-{i}")
+                one_pass, checked, wire_s = yardsticks(through, shas, work / f"yard-{name}-{i}")
                 passes.append(one_pass)
+                checks.append(checked)
                 wires.append(wire_s)
                 shutil.rmtree(where)
                 shutil.rmtree(work / f"yard-{name}-{i}")
             row = {"wire_bytes": wire, "files": files, "pull_s": statistics.median(pulls),
-                   "one_pass_s": statistics.median(passes), "wire_s": statistics.median(wires),
+                   "one_pass_s": statistics.median(passes), "checked_one_pass_s": statistics.median(checks),
+                   "wire_s": statistics.median(wires),
                    "pull_peak_rss_mib": max(peaks), **({"before_pull_s": statistics.median(befores)} if befores else {})}
             results["cases"][name] = row
             print(f"{name:<5}{wire / 1e6:>9,.0f}{files:>7,}{row['pull_s']:>8.2f}{row['one_pass_s']:>12.2f}"
-                  f"{row['pull_s'] / row['one_pass_s']:>6.2f}x{row['wire_s']:>21.2f}{row['pull_peak_rss_mib']:>19.0f}"
+                  f"{row['pull_s'] / row['one_pass_s']:>6.2f}x{row['checked_one_pass_s']:>11.2f}"
+                  f"{row['checked_one_pass_s'] / row['one_pass_s']:>6.2f}x"
+                  f"{row['wire_s']:>21.2f}{row['pull_peak_rss_mib']:>19.0f}"
                   f"{format(row.get('before_pull_s', 0.0), '>17.2f') if befores else ''}", flush=True)
         case = "c" if "c" in cases else list(cases)[-1]
         storms = [("plain", "one server process", url, models[case], {}),
