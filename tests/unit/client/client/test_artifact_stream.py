@@ -1,6 +1,7 @@
 """A streamed tarball's reader closed before its end (:mod:`tunecache.client.artifact_stream`):
 after a refusal it reads the rest first, so the download's own verdict on the bytes is what the
-install reports; after an interrupt it does not wait for the rest."""
+install reports; after an interrupt it does not wait for the rest. The install's transfer counts
+a streamed artifact once it arrived whole."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_a_reader_closed_by_an_interrupt_does_not_wait_for_the_rest():
     assert not any(t.name == "test-download" for t in threading.enumerate())
 
 
-class _Server:
+class _DownloadingClient:
     """The edge of the install's client: a download that sends ``body`` and then, if
     ``failure``, raises it (as a download whose bytes hashed to something else does)."""
 
@@ -83,9 +84,9 @@ class _Server:
 def test_the_transfer_counts_an_artifact_that_arrived_and_not_one_that_failed():
     transfer = Transfer()
     parts = []
-    Streams(_Server(bytes(300)), transfer).download("1" * 64, parts.append)
+    Streams(_DownloadingClient(bytes(300)), transfer).download("1" * 64, parts.append)
     assert (transfer.artifacts, transfer.bytes, b"".join(parts)) == (1, 300, bytes(300))
     with pytest.raises(ArtifactCorrupt):
-        Streams(_Server(bytes(200), ArtifactCorrupt("hashing to something else")), transfer).download("2" * 64,
-                                                                                                     parts.append)
+        failing = _DownloadingClient(bytes(200), ArtifactCorrupt("hashing to something else"))
+        Streams(failing, transfer).download("2" * 64, parts.append)
     assert (transfer.artifacts, transfer.bytes) == (1, 300)
