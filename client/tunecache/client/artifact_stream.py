@@ -15,7 +15,8 @@ Retries: a download that breaks off (a reset, a stall, a truncated body) is retr
 reader already has are not given again, and the new attempt's are checked to be those (their
 sha256 up to there) before it goes on, so what was unpacked is what the sha256 at the end checks.
 
-Bounded: at most :data:`AHEAD_PARTS` parts of the body (httpx reads 64 KiB at a time) wait for
+Bounded: at most :data:`~tunecache.formats.read_ahead.AHEAD_PARTS` parts of the body (a MiB
+each, httpx's 64 KiB reads gathered: :data:`~tunecache.formats.read_ahead.PART_BYTES`) wait for
 the reader (:class:`tunecache.formats.read_ahead.ReadAhead`); a reader that stops reading holds
 the download back with it (a whole stall window of it is a stall). A second reader (:meth:`ArtifactStream.open`, or ``stream()`` again)
 or one that wants the bytes whole (:meth:`ArtifactStream.read_bytes`) gets them downloaded into a
@@ -38,14 +39,9 @@ from typing import IO, Any
 
 from tunecache.client.artifact_file import ArtifactFile
 from tunecache.client.node_cache import Transfer, fetch_artifact
-from tunecache.formats.read_ahead import Put, ReadAhead
+from tunecache.formats.read_ahead import AHEAD_PARTS, PART_BYTES, Put, ReadAhead
 from tunecache.store import ArtifactCorrupt
 from tunecache.store.http.stall import StallWatch
-
-#: The most parts of a body (a MiB each) waiting for the reader.
-AHEAD_PARTS = 4
-#: The reader's buffer.
-_READ_BYTES = 1 << 20
 
 
 class _Sink:
@@ -86,7 +82,7 @@ class _Sink:
         self._held_bytes += len(part)
         self.position += len(part)
         self.delivered += len(part)
-        if self._held_bytes >= _READ_BYTES:
+        if self._held_bytes >= PART_BYTES:
             self.flush()
 
     def tell(self) -> int:
@@ -143,13 +139,13 @@ class _StreamReader(io.BufferedReader):
     is what the install reports, not a refusal of the signer's artifact."""
 
     def __init__(self, raw: ReadAhead, stream: ArtifactStream):
-        super().__init__(raw, _READ_BYTES)
+        super().__init__(raw, PART_BYTES)
         self._stream = stream
 
     def close(self) -> None:
         try:
             if not self.closed and not _interrupted():
-                while self.read(_READ_BYTES):
+                while self.read(PART_BYTES):
                     pass
         except Exception as exc:  # the download's verdict
             self._stream.failure = exc

@@ -8,8 +8,8 @@ own (:class:`tunecache.formats.read_ahead.ReadAhead`) while the reader parses an
 part before: on a machine of two cores or more the two overlap, as ``curl | tar`` overlaps its
 download with its unpacking.
 
-Bounded: at most :data:`PART_BYTES` is read or inflated at a time (a small gzip that inflates
-to a huge file is never whole in memory), at most :data:`AHEAD_PARTS` parts ahead of the reader.
+Bounded: at most :data:`~tunecache.formats.read_ahead.PART_BYTES` is read or inflated at a time (a small gzip that inflates
+to a huge file is never whole in memory), at most :data:`~tunecache.formats.read_ahead.AHEAD_PARTS` parts ahead of the reader.
 """
 
 from __future__ import annotations
@@ -18,12 +18,8 @@ import io
 import zlib
 from typing import IO
 
-from tunecache.formats.read_ahead import Put, ReadAhead
+from tunecache.formats.read_ahead import AHEAD_PARTS, PART_BYTES, Put, ReadAhead
 
-#: The most bytes read from the source, or inflated, at a time.
-PART_BYTES = 1 << 20
-#: The most inflated parts waiting for the reader.
-AHEAD_PARTS = 4
 #: ``zlib`` reading a gzip member (its header and trailer checked: CRC-32 and size).
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 

@@ -152,7 +152,8 @@ def stream_bounded(data: TarSource, what: str, error: type[ValueError], once: bo
     Raises:
         error: not a gzip'd tar, or past a bound (the message names ``what`` and the bound's setting).
     """
-    from tunecache.formats.inflate import PART_BYTES, inflating
+    from tunecache.formats.inflate import inflating
+    from tunecache.formats.read_ahead import PART_BYTES
 
     limit_bytes, limit_files = max_unpack_bytes(), max_unpack_files()
     total = count = 0

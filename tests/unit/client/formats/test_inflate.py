@@ -14,8 +14,8 @@ import zlib
 
 import pytest
 
-from tunecache.formats.inflate import PART_BYTES, _inflate, inflating
-from tunecache.formats.read_ahead import ReadAhead, Stopped
+from tunecache.formats.inflate import _inflate, inflating
+from tunecache.formats.read_ahead import PART_BYTES, ReadAhead, Stopped
 
 
 def test_the_bytes_are_gzips_and_the_source_is_read_to_its_end():
