@@ -18,8 +18,8 @@ from collections.abc import Callable
 #: The size of a part handed to the reader (a download's, an inflating's): a MiB, one hand-over
 #: where httpx reads 64 KiB at a time, and the most a small gzip is inflated at once.
 PART_BYTES = 1 << 20
-#: The most parts waiting for their reader, by each read-ahead (eight gave a pull of a 642 MB
-#: warm state a 97 MiB peak RSS, four 88 MiB).
+#: The most parts waiting for their reader, by each read-ahead (a pull's peak RSS grows with it:
+#: docs/benchmarks.md, "Installing big warm states").
 AHEAD_PARTS = 4
 
 #: What a producer is given: a function that hands the reader one more part (it waits while
